@@ -1,0 +1,4 @@
+"""Fixture: suite missing."""
+from sglang.test.ci.ci_register import register_cpu_ci, register_cuda_ci
+
+register_cuda_ci(est_time=30)
