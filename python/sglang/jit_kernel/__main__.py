@@ -1,0 +1,230 @@
+"""Command line of the JIT kernel system.
+
+    python -m sglang.jit_kernel [clangd] [--overwrite] [--arch 9.0]   write a .clangd for the headers
+    python -m sglang.jit_kernel check                                 build, verify and time every op
+    python -m sglang.jit_kernel build [--all | OP ...] [--arch 9.0 ...] [-j N]   prebuild variants
+    python -m sglang.jit_kernel cache info | clear | prune [--days N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+DEFAULT_ARCH = "9.0"
+
+
+# ---------------------------------------------------------------------------------------------
+# clangd
+# ---------------------------------------------------------------------------------------------
+def write_clangd(output: Path, arch: str, overwrite: bool) -> int:
+    """Write a .clangd that lets clangd parse csrc/ and include/ as CUDA for ``arch``."""
+    import tvm_ffi.libinfo as libinfo
+
+    from sglang.jit_kernel._build import INCLUDE_DIR, find_cuda_home, parse_arch
+
+    if output.exists() and not overwrite:
+        print(f"{output} exists; pass --overwrite to replace it", file=sys.stderr)
+        return 1
+    major, minor, suffix = parse_arch(arch)
+    try:
+        cuda_home = str(find_cuda_home())
+    except RuntimeError:
+        cuda_home = "/usr/local/cuda"
+    flags = [
+        "-xcuda",
+        f"--cuda-gpu-arch=sm_{major}{minor}{suffix}",
+        f"--cuda-path={cuda_home}",
+        "-std=c++20",
+        f"-DSGL_CUDA_ARCH={major * 100 + minor * 10}",
+        f"-I{INCLUDE_DIR}",
+        f"-I{libinfo.find_include_path()}",
+        f"-I{libinfo.find_dlpack_include_path()}",
+        f"-I{cuda_home}/include",
+    ]
+    body = "CompileFlags:\n  Add:\n" + "".join(f"    - {f}\n" for f in flags)
+    body += "  Remove:\n    - --expt-relaxed-constexpr\n    - -gencode*\n    - -Xcompiler*\n"
+    output.write_text(body)
+    print(f"wrote {output} (sm_{major}{minor}{suffix})")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# build
+# ---------------------------------------------------------------------------------------------
+def build_variants(names: list[str] | None, jobs: int, quiet: bool = False) -> int:
+    """Compile every variant of the named ops (all ops if ``names`` is None) in parallel.
+
+    Returns the number of failures; prints one progress line per variant.
+    """
+    from sglang.jit_kernel.registry import all_ops
+
+    ops = all_ops()
+    unknown = [n for n in (names or []) if n not in ops]
+    if unknown:
+        print(f"unknown op(s): {', '.join(unknown)}; known: {', '.join(ops)}", file=sys.stderr)
+        return len(unknown)
+    selected = [ops[n] for n in (names or list(ops))]
+    jobs_list = [(entry, args, label) for entry in selected for args, label in zip(entry.variants, entry.variant_names())]
+    failures = 0
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = {pool.submit(_build_one, entry.build, args): label for entry, args, label in jobs_list}
+        for done, future in enumerate(as_completed(futures), 1):
+            label = futures[future]
+            error, seconds = future.result()
+            bar = "#" * (20 * done // len(futures))
+            status = "ok" if error is None else "FAILED"
+            if not quiet:
+                print(f"[{bar:<20}] {done}/{len(futures)} {label:<40} {status} {seconds:6.1f} s", flush=True)
+            if error is not None:
+                failures += 1
+                print(f"  {error}", file=sys.stderr)
+    print(f"built {len(futures) - failures}/{len(futures)} variants in {time.perf_counter() - start:.1f} s")
+    return failures
+
+
+def _build_one(build, args: tuple) -> tuple[str | None, float]:
+    start = time.perf_counter()
+    try:
+        build(*args)
+    except Exception as exc:  # report every failure, keep building the rest
+        return f"{type(exc).__name__}: {exc}", time.perf_counter() - start
+    return None, time.perf_counter() - start
+
+
+# ---------------------------------------------------------------------------------------------
+# cache
+# ---------------------------------------------------------------------------------------------
+def cache_command(action: str, days: float) -> int:
+    from sglang.jit_kernel import cache
+
+    root = cache.cache_root()
+    if action == "info":
+        info = cache.cache_info()
+        print(f"cache root: {root}")
+        print(f"entries: {info.entries}  size: {info.total_bytes / 2**20:.1f} MiB  staging leftovers: {info.staging}")
+        for entry in info.items:
+            print(f"  {entry.name:<48} {entry.size_bytes / 2**20:7.2f} MiB  last used {entry.age_days:6.1f} days ago")
+        return 0
+    if action == "clear":
+        removed = cache.clear_cache()
+        print(f"removed {removed} entries from {root}")
+        return 0
+    removed = cache.prune_cache(max_age_days=days)
+    print(f"pruned {removed} entries unused for more than {days:g} days from {root}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# check
+# ---------------------------------------------------------------------------------------------
+def check(jobs: int) -> int:
+    """The main job: build every op, verify each against its fp32 reference, time it."""
+    import torch
+
+    from sglang.jit_kernel.registry import all_ops
+
+    has_gpu = torch.cuda.is_available()
+    if not has_gpu:
+        os.environ.setdefault("SGLANG_JIT_CUDA_ARCH", DEFAULT_ARCH)
+        print(
+            f"No CUDA GPU visible: compiling every op for {os.environ['SGLANG_JIT_CUDA_ARCH']} "
+            "(SGLANG_JIT_CUDA_ARCH); nothing can be run here."
+        )
+    failures = build_variants(None, jobs)
+    if not has_gpu:
+        print(f"compile-only check: {'all variants compiled' if failures == 0 else f'{failures} failed'}; "
+              "no op was run (no GPU)")
+        return 1 if failures else 0
+
+    from sglang.jit_kernel.benchmark.utils import (
+        BenchRow,
+        bench_rotating,
+        copy_roof_gbps,
+        num_rotating_sets,
+    )
+    from sglang.jit_kernel.testing import TOLERANCE
+
+    roof = copy_roof_gbps()
+    print(f"# {torch.cuda.get_device_name()}; copy roof {roof:.0f} GB/s (1 GiB bf16 device copy)")
+    print(f"{'op':<26} {'case':<28} {'correct':<8} {'max err':>9} {'us':>9} {'GB/s':>8} {'%copy':>6}")
+    bad = failures
+    for entry in all_ops().values():
+        for case in entry.check_cases():
+            inputs = case.make_inputs()
+            expected = case.reference(*inputs)
+            actual = case.call(*inputs)
+            torch.cuda.synchronize()
+            if case.dtype.is_floating_point:
+                rtol, atol = TOLERANCE[case.dtype]
+                diff = (actual.float() - expected.float()).abs()
+                ok = bool(torch.all(diff <= atol + rtol * expected.float().abs()).item())
+                max_err = float(diff.max().item()) if diff.numel() else 0.0
+            else:
+                ok = bool(torch.equal(actual, expected))
+                max_err = float((actual.long() - expected.long()).abs().max().item()) if actual.numel() else 0.0
+            sets = [case.make_inputs() for _ in range(num_rotating_sets(case.bytes_moved))]
+            median, _, _ = bench_rotating(case.call, sets)
+            row = BenchRow(entry.name, case.label, "jit", median, case.bytes_moved)
+            bad += 0 if ok else 1
+            print(
+                f"{entry.name:<26} {case.label:<28} {'yes' if ok else 'NO':<8} {max_err:>9.2e} "
+                f"{median:>9.2f} {row.gbps:>8.0f} {100 * row.gbps / roof:>6.1f}",
+                flush=True,
+            )
+            del sets, inputs
+            torch.cuda.empty_cache()
+    print("all ops correct" if bad == 0 else f"{bad} failure(s)")
+    return 1 if bad else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sglang.jit_kernel", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing .clangd")
+    parser.add_argument("--arch", default=DEFAULT_ARCH, help="GPU architecture for .clangd (default 9.0)")
+    parser.add_argument("--output", type=Path, default=None, help="where to write .clangd (default: the package dir)")
+
+    clangd = sub.add_parser("clangd", help="write a .clangd for the headers (the default command)")
+    clangd.add_argument("--overwrite", action="store_true")
+    clangd.add_argument("--arch", default=DEFAULT_ARCH)
+    clangd.add_argument("--output", type=Path, default=None)
+
+    chk = sub.add_parser("check", help="build every op, verify against fp32 references, time each")
+    chk.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
+
+    bld = sub.add_parser("build", help="prebuild op variants (works without a GPU)")
+    bld.add_argument("ops", nargs="*", help="op names (default with --all: every op)")
+    bld.add_argument("--all", action="store_true", help="every variant of every op")
+    bld.add_argument("--arch", action="append", default=None,
+                     help="target architecture, repeatable (default: SGLANG_JIT_CUDA_ARCH, else the visible GPUs)")
+    bld.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
+
+    cch = sub.add_parser("cache", help="inspect or clean the JIT cache")
+    cch.add_argument("action", choices=["info", "clear", "prune"])
+    cch.add_argument("--days", type=float, default=30.0, help="prune: entries unused for this many days")
+
+    args = parser.parse_args(argv)
+    if args.command in (None, "clangd"):
+        from sglang.jit_kernel._build import PACKAGE_DIR
+
+        return write_clangd(args.output or PACKAGE_DIR / ".clangd", args.arch, args.overwrite)
+    if args.command == "check":
+        return check(args.jobs)
+    if args.command == "build":
+        if not args.all and not args.ops:
+            bld.error("name ops to build, or pass --all")
+        if args.arch:
+            os.environ["SGLANG_JIT_CUDA_ARCH"] = " ".join(args.arch)
+        return 1 if build_variants(None if args.all else args.ops, args.jobs) else 0
+    return cache_command(args.action, args.days)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

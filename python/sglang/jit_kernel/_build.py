@@ -1,0 +1,683 @@
+"""Toolchain discovery, the content-addressed build cache and the compile step behind ``load_jit``.
+
+Layout of the cache root (``SGLANG_JIT_CACHE_DIR``, default ``$XDG_CACHE_HOME/sglang/jit_kernel``)::
+
+    <root>/<name>-<key>/<name>.so     published artifact (directory renamed into place atomically)
+    <root>/<name>-<key>/build.log     compiler output of that build (ptxas resource usage included)
+    <root>/<name>-<key>/manifest.json what went into the key
+    <root>/.staging/...               private build directories; never loaded from
+    <root>/.locks/<name>-<key>.lock   one cross-process lock per key (+ ``.owner`` with the builder's pid)
+    <root>/.logs/<name>-<key>.log     full log of a failed build
+
+The key hashes the marker, the generated sources, the contents of every package file the build includes
+(all of ``include/`` and the listed ``csrc`` files with the package files they include), the flags, the
+target architectures, the nvcc and host-compiler fingerprints and the tvm-ffi version.  A warm load is a
+hash plus one ``dlopen``: no ninja, no subprocess.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from tvm_ffi.module import Module
+
+logger = logging.getLogger("sglang.jit_kernel")
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+INCLUDE_DIR = PACKAGE_DIR / "include"
+CSRC_DIR = PACKAGE_DIR / "csrc"
+
+DEFAULT_CFLAGS = ("-std=c++20", "-O3", "-fPIC")
+DEFAULT_CUDA_CFLAGS = ("-std=c++20", "-O3", "--expt-relaxed-constexpr", "-Xcompiler", "-fPIC")
+
+ENV_CACHE_DIR = "SGLANG_JIT_CACHE_DIR"
+ENV_CUDA_ARCH = "SGLANG_JIT_CUDA_ARCH"
+ENV_FORCE_RECOMPILE = "SGLANG_JIT_FORCE_RECOMPILE"
+ENV_CRASH_ON_COMPILE = "SGLANG_JIT_CRASH_ON_COMPILE"
+ENV_LOG_RESOURCE_USAGE = "SGLANG_JIT_LOG_RESOURCE_USAGE"
+
+_TRUE_WORDS = ("1", "true", "yes", "on")
+
+
+class JITCompileError(RuntimeError):
+    """A JIT module failed to compile; the message names the module, the first error and the log path."""
+
+
+def env_flag(name: str) -> bool:
+    """True when environment variable ``name`` is 1/true/yes/on (any case)."""
+    return os.environ.get(name, "").strip().lower() in _TRUE_WORDS
+
+
+# ----------------------------------------------------------------------------------------------
+# Toolchain
+# ----------------------------------------------------------------------------------------------
+_memo: dict[str, object] = {}
+
+
+def _memoized(key: str, compute):
+    try:
+        return _memo[key]
+    except KeyError:
+        value = _memo[key] = compute()
+        return value
+
+
+def _is_cuda_home(path: Path) -> bool:
+    return (path / "bin" / "nvcc").exists() and (path / "include" / "cuda_runtime.h").exists()
+
+
+def _nvcc_behind_wrapper(nvcc: Path) -> Path | None:
+    """If ``nvcc`` is a shell script that execs another nvcc (as /usr/local/bin/nvcc does here), return it."""
+    try:
+        with open(nvcc, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return None
+    if not head.startswith(b"#!"):
+        return None
+    for match in re.finditer(rb"(/[^\s\"']+/bin/nvcc)\b", head):
+        candidate = Path(match.group(1).decode()).resolve()
+        if candidate != nvcc and candidate.exists():
+            return candidate
+    return None
+
+
+def find_cuda_home() -> Path:
+    """Locate the CUDA toolkit.
+
+    Order: ``CUDA_HOME``, ``CUDA_PATH``, the real ``nvcc`` behind ``PATH`` (following symlinks and
+    wrapper scripts that ``exec`` another nvcc), then ``/usr/local/cuda``.
+
+    Raises
+    ------
+    RuntimeError
+        If a variable names a directory without ``bin/nvcc``, or no toolkit is found.
+    """
+
+    def compute() -> Path:
+        for var in ("CUDA_HOME", "CUDA_PATH"):
+            value = os.environ.get(var)
+            if value:
+                home = Path(value)
+                if not _is_cuda_home(home):
+                    raise RuntimeError(
+                        f"{var}={value} is not a CUDA toolkit (expected {home}/bin/nvcc and "
+                        f"{home}/include/cuda_runtime.h)"
+                    )
+                return home.resolve()
+        on_path = shutil.which("nvcc")
+        if on_path is not None:
+            nvcc = Path(on_path).resolve()
+            behind = _nvcc_behind_wrapper(nvcc)
+            for candidate in (behind, nvcc):
+                if candidate is not None and _is_cuda_home(candidate.parent.parent):
+                    return candidate.parent.parent
+        default = Path("/usr/local/cuda")
+        if _is_cuda_home(default):
+            return default.resolve()
+        raise RuntimeError(
+            "Could not find the CUDA toolkit: set CUDA_HOME to the directory that holds bin/nvcc"
+        )
+
+    return _memoized("cuda_home", compute)  # type: ignore[return-value]
+
+
+def find_host_compiler() -> str:
+    """The host C++ compiler: ``$CXX`` or ``c++``."""
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if not cxx:
+        raise RuntimeError("No host C++ compiler found: set CXX or install g++")
+    return cxx
+
+
+def find_ninja() -> str:
+    """The ninja executable, preferring the one of the ``ninja`` Python package."""
+    try:
+        import ninja  # noqa: PLC0415
+
+        candidate = Path(ninja.BIN_DIR) / "ninja"
+        if candidate.exists():
+            return str(candidate)
+    except (ImportError, AttributeError):
+        pass
+    found = shutil.which("ninja")
+    if found is None:
+        raise RuntimeError("ninja not found: pip install ninja")
+    return found
+
+
+def _file_fingerprint(path: str | Path) -> str:
+    real = os.path.realpath(path)
+    try:
+        st = os.stat(real)
+    except OSError:
+        return f"{real}:missing"
+    return f"{real}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def toolchain_fingerprint() -> dict[str, str]:
+    """What identifies the toolchain, read without running a subprocess (so the warm path stays cheap).
+
+    nvcc is identified by the toolkit's ``version.json`` and the nvcc binary (path, size, mtime); the host
+    compiler by its resolved binary; tvm-ffi by its version.
+    """
+
+    def compute() -> dict[str, str]:
+        import tvm_ffi  # noqa: PLC0415
+
+        cuda_home = find_cuda_home()
+        version_json = cuda_home / "version.json"
+        cuda_version = ""
+        if version_json.exists():
+            try:
+                cuda_version = json.loads(version_json.read_text()).get("cuda", {}).get("version", "")
+            except (OSError, ValueError):
+                cuda_version = ""
+        cxx = find_host_compiler()
+        return {
+            "cuda_home": str(cuda_home),
+            "cuda_version": cuda_version,
+            "nvcc": _file_fingerprint(cuda_home / "bin" / "nvcc"),
+            "cicc": _file_fingerprint(cuda_home / "nvvm" / "bin" / "cicc"),
+            "ptxas": _file_fingerprint(cuda_home / "bin" / "ptxas"),
+            "cxx": _file_fingerprint(shutil.which(cxx) or cxx),
+            "tvm_ffi": str(getattr(tvm_ffi, "__version__", "unknown")),
+        }
+
+    return _memoized("toolchain", compute)  # type: ignore[return-value]
+
+
+_ARCH_RE = re.compile(r"^(\d+)\.(\d+)([af]?)$")
+
+
+def parse_arch(arch: str) -> tuple[int, int, str]:
+    """Parse ``"9.0"`` / ``"9.0a"`` / ``"90"`` into (major, minor, suffix).
+
+    Raises
+    ------
+    ValueError
+        If the text is not a compute capability.
+    """
+    text = arch.strip()
+    if re.fullmatch(r"\d{2,3}[af]?", text):
+        suffix = text[-1] if text[-1] in "af" else ""
+        digits = text.rstrip("af")
+        text = f"{digits[:-1]}.{digits[-1]}{suffix}"
+    match = _ARCH_RE.match(text)
+    if not match:
+        raise ValueError(f"invalid CUDA architecture {arch!r}: expected e.g. '9.0', '9.0a' or '8.6'")
+    return int(match.group(1)), int(match.group(2)), match.group(3)
+
+
+def resolve_cuda_archs(archs: Sequence[str] | str | None = None) -> tuple[str, ...]:
+    """The target architectures of a build, as normalised strings like ``("9.0",)``.
+
+    Order: ``archs`` if given; ``SGLANG_JIT_CUDA_ARCH`` (space/comma/semicolon separated); the compute
+    capabilities of every visible GPU (so a tensor on any device index has code for its GPU).
+
+    Raises
+    ------
+    RuntimeError
+        With no GPU visible and ``SGLANG_JIT_CUDA_ARCH`` unset.
+    ValueError
+        For a malformed architecture.
+    """
+    if archs is None:
+        env = os.environ.get(ENV_CUDA_ARCH, "").strip()
+        if env:
+            archs = env
+    if isinstance(archs, str):
+        archs = [a for a in re.split(r"[\s,;]+", archs) if a]
+    if archs:
+        out = []
+        for a in archs:
+            major, minor, suffix = parse_arch(a)
+            norm = f"{major}.{minor}{suffix}"
+            if norm not in out:
+                out.append(norm)
+        return tuple(sorted(out))
+
+    def from_devices() -> tuple[str, ...]:
+        import torch  # noqa: PLC0415
+
+        if not torch.cuda.is_available():
+            return ()
+        caps = {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
+        return tuple(sorted(f"{major}.{minor}" for major, minor in caps))
+
+    detected = _memoized("device_archs", from_devices)
+    if not detected:
+        raise RuntimeError(
+            f"No CUDA GPU is visible, so the target architecture is unknown: set {ENV_CUDA_ARCH} "
+            f"(e.g. {ENV_CUDA_ARCH}=9.0) to compile without a GPU"
+        )
+    return detected  # type: ignore[return-value]
+
+
+def arch_flags(archs: Sequence[str]) -> list[str]:
+    """nvcc ``-gencode`` flags plus ``-DSGL_CUDA_ARCH=<major*100+minor*10>`` of the lowest target."""
+    flags = []
+    parsed = [parse_arch(a) for a in archs]
+    for major, minor, suffix in parsed:
+        flags.append(f"-gencode=arch=compute_{major}{minor}{suffix},code=sm_{major}{minor}{suffix}")
+    lowest = min(major * 100 + minor * 10 for major, minor, _ in parsed)
+    flags.append(f"-DSGL_CUDA_ARCH={lowest}")
+    return flags
+
+
+# ----------------------------------------------------------------------------------------------
+# Cache root
+# ----------------------------------------------------------------------------------------------
+def cache_root() -> Path:
+    """The cache root, created owner-only (0700).
+
+    Raises
+    ------
+    RuntimeError
+        If the directory is writable by group or others, or owned by another user: a planted
+        shared library must never be loaded.
+    """
+    value = os.environ.get(ENV_CACHE_DIR)
+    if value:
+        root = Path(value).expanduser()
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        root = Path(base) / "sglang" / "jit_kernel"
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    check_private_dir(root)
+    return root
+
+
+def check_private_dir(path: Path) -> None:
+    """Refuse a directory that another user could write to (see ``cache_root``)."""
+    st = path.stat()
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise RuntimeError(
+            f"JIT cache directory {path} is writable by group or others (mode "
+            f"{stat.S_IMODE(st.st_mode):o}); refusing to load code from it. Run `chmod 700 {path}` or "
+            f"point {ENV_CACHE_DIR} at a private directory"
+        )
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        raise RuntimeError(
+            f"JIT cache directory {path} belongs to uid {st.st_uid}, not to this user "
+            f"({os.getuid()}); refusing to load code from it. Point {ENV_CACHE_DIR} at a private directory"
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# Sources and key
+# ----------------------------------------------------------------------------------------------
+_INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.MULTILINE)
+
+
+def _package_dependencies(files: Sequence[Path]) -> list[Path]:
+    """``files`` plus every package file they include, transitively (resolved against the including
+    file's folder, ``csrc/`` and ``include/``)."""
+    seen: dict[Path, None] = {}
+    stack = list(files)
+    while stack:
+        path = stack.pop()
+        if path in seen:
+            continue
+        seen[path] = None
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        for name in _INCLUDE_RE.findall(text):
+            for base in (path.parent, CSRC_DIR, INCLUDE_DIR):
+                candidate = (base / name).resolve()
+                if candidate.is_file() and (PACKAGE_DIR in candidate.parents):
+                    stack.append(candidate)
+                    break
+    return sorted(seen)
+
+
+def _header_files(directory: Path) -> list[Path]:
+    suffixes = {".h", ".hpp", ".cuh", ".inl", ".inc"}
+    return sorted(p for p in directory.rglob("*") if p.is_file() and p.suffix in suffixes)
+
+
+@dataclasses.dataclass
+class BuildSpec:
+    """Everything that determines one JIT module's binary."""
+
+    name: str
+    cuda_source: str | None
+    cpp_source: str | None
+    cuda_cflags: list[str]
+    cflags: list[str]
+    ldflags: list[str]
+    include_paths: list[str]
+    archs: tuple[str, ...]
+    dependencies: list[Path]
+
+    def key(self) -> str:
+        """A 20-hex-digit digest of the spec, the dependency contents and the toolchain."""
+        h = hashlib.sha256()
+
+        def put(tag: str, value: str | bytes) -> None:
+            data = value.encode() if isinstance(value, str) else value
+            h.update(f"{tag}:{len(data)}:".encode())
+            h.update(data)
+
+        put("name", self.name)
+        put("cuda_source", self.cuda_source or "")
+        put("cpp_source", self.cpp_source or "")
+        for tag, values in (
+            ("cuda_cflags", self.cuda_cflags),
+            ("cflags", self.cflags),
+            ("ldflags", self.ldflags),
+            ("include_paths", self.include_paths),
+            ("archs", list(self.archs)),
+        ):
+            put(tag, "\x00".join(values))
+        for path in self.dependencies:
+            put("file", str(path))
+            put("content", path.read_bytes())
+        for k, v in sorted(toolchain_fingerprint().items()):
+            put(k, v)
+        return h.hexdigest()[:20]
+
+
+def make_spec(
+    name: str,
+    cpp_files: Sequence[str],
+    cuda_files: Sequence[str],
+    cpp_wrappers: Sequence[tuple[str, str]],
+    cuda_wrappers: Sequence[tuple[str, str]],
+    extra_cflags: Sequence[str],
+    extra_cuda_cflags: Sequence[str],
+    extra_ldflags: Sequence[str],
+    extra_include_paths: Sequence[str],
+    archs: Sequence[str] | None,
+) -> BuildSpec:
+    """Generate the sources and flags of a module (see ``load_jit``)."""
+    import tvm_ffi.libinfo as libinfo  # noqa: PLC0415
+
+    cpp_paths = [_csrc_path(f, "cpp_files") for f in cpp_files]
+    cuda_paths = [_csrc_path(f, "cuda_files") for f in cuda_files]
+    if not cpp_paths and not cuda_paths:
+        raise ValueError("load_jit: give at least one file in cpp_files or cuda_files")
+    for label, wrappers in (("cpp_wrappers", cpp_wrappers), ("cuda_wrappers", cuda_wrappers)):
+        for item in wrappers:
+            if not (isinstance(item, (tuple, list)) and len(item) == 2):
+                raise ValueError(f"load_jit: {label} entries must be (export_name, cpp_symbol), got {item!r}")
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(item[0])):
+                raise ValueError(f"load_jit: export name {item[0]!r} in {label} is not a C identifier")
+
+    def source(paths: list[Path], wrappers: Sequence[tuple[str, str]]) -> str | None:
+        if not paths and not wrappers:
+            return None
+        lines = [
+            "// Generated by sglang.jit_kernel.load_jit: includes the listed csrc files and exports the wrappers.",
+            "#include <tvm/ffi/container/tensor.h>",
+            "#include <tvm/ffi/function.h>",
+        ]
+        lines += [f'#include "{p}"' for p in paths]
+        lines += [f"TVM_FFI_DLL_EXPORT_TYPED_FUNC({export}, ({symbol}));" for export, symbol in wrappers]
+        return "\n".join(lines) + "\n"
+
+    cuda_source = source(cuda_paths, cuda_wrappers)
+    cpp_source = source(cpp_paths, cpp_wrappers)
+    if cuda_source is None and cpp_wrappers and not cpp_paths:
+        raise ValueError("load_jit: cpp_wrappers given without cpp_files")
+    resolved_archs = resolve_cuda_archs(archs) if cuda_source is not None else ()
+    cuda_home = find_cuda_home()
+    include_paths = [str(INCLUDE_DIR), libinfo.find_include_path(), libinfo.find_dlpack_include_path()]
+    include_paths += [str(Path(p).resolve()) for p in extra_include_paths]
+    include_paths = list(dict.fromkeys(include_paths))
+    dependencies = _package_dependencies(cpp_paths + cuda_paths) + _header_files(INCLUDE_DIR)
+    for extra in extra_include_paths:
+        if Path(extra).is_dir():
+            dependencies += _header_files(Path(extra).resolve())
+    cflags = [*DEFAULT_CFLAGS, f"-I{cuda_home / 'include'}", *extra_cflags]
+    cuda_cflags = [*DEFAULT_CUDA_CFLAGS, *arch_flags(resolved_archs), *extra_cuda_cflags] if resolved_archs else []
+    return BuildSpec(
+        name=name,
+        cuda_source=cuda_source,
+        cpp_source=cpp_source,
+        cuda_cflags=cuda_cflags,
+        cflags=cflags,
+        ldflags=list(extra_ldflags),
+        include_paths=include_paths,
+        archs=tuple(resolved_archs),
+        dependencies=list(dict.fromkeys(dependencies)),
+    )
+
+
+def _csrc_path(name: str, label: str) -> Path:
+    path = Path(name)
+    if not path.is_absolute():
+        path = CSRC_DIR / path
+    path = path.resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"load_jit: {label} entry {name!r} not found (looked for {path})")
+    return path
+
+
+# ----------------------------------------------------------------------------------------------
+# Building
+# ----------------------------------------------------------------------------------------------
+def _ninja_escape(text: str) -> str:
+    return text.replace("$", "$$").replace(":", "$:").replace(" ", "$ ")
+
+
+def _write_build_files(spec: BuildSpec, directory: Path) -> None:
+    import tvm_ffi.libinfo as libinfo  # noqa: PLC0415
+
+    cuda_home = find_cuda_home()
+    cxx = find_host_compiler()
+    includes = [f"-I{p}" for p in spec.include_paths]
+    tvm_lib = Path(libinfo.find_libtvm_ffi())
+    ldflags = ["-shared", f"-L{tvm_lib.parent}", "-ltvm_ffi"]
+    if spec.cuda_source is not None:
+        lib64 = cuda_home / "lib64"
+        ldflags += [f"-L{lib64}", "-lcudart", f"-Wl,-rpath,{lib64}"]
+    ldflags += spec.ldflags
+    lines = [
+        "ninja_required_version = 1.3",
+        f"nvcc = {cuda_home / 'bin' / 'nvcc'}",
+        f"cxx = {cxx}",
+        f"cuda_cflags = {' '.join(spec.cuda_cflags + includes)} --resource-usage",
+        f"cflags = {' '.join(spec.cflags + includes)}",
+        f"ldflags = {' '.join(ldflags)}",
+        "rule cuda_compile",
+        "  command = $nvcc $cuda_cflags -c $in -o $out",
+        "rule cxx_compile",
+        "  command = $cxx $cflags -c $in -o $out",
+        "rule link",
+        "  command = $cxx $in $ldflags -o $out",
+    ]
+    objects = []
+    if spec.cuda_source is not None:
+        (directory / "main.cu").write_text(spec.cuda_source)
+        lines.append("build main_cu.o: cuda_compile main.cu")
+        objects.append("main_cu.o")
+    if spec.cpp_source is not None:
+        (directory / "main.cpp").write_text(spec.cpp_source)
+        lines.append("build main_cpp.o: cxx_compile main.cpp")
+        objects.append("main_cpp.o")
+    lines.append(f"build {spec.name}.so: link {' '.join(objects)}")
+    lines.append(f"default {spec.name}.so")
+    (directory / "build.ninja").write_text("\n".join(lines) + "\n")
+
+
+_ERROR_RE = re.compile(
+    r"^(?P<loc>[^\s:()]+(?:\((?P<nv_line>\d+)\)|:(?P<gcc_line>\d+)(?::\d+)?)):\s*(?:fatal\s+)?error\b.*$",
+    re.MULTILINE,
+)
+
+
+def first_compiler_error(log: str) -> str:
+    """The first compiler error of a build log with the line after it (nvcc or gcc format)."""
+    match = _ERROR_RE.search(log)
+    if match is None:
+        for line in log.splitlines():
+            if "error" in line.lower():
+                return line.strip()
+        return log.strip().splitlines()[-1] if log.strip() else "(no compiler output)"
+    rest = log[match.end() :].lstrip("\n").splitlines()
+    context = [line for line in rest[:2] if line.strip() and not _ERROR_RE.match(line)]
+    return "\n".join([match.group(0).strip(), *context])
+
+
+def _run_ninja(directory: Path) -> tuple[bool, str]:
+    command = [find_ninja(), "-C", str(directory)]
+    jobs = os.environ.get("MAX_JOBS")
+    if jobs:
+        command += ["-j", jobs]
+    proc = subprocess.run(command, capture_output=True, text=True, errors="replace", check=False)
+    return proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def resource_usage_lines(log: str) -> list[str]:
+    """The ptxas lines of a build log: registers, shared memory, spills per kernel."""
+    return [line.strip() for line in log.splitlines() if "ptxas" in line and "info" in line]
+
+
+def _owner_of(lock_path: Path) -> str:
+    try:
+        return (lock_path.with_suffix(".owner")).read_text().strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def build_artifact(spec: BuildSpec, root: Path, key: str, force: bool = False) -> Path:
+    """Build ``spec`` unless a complete artifact for ``key`` exists; return the artifact's path.
+
+    One lock per key serialises builders across processes; the build runs in a private staging
+    directory that is renamed into place only once complete.
+
+    Raises
+    ------
+    JITCompileError
+        If the compiler fails (first error, module name and the full log's path in the message).
+    """
+    from filelock import FileLock, Timeout  # noqa: PLC0415
+
+    entry = root / f"{spec.name}-{key}"
+    artifact = entry / f"{spec.name}.so"
+    locks = root / ".locks"
+    locks.mkdir(exist_ok=True, mode=0o700)
+    lock_path = locks / f"{spec.name}-{key}.lock"
+    lock = FileLock(str(lock_path))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        logger.info(
+            "Waiting for pid %s, which is compiling JIT module %s (lock %s)",
+            _owner_of(lock_path),
+            spec.name,
+            lock_path,
+        )
+        lock.acquire()
+    try:
+        lock_path.with_suffix(".owner").write_text(str(os.getpid()))
+        if artifact.exists() and not force:
+            return artifact
+        staging_root = root / ".staging"
+        staging_root.mkdir(exist_ok=True, mode=0o700)
+        staging = staging_root / f"{spec.name}-{key}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        staging.mkdir(mode=0o700)
+        try:
+            _write_build_files(spec, staging)
+            (staging / "manifest.json").write_text(
+                json.dumps(
+                    {
+                        "name": spec.name,
+                        "key": key,
+                        "archs": list(spec.archs),
+                        "cuda_cflags": spec.cuda_cflags,
+                        "cflags": spec.cflags,
+                        "ldflags": spec.ldflags,
+                        "dependencies": [str(p) for p in spec.dependencies],
+                        "toolchain": toolchain_fingerprint(),
+                        "built_by_pid": os.getpid(),
+                        "built_at": time.time(),
+                    },
+                    indent=1,
+                )
+            )
+            start = time.perf_counter()
+            ok, log = _run_ninja(staging)
+            seconds = time.perf_counter() - start
+            (staging / "build.log").write_text(log)
+            if not ok:
+                logs = root / ".logs"
+                logs.mkdir(exist_ok=True, mode=0o700)
+                log_path = logs / f"{spec.name}-{key}.log"
+                log_path.write_text(log)
+                raise JITCompileError(
+                    f"JIT module '{spec.name}' failed to compile:\n{first_compiler_error(log)}\n"
+                    f"Full log: {log_path}"
+                )
+            if entry.exists():  # forced rebuild: move the old entry aside, then publish
+                trash = staging_root / f"old-{entry.name}-{uuid.uuid4().hex[:8]}"
+                os.rename(entry, trash)
+                shutil.rmtree(trash, ignore_errors=True)
+            os.rename(staging, entry)
+            logger.info("Compiled JIT module %s in %.2f s (%s)", spec.name, seconds, entry)
+            if env_flag(ENV_LOG_RESOURCE_USAGE):
+                for line in resource_usage_lines(log):
+                    logger.info("%s: %s", spec.name, line)
+            return artifact
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging, ignore_errors=True)
+    finally:
+        lock.release()
+
+
+_loaded: dict[Path, "Module"] = {}
+
+
+def load_artifact(spec: BuildSpec, build_directory: str | None = None) -> "Module":
+    """Return the module for ``spec``: from this process, from the cache, or by compiling it."""
+    import tvm_ffi  # noqa: PLC0415
+
+    root = Path(build_directory).expanduser() if build_directory else cache_root()
+    if build_directory:
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        check_private_dir(root)
+    key = spec.key()
+    artifact = root / f"{spec.name}-{key}" / f"{spec.name}.so"
+    force = env_flag(ENV_FORCE_RECOMPILE)
+    module = _loaded.get(artifact)
+    if module is not None and not force:
+        return module
+    if force or not artifact.exists():
+        if env_flag(ENV_CRASH_ON_COMPILE):
+            raise RuntimeError(
+                f"JIT module '{spec.name}' is not in the cache ({artifact}) and "
+                f"{ENV_CRASH_ON_COMPILE}=1 forbids compiling it; prebuild it with "
+                f"`python -m sglang.jit_kernel build`"
+            )
+        artifact = build_artifact(spec, root, key, force=force)
+    elif env_flag(ENV_LOG_RESOURCE_USAGE):
+        log_path = artifact.parent / "build.log"
+        if log_path.exists():
+            for line in resource_usage_lines(log_path.read_text()):
+                logger.info("%s: %s", spec.name, line)
+    module = tvm_ffi.load_module(str(artifact))
+    _loaded[artifact] = module
+    return module
+
+
+def python_executable() -> str:
+    """The interpreter running this process (used by CLI helpers that spawn builders)."""
+    return sys.executable

@@ -1,0 +1,89 @@
+"""add_constant: ``out = src + constant`` on int32 tensors, ``constant`` compiled into the kernel."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from sglang.jit_kernel._validate import check_contiguous, check_cuda, check_dtype, check_like
+from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
+
+if TYPE_CHECKING:
+    from tvm_ffi.module import Module
+
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+
+@cache_once
+def _jit_add_constant_module(constant: int) -> Module:
+    """Compile (first use) and cache the module for one ``constant`` (a template argument)."""
+    args = make_cpp_args(constant)
+    return load_jit(
+        "add_constant",
+        *args,
+        cuda_files=["add_constant.cuh"],
+        cuda_wrappers=[("add_constant", f"add_constant<{args}>")],
+    )
+
+
+@torch.library.custom_op("sgl_kernel::add_constant_out", mutates_args=("out",), device_types="cuda")
+def _add_constant_out_op(out: torch.Tensor, src: torch.Tensor, constant: int) -> None:
+    _jit_add_constant_module(constant).add_constant(out.view(-1), src.view(-1))
+
+
+@_add_constant_out_op.register_fake
+def _(out: torch.Tensor, src: torch.Tensor, constant: int) -> None:
+    return None
+
+
+def add_constant(src: torch.Tensor, constant: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Element-wise ``out = src + constant`` on int32, wrapping on overflow (two's complement).
+
+    ``constant`` is a compile-time template argument: each distinct value builds its own module
+    (the build marker is ``("add_constant", constant)``).
+
+    Parameters
+    ----------
+    src : torch.Tensor
+        int32 CUDA tensor of any shape on any device index; a non-contiguous ``src`` is copied to a
+        contiguous tensor first.
+    constant : int
+        In [-2**31, 2**31 - 1].
+    out : torch.Tensor, optional
+        Contiguous int32 tensor of the shape and device of ``src``; may be ``src`` (in place).
+
+    Returns
+    -------
+    torch.Tensor
+        ``out``.
+
+    Raises
+    ------
+    TypeError
+        If ``constant`` is not an int, or ``src``/``out`` not a tensor.
+    ValueError
+        If ``constant`` does not fit in int32.
+    RuntimeError
+        If ``src`` is not CUDA or not int32, or ``out`` does not match ``src``. Raised before any launch.
+    """
+    if isinstance(constant, bool) or not isinstance(constant, int):
+        raise TypeError(f"add_constant: constant must be an int, got {type(constant).__name__}")
+    if not _INT32_MIN <= constant <= _INT32_MAX:
+        raise ValueError(f"add_constant: constant must fit in int32, got {constant}")
+    check_cuda("add_constant", "src", src)
+    check_dtype("add_constant", "src", src, (torch.int32,))
+    if not src.is_contiguous():
+        src = src.contiguous()
+    if out is None:
+        out = torch.empty_like(src)
+    else:
+        check_like("add_constant", "out", out, src, "src")
+        check_contiguous("add_constant", "out", out)
+    if src.numel() == 0:
+        return out
+    if torch.compiler.is_compiling():
+        torch.ops.sgl_kernel.add_constant_out(out, src, constant)
+    else:
+        _jit_add_constant_module(constant).add_constant(out.view(-1), src.view(-1))
+    return out

@@ -1,0 +1,128 @@
+"""Benchmark helpers: CUDA-graph timing, cold-L2 input rotation, bytes-moved bandwidth, copy roof.
+
+``run_benchmark(fn)`` is what the tutorial's ``triton.testing.perf_report`` functions return:
+microseconds as (median, p80, p20). Memory-bound ops should also report GB/s from an explicit
+bytes-moved count and the percentage of a device-to-device copy measured in the same process,
+with inputs rotated past the L2 size so the cache is cold (``bench_rotating``, ``copy_roof_gbps``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+from sglang.jit_kernel.utils import cache_once
+
+DEFAULT_DEVICE = "cuda"
+DEFAULT_DTYPE = torch.bfloat16
+DEFAULT_QUANTILES = (0.5, 0.2, 0.8)
+
+
+def is_in_ci() -> bool:
+    """True when running under CI (``CI`` or ``SGLANG_IS_IN_CI`` set to 1/true/yes)."""
+    return any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("CI", "SGLANG_IS_IN_CI"))
+
+
+def get_benchmark_range(full_range: Sequence[Any], ci_range: Sequence[Any]) -> list[Any]:
+    """``ci_range`` under CI (short), ``full_range`` otherwise."""
+    return list(ci_range if is_in_ci() else full_range)
+
+
+def _do_bench_cudagraph(fn: Callable[[], Any], rep_ms: int) -> list[float]:
+    import triton.testing  # noqa: PLC0415
+
+    fn()  # warm up: compile / load outside the timed region
+    torch.cuda.synchronize()
+    return triton.testing.do_bench_cudagraph(fn, rep=rep_ms, quantiles=list(DEFAULT_QUANTILES))
+
+
+def run_benchmark(fn: Callable[[], Any], rep_ms: int = 20) -> tuple[float, float, float]:
+    """Time ``fn`` by CUDA-graph replay (triton.testing.do_bench_cudagraph).
+
+    Returns
+    -------
+    (median, p80, p20) : tuple of float
+        Microseconds per call.
+    """
+    p50, p20, p80 = _do_bench_cudagraph(fn, rep_ms)
+    return 1000.0 * p50, 1000.0 * p80, 1000.0 * p20
+
+
+@cache_once
+def l2_cache_bytes(device: int | None = None) -> int:
+    """L2 size of the device in bytes (50 MiB if the property is unavailable)."""
+    index = torch.cuda.current_device() if device is None else device
+    props = torch.cuda.get_device_properties(index)
+    return int(getattr(props, "L2_cache_size", 50 << 20))
+
+
+def num_rotating_sets(bytes_per_set: int, max_sets: int = 64) -> int:
+    """How many input sets make one pass over them at least 4x the L2 size (at least 2)."""
+    return max(2, min(max_sets, math.ceil(4 * l2_cache_bytes() / max(bytes_per_set, 1))))
+
+
+def bench_rotating(
+    call: Callable[..., Any],
+    input_sets: Sequence[Sequence[Any]],
+    rep_ms: int = 50,
+) -> tuple[float, float, float]:
+    """Time ``call(*inputs)`` per call with cold L2: one graph replays the call over every input set.
+
+    Returns
+    -------
+    (median, p80, p20) : tuple of float
+        Microseconds per call.
+    """
+    sets = [tuple(s) for s in input_sets]
+
+    def one_pass() -> None:
+        for s in sets:
+            call(*s)
+
+    p50, p20, p80 = _do_bench_cudagraph(one_pass, rep_ms)
+    n = len(sets)
+    return 1000.0 * p50 / n, 1000.0 * p80 / n, 1000.0 * p20 / n
+
+
+@cache_once
+def copy_roof_gbps(nbytes: int = 1 << 30) -> float:
+    """Bandwidth of a device-to-device copy of ``nbytes`` bf16 (bytes read + written, GB/s)."""
+    src = torch.randn(nbytes // 2, dtype=torch.bfloat16, device=DEFAULT_DEVICE)
+    dst = torch.empty_like(src)
+    median_us, _, _ = run_benchmark(lambda: dst.copy_(src), rep_ms=100)
+    return 2 * nbytes / (median_us * 1e-6) / 1e9
+
+
+@dataclass
+class BenchRow:
+    """One printed row: an op, a case, a provider and its time."""
+
+    op: str
+    case: str
+    provider: str
+    median_us: float
+    bytes_moved: int
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes_moved / (self.median_us * 1e-6) / 1e9 if self.median_us > 0 else float("nan")
+
+
+def format_rows(rows: Sequence[BenchRow], roof_gbps: float) -> str:
+    """A fixed-width table: op, case, provider, median µs, GB/s, % of the copy roof."""
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    lines = [
+        f"# {name}; copy roof {roof_gbps:.0f} GB/s (1 GiB bf16 device copy, same process); "
+        "CUDA-graph median, cold L2",
+        f"{'op':<22} {'case':<26} {'provider':<16} {'us':>9} {'GB/s':>8} {'%copy':>6}",
+    ]
+    for r in rows:
+        lines.append(
+            f"{r.op:<22} {r.case:<26} {r.provider:<16} {r.median_us:>9.2f} {r.gbps:>8.0f} "
+            f"{100 * r.gbps / roof_gbps:>6.1f}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,92 @@
+"""scale: element-wise ``out = src * factor`` (the tutorial's op, production-grade)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from sglang.jit_kernel._validate import (
+    FLOAT_DTYPES,
+    check_contiguous,
+    check_cuda,
+    check_dtype,
+    check_like,
+)
+from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
+
+if TYPE_CHECKING:
+    from tvm_ffi.module import Module
+
+
+@cache_once
+def _jit_scale_module(dtype: torch.dtype) -> Module:
+    """Compile (first use) and cache the scale module for ``dtype``."""
+    args = make_cpp_args(dtype)
+    return load_jit(
+        "scale",
+        *args,
+        cuda_files=["elementwise/scale.cuh"],
+        cuda_wrappers=[("scale", f"scale<{args}>")],
+    )
+
+
+@torch.library.custom_op("sgl_kernel::scale_out", mutates_args=("out",), device_types="cuda")
+def _scale_out_op(out: torch.Tensor, src: torch.Tensor, factor: float) -> None:
+    _jit_scale_module(src.dtype).scale(out.view(-1), src.view(-1), factor)
+
+
+@_scale_out_op.register_fake
+def _(out: torch.Tensor, src: torch.Tensor, factor: float) -> None:
+    return None
+
+
+def scale(src: torch.Tensor, factor: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Element-wise scale: ``out = src * factor``.
+
+    Computed in fp32 (``float(src) * float32(factor)``), rounded once to the dtype of ``src``.
+    Moves ``2 * src.numel() * src.element_size()`` bytes.
+
+    Parameters
+    ----------
+    src : torch.Tensor
+        CUDA tensor of any shape, float16 / bfloat16 / float32, on any device index. A
+        non-contiguous ``src`` is first copied to a contiguous tensor. Not modified (unless it is
+        also ``out``).
+    factor : float
+        The multiplier, used as fp32.
+    out : torch.Tensor, optional
+        Where to write the result: contiguous, the shape, dtype and device of ``src``; may be
+        ``src`` itself (in place). Allocated when omitted.
+
+    Returns
+    -------
+    torch.Tensor
+        ``out``.
+
+    Raises
+    ------
+    TypeError
+        If ``src`` or ``out`` is not a tensor.
+    RuntimeError
+        If ``src`` is not on a CUDA device, has another dtype, or ``out`` differs from ``src`` in
+        shape, dtype or device, or is not contiguous. Raised before any launch.
+    """
+    check_cuda("scale", "src", src)
+    check_dtype("scale", "src", src, FLOAT_DTYPES)
+    if not src.is_contiguous():
+        src = src.contiguous()
+    if out is None:
+        out = torch.empty_like(src)
+    else:
+        check_like("scale", "out", out, src, "src")
+        check_contiguous("scale", "out", out)
+    if src.numel() == 0:
+        return out
+    if torch.compiler.is_compiling():
+        torch.ops.sgl_kernel.scale_out(out, src, factor)
+    elif src.dim() == 1:
+        _jit_scale_module(src.dtype).scale(out, src, factor)
+    else:
+        _jit_scale_module(src.dtype).scale(out.view(-1), src.view(-1), factor)
+    return out

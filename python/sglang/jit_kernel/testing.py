@@ -1,0 +1,86 @@
+"""Shared test helpers: capability markers, the per-dtype tolerance table, poisoned buffers, views.
+
+Used by ``tests/test_*.py``; importable without a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+NUM_GPUS = torch.cuda.device_count() if HAS_CUDA else 0
+
+#: GPU-only tests: skipped, with the reason, on machines without a CUDA device.
+requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (none visible); runs on the device")
+#: Tests that need two GPUs.
+requires_two_gpus = pytest.mark.skipif(NUM_GPUS < 2, reason=f"needs 2 CUDA GPUs, {NUM_GPUS} visible")
+
+
+def _has_nvcc() -> bool:
+    from sglang.jit_kernel._build import find_cuda_home  # noqa: PLC0415
+
+    try:
+        find_cuda_home()
+    except RuntimeError:
+        return False
+    return shutil.which("c++") is not None or bool(os.environ.get("CXX"))
+
+
+HAS_NVCC = _has_nvcc()
+#: Compile-only tests: need nvcc and a host compiler, not a GPU.
+requires_nvcc = pytest.mark.skipif(not HAS_NVCC, reason="needs the CUDA toolkit (nvcc) and a C++ compiler")
+
+#: (rtol, atol) for comparing an op's output with an fp32 reference rounded to the output dtype:
+#: about one unit in the last place of the dtype (fp16 2^-10, bf16 2^-7), fp32 a few ulps.
+TOLERANCE: dict[torch.dtype, tuple[float, float]] = {
+    torch.float32: (1e-5, 1e-6),
+    torch.float16: (1e-3, 1e-5),
+    torch.bfloat16: (8e-3, 1e-5),
+}
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype | None = None) -> None:
+    """``torch.testing.assert_close`` with the tolerance of ``dtype`` (default: ``actual.dtype``);
+    NaN never equals NaN."""
+    rtol, atol = TOLERANCE[dtype or actual.dtype]
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, equal_nan=False)
+
+
+def poisoned(shape: tuple[int, ...], dtype: torch.dtype, device: str | torch.device = "cuda") -> torch.Tensor:
+    """An uninitialised-looking output: NaN for floats, a sentinel (-0x5A5A5A5A) for integers."""
+    t = torch.empty(shape, dtype=dtype, device=device)
+    if dtype.is_floating_point:
+        t.fill_(float("nan"))
+    else:
+        t.fill_(-0x5A5A5A5A if dtype == torch.int32 else -91)
+    return t
+
+
+def padded(tensor: torch.Tensor, pad: int = 37) -> tuple[torch.Tensor, torch.Tensor]:
+    """Place a flat copy of ``tensor`` inside a larger poisoned buffer, at element offset ``pad``.
+
+    Returns (view, buffer): the view has ``tensor``'s shape and values, a storage offset of ``pad``
+    elements (so its data pointer is usually not 16-byte aligned), and the buffer around it holds
+    poison so stray writes show.
+    """
+    n = tensor.numel()
+    buffer = poisoned((n + 2 * pad,), tensor.dtype, tensor.device)
+    view = buffer[pad : pad + n].view(tensor.shape)
+    view.copy_(tensor)
+    return view, buffer
+
+
+def assert_poison_intact(buffer: torch.Tensor, pad: int, n: int) -> None:
+    """The ``pad`` elements on each side of ``buffer[pad:pad+n]`` still hold poison."""
+    outside = torch.cat([buffer[:pad], buffer[pad + n :]])
+    if buffer.dtype.is_floating_point:
+        assert torch.isnan(outside).all(), "an op wrote outside its output view"
+    else:
+        expected = poisoned((1,), buffer.dtype, buffer.device)[0]
+        assert (outside == expected).all(), "an op wrote outside its output view"
