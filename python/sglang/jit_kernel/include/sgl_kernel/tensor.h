@@ -1,0 +1,682 @@
+// Tensor validation for host launchers: TensorMatcher plus symbolic sizes / dtypes / devices.
+//
+//   host::SymbolicSize    named size bound by the first tensor that uses it
+//   host::SymbolicDType   dtype restricted to a set of options, bound on first use
+//   host::SymbolicDevice  device restricted to a set of device types, bound on first use
+//   host::TensorMatcher   fluent checker: shape, strides (default: contiguous), dtype, device
+//   host::dl_dtype_v<T>   C++ element type -> DLDataType
+//   host::data_ptr<T>(v)  typed data address of a TensorView (data + byte_offset)
+//
+// Host-only. When the CUDA headers are reachable (nvcc, or -I <cuda>/include), the CUDA element
+// types (__half, __nv_bfloat16, __nv_fp8_e4m3, __nv_fp8_e5m2) are mapped too.
+#pragma once
+
+#include <sgl_kernel/utils.h>  // For PanicError, detail::panic_at
+
+#include <dlpack/dlpack.h>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/dtype.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <concepts>
+#include <sstream>
+#include <ostream>
+#include <source_location>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#if __has_include(<cuda_fp16.h>) && __has_include(<cuda_bf16.h>) && __has_include(<cuda_fp8.h>)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#define SGL_TENSOR_HAS_CUDA_TYPES 1
+#else
+#define SGL_TENSOR_HAS_CUDA_TYPES 0
+#endif
+
+namespace host {
+
+// ---------------------------------------------------------------------------------------------
+// C++ type -> DLDataType
+// ---------------------------------------------------------------------------------------------
+
+/// `dl_dtype<T>::value` is the DLDataType (lanes = 1) of element type T. Specialised for float,
+/// double, int8/16/32/64, uint8/16/32/64, bool and (with CUDA headers) fp16, bf16, fp8 e4m3fn,
+/// fp8 e5m2. Unsupported types fail to compile. Specialise it to add a type.
+template <typename T>
+struct dl_dtype;
+
+#define SGL_DEFINE_DL_DTYPE(TYPE, CODE, BITS)                                                    \
+  template <>                                                                                    \
+  struct dl_dtype<TYPE> {                                                                        \
+    static constexpr DLDataType value{static_cast<uint8_t>(CODE), static_cast<uint8_t>(BITS), 1}; \
+  }
+
+SGL_DEFINE_DL_DTYPE(float, kDLFloat, 32);
+SGL_DEFINE_DL_DTYPE(double, kDLFloat, 64);
+SGL_DEFINE_DL_DTYPE(int8_t, kDLInt, 8);
+SGL_DEFINE_DL_DTYPE(int16_t, kDLInt, 16);
+SGL_DEFINE_DL_DTYPE(int32_t, kDLInt, 32);
+SGL_DEFINE_DL_DTYPE(int64_t, kDLInt, 64);
+SGL_DEFINE_DL_DTYPE(uint8_t, kDLUInt, 8);
+SGL_DEFINE_DL_DTYPE(uint16_t, kDLUInt, 16);
+SGL_DEFINE_DL_DTYPE(uint32_t, kDLUInt, 32);
+SGL_DEFINE_DL_DTYPE(uint64_t, kDLUInt, 64);
+SGL_DEFINE_DL_DTYPE(bool, kDLBool, 8);
+#if SGL_TENSOR_HAS_CUDA_TYPES
+SGL_DEFINE_DL_DTYPE(__half, kDLFloat, 16);
+SGL_DEFINE_DL_DTYPE(__nv_bfloat16, kDLBfloat, 16);
+SGL_DEFINE_DL_DTYPE(__nv_fp8_e4m3, kDLFloat8_e4m3fn, 8);
+SGL_DEFINE_DL_DTYPE(__nv_fp8_e5m2, kDLFloat8_e5m2, 8);
+#endif
+#undef SGL_DEFINE_DL_DTYPE
+
+/// DLDataType of element type T (cv-qualifiers ignored). Example: dl_dtype_v<bf16_t> == {kDLBfloat, 16, 1}.
+template <typename T>
+inline constexpr DLDataType dl_dtype_v = dl_dtype<std::remove_cv_t<T>>::value;
+
+/// Field-wise DLDataType equality (code, bits, lanes).
+[[nodiscard]] constexpr bool dtype_equal(DLDataType a, DLDataType b) noexcept {
+  return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
+}
+
+/// Short device-type name used in error messages ("cpu", "cuda", "cuda_host", ...).
+[[nodiscard]] inline const char* device_type_name(int32_t device_type) noexcept {
+  switch (device_type) {
+    case kDLCPU: return "cpu";
+    case kDLCUDA: return "cuda";
+    case kDLCUDAHost: return "cuda_host";
+    case kDLCUDAManaged: return "cuda_managed";
+    case kDLROCM: return "rocm";
+    case kDLROCMHost: return "rocm_host";
+    case kDLOpenCL: return "opencl";
+    case kDLVulkan: return "vulkan";
+    case kDLMetal: return "metal";
+    case kDLOneAPI: return "oneapi";
+    case kDLWebGPU: return "webgpu";
+    default: return "unknown_device";
+  }
+}
+
+/// Address of a tensor's first element as T*: `data_ptr() + byte_offset()`.
+/// (For PyTorch tensors byte_offset() is 0 and data_ptr() already includes the storage offset.)
+template <typename T = void>
+[[nodiscard]] inline T* data_ptr(const tvm::ffi::TensorView& view) {
+  using Byte = std::conditional_t<std::is_const_v<T>, const char, char>;
+  return static_cast<T*>(static_cast<std::conditional_t<std::is_const_v<T>, const void*, void*>>(
+      static_cast<Byte*>(view.data_ptr()) + view.byte_offset()));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Symbolic values
+// ---------------------------------------------------------------------------------------------
+
+/// A named integer (a size or a stride) shared between tensors: unbound until set_value() or the
+/// first TensorMatcher::verify that uses it, after which every use must equal the bound value.
+///
+/// Construct as `SymbolicSize N{"num_tokens"};` — the name must outlive the object (a string
+/// literal). unwrap() throws PanicError if the value was never bound.
+class SymbolicSize {
+ public:
+  SymbolicSize(const char* name = "") : name_(name) {}
+
+  /// Binds the value (overwrites any previous binding).
+  void set_value(int64_t value) { value_ = value; }
+  [[nodiscard]] bool has_value() const { return value_.has_value(); }
+  [[nodiscard]] std::string_view name() const { return name_; }
+
+  /// The bound value; throws PanicError (at the caller's file:line) if unbound.
+  [[nodiscard]] int64_t unwrap(std::source_location loc = std::source_location::current()) const {
+    if (!value_.has_value()) [[unlikely]] {
+      detail::panic_at(loc, "SymbolicSize '", name_, "' has no value (not bound by set_value or verify)");
+    }
+    return *value_;
+  }
+
+ private:
+  std::string_view name_;
+  std::optional<int64_t> value_;
+};
+
+/// A dtype shared between tensors: optionally restricted to a set of options (set_options<Ts...>),
+/// unbound until set_value() or the first verify, after which every use must equal it.
+class SymbolicDType {
+ public:
+  static constexpr std::size_t kMaxOptions = 16;
+
+  /// Restricts the allowed dtypes to the DLDataTypes of C++ types Ts (replaces earlier options).
+  template <typename... Ts>
+  SymbolicDType& set_options() {
+    static_assert(sizeof...(Ts) >= 1 && sizeof...(Ts) <= kMaxOptions, "1..16 dtype options");
+    num_options_ = 0;
+    ((options_[num_options_++] = dl_dtype_v<Ts>), ...);
+    return *this;
+  }
+
+  /// Binds the dtype (does not check the options).
+  void set_value(DLDataType dtype) { value_ = dtype; }
+  [[nodiscard]] bool has_value() const { return value_.has_value(); }
+
+  /// The bound dtype; throws PanicError if unbound.
+  [[nodiscard]] DLDataType unwrap(std::source_location loc = std::source_location::current()) const {
+    if (!value_.has_value()) [[unlikely]] {
+      detail::panic_at(loc, "SymbolicDType has no value (not bound by set_value or verify)");
+    }
+    return *value_;
+  }
+
+  /// True iff bound and equal to dl_dtype_v<T>. Use it to dispatch on the bound dtype.
+  template <typename T>
+  [[nodiscard]] bool is_type() const {
+    return value_.has_value() && dtype_equal(*value_, dl_dtype_v<T>);
+  }
+
+  /// Checks `dtype` against the binding (or the options when unbound) and binds it.
+  /// Returns false on mismatch; `describe_expected` then explains what was allowed.
+  [[nodiscard]] bool match(DLDataType dtype) {
+    if (value_.has_value()) return dtype_equal(*value_, dtype);
+    if (num_options_ != 0) {
+      bool found = false;
+      for (std::size_t i = 0; i < num_options_; ++i) found = found || dtype_equal(options_[i], dtype);
+      if (!found) return false;
+    }
+    value_ = dtype;
+    return true;
+  }
+
+  /// Writes "float16" / "one of [bfloat16, float16]" / "any" for error messages.
+  void describe_expected(std::ostream& os) const {
+    if (value_.has_value()) {
+      os << tvm::ffi::DLDataTypeToString(*value_);
+    } else if (num_options_ == 1) {
+      os << tvm::ffi::DLDataTypeToString(options_[0]);
+    } else if (num_options_ > 1) {
+      os << "one of [";
+      for (std::size_t i = 0; i < num_options_; ++i) {
+        os << (i ? ", " : "") << tvm::ffi::DLDataTypeToString(options_[i]);
+      }
+      os << ']';
+    } else {
+      os << "any";
+    }
+  }
+
+ private:
+  std::array<DLDataType, kMaxOptions> options_{};
+  std::size_t num_options_ = 0;
+  std::optional<DLDataType> value_;
+};
+
+class PendingDeviceVerify;
+class TensorMatcher;
+
+/// A device shared between tensors: optionally restricted to device types (set_options<kDLCUDA>()),
+/// unbound until set_value() or the first verify, after which every use must equal it (type and id).
+class SymbolicDevice {
+ public:
+  static constexpr std::size_t kMaxOptions = 8;
+
+  /// Restricts the allowed device types (replaces earlier options).
+  template <DLDeviceType... kTypes>
+  SymbolicDevice& set_options() {
+    static_assert(sizeof...(kTypes) >= 1 && sizeof...(kTypes) <= kMaxOptions, "1..8 device options");
+    num_options_ = 0;
+    ((options_[num_options_++] = kTypes), ...);
+    return *this;
+  }
+
+  /// Restricts the allowed device types to the single runtime value `type`.
+  SymbolicDevice& set_value_options(DLDeviceType type) {
+    options_[0] = type;
+    num_options_ = 1;
+    return *this;
+  }
+
+  /// Binds the device (does not check the options).
+  void set_value(DLDevice device) { value_ = device; }
+  [[nodiscard]] bool has_value() const { return value_.has_value(); }
+
+  /// The bound device; throws PanicError if unbound.
+  [[nodiscard]] DLDevice unwrap(std::source_location loc = std::source_location::current()) const {
+    if (!value_.has_value()) [[unlikely]] {
+      detail::panic_at(loc, "SymbolicDevice has no value (not bound by set_value or verify)");
+    }
+    return *value_;
+  }
+
+  /// True iff `device_type` is allowed (no options = everything allowed).
+  [[nodiscard]] bool allows(DLDeviceType device_type) const {
+    if (num_options_ == 0) return true;
+    for (std::size_t i = 0; i < num_options_; ++i) {
+      if (options_[i] == device_type) return true;
+    }
+    return false;
+  }
+
+  /// Checks `device` against the binding (or the options when unbound) and binds it.
+  [[nodiscard]] bool match(DLDevice device) {
+    if (value_.has_value()) return value_->device_type == device.device_type && value_->device_id == device.device_id;
+    if (!allows(device.device_type)) return false;
+    value_ = device;
+    return true;
+  }
+
+  /// Checks `view`'s device against this symbolic right away (binding it), and starts a list of
+  /// tensors for `TensorMatcher::with_device<kType>(device).verify(a).verify(b)` (see DeviceClause).
+  /// Standalone use is fine too: `device.verify(x, "x");` checks only the device.
+  /// Throws PanicError "x: device expected cuda, got cpu:0" on mismatch.
+  PendingDeviceVerify verify(const tvm::ffi::TensorView& view, const char* name = nullptr,
+                             std::source_location loc = std::source_location::current());
+
+  /// Writes "cuda:0" (bound) / "cuda" / "one of [cuda, cpu]" / "any" for error messages.
+  void describe_expected(std::ostream& os) const {
+    if (value_.has_value()) {
+      os << device_type_name(value_->device_type) << ':' << value_->device_id;
+    } else if (num_options_ == 1) {
+      os << device_type_name(options_[0]);
+    } else if (num_options_ > 1) {
+      os << "one of [";
+      for (std::size_t i = 0; i < num_options_; ++i) os << (i ? ", " : "") << device_type_name(options_[i]);
+      os << ']';
+    } else {
+      os << "any";
+    }
+  }
+
+ private:
+  std::array<DLDeviceType, kMaxOptions> options_{};
+  std::size_t num_options_ = 0;
+  std::optional<DLDevice> value_;
+};
+
+/// Tensors recorded by `SymbolicDevice::verify(...).verify(...)`, each already device-checked; a
+/// `TensorMatcher::with_device<kType>(device)` clause runs its full checks on them (see DeviceClause).
+/// At most kMaxTensors tensors.
+class PendingDeviceVerify {
+ public:
+  static constexpr std::size_t kMaxTensors = 16;
+
+  explicit PendingDeviceVerify(SymbolicDevice& device) : device_(&device) {}
+
+  /// Device-checks `view` now and records it for the matcher; returns *this.
+  PendingDeviceVerify& verify(const tvm::ffi::TensorView& view, const char* name = nullptr,
+                              std::source_location loc = std::source_location::current()) {
+    (void)device_->verify(view, name, loc);
+    record(view, name, loc);
+    return *this;
+  }
+
+  [[nodiscard]] SymbolicDevice& device() const { return *device_; }
+  [[nodiscard]] std::size_t size() const { return num_tensors_; }
+  [[nodiscard]] const tvm::ffi::TensorView& view(std::size_t i) const { return *views_[i]; }
+  [[nodiscard]] const char* name(std::size_t i) const { return names_[i]; }
+  [[nodiscard]] const std::source_location& location(std::size_t i) const { return locations_[i]; }
+
+ private:
+  friend class SymbolicDevice;
+  void record(const tvm::ffi::TensorView& view, const char* name, const std::source_location& loc) {
+    if (num_tensors_ == kMaxTensors) [[unlikely]] {
+      detail::panic_at(loc, "SymbolicDevice::verify chain supports at most ", kMaxTensors, " tensors");
+    }
+    views_[num_tensors_].emplace(view);
+    names_[num_tensors_] = name;
+    locations_[num_tensors_] = loc;
+    ++num_tensors_;
+  }
+
+  SymbolicDevice* device_;
+  std::array<std::optional<tvm::ffi::TensorView>, kMaxTensors> views_{};
+  std::array<const char*, kMaxTensors> names_{};
+  std::array<std::source_location, kMaxTensors> locations_{};
+  std::size_t num_tensors_ = 0;
+};
+
+inline PendingDeviceVerify SymbolicDevice::verify(const tvm::ffi::TensorView& view, const char* name,
+                                                  std::source_location loc) {
+  const DLDevice device = view.device();
+  if (!match(device)) [[unlikely]] {
+    std::ostringstream expected;
+    describe_expected(expected);
+    std::ostringstream label;
+    if (name != nullptr) {
+      label << name;
+    } else {
+      label << "tensor";
+    }
+    detail::panic_at(loc, label.str(), ": device expected ", expected.str(), ", got ",
+                     device_type_name(device.device_type), ':', device.device_id);
+  }
+  PendingDeviceVerify pending(*this);
+  pending.record(view, name, loc);
+  return pending;
+}
+
+/// Wildcard entry for TensorMatcher shapes / strides: any value is accepted.
+inline constexpr int64_t kAnySize = -1;
+
+/// One entry of a TensorMatcher shape or stride list: a literal (>= 0, must match exactly),
+/// -1 / kAnySize (anything), or a reference to a caller-owned SymbolicSize (binds, then must match).
+class SizeRef {
+ public:
+  SizeRef(SymbolicSize& symbol) : symbol_(&symbol) {}
+  template <std::integral I>
+  SizeRef(I value) : value_(static_cast<int64_t>(value)) {}
+  SizeRef() = default;
+
+  [[nodiscard]] SymbolicSize* symbol() const { return symbol_; }
+  [[nodiscard]] int64_t value() const { return value_; }
+  [[nodiscard]] bool is_any() const { return symbol_ == nullptr && value_ < 0; }
+
+ private:
+  SymbolicSize* symbol_ = nullptr;
+  int64_t value_ = kAnySize;
+};
+
+/// The `with_device` member of TensorMatcher.
+///
+/// Why it is an object and not a member function template: the tutorial's launchers write
+///   TensorMatcher({N}).with_dtype<T>().with_device<kDLCUDA>(device_).verify(dst).verify(src);
+/// inside a function template. `.with_dtype<T>()` is type-dependent there, and C++20 then parses
+/// `.with_device<` as less-than unless one writes `.template with_device<`. So `with_device` is an
+/// object whose operators give that parse the intended meaning:
+///   (matcher.with_device < kDLCUDA) > device_.verify(dst).verify(src)
+/// `device_.verify(...)` device-checks each tensor at once and records it; the `>` then applies
+/// "device type kDLCUDA, shared symbolic device_" to the matcher and runs the matcher's full
+/// verify on every recorded tensor, in order. The same code works outside templates.
+/// Forms:
+///   .with_device<kType>(device).verify(a)[.verify(b)...]   one device type (the tutorial form)
+///   .with_device<kType>(device)                            configure only (on a named matcher)
+///   .with_device(device)                                   device's own options; returns the matcher
+///   .with_device_types<kA, kB>(device)                     several device types; returns the matcher
+/// Constraint: after `.with_device<kType>(device)` only `.verify(...)` calls may follow in the chain.
+class DeviceClause {
+ public:
+  /// Result of `with_device < kType`; completed by `> device` or `> device.verify(...)...`.
+  struct Typed {
+    TensorMatcher* owner;
+    DLDeviceType type;
+  };
+
+  explicit DeviceClause(TensorMatcher* owner) : owner_(owner) {}
+  DeviceClause(const DeviceClause&) = delete;
+  DeviceClause& operator=(const DeviceClause&) = delete;
+
+  /// `.with_device(device)`: bind/compare against `device` (its own options apply).
+  TensorMatcher& operator()(SymbolicDevice& device) const;
+
+  /// First half of `.with_device<kType>(...)`.
+  Typed operator<(DLDeviceType type) const { return Typed{owner_, type}; }
+
+ private:
+  TensorMatcher* owner_;
+};
+
+/// Second half of `.with_device<kType>(device)`: configures the matcher; returns it.
+TensorMatcher& operator>(DeviceClause::Typed clause, SymbolicDevice& device);
+/// Second half of `.with_device<kType>(device).verify(a)...`: configures, then verifies each tensor.
+TensorMatcher& operator>(DeviceClause::Typed clause, const PendingDeviceVerify& pending);
+
+/// Fluent tensor checker. Typical use (all Symbolic* objects live in the caller):
+///
+///   SymbolicSize N{"num_tokens"}, D{"hidden_size"};
+///   SymbolicDevice device;
+///   TensorMatcher({N, D}).with_dtype<bf16_t, fp16_t>().with_device<kDLCUDA>(device).verify(x, "x").verify(out, "out");
+///
+/// - shape: one SizeRef per dimension (ndim must match). Literal, -1 (any), or SymbolicSize&.
+/// - with_strides({...}): one SizeRef per dimension, checked exactly. Without it the tensor must be
+///   contiguous (row-major; strides of size-1 dims and of empty tensors are ignored, as in torch).
+/// - with_dtype<Ts...>() allows those element types; with_dtype(SymbolicDType&) shares a symbolic.
+///   Either way the first verified tensor binds the dtype and later ones must have the same dtype.
+///   Without with_dtype the dtype is not checked.
+/// - with_device<kType>(SymbolicDevice&) restricts the device type and binds/shares the device
+///   (see DeviceClause for the forms and why it is an object). All tensors verified by one matcher
+///   must then be on the same device (type and id). Without with_device the device is not checked.
+/// - verify(view[, name]) runs the checks in the order dtype, device, ndim, shape, strides, binding
+///   symbols as it goes; on failure throws PanicError like
+///   "src: dim 1 (hidden_size) expected 4096, got 4095 (shape [8, 4095]) [at file.cuh:42]".
+///   The default name is "tensor #k", k = 0-based count of verify calls on this matcher.
+///   Returns *this so checks chain; a matcher may be a temporary or a named object (copyable: it
+///   holds pointers only to the caller's Symbolic* objects).
+/// Limits: at most kMaxDims (8) dimensions.
+class TensorMatcher {
+ public:
+  friend class DeviceClause;
+  friend TensorMatcher& operator>(DeviceClause::Typed, SymbolicDevice&);
+  friend TensorMatcher& operator>(DeviceClause::Typed, const PendingDeviceVerify&);
+
+  static constexpr std::size_t kMaxDims = 8;
+
+  TensorMatcher(std::initializer_list<SizeRef> shape, std::source_location loc = std::source_location::current()) {
+    if (shape.size() > kMaxDims) [[unlikely]] {
+      detail::panic_at(loc, "TensorMatcher supports at most ", kMaxDims, " dims, got ", shape.size());
+    }
+    ndim_ = shape.size();
+    std::size_t i = 0;
+    for (const SizeRef& s : shape) shape_[i++] = s;
+  }
+
+  /// Requires the element type to be one of Ts (DLDataTypes from dl_dtype_v).
+  template <typename... Ts>
+  TensorMatcher& with_dtype() {
+    own_dtype_.set_options<Ts...>();
+    external_dtype_ = nullptr;
+    has_dtype_check_ = true;
+    return *this;
+  }
+
+  /// Shares `dtype` (options and binding) with this matcher.
+  TensorMatcher& with_dtype(SymbolicDType& dtype) {
+    external_dtype_ = &dtype;
+    has_dtype_check_ = true;
+    return *this;
+  }
+
+  /// Device clause, used as `.with_device<kDLCUDA>(device)` or `.with_device(device)`; see DeviceClause.
+  DeviceClause with_device{this};
+
+  /// Restricts device types to kTypes and shares `device` (binding it on first verify). This is
+  /// the member-function spelling of `with_device<kType>(device)`, usable with several types.
+  template <DLDeviceType... kTypes>
+  TensorMatcher& with_device_types(SymbolicDevice& device) {
+    set_device_types<kTypes...>();
+    external_device_ = &device;
+    return *this;
+  }
+
+  TensorMatcher(const TensorMatcher& other)
+      : shape_(other.shape_),
+        strides_(other.strides_),
+        ndim_(other.ndim_),
+        has_strides_(other.has_strides_),
+        has_dtype_check_(other.has_dtype_check_),
+        has_device_check_(other.has_device_check_),
+        num_verified_(other.num_verified_),
+        own_dtype_(other.own_dtype_),
+        external_dtype_(other.external_dtype_),
+        device_types_(other.device_types_),
+        external_device_(other.external_device_) {}
+  TensorMatcher& operator=(const TensorMatcher&) = delete;
+
+  /// Expected strides (in elements), one per dimension; replaces the default contiguity check.
+  TensorMatcher& with_strides(std::initializer_list<SizeRef> strides,
+                              std::source_location loc = std::source_location::current()) {
+    if (strides.size() != ndim_) [[unlikely]] {
+      detail::panic_at(loc, "TensorMatcher::with_strides: got ", strides.size(), " strides for ", ndim_, " dims");
+    }
+    std::size_t i = 0;
+    for (const SizeRef& s : strides) strides_[i++] = s;
+    has_strides_ = true;
+    return *this;
+  }
+
+  /// Checks `view` (see class comment); `name` labels it in errors. Throws PanicError on mismatch.
+  TensorMatcher& verify(const tvm::ffi::TensorView& view, const char* name = nullptr,
+                        std::source_location loc = std::source_location::current()) {
+    const std::size_t index = num_verified_++;
+    check_dtype(view, name, index, loc);
+    check_device(view, name, index, loc);
+    const int64_t ndim = view.ndim();
+    if (ndim != static_cast<int64_t>(ndim_)) [[unlikely]] {
+      fail(view, name, index, loc, "ndim expected ", ndim_, ", got ", ndim);
+    }
+    const int64_t* shape = view.shape().data();
+    for (std::size_t d = 0; d < ndim_; ++d) {
+      check_entry(view, name, index, loc, "dim", d, shape_[d], shape[d]);
+    }
+    check_strides(view, name, index, loc);
+    return *this;
+  }
+
+ private:
+  template <DLDeviceType... kTypes>
+  void set_device_types() {
+    if constexpr (sizeof...(kTypes) > 0) {
+      device_types_.set_options<kTypes...>();
+    }
+    has_device_check_ = true;
+  }
+
+  struct TensorName {
+    const char* name;
+    std::size_t index;
+    friend std::ostream& operator<<(std::ostream& os, const TensorName& n) {
+      if (n.name != nullptr) return os << n.name;
+      return os << "tensor #" << n.index;
+    }
+  };
+
+  struct ShapeString {
+    const tvm::ffi::TensorView* view;
+    bool strides;
+    friend std::ostream& operator<<(std::ostream& os, const ShapeString& s) {
+      const int64_t ndim = s.view->ndim();
+      const int64_t* data = s.strides ? s.view->strides().data() : s.view->shape().data();
+      os << '[';
+      for (int64_t i = 0; i < ndim; ++i) os << (i ? ", " : "") << data[i];
+      return os << ']';
+    }
+  };
+
+  template <typename... Args>
+  [[noreturn]] static void fail(const tvm::ffi::TensorView& view, const char* name, std::size_t index,
+                                const std::source_location& loc, Args&&... args) {
+    detail::panic_at(loc, TensorName{name, index}, ": ", std::forward<Args>(args)...,
+                     " (shape ", ShapeString{&view, false}, ", dtype ", tvm::ffi::DLDataTypeToString(view.dtype()),
+                     ", device ", device_type_name(view.device().device_type), ':', view.device().device_id, ')');
+  }
+
+  void check_dtype(const tvm::ffi::TensorView& view, const char* name, std::size_t index,
+                   const std::source_location& loc) {
+    if (!has_dtype_check_) return;
+    SymbolicDType& dtype = external_dtype_ != nullptr ? *external_dtype_ : own_dtype_;
+    if (!dtype.match(view.dtype())) [[unlikely]] {
+      fail_dtype(view, name, index, loc, dtype);
+    }
+  }
+
+  [[noreturn]] static void fail_dtype(const tvm::ffi::TensorView& view, const char* name, std::size_t index,
+                                      const std::source_location& loc, const SymbolicDType& expected) {
+    std::ostringstream os;
+    expected.describe_expected(os);
+    fail(view, name, index, loc, "dtype expected ", os.str(), ", got ", tvm::ffi::DLDataTypeToString(view.dtype()));
+  }
+
+  void check_device(const tvm::ffi::TensorView& view, const char* name, std::size_t index,
+                    const std::source_location& loc) {
+    if (!has_device_check_) return;
+    const DLDevice device = view.device();
+    if (!device_types_.match(device)) [[unlikely]] {
+      fail_device(view, name, index, loc, device_types_);
+    }
+    if (external_device_ != nullptr && !external_device_->match(device)) [[unlikely]] {
+      fail_device(view, name, index, loc, *external_device_);
+    }
+  }
+
+  [[noreturn]] static void fail_device(const tvm::ffi::TensorView& view, const char* name, std::size_t index,
+                                       const std::source_location& loc, const SymbolicDevice& expected) {
+    std::ostringstream os;
+    expected.describe_expected(os);
+    fail(view, name, index, loc, "device expected ", os.str(), ", got ", device_type_name(view.device().device_type),
+         ':', view.device().device_id);
+  }
+
+  static void check_entry(const tvm::ffi::TensorView& view, const char* name, std::size_t index,
+                          const std::source_location& loc, const char* what, std::size_t d, const SizeRef& expected,
+                          int64_t actual) {
+    if (SymbolicSize* symbol = expected.symbol()) {
+      if (!symbol->has_value()) {
+        symbol->set_value(actual);
+      } else if (symbol->unwrap() != actual) [[unlikely]] {
+        fail(view, name, index, loc, what, ' ', d, " (", symbol->name(), ") expected ", symbol->unwrap(), ", got ",
+             actual);
+      }
+    } else if (!expected.is_any() && expected.value() != actual) [[unlikely]] {
+      fail(view, name, index, loc, what, ' ', d, " expected ", expected.value(), ", got ", actual);
+    }
+  }
+
+  void check_strides(const tvm::ffi::TensorView& view, const char* name, std::size_t index,
+                     const std::source_location& loc) const {
+    if (ndim_ == 0) return;
+    // TVM-FFI fills strides for every tensor it imports (DLPack null strides become compact ones).
+    const int64_t* shape = view.shape().data();
+    const int64_t* strides = view.strides().data();
+    if (has_strides_) {
+      for (std::size_t d = 0; d < ndim_; ++d) check_entry(view, name, index, loc, "stride", d, strides_[d], strides[d]);
+      return;
+    }
+    for (std::size_t d = 0; d < ndim_; ++d) {
+      if (shape[d] == 0) return;  // empty tensors are contiguous
+    }
+    int64_t expected_stride = 1;
+    for (std::size_t d = ndim_; d-- > 0;) {
+      if (shape[d] != 1 && strides[d] != expected_stride) [[unlikely]] {
+        fail(view, name, index, loc, "expected contiguous strides, got strides ", ShapeString{&view, true},
+             " (dim ", d, " has stride ", strides[d], ", expected ", expected_stride, ")");
+      }
+      expected_stride *= shape[d];
+    }
+  }
+
+  std::array<SizeRef, kMaxDims> shape_{};
+  std::array<SizeRef, kMaxDims> strides_{};
+  std::size_t ndim_ = 0;
+  bool has_strides_ = false;
+  bool has_dtype_check_ = false;
+  bool has_device_check_ = false;
+  std::size_t num_verified_ = 0;
+  SymbolicDType own_dtype_;             // options from with_dtype<Ts...>()
+  SymbolicDType* external_dtype_ = nullptr;  // from with_dtype(SymbolicDType&)
+  SymbolicDevice device_types_;         // options from with_device<kTypes...>()
+  SymbolicDevice* external_device_ = nullptr;
+};
+
+inline TensorMatcher& DeviceClause::operator()(SymbolicDevice& device) const {
+  owner_->set_device_types<>();
+  owner_->external_device_ = &device;
+  return *owner_;
+}
+
+inline TensorMatcher& operator>(DeviceClause::Typed clause, SymbolicDevice& device) {
+  TensorMatcher& matcher = *clause.owner;
+  matcher.device_types_.set_value_options(clause.type);
+  matcher.has_device_check_ = true;
+  matcher.external_device_ = &device;
+  return matcher;
+}
+
+inline TensorMatcher& operator>(DeviceClause::Typed clause, const PendingDeviceVerify& pending) {
+  TensorMatcher& matcher = clause > pending.device();
+  for (std::size_t i = 0; i < pending.size(); ++i) {
+    matcher.verify(pending.view(i), pending.name(i), pending.location(i));
+  }
+  return matcher;
+}
+
+}  // namespace host

@@ -1,0 +1,221 @@
+// Device-side utilities and the host kernel launcher.
+//
+//   fp16_t, bf16_t, fp32_t, fp64_t, fp8_e4m3_t, fp8_e5m2_t     scalar aliases (global namespace)
+//   fp16x2_t, bf16x2_t, fp32x2_t, fp8x2_e4m3_t, fp8x2_e5m2_t  packed pairs (global namespace)
+//   SGL_DEVICE                      __forceinline__ __device__
+//   device::kWarpThreads            32
+//   device::load_as / store_as      typed access through void*
+//   device::pointer::offset         byte-offset arithmetic in device code
+//   device::pdl_wait_primary / pdl_launch_dependents   Programmatic Dependent Launch (SM90+)
+//   host::RuntimeDeviceCheck        cudaError_t -> PanicError
+//   host::LaunchKernel              stream/device resolving, error checking launcher
+#pragma once
+
+#include <sgl_kernel/utils.h>  // For PanicError, Panic, RuntimeCheck, detail::panic_at
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <dlpack/dlpack.h>
+#include <tvm/ffi/extra/c_env_api.h>
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <source_location>
+#include <utility>
+
+// ---------------------------------------------------------------------------------------------
+// Type aliases (global namespace, as used by kernels and by make_cpp_args on the Python side).
+// ---------------------------------------------------------------------------------------------
+
+using fp16_t = __half;               ///< IEEE binary16.
+using bf16_t = __nv_bfloat16;        ///< bfloat16.
+using fp32_t = float;                ///< IEEE binary32.
+using fp64_t = double;               ///< IEEE binary64.
+using fp8_e4m3_t = __nv_fp8_e4m3;    ///< FP8 E4M3 (torch.float8_e4m3fn).
+using fp8_e5m2_t = __nv_fp8_e5m2;    ///< FP8 E5M2 (torch.float8_e5m2).
+using fp16x2_t = __half2;            ///< Two fp16 in one 32-bit register.
+using bf16x2_t = __nv_bfloat162;     ///< Two bf16 in one 32-bit register.
+using fp32x2_t = float2;             ///< Two fp32 (8 bytes, 8-byte aligned).
+using fp8x2_e4m3_t = __nv_fp8x2_e4m3;  ///< Two FP8 E4M3 in 16 bits.
+using fp8x2_e5m2_t = __nv_fp8x2_e5m2;  ///< Two FP8 E5M2 in 16 bits.
+
+/// Qualifier for every device helper: inlined, device-only.
+#define SGL_DEVICE __forceinline__ __device__
+
+namespace device {
+
+/// Number of threads in a warp on every supported NVIDIA GPU.
+inline constexpr uint32_t kWarpThreads = 32;
+
+/// Returns `static_cast<const T*>(ptr)[offset]`; `offset` counts elements of T (not bytes).
+/// `ptr + offset` must be aligned to alignof(T).
+template <typename T>
+SGL_DEVICE T load_as(const void* ptr, int64_t offset = 0) {
+  return static_cast<const T*>(ptr)[offset];
+}
+
+/// Writes `val` to `static_cast<T*>(ptr)[offset]`; `offset` counts elements of T (not bytes).
+/// `ptr + offset` must be aligned to alignof(T).
+template <typename T>
+SGL_DEVICE void store_as(void* ptr, const T& val, int64_t offset = 0) {
+  static_cast<T*>(ptr)[offset] = val;
+}
+
+namespace pointer {
+
+/// Returns `ptr` advanced by the sum of `offsets` in BYTES (device version of host::pointer::offset).
+template <std::integral... Offsets>
+SGL_DEVICE void* offset(void* ptr, Offsets... offsets) {
+  return static_cast<char*>(ptr) + (static_cast<int64_t>(0) + ... + static_cast<int64_t>(offsets));
+}
+
+/// Const overload: byte offset that keeps the pointer const.
+template <std::integral... Offsets>
+SGL_DEVICE const void* offset(const void* ptr, Offsets... offsets) {
+  return static_cast<const char*>(ptr) + (static_cast<int64_t>(0) + ... + static_cast<int64_t>(offsets));
+}
+
+}  // namespace pointer
+
+/// PDL: blocks until the preceding kernel in the stream (the primary) has completed and its memory
+/// is visible. Call before the first read of data the primary produces. A no-op below SM90 and when
+/// the kernel was not launched with PDL enabled (LaunchKernel::enable_pdl).
+SGL_DEVICE void pdl_wait_primary() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/// PDL: signals that the next kernel in the stream (the dependent) may start launching now. Its
+/// own pdl_wait_primary() still waits for this kernel to finish. A no-op below SM90.
+SGL_DEVICE void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+}  // namespace device
+
+namespace host {
+
+/// Throws a PanicError "CUDA error: <name> (<description>)" naming the caller's file:line when
+/// `error != cudaSuccess`. The (non-sticky) last-error state is cleared first so the failure does
+/// not resurface in a later unrelated CUDA call (e.g. inside PyTorch).
+inline void RuntimeDeviceCheck(cudaError_t error, std::source_location loc = std::source_location::current()) {
+  if (error != cudaSuccess) [[unlikely]] {
+    (void)cudaGetLastError();
+    detail::panic_at(loc, "CUDA error: ", cudaGetErrorName(error), " (", cudaGetErrorString(error), ")");
+  }
+}
+
+/// Checks (and clears) cudaGetLastError(); throws like RuntimeDeviceCheck(cudaError_t) on failure.
+inline void RuntimeDeviceCheck(std::source_location loc = std::source_location::current()) {
+  RuntimeDeviceCheck(cudaGetLastError(), loc);
+}
+
+/// One-shot kernel launcher: `LaunchKernel(grid, block, device_or_stream[, smem])(kernel, args...)`.
+///
+/// - From a `DLDevice` (must be kDLCUDA): the stream is TVM-FFI's current stream for that device
+///   (`TVMFFIEnvGetStream`, i.e. torch's current stream when called from PyTorch), and the launch
+///   runs with that device current (switched with cudaSetDevice only if it differs, then restored),
+///   so a tensor on cuda:1 launches on GPU 1 even while cuda:0 is current.
+/// - From a `cudaStream_t`: launches on that stream with whatever device is current.
+/// - `grid` / `block` accept anything convertible to dim3. A grid or block with 0 threads/blocks
+///   throws a PanicError at construction; callers must return early on empty input.
+/// - `.enable_pdl(b)` requests Programmatic Dependent Launch (cudaLaunchAttributeProgrammatic-
+///   StreamSerialization); honoured only when compiled with SGL_CUDA_ARCH >= 900, ignored otherwise.
+/// - `operator()(kernel, args...)` launches with cudaLaunchKernelEx (each arg converted to the
+///   kernel's parameter type) and throws a PanicError naming the CUDA error and the file:line where
+///   the LaunchKernel was constructed. No device queries happen on this path.
+class LaunchKernel {
+ public:
+  /// Launch on `device`'s current TVM-FFI stream with `device` made current.
+  LaunchKernel(dim3 grid, dim3 block, DLDevice device, std::size_t smem_bytes = 0,
+               std::source_location loc = std::source_location::current())
+      : grid_(grid), block_(block), smem_bytes_(smem_bytes), device_id_(device.device_id), loc_(loc) {
+    if (device.device_type != kDLCUDA) [[unlikely]] {
+      detail::panic_at(loc, "LaunchKernel: expected a CUDA device (device_type ", static_cast<int>(kDLCUDA),
+                       "), got device_type ", static_cast<int>(device.device_type));
+    }
+    stream_ = static_cast<cudaStream_t>(TVMFFIEnvGetStream(device.device_type, device.device_id));
+    check_config();
+  }
+
+  /// Launch on an explicit `stream` with the current device.
+  LaunchKernel(dim3 grid, dim3 block, cudaStream_t stream, std::size_t smem_bytes = 0,
+               std::source_location loc = std::source_location::current())
+      : grid_(grid), block_(block), smem_bytes_(smem_bytes), stream_(stream), device_id_(-1), loc_(loc) {
+    check_config();
+  }
+
+  /// Enables (or disables) Programmatic Dependent Launch for this launch; returns *this for chaining.
+  /// The kernel should call device::pdl_wait_primary() before consuming the previous kernel's output.
+  LaunchKernel& enable_pdl(bool enable = true) {
+#if defined(SGL_CUDA_ARCH) && (SGL_CUDA_ARCH >= 900)
+    pdl_ = enable;
+#else
+    (void)enable;
+#endif
+    return *this;
+  }
+
+  /// Launches `kernel<<<grid, block, smem, stream>>>(args...)`; throws PanicError on launch failure.
+  template <typename... KernelArgs, typename... Args>
+  void operator()(void (*kernel)(KernelArgs...), Args&&... args) const {
+    static_assert(sizeof...(KernelArgs) == sizeof...(Args), "LaunchKernel: argument count mismatch");
+    cudaLaunchAttribute attrs[1];
+    cudaLaunchConfig_t config{};
+    config.gridDim = grid_;
+    config.blockDim = block_;
+    config.dynamicSmemBytes = smem_bytes_;
+    config.stream = stream_;
+    config.attrs = attrs;
+    config.numAttrs = 0;
+    if (pdl_) {
+      attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attrs[0].val.programmaticStreamSerializationAllowed = 1;
+      config.numAttrs = 1;
+    }
+    int previous_device = -1;
+    if (device_id_ >= 0) {
+      RuntimeDeviceCheck(cudaGetDevice(&previous_device), loc_);
+      if (previous_device != device_id_) {
+        RuntimeDeviceCheck(cudaSetDevice(device_id_), loc_);
+      } else {
+        previous_device = -1;  // nothing to restore
+      }
+    }
+    const cudaError_t error = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+    if (previous_device >= 0) {
+      (void)cudaSetDevice(previous_device);
+    }
+    RuntimeDeviceCheck(error, loc_);
+  }
+
+ private:
+  void check_config() const {
+    const uint64_t num_blocks = uint64_t{grid_.x} * grid_.y * grid_.z;
+    const uint64_t num_threads = uint64_t{block_.x} * block_.y * block_.z;
+    if (num_blocks == 0) [[unlikely]] {
+      detail::panic_at(loc_, "LaunchKernel: grid has 0 blocks (grid = (", grid_.x, ", ", grid_.y, ", ", grid_.z,
+                       ")); return before launching on empty input");
+    }
+    if (num_threads == 0) [[unlikely]] {
+      detail::panic_at(loc_, "LaunchKernel: block has 0 threads (block = (", block_.x, ", ", block_.y, ", ",
+                       block_.z, "))");
+    }
+  }
+
+  dim3 grid_;
+  dim3 block_;
+  std::size_t smem_bytes_;
+  cudaStream_t stream_{nullptr};
+  int device_id_;  // -1: launch on the current device
+  bool pdl_{false};
+  std::source_location loc_;
+};
+
+}  // namespace host
