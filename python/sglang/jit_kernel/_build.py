@@ -9,10 +9,11 @@ Layout of the cache root (``SGLANG_JIT_CACHE_DIR``, default ``$XDG_CACHE_HOME/sg
     <root>/.locks/<name>-<key>.lock   one cross-process lock per key (+ ``.owner`` with the builder's pid)
     <root>/.logs/<name>-<key>.log     full log of a failed build
 
-The key hashes the marker, the generated sources, the contents of every package file the build includes
-(all of ``include/`` and the listed ``csrc`` files with the package files they include), the flags, the
-target architectures, the nvcc and host-compiler fingerprints and the tvm-ffi version.  A warm load is a
-hash plus one ``dlopen``: no ninja, no subprocess.
+The key hashes the marker, the generated sources, the contents of every file the build includes
+(all of ``include/``, the listed files with the files they include, every header under
+``extra_include_paths``), the flags, the target architectures, the nvcc and host-compiler fingerprints
+and the tvm-ffi version.  A warm load is a hash plus one ``dlopen``: no ninja, no subprocess; it sets the
+entry directory's mtime, which ``sglang.jit_kernel.cache`` reads as "last used".
 """
 
 from __future__ import annotations
@@ -324,9 +325,15 @@ def check_private_dir(path: Path) -> None:
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.MULTILINE)
 
 
-def _package_dependencies(files: Sequence[Path]) -> list[Path]:
-    """``files`` plus every package file they include, transitively (resolved against the including
-    file's folder, ``csrc/`` and ``include/``)."""
+def _package_dependencies(files: Sequence[Path], extra_dirs: Sequence[Path] = ()) -> list[Path]:
+    """``files`` plus every file they include, transitively, that is found next to the including file,
+    in ``csrc/``, ``include/`` or one of ``extra_dirs`` (the ``extra_include_paths``).
+
+    Files outside the package are followed too: a listed file given by absolute path (a user's or a
+    test's kernel in another folder) must not go stale when a header beside it changes. Includes found
+    in none of those folders (the standard library, tvm-ffi, CUDA) are covered by the toolchain
+    fingerprint instead.
+    """
     seen: dict[Path, None] = {}
     stack = list(files)
     while stack:
@@ -339,9 +346,9 @@ def _package_dependencies(files: Sequence[Path]) -> list[Path]:
         except OSError:
             continue
         for name in _INCLUDE_RE.findall(text):
-            for base in (path.parent, CSRC_DIR, INCLUDE_DIR):
+            for base in (path.parent, CSRC_DIR, INCLUDE_DIR, *extra_dirs):
                 candidate = (base / name).resolve()
-                if candidate.is_file() and (PACKAGE_DIR in candidate.parents):
+                if candidate.is_file():
                     stack.append(candidate)
                     break
     return sorted(seen)
@@ -441,10 +448,10 @@ def make_spec(
     include_paths = [str(INCLUDE_DIR), libinfo.find_include_path(), libinfo.find_dlpack_include_path()]
     include_paths += [str(Path(p).resolve()) for p in extra_include_paths]
     include_paths = list(dict.fromkeys(include_paths))
-    dependencies = _package_dependencies(cpp_paths + cuda_paths) + _header_files(INCLUDE_DIR)
-    for extra in extra_include_paths:
-        if Path(extra).is_dir():
-            dependencies += _header_files(Path(extra).resolve())
+    extra_dirs = [Path(p).resolve() for p in extra_include_paths if Path(p).is_dir()]
+    dependencies = _package_dependencies(cpp_paths + cuda_paths, extra_dirs) + _header_files(INCLUDE_DIR)
+    for extra in extra_dirs:
+        dependencies += _header_files(extra)
     cflags = [*DEFAULT_CFLAGS, f"-I{cuda_home / 'include'}", *extra_cflags]
     cuda_cflags = [*DEFAULT_CUDA_CFLAGS, *arch_flags(resolved_archs), *extra_cuda_cflags] if resolved_archs else []
     return BuildSpec(
@@ -626,11 +633,21 @@ def build_artifact(spec: BuildSpec, root: Path, key: str, force: bool = False) -
                     f"JIT module '{spec.name}' failed to compile:\n{first_compiler_error(log)}\n"
                     f"Full log: {log_path}"
                 )
-            if entry.exists():  # forced rebuild: move the old entry aside, then publish
+            if entry.exists() and force:  # forced rebuild: move the old entry aside, then publish
                 trash = staging_root / f"old-{entry.name}-{uuid.uuid4().hex[:8]}"
-                os.rename(entry, trash)
+                try:
+                    os.rename(entry, trash)
+                except FileNotFoundError:  # another forced builder moved it first
+                    pass
                 shutil.rmtree(trash, ignore_errors=True)
-            os.rename(staging, entry)
+            try:
+                os.rename(staging, entry)
+            except OSError:
+                # Only reachable when two builders of one key ran at once, which the lock prevents
+                # unless its file was deleted under a waiter (`cache clear`). The first one's
+                # artifact is built from the same inputs: keep it, drop ours.
+                if not artifact.exists():
+                    raise
             logger.info("Compiled JIT module %s in %.2f s (%s)", spec.name, seconds, entry)
             if env_flag(ENV_LOG_RESOURCE_USAGE):
                 for line in resource_usage_lines(log):
@@ -644,6 +661,33 @@ def build_artifact(spec: BuildSpec, root: Path, key: str, force: bool = False) -
 
 
 _loaded: dict[Path, "Module"] = {}
+#: Artifacts rebuilt under SGLANG_JIT_FORCE_RECOMPILE by this process: each is forced once per process,
+#: not on every ``load_jit`` call (``dlopen`` would hand back the first copy of the path anyway).
+_forced: set[Path] = set()
+
+
+def _refuse_compile(spec: BuildSpec, artifact: Path, force: bool) -> None:
+    if env_flag(ENV_CRASH_ON_COMPILE):
+        why = (
+            f"{ENV_FORCE_RECOMPILE}=1 asks to rebuild it"
+            if force
+            else f"it is not in the cache ({artifact})"
+        )
+        raise RuntimeError(
+            f"JIT module '{spec.name}' would be compiled ({why}), but {ENV_CRASH_ON_COMPILE}=1 forbids "
+            f"compiling; prebuild it with `python -m sglang.jit_kernel build` or unset the variable"
+        )
+
+
+def _mark_used(entry: Path) -> None:
+    """Set the entry directory's mtime to now: its "last used" time for ``cache prune``.
+
+    Called when this process loads the entry from disk, so at most once per process and entry.
+    """
+    try:
+        os.utime(entry)
+    except OSError:  # a read-only cache (e.g. baked into an image) is still usable
+        pass
 
 
 def load_artifact(spec: BuildSpec, build_directory: str | None = None) -> "Module":
@@ -656,24 +700,34 @@ def load_artifact(spec: BuildSpec, build_directory: str | None = None) -> "Modul
         check_private_dir(root)
     key = spec.key()
     artifact = root / f"{spec.name}-{key}" / f"{spec.name}.so"
-    force = env_flag(ENV_FORCE_RECOMPILE)
+    force = env_flag(ENV_FORCE_RECOMPILE) and artifact not in _forced
     module = _loaded.get(artifact)
     if module is not None and not force:
         return module
+    built = False
     if force or not artifact.exists():
-        if env_flag(ENV_CRASH_ON_COMPILE):
-            raise RuntimeError(
-                f"JIT module '{spec.name}' is not in the cache ({artifact}) and "
-                f"{ENV_CRASH_ON_COMPILE}=1 forbids compiling it; prebuild it with "
-                f"`python -m sglang.jit_kernel build`"
-            )
+        _refuse_compile(spec, artifact, force)
         artifact = build_artifact(spec, root, key, force=force)
+        built = True
+        if force:
+            _forced.add(artifact)
     elif env_flag(ENV_LOG_RESOURCE_USAGE):
         log_path = artifact.parent / "build.log"
         if log_path.exists():
             for line in resource_usage_lines(log_path.read_text()):
                 logger.info("%s: %s", spec.name, line)
-    module = tvm_ffi.load_module(str(artifact))
+    try:
+        module = tvm_ffi.load_module(str(artifact))
+    except Exception:
+        if built or artifact.exists():
+            raise
+        # The entry vanished between the check and the dlopen (`cache clear` / `prune` elsewhere).
+        _refuse_compile(spec, artifact, False)
+        artifact = build_artifact(spec, root, key)
+        built = True
+        module = tvm_ffi.load_module(str(artifact))
+    if not built:
+        _mark_used(artifact.parent)
     _loaded[artifact] = module
     return module
 
