@@ -12,7 +12,6 @@ import argparse
 import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 DEFAULT_ARCH = "9.0"
@@ -56,45 +55,36 @@ def write_clangd(output: Path, arch: str, overwrite: bool) -> int:
 # ---------------------------------------------------------------------------------------------
 # build
 # ---------------------------------------------------------------------------------------------
-def build_variants(names: list[str] | None, jobs: int, quiet: bool = False) -> int:
-    """Compile every variant of the named ops (all ops if ``names`` is None) in parallel.
+def build_variants(names: list[str] | None, jobs: int, quiet: bool = False,
+                   archs: list[str] | None = None) -> int:
+    """Compile every variant of the named ops (all ops if ``names`` is None) in parallel, through
+    ``sglang.jit_kernel.cache.build_variants`` (the path of ``prebuild``).
 
-    Returns the number of failures; prints one progress line per variant.
+    Returns the number of failures; prints one progress line per variant and a summary.
     """
-    from sglang.jit_kernel.registry import all_ops
+    from sglang.jit_kernel.cache import VariantResult
+    from sglang.jit_kernel.cache import build_variants as build_all
 
-    ops = all_ops()
-    unknown = [n for n in (names or []) if n not in ops]
-    if unknown:
-        print(f"unknown op(s): {', '.join(unknown)}; known: {', '.join(ops)}", file=sys.stderr)
-        return len(unknown)
-    selected = [ops[n] for n in (names or list(ops))]
-    jobs_list = [(entry, args, label) for entry in selected for args, label in zip(entry.variants, entry.variant_names())]
     failures = 0
-    start = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(_build_one, entry.build, args): label for entry, args, label in jobs_list}
-        for done, future in enumerate(as_completed(futures), 1):
-            label = futures[future]
-            error, seconds = future.result()
-            bar = "#" * (20 * done // len(futures))
-            status = "ok" if error is None else "FAILED"
-            if not quiet:
-                print(f"[{bar:<20}] {done}/{len(futures)} {label:<40} {status} {seconds:6.1f} s", flush=True)
-            if error is not None:
-                failures += 1
-                print(f"  {error}", file=sys.stderr)
-    print(f"built {len(futures) - failures}/{len(futures)} variants in {time.perf_counter() - start:.1f} s")
-    return failures
 
+    def report(result: VariantResult, done: int, total: int) -> None:
+        nonlocal failures
+        bar = "#" * (20 * done // total)
+        status = "ok" if result.error is None else "FAILED"
+        if not quiet:
+            print(f"[{bar:<20}] {done}/{total} {result.name:<40} {status} {result.seconds:6.1f} s", flush=True)
+        if result.error is not None:
+            failures += 1
+            print(f"  {result.error}", file=sys.stderr)
 
-def _build_one(build, args: tuple) -> tuple[str | None, float]:
     start = time.perf_counter()
     try:
-        build(*args)
-    except Exception as exc:  # report every failure, keep building the rest
-        return f"{type(exc).__name__}: {exc}", time.perf_counter() - start
-    return None, time.perf_counter() - start
+        results = build_all(names, archs=archs, jobs=jobs, on_done=report)
+    except (ValueError, RuntimeError) as exc:  # unknown op, bad arch, no target architecture
+        print(exc, file=sys.stderr)
+        return 1
+    print(f"built {len(results) - failures}/{len(results)} variants in {time.perf_counter() - start:.1f} s")
+    return failures
 
 
 # ---------------------------------------------------------------------------------------------
@@ -103,7 +93,11 @@ def _build_one(build, args: tuple) -> tuple[str | None, float]:
 def cache_command(action: str, days: float) -> int:
     from sglang.jit_kernel import cache
 
-    root = cache.cache_root()
+    try:
+        root = cache.cache_root()
+    except RuntimeError as exc:  # unsafe cache directory
+        print(exc, file=sys.stderr)
+        return 1
     if action == "info":
         info = cache.cache_info()
         print(f"cache root: {root}")
@@ -220,9 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "build":
         if not args.all and not args.ops:
             bld.error("name ops to build, or pass --all")
-        if args.arch:
-            os.environ["SGLANG_JIT_CUDA_ARCH"] = " ".join(args.arch)
-        return 1 if build_variants(None if args.all else args.ops, args.jobs) else 0
+        return 1 if build_variants(None if args.all else args.ops, args.jobs, archs=args.arch) else 0
     return cache_command(args.action, args.days)
 
 
