@@ -266,11 +266,10 @@ class SymbolicDevice {
     return true;
   }
 
-  /// Checks `view`'s device against this symbolic right away (binding it), and starts a list of
-  /// tensors for `TensorMatcher::with_device<kType>(device).verify(a).verify(b)` (see DeviceClause).
-  /// Standalone use is fine too: `device.verify(x, "x");` checks only the device.
-  /// Throws PanicError "x: device expected cuda, got cpu:0" on mismatch.
-  PendingDeviceVerify verify(const tvm::ffi::TensorView& view, const char* name = nullptr,
+  /// Records `view` for `TensorMatcher::with_device<kType>(device).verify(a).verify(b)`; the
+  /// matcher's `>` then runs its full checks (this device included) on each recorded tensor, in
+  /// order (see DeviceClause). Nothing is checked here, so the result must not be discarded.
+  [[nodiscard]]   PendingDeviceVerify verify(const tvm::ffi::TensorView& view, const char* name = nullptr,
                              std::source_location loc = std::source_location::current());
 
   /// Writes "cuda:0" (bound) / "cuda" / "one of [cuda, cpu]" / "any" for error messages.
@@ -294,19 +293,18 @@ class SymbolicDevice {
   std::optional<DLDevice> value_;
 };
 
-/// Tensors recorded by `SymbolicDevice::verify(...).verify(...)`, each already device-checked; a
+/// Tensors recorded by `SymbolicDevice::verify(...).verify(...)` (not yet checked); the
 /// `TensorMatcher::with_device<kType>(device)` clause runs its full checks on them (see DeviceClause).
 /// At most kMaxTensors tensors.
 class PendingDeviceVerify {
  public:
-  static constexpr std::size_t kMaxTensors = 16;
+  static constexpr std::size_t kMaxTensors = 8;
 
   explicit PendingDeviceVerify(SymbolicDevice& device) : device_(&device) {}
 
-  /// Device-checks `view` now and records it for the matcher; returns *this.
+  /// Records `view` (labelled `name` in errors) for the matcher; returns *this.
   PendingDeviceVerify& verify(const tvm::ffi::TensorView& view, const char* name = nullptr,
                               std::source_location loc = std::source_location::current()) {
-    (void)device_->verify(view, name, loc);
     record(view, name, loc);
     return *this;
   }
@@ -338,19 +336,6 @@ class PendingDeviceVerify {
 
 inline PendingDeviceVerify SymbolicDevice::verify(const tvm::ffi::TensorView& view, const char* name,
                                                   std::source_location loc) {
-  const DLDevice device = view.device();
-  if (!match(device)) [[unlikely]] {
-    std::ostringstream expected;
-    describe_expected(expected);
-    std::ostringstream label;
-    if (name != nullptr) {
-      label << name;
-    } else {
-      label << "tensor";
-    }
-    detail::panic_at(loc, label.str(), ": device expected ", expected.str(), ", got ",
-                     device_type_name(device.device_type), ':', device.device_id);
-  }
   PendingDeviceVerify pending(*this);
   pending.record(view, name, loc);
   return pending;
@@ -385,9 +370,9 @@ class SizeRef {
 /// `.with_device<` as less-than unless one writes `.template with_device<`. So `with_device` is an
 /// object whose operators give that parse the intended meaning:
 ///   (matcher.with_device < kDLCUDA) > device_.verify(dst).verify(src)
-/// `device_.verify(...)` device-checks each tensor at once and records it; the `>` then applies
-/// "device type kDLCUDA, shared symbolic device_" to the matcher and runs the matcher's full
-/// verify on every recorded tensor, in order. The same code works outside templates.
+/// `device_.verify(...)` only records the tensors; the `>` then applies "device type kDLCUDA,
+/// shared symbolic device_" to the matcher and runs the matcher's full verify on every recorded
+/// tensor, in order (so errors and "tensor #k" names are the same as for a plain verify chain). The same code works outside templates.
 /// Forms:
 ///   .with_device<kType>(device).verify(a)[.verify(b)...]   one device type (the tutorial form)
 ///   .with_device<kType>(device)                            configure only (on a named matcher)

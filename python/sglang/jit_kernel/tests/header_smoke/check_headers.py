@@ -212,7 +212,7 @@ def check_gpu(smoke) -> None:
         smoke.scale_bf16(dst, src, 2.0)
         torch.cuda.synchronize(1)
         torch.testing.assert_close(dst, (src.float() * 2).to(torch.bfloat16), rtol=0, atol=0)
-        expect_error(lambda: smoke.scale_bf16(dst, src.to("cuda:0"), 2.0), "device expected cuda:1, got cuda:0")
+        expect_error(lambda: smoke.scale_bf16(dst, src.to("cuda:0"), 2.0), "tensor #1: device expected cuda:1, got cuda:0")
         print("cuda:1 launch while cuda:0 is current: ok")
     print("GPU checks passed")
 
