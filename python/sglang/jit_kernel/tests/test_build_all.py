@@ -1,0 +1,82 @@
+"""``python -m sglang.jit_kernel build --all`` compiles every registered variant without a GPU, and
+``prebuild`` then finds each one in the cache.
+
+Compiles every shipped kernel for sm_90 on an empty cache: slow on a small CPU machine (minutes), and
+slower as ops are added to ``registry.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from sglang.jit_kernel.registry import all_ops
+from sglang.jit_kernel.testing import requires_nvcc
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=600, suite="stage-a-kernel-cpu")
+
+# Variants already in the cache load without compiling, even with SGLANG_JIT_CRASH_ON_COMPILE=1.
+PREBUILD_CACHED = textwrap.dedent(
+    """\
+    import json
+    from sglang.jit_kernel.cache import prebuild
+    print(json.dumps(sorted(prebuild())))
+    """
+)
+
+
+@requires_nvcc
+def test_build_all_produces_every_registered_variant(tmp_path: Path):
+    cache_dir = tmp_path / "cache"
+    env = {
+        **os.environ,
+        "SGLANG_JIT_CACHE_DIR": str(cache_dir),
+        "SGLANG_JIT_CUDA_ARCH": "9.0",
+        "PYTHONWARNINGS": "ignore",
+    }
+    for name in ("SGLANG_JIT_FORCE_RECOMPILE", "SGLANG_JIT_CRASH_ON_COMPILE"):
+        env.pop(name, None)
+    expected = sorted(name for entry in all_ops().values() for name in entry.variant_names())
+    assert expected, "registry.py lists no variant"
+
+    result = subprocess.run(
+        [sys.executable, "-m", "sglang.jit_kernel", "build", "--all", "-j", str(os.cpu_count() or 1)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3000,
+        check=False,
+    )
+    print(result.stdout)
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = re.search(r"built (\d+)/(\d+) variants in ([\d.]+) s", result.stdout)
+    assert summary, result.stdout
+    assert int(summary.group(1)) == int(summary.group(2)) == len(expected)
+    for name in expected:  # one progress line per variant
+        assert re.search(rf"\] \d+/{len(expected)} {re.escape(name)} +ok ", result.stdout), name
+    built = [p for p in cache_dir.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    assert len(built) == len(expected)
+
+    check = subprocess.run(
+        [sys.executable, "-c", PREBUILD_CACHED],
+        env={**env, "SGLANG_JIT_CRASH_ON_COMPILE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert check.returncode == 0, check.stderr
+    assert check.stdout.strip().splitlines()[-1] == repr(expected).replace("'", '"')
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(pytest.main([__file__, "-v", "-s"]))
