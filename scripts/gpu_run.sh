@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device session: build, tests, main job, benchmarks, tutorial acceptance; logs under $OUT.
 # Usage (on the GPU machine, from the repo root, with the tvm-ffi wheel in .whl/):
-#   bash scripts/gpu_run.sh [stages...]   stages: build tests check bench tutorial cache (default: all)
+#   [TEST_FILES="a.py b.py"] [BENCH_FILES=...] bash scripts/gpu_run.sh [stages...]
+#   stages: build tests check bench tutorial cache (default: all)
 set -uo pipefail
 OUT="${OUT:-/tmp/gpu_out}"; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -19,11 +20,11 @@ T=python/sglang/jit_kernel/tests
 B=python/sglang/jit_kernel/benchmark
 for s in $stages; do case $s in
   build) run build python3 -m sglang.jit_kernel build --all -j 16 ;;
-  tests) run tests python3 -m pytest -q -rs -p no:cacheprovider $T ${TEST_ARGS:-} ;;
+  tests) run tests python3 -m pytest -q -rs -p no:cacheprovider ${TEST_FILES:-$T} ;;
   check) run check python3 -m sglang.jit_kernel check ;;
-  bench) for f in $B/bench_*.py; do [ "$(basename $f)" = bench_jit_cache.py ] || run "$(basename $f .py)" python3 $f; done ;;
+  bench) for f in ${BENCH_FILES:-$B/bench_*.py}; do [ "$(basename $f)" = bench_jit_cache.py ] || run "$(basename $f .py)" python3 $f; done ;;
   cache) [ -f $B/bench_jit_cache.py ] && run bench_jit_cache python3 $B/bench_jit_cache.py ;;
   tutorial) run tutorial bash test/tutorial_acceptance.sh /tmp/tut ;;
-  *) n=$((${n:-0} + 1)); run "custom$n" bash -c "$s" ;;
+  *) echo "unknown stage $s"; status=1 ;;
 esac; done
 exit $status
