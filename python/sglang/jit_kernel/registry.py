@@ -105,8 +105,158 @@ def _add_constant_entry() -> OpEntry:
     return OpEntry("add_constant", _jit_add_constant_module, [(1,)], cases)
 
 
+# ---- norm: rmsnorm, fused_add_rmsnorm, their gemma forms, fused_inplace_qknorm ----
+def _rms_reference(x: torch.Tensor, w: torch.Tensor, eps: float, offset: float) -> torch.Tensor:
+    """fp32 RMSNorm of the same low-precision rows, rounded once to the dtype."""
+    xf = x.float()
+    rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * rstd * (w.float() + offset)).to(x.dtype)
+
+
+def _rmsnorm_entries() -> list[OpEntry]:
+    from sglang.jit_kernel.norm import (  # noqa: PLC0415
+        _jit_norm_module,
+        fused_add_rmsnorm,
+        gemma_fused_add_rmsnorm,
+        gemma_rmsnorm,
+        rmsnorm,
+    )
+
+    shapes = [(16384, 4096), (16384, 8192)]
+    dtype = torch.bfloat16
+
+    def plain_cases(fn, offset: float) -> Callable[[], list[CheckCase]]:
+        def cases() -> list[CheckCase]:
+            out = []
+            for n, h in shapes:
+                def make(n=n, h=h) -> tuple:
+                    x = torch.randn(n, h, dtype=dtype, device="cuda")
+                    w = torch.randn(h, dtype=dtype, device="cuda")
+                    return x, w, torch.empty_like(x)
+
+                out.append(
+                    CheckCase(
+                        label=f"[{n}, {h}] bf16",
+                        make_inputs=make,
+                        call=lambda x, w, o: fn(x, w, 1e-6, out=o),
+                        reference=lambda x, w, o: _rms_reference(x, w, 1e-6, offset),
+                        bytes_moved=2 * n * h * 2 + h * 2,  # read x, write out, read w
+                        dtype=dtype,
+                    )
+                )
+            return out
+
+        return cases
+
+    def fused_cases(fn, offset: float) -> Callable[[], list[CheckCase]]:
+        def cases() -> list[CheckCase]:
+            out = []
+            for n, h in shapes:
+                def make(n=n, h=h) -> tuple:
+                    x = torch.randn(n, h, dtype=dtype, device="cuda")
+                    r = torch.randn(n, h, dtype=dtype, device="cuda")
+                    return x, r, torch.randn(h, dtype=dtype, device="cuda")
+
+                def call(x, r, w):
+                    fn(x, r, w, 1e-6)
+                    return x
+
+                out.append(
+                    CheckCase(
+                        label=f"[{n}, {h}] bf16",
+                        make_inputs=make,
+                        call=call,
+                        reference=lambda x, r, w: _rms_reference(
+                            (x.float() + r.float()).to(dtype), w, 1e-6, offset
+                        ),
+                        bytes_moved=4 * n * h * 2 + h * 2,  # read x and r, write both, read w
+                        dtype=dtype,
+                    )
+                )
+            return out
+
+        return cases
+
+    # One norm module per dtype serves all five norm ops (gemma = a runtime weight offset of 1):
+    # its variants are listed once, under rmsnorm; building it for any other norm op is a cache hit.
+    variants = [(d,) for d in _FLOATS]
+    return [
+        OpEntry("rmsnorm", _jit_norm_module, variants, plain_cases(rmsnorm, 0.0)),
+        OpEntry("fused_add_rmsnorm", _jit_norm_module, [], fused_cases(fused_add_rmsnorm, 0.0)),
+        OpEntry("gemma_rmsnorm", _jit_norm_module, [], plain_cases(gemma_rmsnorm, 1.0)),
+        OpEntry("gemma_fused_add_rmsnorm", _jit_norm_module, [], fused_cases(gemma_fused_add_rmsnorm, 1.0)),
+    ]
+
+
+def _rmsnorm_entry() -> OpEntry:
+    return _rmsnorm_entries()[0]
+
+
+def _fused_add_rmsnorm_entry() -> OpEntry:
+    return _rmsnorm_entries()[1]
+
+
+def _gemma_rmsnorm_entry() -> OpEntry:
+    return _rmsnorm_entries()[2]
+
+
+def _gemma_fused_add_rmsnorm_entry() -> OpEntry:
+    return _rmsnorm_entries()[3]
+
+
+def _qknorm_entry() -> OpEntry:
+    from sglang.jit_kernel.norm import _jit_norm_module, fused_inplace_qknorm  # noqa: PLC0415
+
+    def cases() -> list[CheckCase]:
+        n, hq, hk, d = 16384, 32, 8, 128
+        dtype = torch.bfloat16
+
+        def make() -> tuple:
+            qkv = torch.randn(n, (hq + 2 * hk) * d, dtype=dtype, device="cuda")
+            return qkv, torch.randn(d, dtype=dtype, device="cuda"), torch.randn(d, dtype=dtype, device="cuda")
+
+        def views(qkv):
+            q = qkv[:, : hq * d].view(n, hq, d)
+            k = qkv[:, hq * d : (hq + hk) * d].view(n, hk, d)
+            return q, k
+
+        def call(qkv, qw, kw):
+            q, k = views(qkv)
+            fused_inplace_qknorm(q, k, qw, kw, 1e-6)
+            return qkv
+
+        def reference(qkv, qw, kw):
+            q, k = views(qkv)
+            expected = qkv.clone()
+            expected[:, : hq * d] = _rms_reference(q, qw, 1e-6, 0.0).view(n, hq * d)
+            expected[:, hq * d : (hq + hk) * d] = _rms_reference(k, kw, 1e-6, 0.0).view(n, hk * d)
+            return expected
+
+        return [
+            CheckCase(
+                label=f"[{n}, {hq}+{hk}, {d}] bf16",
+                make_inputs=make,
+                call=call,
+                reference=reference,
+                bytes_moved=2 * n * (hq + hk) * d * 2 + 2 * d * 2,  # read + write q and k, weights
+                dtype=dtype,
+            )
+        ]
+
+    # Same module as rmsnorm (see _rmsnorm_entries): no variants of its own.
+    return OpEntry("fused_inplace_qknorm", _jit_norm_module, [], cases)
+
+
 # Every op's entry factory, in display order. A new op adds its factory here.
-_ENTRY_FACTORIES: list[Callable[[], OpEntry]] = [_scale_entry, _add_constant_entry]
+_ENTRY_FACTORIES: list[Callable[[], OpEntry]] = [
+    _scale_entry,
+    _add_constant_entry,
+    _rmsnorm_entry,
+    _fused_add_rmsnorm_entry,
+    _gemma_rmsnorm_entry,
+    _gemma_fused_add_rmsnorm_entry,
+    _qknorm_entry,
+]
 
 
 def all_ops() -> dict[str, OpEntry]:

@@ -1,0 +1,91 @@
+// Fused residual add + RMSNorm, in place:
+//
+//   residual[r, :] <- round(input[r, :] + residual[r, :])                       (fp32 add, one rounding)
+//   input[r, :]    <- round(s * rsqrt(mean(s^2) + eps) * (w + weight_offset)),  s = the ROUNDED sum
+//
+// The variance is computed from the rounded sum, i.e. from exactly the values stored in the
+// residual stream, so the normalised output is consistent with what the next layer adds to.
+// weight_offset = 1 gives Gemma's (1 + w). The kernel is norm_rows_kernel<T, kVecN,
+// NormKind::kFusedAddRMSNorm> (rmsnorm.cuh): each thread reads its input and residual vectors once,
+// stores the rounded sum to the residual before the reduction and keeps it in registers.
+// Bytes moved: 4 * num_tokens * hidden_size * sizeof(T) + hidden_size * sizeof(T).
+#pragma once
+
+#include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDevice, kAnySize, data_ptr
+#include <sgl_kernel/utils.h>   // For RuntimeCheck
+
+#include "rmsnorm.cuh"  // For norm_rows_kernel, NormParams, launch_norm_rows_any_width
+
+#include <dlpack/dlpack.h>
+#include <tvm/ffi/container/tensor.h>
+
+#include <cstdint>
+
+namespace {
+
+/// In place: residual = round(input + residual); input = rmsnorm(residual) (see the file comment).
+/// input, residual: [num_tokens, hidden_size] of T on one CUDA device, last dim contiguous, any row
+/// strides, not overlapping each other; weight: [hidden_size], contiguous. enable_pdl: 1 / 0 / -1
+/// (auto: on for SM90+). T = fp16_t | bf16_t | fp32_t. Empty inputs return without a launch.
+/// Throws PanicError (Python RuntimeError) naming the tensor on any mismatch.
+template <typename T>
+void fused_add_rmsnorm(tvm::ffi::TensorView input, tvm::ffi::TensorView residual, tvm::ffi::TensorView weight,
+                       double eps, double weight_offset, int64_t enable_pdl) {
+  using namespace host;
+
+  // Validate
+  SymbolicSize num_tokens{"num_tokens"};
+  SymbolicSize hidden_size{"hidden_size"};
+  SymbolicDevice device_;
+  device_.set_options<kDLCUDA>();
+  TensorMatcher({num_tokens, hidden_size})  //
+      .with_strides({kAnySize, kAnySize})
+      .with_dtype<T>()
+      .with_device<kDLCUDA>(device_)
+      .verify(input, "input")
+      .verify(residual, "residual");
+  TensorMatcher({hidden_size})  //
+      .with_dtype<T>()
+      .with_device<kDLCUDA>(device_)
+      .verify(weight, "weight");
+  check_last_dim_contiguous("fused_add_rmsnorm", "input", input);
+  check_last_dim_contiguous("fused_add_rmsnorm", "residual", residual);
+
+  // Unwrap
+  const int64_t n = num_tokens.unwrap();
+  const int64_t h = hidden_size.unwrap();
+  const DLDevice device = device_.unwrap();
+  check_norm_scalars("fused_add_rmsnorm", h, eps);
+  if (n == 0 || h == 0) return;
+
+  // Configure
+  NormParams params{};
+  params.rows[0] = NormRows{
+      .input = data_ptr<const void>(input),
+      .out = data_ptr(input),
+      .residual = data_ptr(residual),
+      .weight = data_ptr<const void>(weight),
+      .num_rows = n,
+      .num_heads = 1,
+      .input_token_stride = input.stride(0),
+      .input_head_stride = 0,
+      .out_token_stride = input.stride(0),
+      .out_head_stride = 0,
+      .residual_token_stride = residual.stride(0),
+  };
+  params.num_rows = n;
+  params.eps = static_cast<float>(eps);
+  params.inv_hidden_size = static_cast<float>(1.0 / static_cast<double>(h));
+  params.weight_offset = static_cast<float>(weight_offset);
+  params.cast_x_before_out_mul = false;
+  const uint64_t row_bytes = n > 1 ? static_cast<uint64_t>(input.stride(0) | residual.stride(0)) * sizeof(T) : 0;
+  const int64_t vec_bytes = widest_vector_bytes<T>({address_of(params.rows[0].input), address_of(params.rows[0].residual),
+                                                    address_of(params.rows[0].weight), row_bytes,
+                                                    static_cast<uint64_t>(h) * sizeof(T)});
+
+  // Launch
+  launch_norm_rows_any_width<T, NormKind::kFusedAddRMSNorm>(params, h, vec_bytes, device,
+                                                            resolve_pdl(enable_pdl, device));
+}
+
+}  // namespace

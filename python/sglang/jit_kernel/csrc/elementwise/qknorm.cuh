@@ -1,0 +1,119 @@
+// Per-head RMSNorm of q and k, in place, in one persistent launch:
+//
+//   q[t, h, :] <- round(q[t, h, :] * rsqrt(mean(q[t, h, :]^2) + eps) * q_weight)
+//   k[t, h, :] <- round(k[t, h, :] * rsqrt(mean(k[t, h, :]^2) + eps) * k_weight)
+//
+// q and k may be strided views of one fused qkv buffer (token and head strides free, last dim
+// contiguous). The kernel is norm_rows_kernel<T, kVecN, NormKind::kQKNorm> (rmsnorm.cuh): every
+// (token, head) of q, then of k, is one row of head_dim elements. For head_dim 128 bf16 with
+// 16-byte vectors, 8 lanes x 2 vectors hold a head, a warp normalises 4 heads with 3 shuffles, and
+// the persistent grid (SMs x resident CTAs of 256 threads) strides over groups of 32 heads; both
+// weights stay in registers. Bytes moved: 2 * num_tokens * (num_q_heads + num_kv_heads) * head_dim
+// * sizeof(T) + 2 * head_dim * sizeof(T).
+#pragma once
+
+#include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDevice, kAnySize, data_ptr
+#include <sgl_kernel/utils.h>   // For RuntimeCheck
+
+#include "rmsnorm.cuh"  // For norm_rows_kernel, NormParams, launch_norm_rows_any_width
+
+#include <dlpack/dlpack.h>
+#include <tvm/ffi/container/tensor.h>
+
+#include <cstdint>
+
+namespace {
+
+/// In place: each head of q and of k RMS-normalised over head_dim with its weight.
+/// q: [num_tokens, num_q_heads, head_dim], k: [num_tokens, num_kv_heads, head_dim], T on one CUDA
+/// device, last dim contiguous, other strides free (heads must not overlap); q_weight, k_weight:
+/// [head_dim], contiguous. enable_pdl: 1 / 0 / -1 (auto: on for SM90+). T = fp16_t | bf16_t | fp32_t.
+/// Empty inputs return without a launch. Throws PanicError (Python RuntimeError) naming the tensor.
+template <typename T>
+void fused_inplace_qknorm(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView q_weight,
+                          tvm::ffi::TensorView k_weight, double eps, int64_t enable_pdl) {
+  using namespace host;
+
+  // Validate
+  SymbolicSize num_tokens{"num_tokens"};
+  SymbolicSize num_q_heads{"num_q_heads"};
+  SymbolicSize num_kv_heads{"num_kv_heads"};
+  SymbolicSize head_dim{"head_dim"};
+  SymbolicDevice device_;
+  device_.set_options<kDLCUDA>();
+  TensorMatcher({num_tokens, num_q_heads, head_dim})  //
+      .with_strides({kAnySize, kAnySize, kAnySize})
+      .with_dtype<T>()
+      .with_device<kDLCUDA>(device_)
+      .verify(q, "q");
+  TensorMatcher({num_tokens, num_kv_heads, head_dim})  //
+      .with_strides({kAnySize, kAnySize, kAnySize})
+      .with_dtype<T>()
+      .with_device<kDLCUDA>(device_)
+      .verify(k, "k");
+  TensorMatcher({head_dim})  //
+      .with_dtype<T>()
+      .with_device<kDLCUDA>(device_)
+      .verify(q_weight, "q_weight")
+      .verify(k_weight, "k_weight");
+  check_last_dim_contiguous("fused_inplace_qknorm", "q", q);
+  check_last_dim_contiguous("fused_inplace_qknorm", "k", k);
+
+  // Unwrap
+  const int64_t n = num_tokens.unwrap();
+  const int64_t hq = num_q_heads.unwrap();
+  const int64_t hk = num_kv_heads.unwrap();
+  const int64_t d = head_dim.unwrap();
+  const DLDevice device = device_.unwrap();
+  check_norm_scalars("fused_inplace_qknorm", d, eps);
+  if (n == 0 || d == 0 || hq + hk == 0) return;
+
+  // Configure
+  NormParams params{};
+  params.rows[0] = NormRows{
+      .input = data_ptr<const void>(q),
+      .out = data_ptr(q),
+      .residual = nullptr,
+      .weight = data_ptr<const void>(q_weight),
+      .num_rows = n * hq,
+      .num_heads = hq,
+      .input_token_stride = q.stride(0),
+      .input_head_stride = q.stride(1),
+      .out_token_stride = q.stride(0),
+      .out_head_stride = q.stride(1),
+      .residual_token_stride = 0,
+  };
+  params.rows[1] = NormRows{
+      .input = data_ptr<const void>(k),
+      .out = data_ptr(k),
+      .residual = nullptr,
+      .weight = data_ptr<const void>(k_weight),
+      .num_rows = n * hk,
+      .num_heads = hk,
+      .input_token_stride = k.stride(0),
+      .input_head_stride = k.stride(1),
+      .out_token_stride = k.stride(0),
+      .out_head_stride = k.stride(1),
+      .residual_token_stride = 0,
+  };
+  if (hk == 0) params.rows[1].num_heads = 1;  // never divided by: no k rows
+  if (hq == 0) params.rows[0].num_heads = 1;  // never divided by: no q rows
+  params.num_rows = n * (hq + hk);
+  params.eps = static_cast<float>(eps);
+  params.inv_hidden_size = static_cast<float>(1.0 / static_cast<double>(d));
+  params.weight_offset = 0.0f;
+  params.cast_x_before_out_mul = false;
+  // Strides matter only along dims longer than 1.
+  uint64_t stride_bits = 0;
+  if (n > 1) stride_bits |= static_cast<uint64_t>(q.stride(0) | k.stride(0));
+  if (hq > 1) stride_bits |= static_cast<uint64_t>(q.stride(1));
+  if (hk > 1) stride_bits |= static_cast<uint64_t>(k.stride(1));
+  const int64_t vec_bytes = widest_vector_bytes<T>(
+      {address_of(params.rows[0].input), address_of(params.rows[1].input), address_of(params.rows[0].weight),
+       address_of(params.rows[1].weight), stride_bits * sizeof(T), static_cast<uint64_t>(d) * sizeof(T)});
+
+  // Launch
+  launch_norm_rows_any_width<T, NormKind::kQKNorm>(params, d, vec_bytes, device, resolve_pdl(enable_pdl, device));
+}
+
+}  // namespace

@@ -1,0 +1,488 @@
+"""Normalisation ops: RMSNorm, fused residual add + RMSNorm, their Gemma forms, per-head QK RMSNorm.
+
+Every op computes in fp32 and rounds once to the tensor dtype (float16, bfloat16 or float32).
+Kernels: ``csrc/elementwise/rmsnorm.cuh`` (the shared row kernel), ``fused_add_rmsnorm.cuh`` and
+``qknorm.cuh``, compiled together into one module per dtype.
+
+Bytes moved (for bandwidth figures), with ``s = element_size``:
+rmsnorm ``2*N*H*s + H*s``; fused_add_rmsnorm ``4*N*H*s + H*s``;
+fused_inplace_qknorm ``2*N*(Hq+Hk)*D*s + 2*D*s``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
+
+if TYPE_CHECKING:
+    from tvm_ffi.module import Module
+
+__all__ = [
+    "rmsnorm",
+    "fused_add_rmsnorm",
+    "gemma_rmsnorm",
+    "gemma_fused_add_rmsnorm",
+    "fused_inplace_qknorm",
+]
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Module: one per dtype, exporting the three ops (vector widths and vectors-per-thread buckets are
+# compiled inside; one translation unit compiles ~3x faster than three, the host side dominates).
+# ---------------------------------------------------------------------------------------------
+@cache_once
+def _jit_norm_module(dtype: torch.dtype) -> Module:
+    """Compile (first use) and cache the norm module for ``dtype``: ``rmsnorm`` (also gemma),
+    ``fused_add_rmsnorm`` (also gemma) and ``fused_inplace_qknorm``."""
+    args = make_cpp_args(dtype)
+    return load_jit(
+        "norm",
+        *args,
+        cuda_files=[
+            "elementwise/rmsnorm.cuh",
+            "elementwise/fused_add_rmsnorm.cuh",
+            "elementwise/qknorm.cuh",
+        ],
+        cuda_wrappers=[
+            ("rmsnorm", f"rmsnorm<{args}>"),
+            ("fused_add_rmsnorm", f"fused_add_rmsnorm<{args}>"),
+            ("fused_inplace_qknorm", f"fused_inplace_qknorm<{args}>"),
+        ],
+    )
+
+
+# The exported functions themselves, cached: the eager path skips the module attribute lookup.
+@cache_once
+def _rmsnorm_fn(dtype: torch.dtype) -> Callable[..., None]:
+    return _jit_norm_module(dtype).rmsnorm
+
+
+@cache_once
+def _fused_add_rmsnorm_fn(dtype: torch.dtype) -> Callable[..., None]:
+    return _jit_norm_module(dtype).fused_add_rmsnorm
+
+
+@cache_once
+def _qknorm_fn(dtype: torch.dtype) -> Callable[..., None]:
+    return _jit_norm_module(dtype).fused_inplace_qknorm
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks: plain attribute tests on the hot path; messages are built only on failure.
+# ---------------------------------------------------------------------------------------------
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _fail_tensor(op: str, name: str, tensor: object, what: str) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if not tensor.is_cuda:
+        raise RuntimeError(f"{op}: {name} must be a CUDA tensor, got device {tensor.device}")
+    raise RuntimeError(f"{op}: {name} {what}")
+
+
+def _check_rows(
+    op: str, name: str, tensor: torch.Tensor, dtype: torch.dtype | None = None, ref_name: str = "input"
+) -> None:
+    """``tensor``: a CUDA tensor of a supported dtype (``dtype``, that of ``ref_name``, if given),
+    at least 1-D, its last dimension contiguous."""
+    if not (isinstance(tensor, torch.Tensor) and tensor.is_cuda):
+        _fail_tensor(op, name, tensor, "")
+    if dtype is None:
+        if tensor.dtype not in _DTYPES:
+            raise RuntimeError(
+                f"{op}: {name} has unsupported dtype {_name(tensor.dtype)}; expected one of "
+                f"{', '.join(_name(d) for d in _DTYPES)}"
+            )
+    elif tensor.dtype != dtype:
+        raise RuntimeError(
+            f"{op}: {name} dtype must match {ref_name}: expected {_name(dtype)}, got {_name(tensor.dtype)}"
+        )
+    if tensor.dim() == 0:
+        raise RuntimeError(f"{op}: {name} must have at least 1 dimension, got a 0-d tensor")
+    if tensor.stride(-1) != 1 and tensor.shape[-1] > 1:
+        raise RuntimeError(
+            f"{op}: {name} must be contiguous in its last dimension, got shape {tuple(tensor.shape)} "
+            f"with strides {tensor.stride()}"
+        )
+
+
+def _check_weight(
+    op: str, name: str, weight: torch.Tensor, size: int, dtype: torch.dtype, dim_name: str, ref_name: str = "input"
+) -> None:
+    """``weight``: a CUDA tensor of ``dtype`` and shape ``[size]`` (contiguity and the device index
+    are checked by the launcher)."""
+    if not (isinstance(weight, torch.Tensor) and weight.is_cuda):
+        _fail_tensor(op, name, weight, "")
+    if weight.dtype != dtype:
+        raise RuntimeError(
+            f"{op}: {name} dtype must match {ref_name}: expected {_name(dtype)}, got {_name(weight.dtype)}"
+        )
+    if weight.dim() != 1 or weight.shape[0] != size:
+        raise RuntimeError(f"{op}: {name} must have shape [{dim_name}] = ({size},), got {tuple(weight.shape)}")
+
+
+def _check_same_shape(op: str, name: str, tensor: torch.Tensor, ref: torch.Tensor, ref_name: str) -> None:
+    _check_rows(op, name, tensor, ref.dtype, ref_name)
+    if tensor.shape != ref.shape:
+        raise RuntimeError(
+            f"{op}: {name} shape must match {ref_name}: expected {tuple(ref.shape)}, got {tuple(tensor.shape)}"
+        )
+
+
+def _as_rows(op: str, name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """``[..., hidden_size]`` -> a ``[num_tokens, hidden_size]`` view (no copy); raises if the
+    leading dims cannot be flattened without one."""
+    if tensor.dim() == 2:
+        return tensor
+    try:
+        return tensor.view(-1, tensor.shape[-1])
+    except RuntimeError:
+        raise RuntimeError(
+            f"{op}: {name} with shape {tuple(tensor.shape)} and strides {tensor.stride()} cannot be viewed as "
+            "[num_tokens, hidden_size] without a copy; pass a tensor whose leading dims can be flattened"
+        ) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.library ops (used under torch.compile; eager calls go straight to the module)
+# ---------------------------------------------------------------------------------------------
+@torch.library.custom_op("sgl_kernel::rmsnorm_out", mutates_args=("out",), device_types="cuda")
+def _rmsnorm_out_op(
+    out: torch.Tensor,
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    weight_offset: float,
+    cast_x_before_out_mul: bool,
+    enable_pdl: int,
+) -> None:
+    _rmsnorm_fn(input.dtype)(
+        _as_rows("rmsnorm", "out", out),
+        _as_rows("rmsnorm", "input", input),
+        weight,
+        eps,
+        weight_offset,
+        cast_x_before_out_mul,
+        enable_pdl,
+    )
+
+
+@_rmsnorm_out_op.register_fake
+def _(out, input, weight, eps, weight_offset, cast_x_before_out_mul, enable_pdl) -> None:
+    return None
+
+
+@torch.library.custom_op(
+    "sgl_kernel::fused_add_rmsnorm_inplace", mutates_args=("input", "residual"), device_types="cuda"
+)
+def _fused_add_rmsnorm_op(
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    weight_offset: float,
+    enable_pdl: int,
+) -> None:
+    _fused_add_rmsnorm_fn(input.dtype)(
+        _as_rows("fused_add_rmsnorm", "input", input),
+        _as_rows("fused_add_rmsnorm", "residual", residual),
+        weight,
+        eps,
+        weight_offset,
+        enable_pdl,
+    )
+
+
+@_fused_add_rmsnorm_op.register_fake
+def _(input, residual, weight, eps, weight_offset, enable_pdl) -> None:
+    return None
+
+
+@torch.library.custom_op("sgl_kernel::qknorm_inplace", mutates_args=("q", "k"), device_types="cuda")
+def _qknorm_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    enable_pdl: int,
+) -> None:
+    _qknorm_fn(q.dtype)(q, k, q_weight, k_weight, eps, enable_pdl)
+
+
+@_qknorm_op.register_fake
+def _(q, k, q_weight, k_weight, eps, enable_pdl) -> None:
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Public ops
+# ---------------------------------------------------------------------------------------------
+def _rmsnorm(
+    op: str,
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    out: torch.Tensor | None,
+    weight_offset: float,
+    cast_x_before_out_mul: bool,
+    enable_pdl: bool | None,
+) -> torch.Tensor:
+    _check_rows(op, "input", input)
+    _check_weight(op, "weight", weight, input.shape[-1], input.dtype, "hidden_size")
+    if out is None:
+        if input.dim() == 2:
+            out = torch.empty_like(input)
+        else:
+            out = torch.empty(input.shape, dtype=input.dtype, device=input.device)
+    else:
+        _check_same_shape(op, "out", out, input, "input")
+    pdl = -1 if enable_pdl is None else int(bool(enable_pdl))
+    if torch.compiler.is_compiling():
+        torch.ops.sgl_kernel.rmsnorm_out(out, input, weight, eps, weight_offset, cast_x_before_out_mul, pdl)
+    elif input.dim() == 2:
+        _rmsnorm_fn(input.dtype)(out, input, weight, eps, weight_offset, cast_x_before_out_mul, pdl)
+    else:
+        _rmsnorm_fn(input.dtype)(
+            _as_rows(op, "out", out),
+            _as_rows(op, "input", input),
+            weight,
+            eps,
+            weight_offset,
+            cast_x_before_out_mul,
+            pdl,
+        )
+    return out
+
+
+def rmsnorm(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    out: torch.Tensor | None = None,
+    *,
+    cast_x_before_out_mul: bool = False,
+    enable_pdl: bool | None = None,
+) -> torch.Tensor:
+    """Root-mean-square normalisation over the last dimension.
+
+    ``out = x * rsqrt(mean(x**2) + eps) * w``, per row, in fp32 with one rounding to the dtype.
+    With ``cast_x_before_out_mul=True`` (Hugging Face's order) ``x * rsqrt(...)`` is rounded to the
+    dtype first and then multiplied by ``w`` in fp32 and rounded again:
+    ``out = round(float(round(x * rsqrt(mean(x**2) + eps))) * w)``.
+    Moves ``2 * num_tokens * hidden_size * s + hidden_size * s`` bytes (``s`` the element size).
+
+    Parameters
+    ----------
+    input : torch.Tensor
+        ``[..., hidden_size]`` CUDA tensor, float16 / bfloat16 / float32; leading dims are
+        flattened to ``num_tokens`` (rows may be strided: ``input[:, :hidden_size]`` of a wider
+        buffer is read in place; the last dim must be contiguous). Not modified unless it is ``out``.
+    weight : torch.Tensor
+        ``[hidden_size]``, contiguous, same dtype and device as ``input``.
+    eps : float
+        Added to the mean square (>= 0; with 0, an all-zero row gives NaN). Default 1e-6.
+    out : torch.Tensor, optional
+        Where to write: the shape, dtype and device of ``input``, last dim contiguous, any row
+        strides; may be ``input`` itself (in place), must not partially overlap it. Allocated when
+        omitted (contiguous).
+    cast_x_before_out_mul : bool
+        Round ``x * rsqrt(...)`` to the dtype before the weight multiply. Default False.
+    enable_pdl : bool, optional
+        Programmatic Dependent Launch; None means on when the GPU is SM90+. Results do not depend
+        on it.
+
+    Returns
+    -------
+    torch.Tensor
+        ``out``.
+
+    Raises
+    ------
+    TypeError
+        If ``input``, ``weight`` or ``out`` is not a tensor.
+    RuntimeError
+        Before any launch, naming the argument: not on a CUDA device, unsupported or mismatched
+        dtype, ``weight`` not of shape ``[hidden_size]`` or on another device, ``out`` of another
+        shape, a last dim that is not contiguous, leading dims that cannot be flattened without a
+        copy (``out``), ``eps < 0``.
+    """
+    return _rmsnorm("rmsnorm", input, weight, eps, out, 0.0, cast_x_before_out_mul, enable_pdl)
+
+
+def gemma_rmsnorm(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    out: torch.Tensor | None = None,
+    *,
+    enable_pdl: bool | None = None,
+) -> torch.Tensor:
+    """Gemma's RMSNorm: ``out = x * rsqrt(mean(x**2) + eps) * (1 + w)``, the ``1 + w`` in fp32.
+
+    Same arguments, layout rules, bytes moved and errors as :func:`rmsnorm` (fp32 arithmetic, one
+    rounding to the dtype).
+
+    Returns
+    -------
+    torch.Tensor
+        ``out``.
+    """
+    return _rmsnorm("gemma_rmsnorm", input, weight, eps, out, 1.0, False, enable_pdl)
+
+
+def _fused_add_rmsnorm(
+    op: str,
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    weight_offset: float,
+    enable_pdl: bool | None,
+) -> None:
+    _check_rows(op, "input", input)
+    _check_same_shape(op, "residual", residual, input, "input")
+    _check_weight(op, "weight", weight, input.shape[-1], input.dtype, "hidden_size")
+    pdl = -1 if enable_pdl is None else int(bool(enable_pdl))
+    if torch.compiler.is_compiling():
+        torch.ops.sgl_kernel.fused_add_rmsnorm_inplace(input, residual, weight, eps, weight_offset, pdl)
+    elif input.dim() == 2:
+        _fused_add_rmsnorm_fn(input.dtype)(input, residual, weight, eps, weight_offset, pdl)
+    else:
+        _fused_add_rmsnorm_fn(input.dtype)(
+            _as_rows(op, "input", input), _as_rows(op, "residual", residual), weight, eps, weight_offset, pdl
+        )
+
+
+def fused_add_rmsnorm(
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    *,
+    enable_pdl: bool | None = None,
+) -> None:
+    """Residual add then RMSNorm, both in place.
+
+    ``residual <- round(input + residual)`` (fp32 add, one rounding to the dtype), then
+    ``input <- round(r * rsqrt(mean(r**2) + eps) * w)`` where ``r`` is the ROUNDED sum, i.e. exactly
+    the values now stored in ``residual``: the variance and the normalised output are those of the
+    residual stream as the next layer sees it.
+    Moves ``4 * num_tokens * hidden_size * s + hidden_size * s`` bytes.
+
+    Parameters
+    ----------
+    input : torch.Tensor
+        ``[..., hidden_size]`` CUDA tensor, float16 / bfloat16 / float32, last dim contiguous, any
+        row strides; overwritten with the normalised rows. Leading dims must be flattenable
+        without a copy.
+    residual : torch.Tensor
+        Same shape, dtype and device as ``input`` (its own strides); overwritten with the sum.
+        Must not overlap ``input``.
+    weight : torch.Tensor
+        ``[hidden_size]``, contiguous, same dtype and device.
+    eps : float
+        Added to the mean square (>= 0). Default 1e-6.
+    enable_pdl : bool, optional
+        Programmatic Dependent Launch; None means on when the GPU is SM90+.
+
+    Returns
+    -------
+    None
+
+    Raises
+    ------
+    TypeError, RuntimeError
+        As :func:`rmsnorm`, for ``input``, ``residual`` and ``weight``, before any launch.
+    """
+    _fused_add_rmsnorm("fused_add_rmsnorm", input, residual, weight, eps, 0.0, enable_pdl)
+
+
+def gemma_fused_add_rmsnorm(
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    *,
+    enable_pdl: bool | None = None,
+) -> None:
+    """Gemma's fused add + RMSNorm: as :func:`fused_add_rmsnorm` with ``(1 + w)`` (in fp32).
+
+    Returns
+    -------
+    None
+    """
+    _fused_add_rmsnorm("gemma_fused_add_rmsnorm", input, residual, weight, eps, 1.0, enable_pdl)
+
+
+def fused_inplace_qknorm(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float = 1e-6,
+    *,
+    enable_pdl: bool | None = None,
+) -> None:
+    """Per-head RMSNorm of q and k, in place, in one launch.
+
+    ``q[t, h] <- round(q[t, h] * rsqrt(mean(q[t, h]**2) + eps) * q_weight)``, likewise k with
+    ``k_weight``; fp32 arithmetic, one rounding.
+    Moves ``2 * num_tokens * (num_q_heads + num_kv_heads) * head_dim * s + 2 * head_dim * s`` bytes.
+
+    Parameters
+    ----------
+    q : torch.Tensor
+        ``[num_tokens, num_q_heads, head_dim]`` CUDA tensor, float16 / bfloat16 / float32. Token
+        and head strides are free (e.g. a view into a fused qkv buffer); the last dim must be
+        contiguous.
+    k : torch.Tensor
+        ``[num_tokens, num_kv_heads, head_dim]``, same dtype and device, its own strides; must not
+        overlap ``q``.
+    q_weight, k_weight : torch.Tensor
+        ``[head_dim]``, contiguous, same dtype and device.
+    eps : float
+        Added to the mean square (>= 0). Default 1e-6.
+    enable_pdl : bool, optional
+        Programmatic Dependent Launch; None means on when the GPU is SM90+.
+
+    Returns
+    -------
+    None
+
+    Raises
+    ------
+    TypeError
+        If an argument is not a tensor.
+    RuntimeError
+        Before any launch, naming the argument: not on CUDA, unsupported or mismatched dtype, q or k
+        not 3-D, mismatched num_tokens, a weight not of shape ``[head_dim]``, a last dim that is not
+        contiguous, ``eps < 0``.
+    """
+    op = "fused_inplace_qknorm"
+    _check_rows(op, "q", q)
+    _check_rows(op, "k", k, q.dtype, "q")
+    if q.dim() != 3 or k.dim() != 3:
+        bad, t = ("q", q) if q.dim() != 3 else ("k", k)
+        heads = "num_q_heads" if bad == "q" else "num_kv_heads"
+        raise RuntimeError(f"{op}: {bad} must be 3-D [num_tokens, {heads}, head_dim], got shape {tuple(t.shape)}")
+    head_dim = q.shape[2]
+    if k.shape[0] != q.shape[0] or k.shape[2] != head_dim:
+        raise RuntimeError(
+            f"{op}: k must have shape [num_tokens, num_kv_heads, head_dim] = ({q.shape[0]}, *, {head_dim}), "
+            f"got {tuple(k.shape)}"
+        )
+    _check_weight(op, "q_weight", q_weight, head_dim, q.dtype, "head_dim", "q")
+    _check_weight(op, "k_weight", k_weight, head_dim, q.dtype, "head_dim", "q")
+    pdl = -1 if enable_pdl is None else int(bool(enable_pdl))
+    if torch.compiler.is_compiling():
+        torch.ops.sgl_kernel.qknorm_inplace(q, k, q_weight, k_weight, eps, pdl)
+    else:
+        _qknorm_fn(q.dtype)(q, k, q_weight, k_weight, eps, pdl)
