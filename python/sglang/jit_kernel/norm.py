@@ -136,14 +136,16 @@ def _check_same_shape(op: str, name: str, tensor: torch.Tensor, ref: torch.Tenso
         )
 
 
-def _as_rows(op: str, name: str, tensor: torch.Tensor) -> torch.Tensor:
-    """``[..., hidden_size]`` -> a ``[num_tokens, hidden_size]`` view (no copy); raises if the
-    leading dims cannot be flattened without one."""
+def _as_rows(op: str, name: str, tensor: torch.Tensor, copy_ok: bool = False) -> torch.Tensor:
+    """``[..., hidden_size]`` -> ``[num_tokens, hidden_size]``: a view when the leading dims can be
+    flattened; otherwise a copy if ``copy_ok`` (read-only inputs), else an error."""
     if tensor.dim() == 2:
         return tensor
     try:
         return tensor.view(-1, tensor.shape[-1])
     except RuntimeError:
+        if copy_ok:
+            return tensor.reshape(-1, tensor.shape[-1])
         raise RuntimeError(
             f"{op}: {name} with shape {tuple(tensor.shape)} and strides {tensor.stride()} cannot be viewed as "
             "[num_tokens, hidden_size] without a copy; pass a tensor whose leading dims can be flattened"
@@ -165,7 +167,7 @@ def _rmsnorm_out_op(
 ) -> None:
     _rmsnorm_fn(input.dtype)(
         _as_rows("rmsnorm", "out", out),
-        _as_rows("rmsnorm", "input", input),
+        _as_rows("rmsnorm", "input", input, copy_ok=True),
         weight,
         eps,
         weight_offset,
@@ -252,7 +254,7 @@ def _rmsnorm(
     else:
         _rmsnorm_fn(input.dtype)(
             _as_rows(op, "out", out),
-            _as_rows(op, "input", input),
+            _as_rows(op, "input", input, copy_ok=True),
             weight,
             eps,
             weight_offset,
@@ -284,7 +286,8 @@ def rmsnorm(
     input : torch.Tensor
         ``[..., hidden_size]`` CUDA tensor, float16 / bfloat16 / float32; leading dims are
         flattened to ``num_tokens`` (rows may be strided: ``input[:, :hidden_size]`` of a wider
-        buffer is read in place; the last dim must be contiguous). Not modified unless it is ``out``.
+        buffer is read in place; leading dims that do not flatten to one stride are copied first;
+        the last dim must be contiguous). Not modified unless it is ``out``.
     weight : torch.Tensor
         ``[hidden_size]``, contiguous, same dtype and device as ``input``.
     eps : float

@@ -1,0 +1,196 @@
+"""Benchmark the norm ops against torch (eager, F.rms_norm, torch.compile) and FlashInfer.
+
+CUDA-graph median per call with cold L2 (inputs rotated past 4x the L2 size), GB/s from the bytes
+each op must move, and % of a device copy measured in the same process. Bytes moved (bf16, s = 2):
+  rmsnorm            2*N*H*s + H*s          (read x, write out, read w)
+  fused_add_rmsnorm  4*N*H*s + H*s          (read x and residual, write both, read w)
+  qknorm             2*N*(Hq+Hk)*D*s + 2*D*s (read and write q and k in place, read both weights)
+Last: eager wall time per rmsnorm call at [1, 4096] (10k calls, one sync) vs F.rms_norm.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from sglang.jit_kernel.benchmark.utils import (
+    BenchRow,
+    bench_rotating,
+    copy_roof_gbps,
+    format_rows,
+    num_rotating_sets,
+)
+from sglang.jit_kernel.norm import fused_add_rmsnorm, fused_inplace_qknorm, rmsnorm
+from sglang.test.ci.ci_register import register_cuda_ci
+
+register_cuda_ci(est_time=240, suite="stage-b-kernel-benchmark-1-gpu-large")
+
+DTYPE = torch.bfloat16
+EPS = 1e-6
+HIDDEN = 4096
+RMS_SHAPES = [(1, 4096), (8, 4096), (64, 4096), (16384, 4096), (16384, 8192)]
+QK_TOKENS = [1, 64, 16384]
+NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128
+EAGER_CALLS = 10_000
+
+try:  # optional baseline
+    import flashinfer.norm as flashinfer_norm  # type: ignore[import-not-found]
+except Exception:  # noqa: BLE001 - not installed or broken: skip silently
+    flashinfer_norm = None
+
+
+# ---------------------------------------------------------------------------------------------
+# torch baselines (fp32 arithmetic like the kernels)
+# ---------------------------------------------------------------------------------------------
+def torch_rmsnorm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS) * w.float()).to(x.dtype)
+
+
+def torch_fused_add_rmsnorm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor) -> None:
+    r.copy_((x.float() + r.float()).to(r.dtype))
+    x.copy_(torch_rmsnorm(r, w))
+
+
+def torch_qknorm(q: torch.Tensor, k: torch.Tensor, qw: torch.Tensor, kw: torch.Tensor) -> None:
+    q.copy_(torch_rmsnorm(q, qw))
+    k.copy_(torch_rmsnorm(k, kw))
+
+
+_compiled: dict[str, Callable] = {}
+
+
+def compiled(name: str, fn: Callable) -> Callable:
+    if name not in _compiled:
+        _compiled[name] = torch.compile(fn)
+    return _compiled[name]
+
+
+# ---------------------------------------------------------------------------------------------
+# Cases
+# ---------------------------------------------------------------------------------------------
+def rms_rows(roof: float) -> list[BenchRow]:
+    providers: dict[str, Callable] = {
+        "jit": lambda x, w, o: rmsnorm(x, w, EPS, out=o),
+        "torch": lambda x, w, o: torch_rmsnorm(x, w),
+        "F.rms_norm": lambda x, w, o: F.rms_norm(x, (x.shape[-1],), w, EPS),
+        "torch.compile": lambda x, w, o: compiled("rms", torch_rmsnorm)(x, w),
+    }
+    if flashinfer_norm is not None:
+        providers["flashinfer"] = lambda x, w, o: flashinfer_norm.rmsnorm(x, w, EPS, out=o)
+    rows = []
+    for n, h in RMS_SHAPES:
+        nbytes = 2 * n * h * 2 + h * 2
+        sets = []
+        for _ in range(num_rotating_sets(nbytes)):
+            x = torch.randn(n, h, dtype=DTYPE, device="cuda")
+            sets.append((x, torch.rand(h, dtype=DTYPE, device="cuda") + 0.5, torch.empty_like(x)))
+        rows += run_providers("rmsnorm", f"[{n}, {h}]", providers, sets, nbytes)
+        del sets
+        torch.cuda.empty_cache()
+    return rows
+
+
+def fused_rows(roof: float) -> list[BenchRow]:
+    providers: dict[str, Callable] = {
+        "jit": lambda x, r, w: fused_add_rmsnorm(x, r, w, EPS),
+        "torch": torch_fused_add_rmsnorm,
+        "torch.compile": lambda x, r, w: compiled("fused", torch_fused_add_rmsnorm)(x, r, w),
+    }
+    if flashinfer_norm is not None:
+        providers["flashinfer"] = lambda x, r, w: flashinfer_norm.fused_add_rmsnorm(x, r, w, EPS)
+    rows = []
+    for n, h in RMS_SHAPES:
+        nbytes = 4 * n * h * 2 + h * 2
+        sets = []
+        for _ in range(num_rotating_sets(nbytes)):
+            x = torch.randn(n, h, dtype=DTYPE, device="cuda")
+            sets.append((x, torch.randn_like(x), torch.rand(h, dtype=DTYPE, device="cuda") + 0.5))
+        rows += run_providers("fused_add_rmsnorm", f"[{n}, {h}]", providers, sets, nbytes)
+        del sets
+        torch.cuda.empty_cache()
+    return rows
+
+
+def qk_rows(roof: float) -> list[BenchRow]:
+    hq, hk, d = NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM
+    providers: dict[str, Callable] = {
+        "jit": lambda q, k, qw, kw: fused_inplace_qknorm(q, k, qw, kw, EPS),
+        "torch": torch_qknorm,
+        "torch.compile": lambda q, k, qw, kw: compiled("qk", torch_qknorm)(q, k, qw, kw),
+    }
+    rows = []
+    for n in QK_TOKENS:
+        nbytes = 2 * n * (hq + hk) * d * 2 + 2 * d * 2
+        sets = []
+        for _ in range(num_rotating_sets(nbytes)):
+            qkv = torch.randn(n, (hq + 2 * hk) * d, dtype=DTYPE, device="cuda")
+            q = qkv[:, : hq * d].view(n, hq, d)
+            k = qkv[:, hq * d : (hq + hk) * d].view(n, hk, d)
+            weights = [torch.rand(d, dtype=DTYPE, device="cuda") + 0.5 for _ in range(2)]
+            sets.append((q, k, *weights))
+        rows += run_providers("qknorm", f"[{n}, {hq}+{hk}, {d}]", providers, sets, nbytes)
+        del sets
+        torch.cuda.empty_cache()
+    return rows
+
+
+def run_providers(op: str, case: str, providers: dict, sets: list, nbytes: int) -> list[BenchRow]:
+    rows = []
+    for name, call in providers.items():
+        try:
+            median, _, _ = bench_rotating(call, sets)
+        except Exception as exc:  # noqa: BLE001 - a baseline that cannot run this case
+            print(f"# {op} {case} {name}: skipped ({type(exc).__name__}: {str(exc).splitlines()[0][:80]})")
+            continue
+        rows.append(BenchRow(op, case, name, median, nbytes))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Eager (host) overhead
+# ---------------------------------------------------------------------------------------------
+def eager_wall_us(fn: Callable[[], object], calls: int = EAGER_CALLS) -> float:
+    """Mean host wall time per call over ``calls`` back-to-back calls and one final sync."""
+    for _ in range(200):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def eager_table() -> str:
+    x = torch.randn(1, HIDDEN, dtype=DTYPE, device="cuda")
+    w = torch.rand(HIDDEN, dtype=DTYPE, device="cuda") + 0.5
+    out = torch.empty_like(x)
+    r = torch.randn_like(x)
+    results = {
+        "jit rmsnorm(x, w)": eager_wall_us(lambda: rmsnorm(x, w)),
+        "jit rmsnorm(x, w, out=)": eager_wall_us(lambda: rmsnorm(x, w, out=out)),
+        "jit fused_add_rmsnorm": eager_wall_us(lambda: fused_add_rmsnorm(x, r, w)),
+        "F.rms_norm(x, (H,), w)": eager_wall_us(lambda: F.rms_norm(x, (HIDDEN,), w, EPS)),
+        "torch eager fp32 rmsnorm": eager_wall_us(lambda: torch_rmsnorm(x, w)),
+    }
+    if flashinfer_norm is not None:
+        results["flashinfer rmsnorm"] = eager_wall_us(lambda: flashinfer_norm.rmsnorm(x, w, EPS))
+    lines = [f"# eager wall time per call, [1, {HIDDEN}] bf16, {EAGER_CALLS} calls, one sync (target jit <= 5 us)"]
+    lines += [f"{name:<28} {us:8.2f} us" for name, us in results.items()]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    roof = copy_roof_gbps()
+    rows = rms_rows(roof) + fused_rows(roof) + qk_rows(roof)
+    eager = eager_table()
+    print(eager)
+    print(format_rows(rows, roof))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,698 @@
+"""norm ops: rmsnorm (both multiply orders), gemma_rmsnorm, fused_add_rmsnorm (+ gemma),
+fused_inplace_qknorm. Values against fp32 references of the same inputs (<= 1 ulp), awkward sizes,
+strided and unaligned views with poisoned surroundings, empty inputs, > 2^31 elements, graphs,
+torch.compile, PDL on/off, and errors (the CPU-tensor ones run without a GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang.jit_kernel.norm import (
+    fused_add_rmsnorm,
+    fused_inplace_qknorm,
+    gemma_fused_add_rmsnorm,
+    gemma_rmsnorm,
+    rmsnorm,
+)
+from sglang.jit_kernel.testing import (
+    FLOAT_DTYPES,
+    assert_poison_intact,
+    poisoned,
+    requires_cuda,
+    requires_two_gpus,
+)
+from sglang.jit_kernel.utils import get_ci_test_range
+from sglang.test.ci.ci_register import register_cuda_ci
+
+register_cuda_ci(est_time=240, suite="stage-b-kernel-unit-1-gpu-large")
+register_cuda_ci(est_time=600, suite="nightly-kernel-1-gpu", nightly=True)
+
+HIDDEN_SIZES = get_ci_test_range(
+    full_range=[1, 7, 64, 128, 255, 256, 769, 1024, 3584, 4096, 5120, 8192, 16384, 32768, 65536],
+    ci_range=[1, 7, 64, 128, 255, 256, 769, 1024, 3584, 4096, 5120, 8192, 16384],
+)
+NUM_TOKENS = [0, 1, 7, 129, 4097]
+EPS = [1e-6, 1e-5]
+
+# (num_tokens, hidden_size) grid: every pair for bf16; two token counts per size for fp16/fp32
+# (rotating through NUM_TOKENS), so each dtype still sees every size and every token count.
+FULL_GRID = [(n, h) for h in HIDDEN_SIZES for n in NUM_TOKENS]
+SPARSE_GRID = [
+    (NUM_TOKENS[(i + j) % len(NUM_TOKENS)], h) for i, h in enumerate(HIDDEN_SIZES) for j in (0, 2)
+]
+DTYPE_GRID = [(torch.bfloat16, n, h) for n, h in FULL_GRID] + [
+    (d, n, h) for d in (torch.float16, torch.float32) for n, h in SPARSE_GRID
+]
+
+#: Output error budget in units in the last place of the output dtype. fp16/bf16 outputs are one
+#: rounding of an fp32 value computed like the reference: <= 1 ulp. fp32 outputs are not rounded
+#: from anything wider; their error is that of the fp32 sum of squares and of rsqrtf (~1e-6
+#: relative), i.e. tens of ulps.
+ULPS = {torch.float16: 1, torch.bfloat16: 1, torch.float32: 64}
+
+
+# ---------------------------------------------------------------------------------------------
+# References (fp32 from the same low-precision inputs) and the ulp comparison
+# ---------------------------------------------------------------------------------------------
+def ref_rstd(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+
+
+def ref_rmsnorm(
+    x: torch.Tensor, w: torch.Tensor, eps: float, offset: float = 0.0, cast_x_first: bool = False, rstd_scale=1.0
+) -> torch.Tensor:
+    """``round(x * rstd * (w + offset))``; with cast_x_first ``round(float(round(x * rstd)) * (w + offset))``."""
+    normed = x.float() * (ref_rstd(x, eps) * rstd_scale)
+    if cast_x_first:
+        normed = normed.to(x.dtype).float()
+    return (normed * (w.float() + offset)).to(x.dtype)
+
+
+def ulp_of(ref: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Spacing of ``dtype`` at |ref| (the subnormal spacing below the smallest normal)."""
+    finfo = torch.finfo(dtype)
+    magnitude = ref.float().abs().clamp_min(finfo.tiny)
+    _, exponent = torch.frexp(magnitude)  # magnitude = m * 2^e, 0.5 <= m < 1
+    return torch.ldexp(torch.full_like(magnitude, finfo.eps), exponent - 1)
+
+
+def within_ulps(actual: torch.Tensor, expected: torch.Tensor, ulps: int) -> torch.Tensor:
+    diff = (actual.float() - expected.float()).abs()
+    ok = diff <= ulps * ulp_of(expected, actual.dtype)
+    return ok & torch.isfinite(actual.float())
+
+
+def assert_within_ulps(actual: torch.Tensor, expected: torch.Tensor, ulps: int | None = None, *alternatives) -> None:
+    """Every element within ``ulps`` (default ULPS[dtype]) of ``expected`` or of one of
+    ``alternatives``; NaN / inf never pass."""
+    ulps = ULPS[actual.dtype] if ulps is None else ulps
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype
+    ok = within_ulps(actual, expected, ulps)
+    for alt in alternatives:
+        ok |= within_ulps(actual, alt, ulps)
+    if not bool(ok.all()):
+        bad = (~ok).nonzero()[:5].tolist()
+        idx = tuple(bad[0])
+        raise AssertionError(
+            f"{int((~ok).sum())} of {ok.numel()} elements off by more than {ulps} ulp(s); first at {bad}: "
+            f"got {actual[idx].item()!r}, expected {expected[idx].item()!r}"
+        )
+
+
+def make_rows(n: int, h: int, dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(n, h, device="cuda") * scale).to(dtype)
+
+
+def make_weight(h: int, dtype: torch.dtype) -> torch.Tensor:
+    return (torch.rand(h, device="cuda") * 2 - 0.5).to(dtype)  # mixed signs, mean around 0.5
+
+
+def strided_view(buffer_rows: int, h: int, dtype: torch.dtype, pad_cols: int, col: int) -> tuple:
+    """A [rows, h] view at column ``col`` of a poisoned [rows, h + pad_cols] buffer."""
+    buffer = poisoned((buffer_rows, h + pad_cols), dtype)
+    return buffer[:, col : col + h], buffer
+
+
+def assert_outside_untouched(buffer: torch.Tensor, col: int, h: int) -> None:
+    """Columns of a 2-D poisoned buffer outside [col, col + h) still hold NaN."""
+    mask = torch.ones(buffer.shape[1], dtype=torch.bool, device=buffer.device)
+    mask[col : col + h] = False
+    assert torch.isnan(buffer[:, mask]).all(), "an op wrote outside its output view"
+
+
+# ---------------------------------------------------------------------------------------------
+# rmsnorm / gemma_rmsnorm
+# ---------------------------------------------------------------------------------------------
+@requires_cuda
+@pytest.mark.parametrize("dtype,num_tokens,hidden_size", DTYPE_GRID)
+def test_rmsnorm(dtype, num_tokens, hidden_size):
+    x = make_rows(num_tokens, hidden_size, dtype)
+    w = make_weight(hidden_size, dtype)
+    before = x.clone()
+    out = rmsnorm(x, w, 1e-6)
+    assert out.shape == x.shape and out.dtype == dtype and out.is_contiguous()
+    assert_within_ulps(out, ref_rmsnorm(x, w, 1e-6))
+    assert torch.equal(x, before), "rmsnorm modified its input"
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("num_tokens,hidden_size", [(1, 4096), (129, 7), (7, 769), (4097, 128), (33, 8192)])
+def test_rmsnorm_hf_order(dtype, num_tokens, hidden_size):
+    """cast_x_before_out_mul: x * rstd rounded to the dtype, then times w. The intermediate rounding
+    can flip on a near-tie when rstd differs from the reference's in its last fp32 bits (another
+    summation order); such elements are accepted against the reference with rstd nudged 1e-6."""
+    x = make_rows(num_tokens, hidden_size, dtype)
+    w = make_weight(hidden_size, dtype)
+    out = rmsnorm(x, w, 1e-6, cast_x_before_out_mul=True)
+    expected = ref_rmsnorm(x, w, 1e-6, cast_x_first=True)
+    nudged = [ref_rmsnorm(x, w, 1e-6, cast_x_first=True, rstd_scale=1 + s) for s in (1e-6, -1e-6)]
+    assert_within_ulps(out, expected, None, *nudged)
+    if dtype != torch.float32:
+        # The two orders are different functions: they must disagree somewhere on this much data.
+        default_order = ref_rmsnorm(x, w, 1e-6)
+        if x.numel() >= 4096:
+            assert not torch.equal(expected, default_order)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("eps", EPS)
+@pytest.mark.parametrize("hidden_size", [64, 4096, 5120])
+def test_rmsnorm_eps_small_rows_and_zero_row(dtype, eps, hidden_size):
+    """Rows with mean square ~1e-4 (so eps matters: 1e-5 vs 1e-6 changes the result) and an
+    all-zero row, which must give exact zeros (no NaN)."""
+    x = make_rows(65, hidden_size, dtype, scale=1e-2)
+    x[17].zero_()
+    w = make_weight(hidden_size, dtype)
+    for fn, offset in ((rmsnorm, 0.0), (gemma_rmsnorm, 1.0)):
+        out = fn(x, w, eps)
+        assert_within_ulps(out, ref_rmsnorm(x, w, eps, offset))
+        assert torch.equal(out[17], torch.zeros_like(out[17]))
+    # eps is really used: the other eps gives a visibly different answer
+    other = 1e-5 if eps == 1e-6 else 1e-6
+    assert not bool(within_ulps(rmsnorm(x, w, eps)[:17], ref_rmsnorm(x, w, other)[:17], 1).all())
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("num_tokens,hidden_size", [(1, 1), (129, 7), (7, 769), (4097, 4096), (3, 16384)])
+def test_gemma_rmsnorm(dtype, num_tokens, hidden_size):
+    x = make_rows(num_tokens, hidden_size, dtype)
+    w = make_weight(hidden_size, dtype)
+    out = gemma_rmsnorm(x, w, 1e-6)
+    assert_within_ulps(out, ref_rmsnorm(x, w, 1e-6, offset=1.0))
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("hidden_size", [7, 128, 769, 4096, 8192])
+@pytest.mark.parametrize("in_pad,in_col,out_pad,out_col", [(8, 0, 16, 8), (3, 1, 5, 3), (64, 32, 1, 1)])
+def test_rmsnorm_strided_rows_and_offsets(dtype, hidden_size, in_pad, in_col, out_pad, out_col):
+    """input and out are column windows of wider buffers (row stride != hidden_size; with odd
+    columns the data pointers are not 16-byte aligned): right values, nothing written outside."""
+    n = 33
+    x_full = make_rows(n, hidden_size + in_pad, dtype)
+    x = x_full[:, in_col : in_col + hidden_size]
+    w = make_weight(hidden_size, dtype)
+    out, out_buffer = strided_view(n, hidden_size, dtype, out_pad, out_col)
+    result = rmsnorm(x, w, 1e-6, out=out)
+    assert result is out
+    assert_within_ulps(out, ref_rmsnorm(x, w, 1e-6))
+    assert_outside_untouched(out_buffer, out_col, hidden_size)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("offset", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("hidden_size", [64, 4096])
+def test_rmsnorm_unaligned_storage_offsets(dtype, offset, hidden_size):
+    """Contiguous views starting `offset` elements into their storage (narrower vectors), weight
+    included."""
+    n = 9
+    x = torch.empty(n * hidden_size + offset, dtype=dtype, device="cuda")[offset:].view(n, hidden_size)
+    x.copy_(make_rows(n, hidden_size, dtype))
+    w = torch.empty(hidden_size + offset, dtype=dtype, device="cuda")[offset:]
+    w.copy_(make_weight(hidden_size, dtype))
+    buffer = poisoned((n * hidden_size + 2 * (offset + 8),), dtype)
+    out = buffer[offset + 8 : offset + 8 + n * hidden_size].view(n, hidden_size)
+    rmsnorm(x, w, 1e-6, out=out)
+    assert_within_ulps(out, ref_rmsnorm(x, w, 1e-6))
+    assert_poison_intact(buffer, offset + 8, n * hidden_size)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_rmsnorm_leading_dims_and_in_place(dtype):
+    x = torch.randn(3, 5, 7, 256, device="cuda").to(dtype)
+    w = make_weight(256, dtype)
+    expected = ref_rmsnorm(x, w, 1e-5)
+    out = rmsnorm(x, w, 1e-5)
+    assert out.shape == x.shape
+    assert_within_ulps(out, expected)
+    v = x[:, 1:4]  # leading dims that flatten to strided rows without a copy
+    assert_within_ulps(rmsnorm(v, w, 1e-5), ref_rmsnorm(v, w, 1e-5))
+    y = torch.randn(256, device="cuda").to(dtype)  # 1-D: one token
+    assert_within_ulps(rmsnorm(y, w), ref_rmsnorm(y, w, 1e-6))
+    result = rmsnorm(x, w, 1e-5, out=x)  # in place
+    assert result is x
+    assert_within_ulps(x, expected)
+
+
+@requires_cuda
+@pytest.mark.parametrize("shape", [(0, 4096), (0, 3, 64), (5, 0)])
+def test_rmsnorm_empty(shape):
+    x = torch.empty(shape, dtype=torch.bfloat16, device="cuda")
+    w = torch.empty(shape[-1], dtype=torch.bfloat16, device="cuda")
+    out = rmsnorm(x, w)
+    assert out.shape == x.shape
+    r = torch.empty_like(x)
+    assert fused_add_rmsnorm(x, r, w) is None
+
+
+@requires_cuda
+@pytest.mark.parametrize("enable_pdl", [None, True, False])
+def test_rmsnorm_pdl_does_not_change_results(enable_pdl):
+    x = make_rows(4097, 4096, torch.bfloat16)
+    w = make_weight(4096, torch.bfloat16)
+    reference = rmsnorm(x, w, enable_pdl=False)
+    for _ in range(3):  # back-to-back launches, each depending on the previous one's output
+        y = rmsnorm(x, w, enable_pdl=enable_pdl)
+        z = rmsnorm(y, w, enable_pdl=enable_pdl)
+    assert torch.equal(y, reference)
+    assert torch.equal(z, rmsnorm(reference, w, enable_pdl=False))
+    r = x.clone()
+    a, ra = x.clone(), r.clone()
+    fused_add_rmsnorm(a, ra, w, enable_pdl=enable_pdl)
+    b, rb = x.clone(), r.clone()
+    fused_add_rmsnorm(b, rb, w, enable_pdl=False)
+    assert torch.equal(a, b) and torch.equal(ra, rb)
+
+
+@requires_cuda
+def test_rmsnorm_more_than_2_pow_31_elements():
+    """64-bit offsets: 524291 rows x 4096 bf16 (2^31 + 12288 elements)."""
+    n, h = (1 << 31) // 4096 + 3, 4096
+    free, _ = torch.cuda.mem_get_info()
+    need = 3 * n * h * 2 + (1 << 30)
+    if free < need:
+        pytest.skip(f"needs {need / 2**30:.0f} GiB free GPU memory, {free / 2**30:.0f} GiB free")
+    x = torch.empty(n, h, dtype=torch.bfloat16, device="cuda").uniform_(-2, 2)
+    w = make_weight(h, torch.bfloat16)
+    out = torch.empty_like(x)
+    out[-4096:].fill_(float("nan"))
+    rmsnorm(x, w, out=out)
+    for lo, hi in [(0, 64), (n // 2 - 32, n // 2 + 32), (n - 4096, n)]:
+        assert_within_ulps(out[lo:hi], ref_rmsnorm(x[lo:hi], w, 1e-6))
+    r = torch.empty_like(x).uniform_(-1, 1)
+    tail_x, tail_r = x[-64:].clone(), r[-64:].clone()
+    fused_add_rmsnorm(x, r, w)
+    s = (tail_x.float() + tail_r.float()).to(torch.bfloat16)
+    assert torch.equal(r[-64:], s)
+    assert_within_ulps(x[-64:], ref_rmsnorm(s, w, 1e-6))
+    del x, out, r
+    torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------------------------------
+# fused_add_rmsnorm / gemma_fused_add_rmsnorm
+# ---------------------------------------------------------------------------------------------
+def ref_fused(x, r, w, eps, offset=0.0):
+    """Residual = round(x + r); output = RMSNorm of that ROUNDED sum."""
+    s = (x.float() + r.float()).to(x.dtype)
+    return ref_rmsnorm(s, w, eps, offset), s
+
+
+FUSED_GRID = [(torch.bfloat16, n, h) for n, h in SPARSE_GRID] + [
+    (d, n, h) for d in (torch.float16, torch.float32) for n, h in SPARSE_GRID[::2]
+]
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype,num_tokens,hidden_size", FUSED_GRID)
+@pytest.mark.parametrize("gemma", [False, True])
+def test_fused_add_rmsnorm(dtype, num_tokens, hidden_size, gemma):
+    x = make_rows(num_tokens, hidden_size, dtype)
+    r = make_rows(num_tokens, hidden_size, dtype)
+    w = make_weight(hidden_size, dtype)
+    expected, expected_residual = ref_fused(x, r, w, 1e-6, 1.0 if gemma else 0.0)
+    result = (gemma_fused_add_rmsnorm if gemma else fused_add_rmsnorm)(x, r, w, 1e-6)
+    assert result is None
+    assert torch.equal(r, expected_residual), "residual must be exactly round(input + residual)"
+    assert_within_ulps(x, expected)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fused_add_rmsnorm_uses_rounded_sum(dtype):
+    """The variance comes from the rounded sum (what residual stores), not the fp32 sum. The data
+    makes the two differ systematically: big x in [256, 512) (spacing 2 in bf16, 0.25 in fp16) plus
+    a small r that rounding drops, so the fp32-sum variance is ~0.1% larger. The kernel must match
+    the rounded-sum reference and visibly not the fp32-sum one."""
+    n, h = 64, 4096
+    x = (256 + 256 * torch.rand(n, h, device="cuda")).to(dtype)
+    r = torch.full((n, h), 0.75 if dtype == torch.bfloat16 else 0.09375, device="cuda").to(dtype)
+    w = torch.ones(h, dtype=dtype, device="cuda")
+    s_rounded = (x.float() + r.float()).to(dtype)
+    s_fp32 = x.float() + r.float()
+    expected = ref_rmsnorm(s_rounded, w, 1e-6)
+    from_fp32_sum = (s_rounded.float() * torch.rsqrt(s_fp32.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype)
+    assert not torch.equal(s_rounded.float(), s_fp32), "the test data must make rounding matter"
+    xk, rk = x.clone(), r.clone()
+    fused_add_rmsnorm(xk, rk, w, 1e-6)
+    assert torch.equal(rk, s_rounded)
+    assert_within_ulps(xk, expected)
+    agree_rounded = (xk == expected).float().mean().item()
+    agree_fp32 = (xk == from_fp32_sum).float().mean().item()
+    assert agree_rounded > 0.99, agree_rounded
+    assert agree_fp32 < agree_rounded - 0.05, (agree_fp32, agree_rounded)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("hidden_size", [7, 128, 4096, 5120])
+def test_fused_add_rmsnorm_strided_and_unaligned(dtype, hidden_size):
+    """input and residual are column windows of wider poisoned-around buffers with different row
+    strides and odd offsets; nothing outside the windows changes."""
+    n = 65
+    xbuf = make_rows(n, hidden_size + 9, dtype)
+    rbuf = make_rows(n, hidden_size + 4, dtype)
+    xbuf[:, :3] = float("nan")
+    xbuf[:, 3 + hidden_size :] = float("nan")
+    rbuf[:, :1] = float("nan")
+    rbuf[:, 1 + hidden_size :] = float("nan")
+    x, r = xbuf[:, 3 : 3 + hidden_size], rbuf[:, 1 : 1 + hidden_size]
+    w = make_weight(hidden_size, dtype)
+    expected, expected_residual = ref_fused(x, r, w, 1e-5)
+    fused_add_rmsnorm(x, r, w, 1e-5)
+    assert torch.equal(r, expected_residual)
+    assert_within_ulps(x, expected)
+    assert_outside_untouched(xbuf, 3, hidden_size)
+    assert_outside_untouched(rbuf, 1, hidden_size)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("eps", EPS)
+def test_fused_add_rmsnorm_eps_and_zero_row(dtype, eps):
+    n, h = 33, 1024
+    x = make_rows(n, h, dtype, scale=1e-2)
+    r = make_rows(n, h, dtype, scale=1e-2)
+    x[5].zero_()
+    r[5].zero_()
+    w = make_weight(h, dtype)
+    expected, expected_residual = ref_fused(x, r, w, eps)
+    fused_add_rmsnorm(x, r, w, eps)
+    assert torch.equal(r, expected_residual)
+    assert_within_ulps(x, expected)
+    assert torch.equal(x[5], torch.zeros_like(x[5]))
+
+
+@requires_cuda
+def test_fused_add_rmsnorm_leading_dims():
+    x = torch.randn(4, 33, 512, device="cuda").to(torch.bfloat16)
+    r = torch.randn(4, 33, 512, device="cuda").to(torch.bfloat16)
+    w = make_weight(512, torch.bfloat16)
+    expected, expected_residual = ref_fused(x, r, w, 1e-6)
+    fused_add_rmsnorm(x, r, w)
+    assert torch.equal(r, expected_residual)
+    assert_within_ulps(x, expected)
+
+
+# ---------------------------------------------------------------------------------------------
+# fused_inplace_qknorm
+# ---------------------------------------------------------------------------------------------
+HEAD_DIMS = get_ci_test_range(
+    full_range=[1, 7, 64, 80, 96, 128, 192, 256, 512, 576, 1024, 2048, 4096],
+    ci_range=[7, 64, 96, 128, 256, 512, 1024, 2048],
+)
+HEADS = [(32, 8), (8, 1), (1, 1), (5, 3)]
+
+
+def qkv_views(num_tokens, num_q_heads, num_kv_heads, head_dim, dtype, offset=0):
+    """q, k, v as strided views of one fused [num_tokens, (Hq + 2 Hk) * D] buffer (with an optional
+    storage offset), plus the buffer."""
+    width = (num_q_heads + 2 * num_kv_heads) * head_dim
+    storage = torch.randn(num_tokens * width + offset, device="cuda").to(dtype)
+    qkv = storage[offset:].view(num_tokens, width)
+    q = qkv[:, : num_q_heads * head_dim].view(num_tokens, num_q_heads, head_dim)
+    k = qkv[:, num_q_heads * head_dim : (num_q_heads + num_kv_heads) * head_dim].view(
+        num_tokens, num_kv_heads, head_dim
+    )
+    v = qkv[:, (num_q_heads + num_kv_heads) * head_dim :]
+    return q, k, v, qkv
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("heads_index", range(len(HEADS)))
+def test_qknorm_fused_qkv_views(dtype, head_dim, heads_index):
+    num_q_heads, num_kv_heads = HEADS[heads_index]
+    num_tokens = NUM_TOKENS[(heads_index + HEAD_DIMS.index(head_dim)) % len(NUM_TOKENS)]
+    if dtype != torch.bfloat16 and num_tokens == 4097:
+        num_tokens = 129
+    q, k, v, _ = qkv_views(num_tokens, num_q_heads, num_kv_heads, head_dim, dtype)
+    qw, kw = make_weight(head_dim, dtype), make_weight(head_dim, dtype)
+    expected_q, expected_k = ref_rmsnorm(q, qw, 1e-6), ref_rmsnorm(k, kw, 1e-6)
+    v_before = v.clone()
+    assert fused_inplace_qknorm(q, k, qw, kw, 1e-6) is None
+    assert_within_ulps(q, expected_q)
+    assert_within_ulps(k, expected_k)
+    assert torch.equal(v, v_before), "qknorm touched v"
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("offset", [0, 1, 2, 4])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_qknorm_unaligned_and_separate(dtype, offset, head_dim):
+    """A qkv buffer at a storage offset (narrower vectors); then separate contiguous q and k."""
+    q, k, v, _ = qkv_views(129, 32, 8, head_dim, dtype, offset=offset)
+    qw, kw = make_weight(head_dim, dtype), make_weight(head_dim, dtype)
+    expected_q, expected_k, v_before = ref_rmsnorm(q, qw, 1e-5), ref_rmsnorm(k, kw, 1e-5), v.clone()
+    fused_inplace_qknorm(q, k, qw, kw, 1e-5)
+    assert_within_ulps(q, expected_q)
+    assert_within_ulps(k, expected_k)
+    assert torch.equal(v, v_before)
+    q2, k2 = torch.randn(7, 16, head_dim, device="cuda").to(dtype), torch.randn(7, 2, head_dim, device="cuda").to(dtype)
+    expected_q, expected_k = ref_rmsnorm(q2, qw, 1e-6), ref_rmsnorm(k2, kw, 1e-6)
+    fused_inplace_qknorm(q2, k2, qw, kw)
+    assert_within_ulps(q2, expected_q)
+    assert_within_ulps(k2, expected_k)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("eps", EPS)
+def test_qknorm_eps_and_zero_head(dtype, eps):
+    q, k, _, _ = qkv_views(17, 8, 2, 128, dtype)
+    q.mul_(1e-2)
+    k.mul_(1e-2)
+    q[3, 5].zero_()
+    k[4, 1].zero_()
+    qw, kw = make_weight(128, dtype), make_weight(128, dtype)
+    expected_q, expected_k = ref_rmsnorm(q, qw, eps), ref_rmsnorm(k, kw, eps)
+    fused_inplace_qknorm(q, k, qw, kw, eps)
+    assert_within_ulps(q, expected_q)
+    assert_within_ulps(k, expected_k)
+    assert torch.equal(q[3, 5], torch.zeros_like(q[3, 5])) and torch.equal(k[4, 1], torch.zeros_like(k[4, 1]))
+
+
+@requires_cuda
+def test_qknorm_empty():
+    q, k, _, _ = qkv_views(0, 32, 8, 128, torch.bfloat16)
+    w = make_weight(128, torch.bfloat16)
+    assert fused_inplace_qknorm(q, k, w, w) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA graphs, torch.compile, streams, devices
+# ---------------------------------------------------------------------------------------------
+@requires_cuda
+def test_norm_cuda_graph_capture_and_replay():
+    dtype, n, h = torch.bfloat16, 64, 4096
+    x, r, w = make_rows(n, h, dtype), make_rows(n, h, dtype), make_weight(h, dtype)
+    out = poisoned((n, h), dtype)
+    q, k, _, qkv = qkv_views(n, 32, 8, 128, dtype)
+    qw, kw = make_weight(128, dtype), make_weight(128, dtype)
+    # load outside capture
+    rmsnorm(x, w, out=out)
+    fused_add_rmsnorm(x.clone(), r.clone(), w)
+    fused_inplace_qknorm(q.clone(), k.clone(), qw, kw)
+    xg, rg = x.clone(), r.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        rmsnorm(x, w, out=out)
+        fused_add_rmsnorm(xg, rg, w)
+        fused_inplace_qknorm(q, k, qw, kw)
+    for _ in range(2):
+        x.copy_(make_rows(n, h, dtype))
+        xg.copy_(make_rows(n, h, dtype))
+        rg.copy_(make_rows(n, h, dtype))
+        qkv.copy_(torch.randn_like(qkv))
+        out.fill_(float("nan"))
+        expected = ref_rmsnorm(x, w, 1e-6)
+        expected_fused, expected_residual = ref_fused(xg, rg, w, 1e-6)
+        expected_q, expected_k = ref_rmsnorm(q, qw, 1e-6), ref_rmsnorm(k, kw, 1e-6)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_within_ulps(out, expected)
+        assert torch.equal(rg, expected_residual)
+        assert_within_ulps(xg, expected_fused)
+        assert_within_ulps(q, expected_q)
+        assert_within_ulps(k, expected_k)
+
+
+@requires_cuda
+def test_norm_torch_compile_fullgraph():
+    torch._dynamo.reset()
+    dtype, n, h = torch.bfloat16, 37, 1024
+
+    def f(x, r, w):
+        y = rmsnorm(x + 1, w) * 2
+        g = gemma_rmsnorm(x, w, 1e-5)
+        a = x * 1
+        fused_add_rmsnorm(a, r, w)
+        return y, g, a, r
+
+    compiled = torch.compile(f, fullgraph=True)
+    x, r, w = make_rows(n, h, dtype), make_rows(n, h, dtype), make_weight(h, dtype)
+    y, g, a, r_out = compiled(x, r.clone(), w)
+    assert_within_ulps(y, (ref_rmsnorm(x + 1, w, 1e-6).float() * 2).to(dtype))
+    assert_within_ulps(g, ref_rmsnorm(x, w, 1e-5, 1.0))
+    expected, expected_residual = ref_fused(x, r, w, 1e-6)
+    assert torch.equal(r_out, expected_residual)
+    assert_within_ulps(a, expected)
+
+    def qk(qkv, qw, kw):
+        qkv = qkv * 1
+        q = qkv[:, : 4 * 128].view(-1, 4, 128)
+        k = qkv[:, 4 * 128 : 6 * 128].view(-1, 2, 128)
+        fused_inplace_qknorm(q, k, qw, kw)
+        return qkv
+
+    q, k, v, qkv = qkv_views(19, 4, 2, 128, dtype)
+    qw, kw = make_weight(128, dtype), make_weight(128, dtype)
+    result = torch.compile(qk, fullgraph=True)(qkv, qw, kw)
+    assert_within_ulps(result[:, : 4 * 128].view(-1, 4, 128), ref_rmsnorm(q, qw, 1e-6))
+    assert_within_ulps(result[:, 4 * 128 : 6 * 128].view(-1, 2, 128), ref_rmsnorm(k, kw, 1e-6))
+    assert torch.equal(result[:, 6 * 128 :], v)
+
+
+@requires_cuda
+def test_norm_on_side_stream():
+    x, w = make_rows(4097, 2048, torch.float16), make_weight(2048, torch.float16)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        out = rmsnorm(x, w)
+    stream.synchronize()
+    assert_within_ulps(out, ref_rmsnorm(x, w, 1e-6))
+
+
+@requires_two_gpus
+def test_norm_on_second_gpu_while_first_is_current():
+    torch.cuda.set_device(0)
+    x = torch.randn(129, 4096, device="cuda:1").to(torch.bfloat16)
+    w = (torch.rand(4096, device="cuda:1") + 0.5).to(torch.bfloat16)
+    out = rmsnorm(x, w)
+    assert out.device == x.device
+    assert_within_ulps(out, ref_rmsnorm(x, w, 1e-6))
+    q = torch.randn(3, 8, 128, device="cuda:1").to(torch.bfloat16)
+    k = torch.randn(3, 2, 128, device="cuda:1").to(torch.bfloat16)
+    qw = w[:128].contiguous()
+    expected_q, expected_k = ref_rmsnorm(q, qw, 1e-6), ref_rmsnorm(k, qw, 1e-6)
+    fused_inplace_qknorm(q, k, qw, qw)
+    assert_within_ulps(q, expected_q)
+    assert_within_ulps(k, expected_k)
+    with pytest.raises(RuntimeError, match="weight"):
+        rmsnorm(x, w.to("cuda:0"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors (raised before any launch). The CPU-tensor ones need no GPU and no compiler.
+# ---------------------------------------------------------------------------------------------
+def test_norm_cpu_tensors_rejected():
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    w = torch.randn(64, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="rmsnorm: input must be a CUDA tensor, got device cpu"):
+        rmsnorm(x, w)
+    with pytest.raises(RuntimeError, match="gemma_rmsnorm: input must be a CUDA tensor"):
+        gemma_rmsnorm(x, w)
+    with pytest.raises(RuntimeError, match="fused_add_rmsnorm: input must be a CUDA tensor"):
+        fused_add_rmsnorm(x, x.clone(), w)
+    with pytest.raises(RuntimeError, match="gemma_fused_add_rmsnorm: input must be a CUDA tensor"):
+        gemma_fused_add_rmsnorm(x, x.clone(), w)
+    q = torch.randn(4, 8, 64, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="fused_inplace_qknorm: q must be a CUDA tensor"):
+        fused_inplace_qknorm(q, q[:, :2], w, w)
+
+
+def test_norm_not_a_tensor():
+    with pytest.raises(TypeError, match="rmsnorm: input must be a torch.Tensor, got list"):
+        rmsnorm([1.0, 2.0], torch.ones(2))
+    with pytest.raises(TypeError, match="fused_inplace_qknorm: q must be a torch.Tensor"):
+        fused_inplace_qknorm(None, None, None, None)
+
+
+@requires_cuda
+def test_norm_bad_arguments():
+    x = make_rows(4, 64, torch.bfloat16)
+    w = make_weight(64, torch.bfloat16)
+    with pytest.raises(RuntimeError, match="rmsnorm: input has unsupported dtype int32"):
+        rmsnorm(x.to(torch.int32), w)
+    with pytest.raises(RuntimeError, match="rmsnorm: weight dtype must match input: expected bfloat16, got float16"):
+        rmsnorm(x, w.half())
+    with pytest.raises(RuntimeError, match=r"rmsnorm: weight must have shape \[hidden_size\] = \(64,\), got \(63,\)"):
+        rmsnorm(x, w[:63])
+    with pytest.raises(RuntimeError, match="rmsnorm: weight must be a CUDA tensor"):
+        rmsnorm(x, w.cpu())
+    with pytest.raises(RuntimeError, match="weight"):  # from the launcher's TensorMatcher
+        rmsnorm(x, make_weight(128, torch.bfloat16)[::2])
+    with pytest.raises(RuntimeError, match="rmsnorm: input must be contiguous in its last dimension"):
+        rmsnorm(make_rows(4, 128, torch.bfloat16)[:, ::2], w)
+    with pytest.raises(RuntimeError, match=r"rmsnorm: out shape must match input: expected \(4, 64\), got \(4, 32\)"):
+        rmsnorm(x, w, out=torch.empty(4, 32, dtype=torch.bfloat16, device="cuda"))
+    with pytest.raises(RuntimeError, match="rmsnorm: out dtype must match input"):
+        rmsnorm(x, w, out=torch.empty(4, 64, dtype=torch.float32, device="cuda"))
+    with pytest.raises(RuntimeError, match="rmsnorm: out must be contiguous in its last dimension"):
+        rmsnorm(x, w, out=torch.empty(4, 128, dtype=torch.bfloat16, device="cuda")[:, ::2])
+    with pytest.raises(RuntimeError, match="eps must be >= 0"):
+        rmsnorm(x, w, -1.0)
+    with pytest.raises(RuntimeError, match="fused_add_rmsnorm: residual dtype must match input"):
+        fused_add_rmsnorm(x, x.half(), w)
+    with pytest.raises(RuntimeError, match="fused_add_rmsnorm: residual shape must match input"):
+        fused_add_rmsnorm(x, x[:3].clone(), w)
+    with pytest.raises(RuntimeError, match="fused_add_rmsnorm: residual must be a CUDA tensor"):
+        fused_add_rmsnorm(x, x.cpu(), w)
+    permuted = torch.randn(4, 3, 64, device="cuda").to(torch.bfloat16).transpose(0, 1)  # [3, 4, 64], no flat view
+    with pytest.raises(RuntimeError, match="cannot be viewed as \\[num_tokens, hidden_size\\]"):
+        fused_add_rmsnorm(permuted, permuted.clone(), w)
+
+
+@requires_cuda
+def test_qknorm_bad_arguments():
+    q, k, _, _ = qkv_views(4, 8, 2, 64, torch.bfloat16)
+    w = make_weight(64, torch.bfloat16)
+    with pytest.raises(RuntimeError, match="fused_inplace_qknorm: k dtype must match q: expected bfloat16, got float16"):
+        fused_inplace_qknorm(q, k.half(), w, w)
+    with pytest.raises(RuntimeError, match="fused_inplace_qknorm: q_weight dtype must match q"):
+        fused_inplace_qknorm(q, k, w.float(), w)
+    with pytest.raises(RuntimeError, match=r"fused_inplace_qknorm: k_weight must have shape \[head_dim\] = \(64,\)"):
+        fused_inplace_qknorm(q, k, w, w[:32])
+    with pytest.raises(RuntimeError, match="fused_inplace_qknorm: q must be 3-D"):
+        fused_inplace_qknorm(q.reshape(4, -1), k, w, w)
+    with pytest.raises(RuntimeError, match=r"fused_inplace_qknorm: k must have shape \[num_tokens, num_kv_heads, head_dim\]"):
+        fused_inplace_qknorm(q, k[:3], w, w)
+    with pytest.raises(RuntimeError, match="fused_inplace_qknorm: q must be contiguous in its last dimension"):
+        fused_inplace_qknorm(q.transpose(1, 2), k, w[:8], w[:8])
+    with pytest.raises(RuntimeError, match="fused_inplace_qknorm: k_weight must be a CUDA tensor"):
+        fused_inplace_qknorm(q, k, w, w.cpu())
+
+
+@requires_cuda
+def test_norm_launchers_reject_mismatch_from_cpp():
+    """The C++ TensorMatcher is the second line: the module called directly with bad tensors
+    raises RuntimeError naming the tensor, never a CUDA fault."""
+    from sglang.jit_kernel.norm import _jit_norm_module
+
+    module = _jit_norm_module(torch.bfloat16)
+    x = make_rows(4, 64, torch.bfloat16)
+    w = make_weight(64, torch.bfloat16)
+    with pytest.raises(RuntimeError, match="weight"):
+        module.rmsnorm(torch.empty_like(x), x, w[:32], 1e-6, 0.0, False, -1)
+    with pytest.raises(RuntimeError, match="out"):
+        module.rmsnorm(torch.empty(4, 64, device="cuda"), x, w, 1e-6, 0.0, False, -1)
+    with pytest.raises(RuntimeError, match="residual"):
+        module.fused_add_rmsnorm(x, x[:3].clone(), w, 1e-6, 0.0, -1)
+    q = torch.randn(4, 8, 64, device="cuda").to(torch.bfloat16)
+    with pytest.raises(RuntimeError, match="num_tokens"):
+        module.fused_inplace_qknorm(q, q[:3, :2].clone(), w, w, 1e-6, -1)
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(pytest.main([__file__, "-v", "-s"]))
