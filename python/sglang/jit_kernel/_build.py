@@ -203,6 +203,9 @@ def toolchain_fingerprint() -> dict[str, str]:
 
 
 _ARCH_RE = re.compile(r"^(\d+)\.(\d+)([af]?)$")
+_ARCH_DIGITS_RE = re.compile(r"\d{2,3}[af]?")
+_ARCH_SEPARATOR_RE = re.compile(r"[\s,;]+")
+_IDENTIFIER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # compiled at import: load_jit runs on warm paths
 
 
 def parse_arch(arch: str) -> tuple[int, int, str]:
@@ -214,7 +217,7 @@ def parse_arch(arch: str) -> tuple[int, int, str]:
         If the text is not a compute capability.
     """
     text = arch.strip()
-    if re.fullmatch(r"\d{2,3}[af]?", text):
+    if _ARCH_DIGITS_RE.fullmatch(text):
         suffix = text[-1] if text[-1] in "af" else ""
         digits = text.rstrip("af")
         text = f"{digits[:-1]}.{digits[-1]}{suffix}"
@@ -242,7 +245,7 @@ def resolve_cuda_archs(archs: Sequence[str] | str | None = None) -> tuple[str, .
         if env:
             archs = env
     if isinstance(archs, str):
-        archs = [a for a in re.split(r"[\s,;]+", archs) if a]
+        archs = [a for a in _ARCH_SEPARATOR_RE.split(archs) if a]
     if archs:
         out = []
         for a in archs:
@@ -334,6 +337,24 @@ def _package_dependencies(files: Sequence[Path], extra_dirs: Sequence[Path] = ()
     in none of those folders (the standard library, tvm-ffi, CUDA) are covered by the toolchain
     fingerprint instead.
     """
+    # This scan runs on every load_jit call, warm ones included, so a miss (most includes are system
+    # headers) costs a set lookup in the folder's listing rather than a stat per folder, and only
+    # files that exist are resolved (an lstat per path component).
+    listings: dict[Path, frozenset[str]] = {}
+
+    def found(base: Path, name: str) -> bool:
+        first = name.split("/", 1)[0]
+        if first not in (".", ".."):
+            names = listings.get(base)
+            if names is None:
+                try:
+                    names = listings[base] = frozenset(os.listdir(base))
+                except OSError:
+                    names = listings[base] = frozenset()
+            if first not in names:
+                return False
+        return os.path.isfile(os.path.join(base, name))
+
     seen: dict[Path, None] = {}
     stack = list(files)
     while stack:
@@ -347,9 +368,8 @@ def _package_dependencies(files: Sequence[Path], extra_dirs: Sequence[Path] = ()
             continue
         for name in _INCLUDE_RE.findall(text):
             for base in (path.parent, CSRC_DIR, INCLUDE_DIR, *extra_dirs):
-                candidate = (base / name).resolve()
-                if candidate.is_file():
-                    stack.append(candidate)
+                if found(base, name):
+                    stack.append(Path(os.path.realpath(os.path.join(base, name))))
                     break
     return sorted(seen)
 
@@ -424,7 +444,7 @@ def make_spec(
         for item in wrappers:
             if not (isinstance(item, (tuple, list)) and len(item) == 2):
                 raise ValueError(f"load_jit: {label} entries must be (export_name, cpp_symbol), got {item!r}")
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(item[0])):
+            if not _IDENTIFIER_RE.fullmatch(str(item[0])):
                 raise ValueError(f"load_jit: export name {item[0]!r} in {label} is not a C identifier")
 
     def source(paths: list[Path], wrappers: Sequence[tuple[str, str]]) -> str | None:
