@@ -52,24 +52,26 @@ def _jit_norm_module(dtype: torch.dtype) -> Module:
             ("rmsnorm", f"rmsnorm<{args}>"),
             ("fused_add_rmsnorm", f"fused_add_rmsnorm<{args}>"),
             ("fused_inplace_qknorm", f"fused_inplace_qknorm<{args}>"),
+            # benchmark sweeps only (bench_norm.py --sweep): force the launch geometry
+            ("_set_geometry_override", "set_norm_geometry_override"),
         ],
     )
 
 
-# The exported functions themselves, cached: the eager path skips the module attribute lookup.
-@cache_once
-def _rmsnorm_fn(dtype: torch.dtype) -> Callable[..., None]:
-    return _jit_norm_module(dtype).rmsnorm
+# The exported functions by dtype, filled when a dtype's module is loaded: the eager fast path is
+# one dict lookup (a dtype missing here takes the checked path, which loads the module).
+_RMSNORM_FNS: dict[torch.dtype, Callable[..., None]] = {}
+_FUSED_ADD_RMSNORM_FNS: dict[torch.dtype, Callable[..., None]] = {}
+_QKNORM_FNS: dict[torch.dtype, Callable[..., None]] = {}
 
 
-@cache_once
-def _fused_add_rmsnorm_fn(dtype: torch.dtype) -> Callable[..., None]:
-    return _jit_norm_module(dtype).fused_add_rmsnorm
-
-
-@cache_once
-def _qknorm_fn(dtype: torch.dtype) -> Callable[..., None]:
-    return _jit_norm_module(dtype).fused_inplace_qknorm
+def _load(dtype: torch.dtype) -> Module:
+    """The norm module of ``dtype`` (compiled on first use), its functions registered above."""
+    module = _jit_norm_module(dtype)
+    _RMSNORM_FNS[dtype] = module.rmsnorm
+    _FUSED_ADD_RMSNORM_FNS[dtype] = module.fused_add_rmsnorm
+    _QKNORM_FNS[dtype] = module.fused_inplace_qknorm
+    return module
 
 
 # ---------------------------------------------------------------------------------------------
@@ -165,7 +167,7 @@ def _rmsnorm_out_op(
     cast_x_before_out_mul: bool,
     enable_pdl: int,
 ) -> None:
-    _rmsnorm_fn(input.dtype)(
+    _load(input.dtype).rmsnorm(
         _as_rows("rmsnorm", "out", out),
         _as_rows("rmsnorm", "input", input, copy_ok=True),
         weight,
@@ -192,7 +194,7 @@ def _fused_add_rmsnorm_op(
     weight_offset: float,
     enable_pdl: int,
 ) -> None:
-    _fused_add_rmsnorm_fn(input.dtype)(
+    _load(input.dtype).fused_add_rmsnorm(
         _as_rows("fused_add_rmsnorm", "input", input),
         _as_rows("fused_add_rmsnorm", "residual", residual),
         weight,
@@ -216,7 +218,7 @@ def _qknorm_op(
     eps: float,
     enable_pdl: int,
 ) -> None:
-    _qknorm_fn(q.dtype)(q, k, q_weight, k_weight, eps, enable_pdl)
+    _load(q.dtype).fused_inplace_qknorm(q, k, q_weight, k_weight, eps, enable_pdl)
 
 
 @_qknorm_op.register_fake
@@ -227,6 +229,11 @@ def _(q, k, q_weight, k_weight, eps, enable_pdl) -> None:
 # ---------------------------------------------------------------------------------------------
 # Public ops
 # ---------------------------------------------------------------------------------------------
+# Each op has a fast eager path for the common case (a 2-D CUDA input of an already loaded dtype):
+# a dict lookup and the FFI call, with every other check done once, by the launcher's TensorMatcher
+# (a RuntimeError naming the argument, expected vs actual, before any launch). Everything else
+# (first call of a dtype, other ranks, torch.compile tracing, bad inputs) takes the checked path:
+# the same checks in Python, then the module or the torch.library op.
 def _rmsnorm(
     op: str,
     input: torch.Tensor,
@@ -237,6 +244,17 @@ def _rmsnorm(
     cast_x_before_out_mul: bool,
     enable_pdl: bool | None,
 ) -> torch.Tensor:
+    pdl = -1 if enable_pdl is None else int(bool(enable_pdl))
+    if not torch.compiler.is_compiling():
+        try:
+            fn = _RMSNORM_FNS.get(input.dtype) if input.is_cuda and input.dim() == 2 else None
+        except AttributeError:  # not a tensor: the checked path raises TypeError
+            fn = None
+        if fn is not None:
+            if out is None:
+                out = torch.empty_like(input)
+            fn(out, input, weight, eps, weight_offset, cast_x_before_out_mul, pdl)
+            return out
     _check_rows(op, "input", input)
     _check_weight(op, "weight", weight, input.shape[-1], input.dtype, "hidden_size")
     if out is None:
@@ -246,13 +264,10 @@ def _rmsnorm(
             out = torch.empty(input.shape, dtype=input.dtype, device=input.device)
     else:
         _check_same_shape(op, "out", out, input, "input")
-    pdl = -1 if enable_pdl is None else int(bool(enable_pdl))
     if torch.compiler.is_compiling():
         torch.ops.sgl_kernel.rmsnorm_out(out, input, weight, eps, weight_offset, cast_x_before_out_mul, pdl)
-    elif input.dim() == 2:
-        _rmsnorm_fn(input.dtype)(out, input, weight, eps, weight_offset, cast_x_before_out_mul, pdl)
     else:
-        _rmsnorm_fn(input.dtype)(
+        _load(input.dtype).rmsnorm(
             _as_rows(op, "out", out),
             _as_rows(op, "input", input, copy_ok=True),
             weight,
@@ -350,16 +365,22 @@ def _fused_add_rmsnorm(
     weight_offset: float,
     enable_pdl: bool | None,
 ) -> None:
+    pdl = -1 if enable_pdl is None else int(bool(enable_pdl))
+    if not torch.compiler.is_compiling():
+        try:
+            fn = _FUSED_ADD_RMSNORM_FNS.get(input.dtype) if input.is_cuda and input.dim() == 2 else None
+        except AttributeError:
+            fn = None
+        if fn is not None:
+            fn(input, residual, weight, eps, weight_offset, pdl)
+            return
     _check_rows(op, "input", input)
     _check_same_shape(op, "residual", residual, input, "input")
     _check_weight(op, "weight", weight, input.shape[-1], input.dtype, "hidden_size")
-    pdl = -1 if enable_pdl is None else int(bool(enable_pdl))
     if torch.compiler.is_compiling():
         torch.ops.sgl_kernel.fused_add_rmsnorm_inplace(input, residual, weight, eps, weight_offset, pdl)
-    elif input.dim() == 2:
-        _fused_add_rmsnorm_fn(input.dtype)(input, residual, weight, eps, weight_offset, pdl)
     else:
-        _fused_add_rmsnorm_fn(input.dtype)(
+        _load(input.dtype).fused_add_rmsnorm(
             _as_rows(op, "input", input), _as_rows(op, "residual", residual), weight, eps, weight_offset, pdl
         )
 
@@ -469,6 +490,15 @@ def fused_inplace_qknorm(
         not 3-D, mismatched num_tokens, a weight not of shape ``[head_dim]``, a last dim that is not
         contiguous, ``eps < 0``.
     """
+    pdl = -1 if enable_pdl is None else int(bool(enable_pdl))
+    if not torch.compiler.is_compiling():
+        try:
+            fn = _QKNORM_FNS.get(q.dtype) if q.is_cuda else None
+        except AttributeError:
+            fn = None
+        if fn is not None:
+            fn(q, k, q_weight, k_weight, eps, pdl)
+            return
     op = "fused_inplace_qknorm"
     _check_rows(op, "q", q)
     _check_rows(op, "k", k, q.dtype, "q")
@@ -484,8 +514,7 @@ def fused_inplace_qknorm(
         )
     _check_weight(op, "q_weight", q_weight, head_dim, q.dtype, "head_dim", "q")
     _check_weight(op, "k_weight", k_weight, head_dim, q.dtype, "head_dim", "q")
-    pdl = -1 if enable_pdl is None else int(bool(enable_pdl))
     if torch.compiler.is_compiling():
         torch.ops.sgl_kernel.qknorm_inplace(q, k, q_weight, k_weight, eps, pdl)
     else:
-        _qknorm_fn(q.dtype)(q, k, q_weight, k_weight, eps, pdl)
+        _load(q.dtype).fused_inplace_qknorm(q, k, q_weight, k_weight, eps, pdl)

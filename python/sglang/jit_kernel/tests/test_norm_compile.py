@@ -25,13 +25,12 @@ _KERNEL_RE = re.compile(r"Function properties for (\S+)")
 
 @requires_nvcc
 def test_every_norm_variant_compiles_without_spills(monkeypatch, tmp_path):
-    from sglang.jit_kernel.norm import _jit_norm_module, _qknorm_fn, _rmsnorm_fn, _fused_add_rmsnorm_fn
+    import sglang.jit_kernel.norm as norm
     from sglang.jit_kernel.registry import all_ops
 
     monkeypatch.setenv("SGLANG_JIT_CUDA_ARCH", "9.0")
     monkeypatch.setenv("SGLANG_JIT_CACHE_DIR", str(tmp_path))
-    for fn in (_jit_norm_module, _rmsnorm_fn, _fused_add_rmsnorm_fn, _qknorm_fn):
-        fn.cache_clear()  # build into tmp_path, not from this process's earlier loads
+    norm._jit_norm_module.cache_clear()  # build into tmp_path, not from this process's earlier loads
 
     ops = all_ops()
     jobs = [(ops[name].build, args) for name in NORM_OPS for args in ops[name].variants]
@@ -43,8 +42,7 @@ def test_every_norm_variant_compiles_without_spills(monkeypatch, tmp_path):
             for name in ("rmsnorm", "fused_add_rmsnorm", "fused_inplace_qknorm"):
                 assert callable(getattr(module, name))
     finally:
-        for fn in (_jit_norm_module, _rmsnorm_fn, _fused_add_rmsnorm_fn, _qknorm_fn):
-            fn.cache_clear()
+        norm._jit_norm_module.cache_clear()
 
     logs = sorted(Path(tmp_path).glob("norm_*/build.log"))
     assert len(logs) == 3, f"expected 3 norm builds in {tmp_path}, found {[str(p) for p in logs]}"

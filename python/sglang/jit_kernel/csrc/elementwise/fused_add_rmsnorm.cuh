@@ -66,6 +66,7 @@ void fused_add_rmsnorm(tvm::ffi::TensorView input, tvm::ffi::TensorView residual
       .residual = data_ptr(residual),
       .weight = data_ptr<const void>(weight),
       .num_rows = n,
+      .num_groups = 0,  // set with the geometry
       .num_heads = 1,
       .input_token_stride = input.stride(0),
       .input_head_stride = 0,
@@ -73,7 +74,6 @@ void fused_add_rmsnorm(tvm::ffi::TensorView input, tvm::ffi::TensorView residual
       .out_head_stride = 0,
       .residual_token_stride = residual.stride(0),
   };
-  params.num_rows = n;
   params.eps = static_cast<float>(eps);
   params.inv_hidden_size = static_cast<float>(1.0 / static_cast<double>(h));
   params.weight_offset = static_cast<float>(weight_offset);

@@ -76,6 +76,7 @@ void fused_inplace_qknorm(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::f
       .residual = nullptr,
       .weight = data_ptr<const void>(q_weight),
       .num_rows = n * hq,
+      .num_groups = 0,  // set with the geometry
       .num_heads = hq,
       .input_token_stride = q.stride(0),
       .input_head_stride = q.stride(1),
@@ -89,6 +90,7 @@ void fused_inplace_qknorm(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::f
       .residual = nullptr,
       .weight = data_ptr<const void>(k_weight),
       .num_rows = n * hk,
+      .num_groups = 0,  // set with the geometry
       .num_heads = hk,
       .input_token_stride = k.stride(0),
       .input_head_stride = k.stride(1),
@@ -98,7 +100,6 @@ void fused_inplace_qknorm(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::f
   };
   if (hk == 0) params.rows[1].num_heads = 1;  // never divided by: no k rows
   if (hq == 0) params.rows[0].num_heads = 1;  // never divided by: no q rows
-  params.num_rows = n * (hq + hk);
   params.eps = static_cast<float>(eps);
   params.inv_hidden_size = static_cast<float>(1.0 / static_cast<double>(d));
   params.weight_offset = 0.0f;

@@ -6,7 +6,7 @@
 // cast_x_before_out_mul the normalised x is rounded to the dtype first and then multiplied by the
 // weight (Hugging Face's order): out = round(float(round(x * rstd)) * (w + weight_offset)).
 //
-// One kernel, norm_rows_kernel<T, kVecN, kKind>, serves three ops (kKind):
+// One kernel, norm_rows_kernel<T, kVecN, kKind, kVecs>, serves three ops (kKind):
 //   kRMSNorm          rows of `input` -> rows of `out`                         (this file)
 //   kFusedAddRMSNorm  residual <- round(input + residual); input <- rmsnorm(residual)  (fused_add_rmsnorm.cuh)
 //   kQKNorm           every head of q and of k normalised in place, two weights        (qknorm.cuh)
@@ -19,8 +19,9 @@
 //   TPR  > 32   one or more rows per CTA, warp partials combined through shared memory.
 // Rows too long for registers (more than TPR * kMaxVecs vectors) take two passes: sum of squares,
 // then a re-read (an L2 hit) to scale and store. The grid is persistent (SMs x resident CTAs):
-// CTAs stride over groups of rows_per_cta rows, and keep the weight in registers (each thread
-// always touches the same columns).
+// CTAs stride over groups of rows_per_cta rows of one tensor (qknorm splits the CTAs between q and
+// k in proportion to their rows) and keep its weight in registers (a thread always touches the
+// same columns).
 //
 // Memory traffic (the bytes-moved counts of the benchmarks): rmsnorm 2*N*H*sizeof(T) + H*sizeof(T);
 // fused add 4*N*H*sizeof(T) + H*sizeof(T); qknorm 2*N*(Hq+Hk)*D*sizeof(T) + 2*D*sizeof(T).
@@ -50,15 +51,16 @@ namespace {
 /// Which op a norm_rows_kernel instantiation computes.
 enum class NormKind { kRMSNorm, kFusedAddRMSNorm, kQKNorm };
 
-/// One tensor's rows. Row `local` is (token, head) = (local / num_heads, local % num_heads) and
-/// lives at input + token * input_token_stride + head * input_head_stride (elements; the last dim
-/// is contiguous). rmsnorm: num_heads = 1.
+/// One tensor's rows. Row r is (token, head) = (r / num_heads, r % num_heads) and lives at
+/// input + token * input_token_stride + head * input_head_stride (elements; the last dim is
+/// contiguous). rmsnorm and the fused add: num_heads = 1.
 struct NormRows {
   const void* input;              // [num_tokens, num_heads, hidden_size]
-  void* out;                      // [num_tokens, num_heads, hidden_size]; may be `input` (in place)
+  void* out;                      // [num_tokens, num_heads, hidden_size] (kRMSNorm; the others write input)
   void* residual;                 // [num_tokens, hidden_size]; kFusedAddRMSNorm only
   const void* weight;             // [hidden_size]
   int64_t num_rows;               // num_tokens * num_heads
+  int64_t num_groups;             // div_ceil(num_rows, rows_per_cta)
   int64_t num_heads;              // rows per token (>= 1)
   int64_t input_token_stride;     // elements
   int64_t input_head_stride;      // elements
@@ -70,9 +72,8 @@ struct NormRows {
 /// Kernel arguments of norm_rows_kernel.
 struct NormParams {
   NormRows rows[2];             // kQKNorm: {q, k}; otherwise rows[0] only
-  int64_t num_rows;             // rows[0].num_rows (+ rows[1].num_rows for kQKNorm)
-  int64_t num_groups;           // div_ceil(num_rows, rows_per_cta)
-  int32_t num_vecs;             // vectors per row: hidden_size / kVecN (hidden_size < 2^31, checked)
+  int64_t rows0_ctas;           // kQKNorm: CTAs [0, rows0_ctas) serve q, the rest k
+  int32_t num_vecs;             // vectors per row: hidden_size / kVecN (hidden_size < 2^30, checked)
   int32_t threads_per_row;      // TPR: a power of two <= 32, or a multiple of 32
   int32_t rows_per_cta;         // blockDim.x / threads_per_row
   float eps;                    // added to the mean square
@@ -86,18 +87,20 @@ struct NormConfig {
   static constexpr int kTargetVecs = 2;            // vectors per thread the heuristic aims for
   static constexpr uint32_t kBlockThreads = 256;   // CTA size when several rows share a CTA
   static constexpr uint32_t kMaxWarps = 32;        // shared-memory partials per buffer
+  static constexpr int kMaxThreadBytes = 64;       // x held per thread at most (registers)
 
-  /// Largest CTA (and TPR) of a kind; bounds the registers (__launch_bounds__). qknorm caches two
-  /// weights, so it gets fewer threads and more registers each.
-  static constexpr uint32_t max_threads(NormKind kind) { return kind == NormKind::kQKNorm ? 256 : 1024; }
+  /// Vectors of x a thread may hold: 64 bytes' worth, at most 8. The register path is compiled for
+  /// 1, 2, 4 and 8 (when allowed) vectors per thread; the two-pass path moves chunks of max_vecs.
+  static constexpr int max_vecs(int vec_bytes) {
+    return kMaxThreadBytes / vec_bytes < 8 ? kMaxThreadBytes / vec_bytes : 8;
+  }
 
-  /// Vectors of x a thread holds at most: 32 bytes (64 for qknorm, whose CTAs are smaller), at most
-  /// 8 vectors. The register path is compiled for 1, 2, 4 and 8 (when allowed) vectors per thread;
-  /// the two-pass path moves chunks of max_vecs vectors per thread. (With 1024 threads a thread has
-  /// 64 registers: 16-byte x 4 plus the cached weight would spill.)
-  static constexpr int max_vecs(NormKind kind, int vec_bytes) {
-    const int budget = kind == NormKind::kQKNorm ? 64 : 32;
-    return budget / vec_bytes < 8 ? budget / vec_bytes : 8;
+  /// Largest CTA (and TPR) for a kind and the bytes of x per thread; also the kernel's
+  /// __launch_bounds__, i.e. its register budget: 1024 threads (64 registers) hold 32 bytes of x
+  /// plus the cached weight, 512 threads (128 registers) hold 64. qknorm: 256 (heads are short).
+  static constexpr uint32_t max_threads(NormKind kind, int thread_bytes) {
+    if (kind == NormKind::kQKNorm) return 256;
+    return thread_bytes > 32 ? 512 : 1024;
   }
 };
 
@@ -151,6 +154,7 @@ SGL_DEVICE device::AlignedVector<T, N> normalize(const device::AlignedVector<T, 
 /// (slot * tpr / 32 ...) are summed again by each warp. Every thread of the CTA must call it with
 /// the same tpr. `smem` (kMaxWarps floats) must not be rewritten until every thread has passed the
 /// next barrier: callers alternate two buffers.
+/// Example: tpr = 8, lanes holding their lane id: lanes 0..7 get 28, lanes 8..15 get 92, ...
 SGL_DEVICE float row_reduce_sum(float value, int tpr, int slot, float* smem) {
 #pragma unroll
   for (int mask = device::kWarpThreads / 2; mask > 0; mask >>= 1) {
@@ -166,25 +170,34 @@ SGL_DEVICE float row_reduce_sum(float value, int tpr, int slot, float* smem) {
   return device::warp::reduce_sum<float>(value);
 }
 
-/// Element pointers of one row.
+/// The tensor a CTA serves (0, or 1 = k of qknorm) and its place among that tensor's CTAs.
+struct CtaShare {
+  int segment;
+  int64_t first;   // first group of rows
+  int64_t stride;  // CTAs serving the tensor
+};
+
+template <NormKind kKind>
+SGL_DEVICE CtaShare cta_share(const NormParams& params) {
+  if constexpr (kKind == NormKind::kQKNorm) {
+    if (blockIdx.x >= params.rows0_ctas) {
+      return {1, static_cast<int64_t>(blockIdx.x) - params.rows0_ctas, static_cast<int64_t>(gridDim.x) - params.rows0_ctas};
+    }
+    return {0, static_cast<int64_t>(blockIdx.x), params.rows0_ctas};
+  }
+  return {0, static_cast<int64_t>(blockIdx.x), static_cast<int64_t>(gridDim.x)};
+}
+
+/// Element pointers of one row; in-place kinds write where they read.
 template <typename T>
 struct RowPointers {
   const T* input;
   T* out;
   T* residual;
-  int segment;  // 0, or 1 for k of qknorm
 };
 
 template <typename T, NormKind kKind>
-SGL_DEVICE RowPointers<T> row_pointers(const NormParams& params, int64_t row) {
-  int segment = 0;
-  if constexpr (kKind == NormKind::kQKNorm) {
-    if (row >= params.rows[0].num_rows) {
-      segment = 1;
-      row -= params.rows[0].num_rows;
-    }
-  }
-  const NormRows& rows = params.rows[segment];
+SGL_DEVICE RowPointers<T> row_pointers(const NormRows& rows, int64_t row) {
   int64_t token = row;
   int64_t head = 0;
   if constexpr (kKind == NormKind::kQKNorm) {
@@ -198,45 +211,49 @@ SGL_DEVICE RowPointers<T> row_pointers(const NormParams& params, int64_t row) {
   }
   RowPointers<T> ptrs;
   ptrs.input = static_cast<const T*>(rows.input) + token * rows.input_token_stride + head * rows.input_head_stride;
-  ptrs.out = static_cast<T*>(rows.out) + token * rows.out_token_stride + head * rows.out_head_stride;
-  ptrs.residual = kKind == NormKind::kFusedAddRMSNorm ? static_cast<T*>(rows.residual) + token * rows.residual_token_stride
-                                                      : nullptr;
-  ptrs.segment = segment;
+  if constexpr (kKind == NormKind::kRMSNorm) {
+    ptrs.out = static_cast<T*>(rows.out) + token * rows.out_token_stride + head * rows.out_head_stride;
+  } else {
+    ptrs.out = const_cast<T*>(ptrs.input);
+  }
+  ptrs.residual = kKind == NormKind::kFusedAddRMSNorm
+                      ? static_cast<T*>(rows.residual) + token * rows.residual_token_stride
+                      : nullptr;
   return ptrs;
 }
 
-/// Rows longer than the registers hold: pass 1 sums squares chunk by chunk (the fused add stores
-/// round(x + r) to the residual on the way), pass 2 re-reads the row (an L2 hit; the fused add
-/// re-reads its own residual stores, same thread and address) and writes the output.
-/// One row per CTA, tpr = blockDim.x.
+/// Rows longer than the registers hold, one per CTA (tpr = blockDim.x): pass 1 sums squares chunk
+/// by chunk (the fused add stores round(x + r) to the residual on the way), pass 2 re-reads the row
+/// (an L2 hit; the fused add re-reads its own residual stores, same thread and address) and
+/// writes the output.
 template <typename T, int kVecN, NormKind kKind>
 SGL_DEVICE void norm_rows_two_pass(const NormParams& params, float (*partials)[NormConfig::kMaxWarps]) {
   using vec_t = device::AlignedVector<T, kVecN>;
-  constexpr int kMaxVecs = NormConfig::max_vecs(kKind, sizeof(vec_t));
+  constexpr int kMaxVecs = NormConfig::max_vecs(sizeof(vec_t));
+  const CtaShare share = cta_share<kKind>(params);
+  const NormRows& rows = params.rows[share.segment];
   const int tpr = params.threads_per_row;
   const int lane = static_cast<int>(threadIdx.x);
   const int chunk = tpr * kMaxVecs;
   int parity = 0;
 
-  for (int64_t row = blockIdx.x; row < params.num_rows; row += gridDim.x) {
-    const RowPointers<T> ptrs = row_pointers<T, kKind>(params, row);
+  for (int64_t row = share.first; row < rows.num_rows; row += share.stride) {
+    const RowPointers<T> ptrs = row_pointers<T, kKind>(rows, row);
     float sum = 0.0f;
     for (int base = lane; base < params.num_vecs; base += chunk) {
       vec_t x[kMaxVecs];
 #pragma unroll
       for (int j = 0; j < kMaxVecs; ++j) {
-        const int idx = base + j * tpr;
-        if (idx < params.num_vecs) x[j].load(ptrs.input, idx);
+        if (base + j * tpr < params.num_vecs) x[j].load(ptrs.input, base + j * tpr);
       }
       if constexpr (kKind == NormKind::kFusedAddRMSNorm) {
 #pragma unroll
         for (int j = 0; j < kMaxVecs; ++j) {
-          const int idx = base + j * tpr;
-          if (idx < params.num_vecs) {
+          if (base + j * tpr < params.num_vecs) {
             vec_t r;
-            r.load(ptrs.residual, idx);
+            r.load(ptrs.residual, base + j * tpr);
             x[j] = add_rounded(x[j], r);
-            x[j].store(ptrs.residual, idx);
+            x[j].store(ptrs.residual, base + j * tpr);
           }
         }
       }
@@ -247,26 +264,24 @@ SGL_DEVICE void norm_rows_two_pass(const NormParams& params, float (*partials)[N
     }
     const float total = row_reduce_sum(sum, tpr, 0, partials[parity]);
     parity ^= 1;
-    if (row + gridDim.x >= params.num_rows) device::pdl_launch_dependents();
+    if (row + share.stride >= rows.num_rows) device::pdl_launch_dependents();
     const float rstd = rsqrtf(total * params.inv_hidden_size + params.eps);
 
     const T* source = kKind == NormKind::kFusedAddRMSNorm ? ptrs.residual : ptrs.input;
-    const void* weight = params.rows[ptrs.segment].weight;
     for (int base = lane; base < params.num_vecs; base += chunk) {
       vec_t x[kMaxVecs], w[kMaxVecs];
 #pragma unroll
       for (int j = 0; j < kMaxVecs; ++j) {
-        const int idx = base + j * tpr;
-        if (idx < params.num_vecs) {
-          x[j].load(source, idx);
-          w[j].load(weight, idx);
+        if (base + j * tpr < params.num_vecs) {
+          x[j].load(source, base + j * tpr);
+          w[j].load(rows.weight, base + j * tpr);
         }
       }
 #pragma unroll
       for (int j = 0; j < kMaxVecs; ++j) {
-        const int idx = base + j * tpr;
-        if (idx < params.num_vecs) {
-          normalize(x[j], w[j], rstd, params.weight_offset, params.cast_x_before_out_mul).store(ptrs.out, idx);
+        if (base + j * tpr < params.num_vecs) {
+          normalize(x[j], w[j], rstd, params.weight_offset, params.cast_x_before_out_mul)
+              .store(ptrs.out, base + j * tpr);
         }
       }
     }
@@ -280,26 +295,24 @@ SGL_DEVICE void norm_rows_two_pass(const NormParams& params, float (*partials)[N
 template <typename T, int kVecN, NormKind kKind, int kVecs>
 SGL_DEVICE void norm_rows_in_registers(const NormParams& params, float (*partials)[NormConfig::kMaxWarps]) {
   using vec_t = device::AlignedVector<T, kVecN>;
-  constexpr int kNumSegments = kKind == NormKind::kQKNorm ? 2 : 1;
+  const CtaShare share = cta_share<kKind>(params);
+  const NormRows& rows = params.rows[share.segment];
   const int tpr = params.threads_per_row;
   const int slot = static_cast<int>(threadIdx.x) / tpr;
   const int lane = static_cast<int>(threadIdx.x) - slot * tpr;
 
-  vec_t weight[kNumSegments][kVecs];
+  vec_t weight[kVecs];
 #pragma unroll
-  for (int s = 0; s < kNumSegments; ++s) {
-#pragma unroll
-    for (int j = 0; j < kVecs; ++j) {
-      if (lane + j * tpr < params.num_vecs) weight[s][j].load(params.rows[s].weight, lane + j * tpr);
-    }
+  for (int j = 0; j < kVecs; ++j) {
+    if (lane + j * tpr < params.num_vecs) weight[j].load(rows.weight, lane + j * tpr);
   }
 
   int parity = 0;
-  for (int64_t group = blockIdx.x; group < params.num_groups; group += gridDim.x) {
+  for (int64_t group = share.first; group < rows.num_groups; group += share.stride) {
     const int64_t row = group * params.rows_per_cta + slot;
-    const bool active = row < params.num_rows;
+    const bool active = row < rows.num_rows;
     RowPointers<T> ptrs{};
-    if (active) ptrs = row_pointers<T, kKind>(params, row);
+    if (active) ptrs = row_pointers<T, kKind>(rows, row);
     bool valid[kVecs];  // this thread's vector j exists in this row
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) valid[j] = active && lane + j * tpr < params.num_vecs;
@@ -333,26 +346,33 @@ SGL_DEVICE void norm_rows_in_registers(const NormParams& params, float (*partial
     parity ^= 1;
     // This CTA's last group: let the next kernel in the stream start launching (it still waits
     // for this whole grid to finish before it reads anything).
-    if (group + gridDim.x >= params.num_groups) device::pdl_launch_dependents();
+    if (group + share.stride >= rows.num_groups) device::pdl_launch_dependents();
     const float rstd = rsqrtf(total * params.inv_hidden_size + params.eps);
 
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
       if (valid[j]) {
-        // Select by value (a reference into `weight` could send the array to local memory).
-        const vec_t w = (kNumSegments == 2 && ptrs.segment == 1) ? weight[kNumSegments - 1][j] : weight[0][j];
-        normalize(x[j], w, rstd, params.weight_offset, params.cast_x_before_out_mul).store(ptrs.out, lane + j * tpr);
+        normalize(x[j], weight[j], rstd, params.weight_offset, params.cast_x_before_out_mul)
+            .store(ptrs.out, lane + j * tpr);
       }
     }
   }
 }
 
-/// Normalises params.num_rows rows (see the file comment). Block: rows_per_cta * threads_per_row
-/// threads (a multiple of 32, at most NormConfig::max_threads(kKind)); grid: any size, CTAs stride
-/// over the groups of rows_per_cta rows. kVecs > 0: the register path with kVecs vectors per
-/// thread; kVecs = 0: rows too long for registers, one per CTA, two passes.
+/// Bytes of x one thread of norm_rows_kernel<T, kVecN, kKind, kVecs> holds (the two-pass path,
+/// kVecs = 0, moves chunks of max_vecs vectors).
+template <typename T, int kVecN, int kVecs>
+inline constexpr int kNormThreadBytes =
+    (kVecs > 0 ? kVecs : NormConfig::max_vecs(kVecN * sizeof(T))) * kVecN * static_cast<int>(sizeof(T));
+
+/// Normalises every row of params.rows[0] (and params.rows[1] for kQKNorm). Block: rows_per_cta *
+/// threads_per_row threads (a multiple of 32, at most NormConfig::max_threads(kKind, thread
+/// bytes)); grid: any size (kQKNorm: at least 2 when both tensors have rows), CTAs stride over
+/// their tensor's groups of rows_per_cta rows. kVecs > 0: the register path with kVecs vectors
+/// per thread; kVecs = 0: rows too long for registers, one per CTA, two passes.
 template <typename T, int kVecN, NormKind kKind, int kVecs>
-__global__ void __launch_bounds__(NormConfig::max_threads(kKind)) norm_rows_kernel(const NormParams params) {
+__global__ void __launch_bounds__(NormConfig::max_threads(kKind, kNormThreadBytes<T, kVecN, kVecs>))
+    norm_rows_kernel(const NormParams params) {
   __shared__ float partials[2][NormConfig::kMaxWarps];  // two buffers: one barrier per row
 
   // Everything reads data the previous kernel may write (PDL: wait for it first).
@@ -389,24 +409,63 @@ struct NormGeometry {
   uint32_t block_threads;
 };
 
-/// Aims for NormConfig::kTargetVecs vectors per thread: TPR = num_vecs / 2 rounded up to a power
-/// of two (<= 32) or a multiple of 32 (<= max_threads); then the vectors each thread needs, rounded
-/// up to a power of two, up to max_vecs; longer rows take two passes with max_threads threads.
-/// (Examples, bf16, 16-byte vectors: H=128 -> 8 threads x 2, 32 rows per 256-thread CTA;
-///  H=4096 -> 256 x 2; H=8192 -> 512 x 2; H=16384 -> 1024 x 2; H=32768 -> two passes with 1024
-///  threads. qknorm (at most 256 threads per row), head_dim 128
-///  -> 8 x 2, 32 heads per CTA.)
-inline NormGeometry choose_geometry(int64_t num_vecs, int max_vecs, uint32_t max_threads) {
-  using host::div_ceil;
+/// A geometry forced by _set_geometry_override (benchmark sweeps only; 0 = automatic).
+struct NormOverride {
+  int64_t threads_per_row = 0;  // a power of two <= 32 or a multiple of 32
+  int64_t vecs_per_thread = 0;  // 1, 2, 4, 8 (0: as many as the row needs)
+  int64_t blocks_per_sm = 0;    // > 0: at most this many resident CTAs per SM; < 0: one CTA per group
+};
+
+inline NormOverride& norm_override() {
+  static NormOverride value;
+  return value;
+}
+
+/// Rounds a thread count up to a valid TPR: a power of two up to 32, a multiple of 32 above.
+inline int64_t round_threads_per_row(int64_t tpr) {
   constexpr int64_t kWarp = device::kWarpThreads;
-  int64_t tpr = div_ceil(num_vecs, int64_t{NormConfig::kTargetVecs});
-  tpr = tpr <= kWarp ? static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(tpr)))
-                     : std::min<int64_t>(div_ceil(tpr, kWarp) * kWarp, max_threads);
-  const auto k = static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(div_ceil(num_vecs, tpr))));
-  if (k > max_vecs) return {static_cast<int32_t>(max_threads), 0, 1, max_threads};
+  return tpr <= kWarp ? static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(std::max<int64_t>(tpr, 1))))
+                      : host::div_ceil(tpr, kWarp) * kWarp;
+}
+
+inline NormGeometry make_geometry(int64_t tpr, int64_t k) {
   const int64_t rows = std::max<int64_t>(1, NormConfig::kBlockThreads / tpr);
   return {static_cast<int32_t>(tpr), static_cast<int32_t>(k), static_cast<int32_t>(rows),
           static_cast<uint32_t>(rows * tpr)};
+}
+
+/// Picks the geometry of a row of num_vecs vectors of vec_bytes bytes. Automatic: the fewest
+/// vectors per thread k >= NormConfig::kTargetVecs (or the whole row if shorter) whose TPR =
+/// round_threads_per_row(num_vecs / k) fits the kind's CTA; the vectors per thread are then
+/// trimmed to what that TPR needs (a power of two). Rows no k fits take two passes with the
+/// largest CTA. (bf16, 16-byte vectors: H=128 -> 8 threads x 2, 32 rows per 256-thread CTA;
+/// H=4096 -> 256 x 2; H=8192 -> 512 x 2; H=16384 -> 1024 x 2; H=32768 -> two passes, 512 threads.
+/// qknorm, head_dim 128 -> 8 x 2, 32 heads per 256-thread CTA.)
+inline NormGeometry choose_geometry(NormKind kind, int64_t num_vecs, int vec_bytes) {
+  using host::div_ceil;
+  const int max_vecs = NormConfig::max_vecs(vec_bytes);
+  const NormOverride& forced = norm_override();
+  if (forced.threads_per_row > 0) {
+    const int64_t tpr = forced.threads_per_row;
+    const int64_t k = forced.vecs_per_thread > 0
+                          ? forced.vecs_per_thread
+                          : static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(div_ceil(num_vecs, tpr))));
+    host::RuntimeCheck(round_threads_per_row(tpr) == tpr && (k & (k - 1)) == 0 && k <= max_vecs &&
+                           tpr <= NormConfig::max_threads(kind, static_cast<int>(k) * vec_bytes) && k * tpr >= num_vecs,
+                       "norm geometry override: ", tpr, " threads x ", k, " vectors per thread cannot cover ",
+                       num_vecs, " vectors of ", vec_bytes, " bytes");
+    return make_geometry(tpr, k);
+  }
+  for (int64_t k = std::min<int64_t>(NormConfig::kTargetVecs, static_cast<int64_t>(std::bit_ceil(
+                                                                    static_cast<uint64_t>(num_vecs))));
+       k <= max_vecs; k *= 2) {
+    const int64_t tpr = round_threads_per_row(div_ceil(num_vecs, k));
+    if (tpr <= NormConfig::max_threads(kind, static_cast<int>(k) * vec_bytes)) {
+      return make_geometry(tpr, static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(div_ceil(num_vecs, tpr)))));
+    }
+  }
+  const uint32_t threads = NormConfig::max_threads(kind, max_vecs * vec_bytes);
+  return {static_cast<int32_t>(threads), 0, 1, threads};
 }
 
 /// Resident CTAs per SM of kKernel at `block_threads` (a multiple of 32, <= 1024), cached per
@@ -431,27 +490,41 @@ inline bool resolve_pdl(int64_t enable_pdl, const DLDevice& device) {
 }
 
 /// Launches norm_rows_kernel<T, kVecN, kKind, kVecs> on a persistent grid: as many CTAs as there
-/// are groups of rows, at most SMs x resident CTAs per SM.
+/// are groups of rows, at most SMs x resident CTAs per SM. qknorm gives q and k shares of the
+/// grid in proportion to their groups (each CTA then caches one weight), at least one each.
 template <typename T, int kVecN, NormKind kKind, int kVecs>
-void launch_norm_kernel(const NormParams& params, const NormGeometry& geometry, DLDevice device, bool pdl) {
+void launch_norm_kernel(NormParams params, const NormGeometry& geometry, DLDevice device, bool pdl) {
   constexpr auto kKernel = norm_rows_kernel<T, kVecN, kKind, kVecs>;
-  const int64_t resident = int64_t{host::runtime::get_sm_count(device.device_id)} *
-                           cached_blocks_per_sm<kKernel>(geometry.block_threads);
-  const auto grid = static_cast<uint32_t>(std::min(params.num_groups, resident));
-  host::LaunchKernel(grid, geometry.block_threads, device).enable_pdl(pdl)(kKernel, params);
+  const int64_t groups0 = params.rows[0].num_groups;
+  const int64_t groups1 = kKind == NormKind::kQKNorm ? params.rows[1].num_groups : 0;
+  const int64_t groups = groups0 + groups1;
+  int64_t blocks_per_sm = cached_blocks_per_sm<kKernel>(geometry.block_threads);
+  const int64_t forced = norm_override().blocks_per_sm;
+  if (forced != 0) blocks_per_sm = forced > 0 ? std::min(blocks_per_sm, forced) : groups;
+  const int64_t resident = int64_t{host::runtime::get_sm_count(device.device_id)} * blocks_per_sm;
+  int64_t grid = std::min(groups, resident);
+  if (groups0 == 0) {
+    params.rows0_ctas = 0;
+  } else if (groups1 == 0) {
+    params.rows0_ctas = grid;
+  } else {
+    grid = std::max<int64_t>(grid, 2);
+    params.rows0_ctas = std::clamp<int64_t>((grid * groups0 + groups / 2) / groups, 1, grid - 1);
+  }
+  host::LaunchKernel(static_cast<uint32_t>(grid), geometry.block_threads, device).enable_pdl(pdl)(kKernel, params);
 }
 
 /// Chooses the geometry for kVecN-wide vectors, fills it into `params` and launches the kernel of
 /// its vectors-per-thread bucket.
 template <typename T, int kVecN, NormKind kKind>
 void launch_norm_rows(NormParams params, int64_t hidden_size, DLDevice device, bool pdl) {
-  constexpr int kMaxVecs = NormConfig::max_vecs(kKind, kVecN * sizeof(T));
+  constexpr int kMaxVecs = NormConfig::max_vecs(kVecN * sizeof(T));
   const int64_t num_vecs = hidden_size / kVecN;
-  const NormGeometry geometry = choose_geometry(num_vecs, kMaxVecs, NormConfig::max_threads(kKind));
+  const NormGeometry geometry = choose_geometry(kKind, num_vecs, kVecN * sizeof(T));
   params.num_vecs = static_cast<int32_t>(num_vecs);
   params.threads_per_row = geometry.threads_per_row;
   params.rows_per_cta = geometry.rows_per_cta;
-  params.num_groups = host::div_ceil(params.num_rows, int64_t{geometry.rows_per_cta});
+  for (NormRows& rows : params.rows) rows.num_groups = host::div_ceil(rows.num_rows, int64_t{geometry.rows_per_cta});
   switch (geometry.vecs_per_thread) {
     case 0: return launch_norm_kernel<T, kVecN, kKind, 0>(params, geometry, device, pdl);
     case 1: return launch_norm_kernel<T, kVecN, kKind, 1>(params, geometry, device, pdl);
@@ -484,8 +557,7 @@ void launch_norm_rows_any_width(const NormParams& params, int64_t hidden_size, i
 
 /// Common scalar checks of the launchers.
 inline void check_norm_scalars(const char* op, int64_t hidden_size, double eps) {
-  host::RuntimeCheck(hidden_size < std::numeric_limits<int32_t>::max(), op, ": hidden_size must be < 2^31, got ",
-                     hidden_size);
+  host::RuntimeCheck(hidden_size < (int64_t{1} << 30), op, ": hidden_size must be < 2^30, got ", hidden_size);
   host::RuntimeCheck(eps >= 0.0, op, ": eps must be >= 0, got ", eps);
 }
 
@@ -543,6 +615,7 @@ void rmsnorm(tvm::ffi::TensorView out, tvm::ffi::TensorView input, tvm::ffi::Ten
       .residual = nullptr,
       .weight = data_ptr<const void>(weight),
       .num_rows = n,
+      .num_groups = 0,  // set with the geometry
       .num_heads = 1,
       .input_token_stride = input.stride(0),
       .input_head_stride = 0,
@@ -550,7 +623,6 @@ void rmsnorm(tvm::ffi::TensorView out, tvm::ffi::TensorView input, tvm::ffi::Ten
       .out_head_stride = 0,
       .residual_token_stride = 0,
   };
-  params.num_rows = n;
   params.eps = static_cast<float>(eps);
   params.inv_hidden_size = static_cast<float>(1.0 / static_cast<double>(h));
   params.weight_offset = static_cast<float>(weight_offset);
@@ -562,6 +634,14 @@ void rmsnorm(tvm::ffi::TensorView out, tvm::ffi::TensorView input, tvm::ffi::Ten
 
   // Launch
   launch_norm_rows_any_width<T, NormKind::kRMSNorm>(params, h, vec_bytes, device, resolve_pdl(enable_pdl, device));
+}
+
+/// Benchmark hook: forces the geometry of every later norm launch of this module (all three ops)
+/// until called again with zeros. threads_per_row (a power of two <= 32 or a multiple of 32) and
+/// vecs_per_thread (1/2/4/8, 0 = as needed) must cover the row or the launch throws;
+/// blocks_per_sm > 0 caps resident CTAs per SM, < 0 launches one CTA per group of rows.
+inline void set_norm_geometry_override(int64_t threads_per_row, int64_t vecs_per_thread, int64_t blocks_per_sm) {
+  norm_override() = NormOverride{threads_per_row, vecs_per_thread, blocks_per_sm};
 }
 
 }  // namespace
