@@ -6,6 +6,10 @@ each op must move, and % of a device copy measured in the same process. Bytes mo
   fused_add_rmsnorm  4*N*H*s + H*s          (read x and residual, write both, read w)
   qknorm             2*N*(Hq+Hk)*D*s + 2*D*s (read and write q and k in place, read both weights)
 Last: eager wall time per rmsnorm call at [1, 4096] (10k calls, one sync) vs F.rms_norm.
+
+``python bench_norm.py --sweep`` instead times the automatic launch geometry against forced
+alternatives (threads per row x vectors per thread, resident CTAs per SM, persistent or not) at
+the large sizes, and PDL on/off at decode sizes.
 """
 
 from __future__ import annotations
@@ -184,8 +188,92 @@ def eager_table() -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------------------------------------
+# Geometry sweep (--sweep): the automatic choice against forced alternatives, one table
+# ---------------------------------------------------------------------------------------------
+# (threads_per_row, vecs_per_thread) alternatives per case; blocks_per_sm: 0 = occupancy (the
+# persistent default), k > 0 = at most k resident CTAs per SM, -1 = one CTA per group of rows.
+SWEEP_GEOMETRIES = {
+    4096: [(512, 1), (256, 2), (128, 4)],
+    8192: [(1024, 1), (512, 2), (256, 4)],
+    HEAD_DIM: [(16, 1), (8, 2), (4, 4)],
+}
+SWEEP_BLOCKS_PER_SM = [0, 2, 3, 4, -1]
+
+
+def sweep_rows() -> list[BenchRow]:
+    from sglang.jit_kernel.norm import _jit_norm_module
+
+    module = _jit_norm_module(DTYPE)
+    hq, hk, d = NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM
+    cases = []
+    for n, h in [(16384, 4096), (16384, 8192)]:
+        rms_sets = [(torch.randn(n, h, dtype=DTYPE, device="cuda"),) for _ in range(num_rotating_sets(4 * n * h))]
+        w = torch.rand(h, dtype=DTYPE, device="cuda") + 0.5
+        out = torch.empty(n, h, dtype=DTYPE, device="cuda")
+        cases.append(("rmsnorm", f"[{n}, {h}]", h, lambda x, w=w, out=out: rmsnorm(x, w, EPS, out=out), rms_sets,
+                      2 * n * h * 2 + h * 2))
+        fused_sets = [
+            (torch.randn(n, h, dtype=DTYPE, device="cuda"), torch.randn(n, h, dtype=DTYPE, device="cuda"))
+            for _ in range(num_rotating_sets(8 * n * h))
+        ]
+        cases.append(("fused_add_rmsnorm", f"[{n}, {h}]", h, lambda x, r, w=w: fused_add_rmsnorm(x, r, w, EPS),
+                      fused_sets, 4 * n * h * 2 + h * 2))
+    n = 16384
+    qk_sets = []
+    for _ in range(num_rotating_sets(4 * n * (hq + hk) * d)):
+        qkv = torch.randn(n, (hq + 2 * hk) * d, dtype=DTYPE, device="cuda")
+        qk_sets.append((qkv[:, : hq * d].view(n, hq, d), qkv[:, hq * d : (hq + hk) * d].view(n, hk, d)))
+    qw = torch.rand(d, dtype=DTYPE, device="cuda") + 0.5
+    cases.append(("qknorm", f"[{n}, {hq}+{hk}, {d}]", d,
+                  lambda q, k: fused_inplace_qknorm(q, k, qw, qw, EPS), qk_sets, 2 * n * (hq + hk) * d * 2 + 2 * d * 2))
+
+    rows = []
+    try:
+        for op, case, size, call, sets, nbytes in cases:
+            for tpr, k in [(0, 0)] + SWEEP_GEOMETRIES[size]:
+                for blocks in SWEEP_BLOCKS_PER_SM:
+                    label = "auto" if tpr == 0 else f"{tpr}x{k}"
+                    label += "" if blocks == 0 else (" 1cta/grp" if blocks < 0 else f" {blocks}cta/sm")
+                    module._set_geometry_override(tpr, k, blocks)
+                    try:
+                        median, _, _ = bench_rotating(call, sets)
+                    except Exception as exc:  # noqa: BLE001 - an invalid forced geometry
+                        print(f"# sweep {op} {case} {label}: skipped ({str(exc).splitlines()[0][:100]})")
+                        continue
+                    rows.append(BenchRow(op, case, label, median, nbytes))
+    finally:
+        module._set_geometry_override(0, 0, 0)
+    return rows
+
+
+def pdl_rows() -> list[BenchRow]:
+    """Decode sizes with PDL on and off (the automatic geometry)."""
+    rows = []
+    for n in (1, 64):
+        x = [torch.randn(n, HIDDEN, dtype=DTYPE, device="cuda") for _ in range(64)]
+        r = [torch.randn(n, HIDDEN, dtype=DTYPE, device="cuda") for _ in range(64)]
+        w = torch.rand(HIDDEN, dtype=DTYPE, device="cuda") + 0.5
+        out = torch.empty(n, HIDDEN, dtype=DTYPE, device="cuda")
+        for pdl in (True, False):
+            median, _, _ = bench_rotating(lambda a, pdl=pdl: rmsnorm(a, w, EPS, out=out, enable_pdl=pdl), [(a,) for a in x])
+            rows.append(BenchRow("rmsnorm", f"[{n}, {HIDDEN}]", f"pdl={pdl}", median, 2 * n * HIDDEN * 2 + HIDDEN * 2))
+            median, _, _ = bench_rotating(
+                lambda a, b, pdl=pdl: fused_add_rmsnorm(a, b, w, EPS, enable_pdl=pdl), list(zip(x, r))
+            )
+            rows.append(
+                BenchRow("fused_add_rmsnorm", f"[{n}, {HIDDEN}]", f"pdl={pdl}", median, 4 * n * HIDDEN * 2 + HIDDEN * 2)
+            )
+    return rows
+
+
 def main() -> None:
+    import sys
+
     roof = copy_roof_gbps()
+    if "--sweep" in sys.argv:
+        print(format_rows(pdl_rows() + sweep_rows(), roof))
+        return
     rows = rms_rows(roof) + fused_rows(roof) + qk_rows(roof)
     eager = eager_table()
     print(eager)
