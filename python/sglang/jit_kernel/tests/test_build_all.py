@@ -7,6 +7,7 @@ slower as ops are added to ``registry.py``.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -74,6 +75,36 @@ def test_build_all_produces_every_registered_variant(tmp_path: Path):
     )
     assert check.returncode == 0, check.stderr
     assert check.stdout.strip().splitlines()[-1] == repr(expected).replace("'", '"')
+
+
+# With explicit archs, prebuild builds for them even when this process already holds the module for
+# its own target (the wrapper's memo), and restores SGLANG_JIT_CUDA_ARCH afterwards.
+PREBUILD_OTHER_ARCH = textwrap.dedent(
+    """\
+    import json, os
+    from sglang.jit_kernel.add_constant import _jit_add_constant_module
+    from sglang.jit_kernel.cache import prebuild
+    _jit_add_constant_module(1)
+    names = prebuild(["add_constant"], archs="8.0", jobs=1)
+    print(json.dumps({"names": names, "env": os.environ["SGLANG_JIT_CUDA_ARCH"]}))
+    """
+)
+
+
+@requires_nvcc
+def test_prebuild_for_another_arch(tmp_path: Path):
+    cache_dir = tmp_path / "cache"
+    env = {**os.environ, "SGLANG_JIT_CACHE_DIR": str(cache_dir), "SGLANG_JIT_CUDA_ARCH": "9.0", "PYTHONWARNINGS": "ignore"}
+    for name in ("SGLANG_JIT_FORCE_RECOMPILE", "SGLANG_JIT_CRASH_ON_COMPILE"):
+        env.pop(name, None)
+    result = subprocess.run(
+        [sys.executable, "-c", PREBUILD_OTHER_ARCH], env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report == {"names": ["add_constant[1]"], "env": "9.0"}
+    archs = sorted(json.loads((p / "manifest.json").read_text())["archs"][0] for p in cache_dir.iterdir() if not p.name.startswith("."))
+    assert archs == ["8.0", "9.0"]
 
 
 if __name__ == "__main__":
