@@ -27,12 +27,16 @@ struct ScaleParams {
   int64_t num_elements;  // total element count (may exceed 2^32)
 };
 
-/// Launch facts of scale.
+/// Launch facts of scale: kThreads threads per block, each keeping kUnroll 16-byte loads in flight.
+template <int kUnrollV = 4, uint32_t kThreadsV = 256>
 struct ScaleConfig {
-  static constexpr uint32_t kThreads = 256;  // threads per block
-  static constexpr int kUnroll = 4;          // vectors per thread per tile (loads in flight)
-  static constexpr int64_t kMaxBlocks = 1 << 20;  // grid cap; blocks loop over the remaining tiles
+  static constexpr uint32_t kThreads = kThreadsV;  // threads per block
+  static constexpr int kUnroll = kUnrollV;         // vectors per thread per tile (loads in flight)
+  static constexpr int64_t kMaxBlocks = 1 << 20;   // grid cap; blocks loop over the remaining tiles
 };
+/// One 16-byte vector per thread per tile, 256 threads: the fastest of the swept configurations on
+/// H200 (benchmark/sweep_scale.py: 100.7% of copy at 2^28 bf16, on par with torch at 2^24).
+using DefaultScaleConfig = ScaleConfig<1, 256>;
 
 /// Scales elements [begin, end) of one thread's share, scalar by scalar (tail and unaligned fallback).
 template <typename T>
@@ -47,11 +51,11 @@ SGL_DEVICE void scale_scalars(const ScaleParams& params, int64_t begin, int64_t 
 /// One tile = kThreads * kUnroll vectors of kVecN elements; each thread loads its kUnroll vectors
 /// (strided by kThreads so a warp's accesses are contiguous), scales them, then stores them.
 /// The last kVecN-1 elements (num_elements % kVecN) are done by the last block, scalar.
-template <typename T, int kVecN>
-__global__ void __launch_bounds__(ScaleConfig::kThreads) scale_kernel(const ScaleParams params) {
+template <typename T, int kVecN, typename Config>
+__global__ void __launch_bounds__(Config::kThreads) scale_kernel(const ScaleParams params) {
   using vec_t = device::AlignedVector<T, kVecN>;
-  constexpr int kUnroll = ScaleConfig::kUnroll;
-  constexpr int64_t kTileVecs = int64_t{ScaleConfig::kThreads} * kUnroll;
+  constexpr int kUnroll = Config::kUnroll;
+  constexpr int64_t kTileVecs = int64_t{Config::kThreads} * kUnroll;
   const int64_t num_vecs = params.num_elements / kVecN;
   const int64_t num_tiles = (num_vecs + kTileVecs - 1) / kTileVecs;
   const auto* src = static_cast<const T*>(params.src);
@@ -62,12 +66,12 @@ __global__ void __launch_bounds__(ScaleConfig::kThreads) scale_kernel(const Scal
     vec_t v[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int64_t vi = first + int64_t{u} * ScaleConfig::kThreads;
+      const int64_t vi = first + int64_t{u} * Config::kThreads;
       if (vi < num_vecs) v[u].load(src, vi);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int64_t vi = first + int64_t{u} * ScaleConfig::kThreads;
+      const int64_t vi = first + int64_t{u} * Config::kThreads;
       if (vi < num_vecs) {
 #pragma unroll
         for (int i = 0; i < kVecN; ++i) {
@@ -80,7 +84,7 @@ __global__ void __launch_bounds__(ScaleConfig::kThreads) scale_kernel(const Scal
 
   if constexpr (kVecN > 1) {
     if (blockIdx.x == gridDim.x - 1) {
-      scale_scalars<T>(params, num_vecs * kVecN + threadIdx.x, params.num_elements, ScaleConfig::kThreads);
+      scale_scalars<T>(params, num_vecs * kVecN + threadIdx.x, params.num_elements, Config::kThreads);
     }
   }
 }
@@ -94,20 +98,18 @@ int64_t widest_aligned_vector(const void* a, const void* b) {
   return bytes / static_cast<int64_t>(sizeof(T));
 }
 
-template <typename T, int kVecN>
+template <typename T, int kVecN, typename Config>
 void launch_scale(const ScaleParams& params, DLDevice device) {
   using namespace host;
   const int64_t num_vecs = params.num_elements / kVecN;
-  const int64_t tiles = div_ceil(num_vecs, int64_t{ScaleConfig::kThreads} * ScaleConfig::kUnroll);
-  const auto blocks = static_cast<uint32_t>(std::clamp<int64_t>(tiles, 1, ScaleConfig::kMaxBlocks));
-  LaunchKernel(blocks, ScaleConfig::kThreads, device)(scale_kernel<T, kVecN>, params);
+  const int64_t tiles = div_ceil(num_vecs, int64_t{Config::kThreads} * Config::kUnroll);
+  const auto blocks = static_cast<uint32_t>(std::clamp<int64_t>(tiles, 1, Config::kMaxBlocks));
+  LaunchKernel(blocks, Config::kThreads, device)(scale_kernel<T, kVecN, Config>, params);
 }
 
-/// dst = src * factor. dst and src: contiguous 1-D tensors of T on one CUDA device, same length;
-/// dst may be src (in place). Empty tensors return without a launch.
-/// T = fp16_t | bf16_t | fp32_t. Throws PanicError (Python RuntimeError) on a mismatch.
-template <typename T>
-void scale(tvm::ffi::TensorView dst, tvm::ffi::TensorView src, double factor) {
+/// dst = src * factor with an explicit launch configuration (benchmark/sweep_scale.py times several).
+template <typename T, typename Config>
+void scale_with_config(tvm::ffi::TensorView dst, tvm::ffi::TensorView src, double factor) {
   using namespace host;
 
   // Validate
@@ -136,11 +138,19 @@ void scale(tvm::ffi::TensorView dst, tvm::ffi::TensorView src, double factor) {
 
   // Launch
   switch (vec_n) {
-    case kMaxVecN: return launch_scale<T, kMaxVecN>(params, device);
-    case kMaxVecN / 2: return launch_scale<T, std::max<int64_t>(kMaxVecN / 2, 1)>(params, device);
-    case kMaxVecN / 4: return launch_scale<T, std::max<int64_t>(kMaxVecN / 4, 1)>(params, device);
-    default: return launch_scale<T, 1>(params, device);
+    case kMaxVecN: return launch_scale<T, kMaxVecN, Config>(params, device);
+    case kMaxVecN / 2: return launch_scale<T, std::max<int64_t>(kMaxVecN / 2, 1), Config>(params, device);
+    case kMaxVecN / 4: return launch_scale<T, std::max<int64_t>(kMaxVecN / 4, 1), Config>(params, device);
+    default: return launch_scale<T, 1, Config>(params, device);
   }
+}
+
+/// dst = src * factor. dst and src: contiguous 1-D tensors of T on one CUDA device, same length;
+/// dst may be src (in place). Empty tensors return without a launch.
+/// T = fp16_t | bf16_t | fp32_t. Throws PanicError (Python RuntimeError) on a mismatch.
+template <typename T>
+void scale(tvm::ffi::TensorView dst, tvm::ffi::TensorView src, double factor) {
+  scale_with_config<T, DefaultScaleConfig>(dst, src, factor);
 }
 
 }  // namespace
