@@ -84,8 +84,10 @@ struct NormParams {
 
 /// Launch facts of norm_rows_kernel.
 struct NormConfig {
-  static constexpr int kTargetVecs = 4;            // vectors per thread the heuristic aims for
-                                                   // (4 x 16 B in flight measured best on H200)
+  static constexpr int kTargetVecs = 2;            // vectors per thread the heuristic aims for
+  static constexpr int64_t kPreferredRowThreads = 256;  // rows wider than this take more vectors
+                                                        // per thread first (H200: H=8192 as 256 x 4
+                                                        // beat 512 x 2 by 12%; H=4096 256 x 2 best)
   static constexpr uint32_t kBlockThreads = 256;   // CTA size when several rows share a CTA
   static constexpr uint32_t kMaxWarps = 32;        // shared-memory partials per buffer
   static constexpr int kMaxThreadBytes = 64;       // x held per thread at most (registers)
@@ -437,11 +439,12 @@ inline NormGeometry make_geometry(int64_t tpr, int64_t k) {
 
 /// Picks the geometry of a row of num_vecs vectors of vec_bytes bytes. Automatic: the fewest
 /// vectors per thread k >= NormConfig::kTargetVecs (or the whole row if shorter) whose TPR =
-/// round_threads_per_row(num_vecs / k) fits the kind's CTA; the vectors per thread are then
+/// round_threads_per_row(num_vecs / k) is at most kPreferredRowThreads, else the fewest whose TPR
+/// fits the kind's CTA; the vectors per thread are then
 /// trimmed to what that TPR needs (a power of two). Rows no k fits take two passes with the
-/// largest CTA. (bf16, 16-byte vectors: H=128 -> 4 threads x 4, 64 rows per 256-thread CTA;
-/// H=4096 -> 128 x 4; H=8192 -> 256 x 4; H=16384 -> 512 x 4; H=32768 -> two passes, 512 threads.
-/// qknorm, head_dim 128 -> 4 x 4, 64 heads per 256-thread CTA.)
+/// largest CTA. (bf16, 16-byte vectors: H=128 -> 8 threads x 2, 32 rows per 256-thread CTA;
+/// H=4096 -> 256 x 2; H=8192 -> 256 x 4; H=16384 -> 1024 x 2; H=32768 -> two passes, 512 threads.
+/// qknorm, head_dim 128 -> 8 x 2, 32 heads per 256-thread CTA.)
 inline NormGeometry choose_geometry(NormKind kind, int64_t num_vecs, int vec_bytes) {
   using host::div_ceil;
   const int max_vecs = NormConfig::max_vecs(vec_bytes);
@@ -457,12 +460,18 @@ inline NormGeometry choose_geometry(NormKind kind, int64_t num_vecs, int vec_byt
                        num_vecs, " vectors of ", vec_bytes, " bytes");
     return make_geometry(tpr, k);
   }
-  for (int64_t k = std::min<int64_t>(NormConfig::kTargetVecs, static_cast<int64_t>(std::bit_ceil(
-                                                                    static_cast<uint64_t>(num_vecs))));
-       k <= max_vecs; k *= 2) {
-    const int64_t tpr = round_threads_per_row(div_ceil(num_vecs, k));
-    if (tpr <= NormConfig::max_threads(kind, static_cast<int>(k) * vec_bytes)) {
-      return make_geometry(tpr, static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(div_ceil(num_vecs, tpr)))));
+  const int64_t first_k =
+      std::min<int64_t>(NormConfig::kTargetVecs, static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(num_vecs))));
+  // Two rounds: first the fewest vectors per thread that keep a row within kPreferredRowThreads
+  // threads, then (rows that need more) the fewest that fit the kind's largest CTA.
+  for (const bool preferred : {true, false}) {
+    for (int64_t k = first_k; k <= max_vecs; k *= 2) {
+      const int64_t tpr = round_threads_per_row(div_ceil(num_vecs, k));
+      const int64_t limit = NormConfig::max_threads(kind, static_cast<int>(k) * vec_bytes);
+      if (tpr <= (preferred ? std::min(limit, NormConfig::kPreferredRowThreads) : limit)) {
+        return make_geometry(tpr,
+                             static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(div_ceil(num_vecs, tpr)))));
+      }
     }
   }
   const uint32_t threads = NormConfig::max_threads(kind, max_vecs * vec_bytes);
