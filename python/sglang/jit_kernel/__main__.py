@@ -45,6 +45,7 @@ def write_clangd(output: Path, arch: str, overwrite: bool) -> int:
         f"-I{libinfo.find_dlpack_include_path()}",
         f"-I{cuda_home}/include",
     ]
+    flags = list(dict.fromkeys(flags))  # tvm-ffi ships dlpack in its own include dir
     body = "CompileFlags:\n  Add:\n" + "".join(f"    - {f}\n" for f in flags)
     body += "  Remove:\n    - --expt-relaxed-constexpr\n    - -gencode*\n    - -Xcompiler*\n"
     output.write_text(body)
@@ -214,7 +215,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "build":
         if not args.all and not args.ops:
             bld.error("name ops to build, or pass --all")
-        return 1 if build_variants(None if args.all else args.ops, args.jobs, archs=args.arch) else 0
+        archs = args.arch
+        if not archs and not os.environ.get("SGLANG_JIT_CUDA_ARCH"):
+            import torch
+
+            if not torch.cuda.is_available():
+                print(f"No CUDA GPU visible and neither --arch nor SGLANG_JIT_CUDA_ARCH given: building for {DEFAULT_ARCH}")
+                archs = [DEFAULT_ARCH]
+        return 1 if build_variants(None if args.all else args.ops, args.jobs, archs=archs) else 0
     return cache_command(args.action, args.days)
 
 

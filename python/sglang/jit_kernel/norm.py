@@ -130,6 +130,18 @@ def _check_weight(
         raise RuntimeError(f"{op}: {name} must have shape [{dim_name}] = ({size},), got {tuple(weight.shape)}")
 
 
+def _check_scalars(op: str, eps: object, enable_pdl: object, cast_x_before_out_mul: object = False) -> None:
+    """TypeError / ValueError naming the scalar argument that is not what the op takes."""
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise TypeError(f"{op}: eps must be a float, got {type(eps).__name__}")
+    if not eps >= 0.0:  # also rejects NaN
+        raise ValueError(f"{op}: eps must be >= 0, got {eps}")
+    if enable_pdl is not None and not isinstance(enable_pdl, bool):
+        raise TypeError(f"{op}: enable_pdl must be None or a bool, got {type(enable_pdl).__name__}")
+    if not isinstance(cast_x_before_out_mul, bool):
+        raise TypeError(f"{op}: cast_x_before_out_mul must be a bool, got {type(cast_x_before_out_mul).__name__}")
+
+
 def _check_same_shape(op: str, name: str, tensor: torch.Tensor, ref: torch.Tensor, ref_name: str) -> None:
     _check_rows(op, name, tensor, ref.dtype, ref_name)
     if tensor.shape != ref.shape:
@@ -244,17 +256,20 @@ def _rmsnorm(
     cast_x_before_out_mul: bool,
     enable_pdl: bool | None,
 ) -> torch.Tensor:
-    pdl = -1 if enable_pdl is None else int(bool(enable_pdl))
+    pdl = -1 if enable_pdl is None else int(enable_pdl is True)
     if not torch.compiler.is_compiling():
         try:
             fn = _RMSNORM_FNS.get(input.dtype) if input.is_cuda and input.dim() == 2 else None
         except AttributeError:  # not a tensor: the checked path raises TypeError
             fn = None
-        if fn is not None:
-            if out is None:
-                out = torch.empty_like(input)
-            fn(out, input, weight, eps, weight_offset, cast_x_before_out_mul, pdl)
-            return out
+        if fn is not None and (enable_pdl is None or enable_pdl is True or enable_pdl is False):
+            result = torch.empty_like(input) if out is None else out
+            try:
+                fn(result, input, weight, eps, weight_offset, cast_x_before_out_mul, pdl)
+                return result
+            except TypeError:  # a non-tensor or non-scalar argument: the checked path names it
+                pass
+    _check_scalars(op, eps, enable_pdl, cast_x_before_out_mul)
     _check_rows(op, "input", input)
     _check_weight(op, "weight", weight, input.shape[-1], input.dtype, "hidden_size")
     if out is None:
@@ -365,15 +380,19 @@ def _fused_add_rmsnorm(
     weight_offset: float,
     enable_pdl: bool | None,
 ) -> None:
-    pdl = -1 if enable_pdl is None else int(bool(enable_pdl))
+    pdl = -1 if enable_pdl is None else int(enable_pdl is True)
     if not torch.compiler.is_compiling():
         try:
             fn = _FUSED_ADD_RMSNORM_FNS.get(input.dtype) if input.is_cuda and input.dim() == 2 else None
         except AttributeError:
             fn = None
-        if fn is not None:
-            fn(input, residual, weight, eps, weight_offset, pdl)
-            return
+        if fn is not None and (enable_pdl is None or enable_pdl is True or enable_pdl is False):
+            try:
+                fn(input, residual, weight, eps, weight_offset, pdl)
+                return
+            except TypeError:  # a non-tensor or non-scalar argument: the checked path names it
+                pass
+    _check_scalars(op, eps, enable_pdl)
     _check_rows(op, "input", input)
     _check_same_shape(op, "residual", residual, input, "input")
     _check_weight(op, "weight", weight, input.shape[-1], input.dtype, "hidden_size")
@@ -490,16 +509,20 @@ def fused_inplace_qknorm(
         not 3-D, mismatched num_tokens, a weight not of shape ``[head_dim]``, a last dim that is not
         contiguous, ``eps < 0``.
     """
-    pdl = -1 if enable_pdl is None else int(bool(enable_pdl))
+    pdl = -1 if enable_pdl is None else int(enable_pdl is True)
     if not torch.compiler.is_compiling():
         try:
             fn = _QKNORM_FNS.get(q.dtype) if q.is_cuda else None
         except AttributeError:
             fn = None
-        if fn is not None:
-            fn(q, k, q_weight, k_weight, eps, pdl)
-            return
+        if fn is not None and (enable_pdl is None or enable_pdl is True or enable_pdl is False):
+            try:
+                fn(q, k, q_weight, k_weight, eps, pdl)
+                return
+            except TypeError:  # a non-tensor or non-scalar argument: the checked path names it
+                pass
     op = "fused_inplace_qknorm"
+    _check_scalars(op, eps, enable_pdl)
     _check_rows(op, "q", q)
     _check_rows(op, "k", k, q.dtype, "q")
     if q.dim() != 3 or k.dim() != 3:

@@ -67,13 +67,16 @@ def scale(src: torch.Tensor, factor: float, out: torch.Tensor | None = None) -> 
     Raises
     ------
     TypeError
-        If ``src`` or ``out`` is not a tensor.
+        If ``src`` or ``out`` is not a tensor, or ``factor`` is not an int or float.
     RuntimeError
         If ``src`` is not on a CUDA device, has another dtype, or ``out`` differs from ``src`` in
-        shape, dtype or device, or is not contiguous. Raised before any launch.
+        shape, dtype or device, is not contiguous, or partially overlaps ``src`` in memory (``out``
+        may be ``src`` itself). Raised before any launch.
     """
     check_cuda("scale", "src", src)
     check_dtype("scale", "src", src, FLOAT_DTYPES)
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)):
+        raise TypeError(f"scale: factor must be a real number (int or float), got {type(factor).__name__}")
     if not src.is_contiguous():
         src = src.contiguous()
     if out is None:

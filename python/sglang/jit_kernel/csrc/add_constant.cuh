@@ -33,7 +33,8 @@ template <int32_t kConstant>
 __global__ void add_constant_kernel(const AddConstantParams params) {
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < params.num_elements; i += stride) {
-    params.dst[i] = params.src[i] + kConstant;
+    // Two's-complement wraparound without signed-overflow UB: add as uint32, reinterpret.
+    params.dst[i] = static_cast<int32_t>(static_cast<uint32_t>(params.src[i]) + static_cast<uint32_t>(kConstant));
   }
 }
 
@@ -52,6 +53,7 @@ void add_constant(tvm::ffi::TensorView dst, tvm::ffi::TensorView src) {
       .with_device<kDLCUDA>(device_)
       .verify(dst, "out")
       .verify(src, "src");
+  verify_no_partial_overlap(dst, "out", src, "src", /*allow_same=*/true);
 
   // Unwrap
   const AddConstantParams params{

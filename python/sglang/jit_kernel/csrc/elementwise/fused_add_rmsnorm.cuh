@@ -44,12 +44,15 @@ void fused_add_rmsnorm(tvm::ffi::TensorView input, tvm::ffi::TensorView residual
       .with_device<kDLCUDA>(device_)
       .verify(input, "input")
       .verify(residual, "residual");
+  check_last_dim_contiguous("fused_add_rmsnorm", "input", input);
+  check_last_dim_contiguous("fused_add_rmsnorm", "residual", residual);
   TensorMatcher({hidden_size})  //
       .with_dtype<T>()
       .with_device<kDLCUDA>(device_)
       .verify(weight, "weight");
-  check_last_dim_contiguous("fused_add_rmsnorm", "input", input);
-  check_last_dim_contiguous("fused_add_rmsnorm", "residual", residual);
+  verify_no_self_overlap(input, "input");
+  verify_no_self_overlap(residual, "residual");
+  verify_no_partial_overlap(residual, "residual", input, "input", /*allow_same=*/false);
 
   // Unwrap
   const int64_t n = num_tokens.unwrap();

@@ -58,6 +58,9 @@ void fused_inplace_qknorm(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::f
       .verify(k_weight, "k_weight");
   check_last_dim_contiguous("fused_inplace_qknorm", "q", q);
   check_last_dim_contiguous("fused_inplace_qknorm", "k", k);
+  verify_no_self_overlap(q, "q");
+  verify_no_self_overlap(k, "k");
+  verify_no_partial_overlap(k, "k", q, "q", /*allow_same=*/false);
 
   // Unwrap
   const int64_t n = num_tokens.unwrap();

@@ -606,12 +606,14 @@ void rmsnorm(tvm::ffi::TensorView out, tvm::ffi::TensorView input, tvm::ffi::Ten
       .with_device<kDLCUDA>(device_)
       .verify(input, "input")
       .verify(out, "out");
+  check_last_dim_contiguous("rmsnorm", "input", input);
+  check_last_dim_contiguous("rmsnorm", "out", out);
   TensorMatcher({hidden_size})  //
       .with_dtype<T>()
       .with_device<kDLCUDA>(device_)
       .verify(weight, "weight");
-  check_last_dim_contiguous("rmsnorm", "input", input);
-  check_last_dim_contiguous("rmsnorm", "out", out);
+  verify_no_self_overlap(out, "out");
+  verify_no_partial_overlap(out, "out", input, "input", /*allow_same=*/true);
 
   // Unwrap
   const int64_t n = num_tokens.unwrap();

@@ -121,6 +121,7 @@ void scale_with_config(tvm::ffi::TensorView dst, tvm::ffi::TensorView src, doubl
       .with_device<kDLCUDA>(device_)
       .verify(dst, "out")
       .verify(src, "src");
+  verify_no_partial_overlap(dst, "out", src, "src", /*allow_same=*/true);
 
   // Unwrap
   const ScaleParams params{

@@ -6,6 +6,7 @@
 //   host::TensorMatcher   fluent checker: shape, strides (default: contiguous), dtype, device
 //   host::dl_dtype_v<T>   C++ element type -> DLDataType
 //   host::data_ptr<T>(v)  typed data address of a TensorView (data + byte_offset)
+//   host::verify_no_partial_overlap / verify_no_self_overlap   aliasing checks of outputs
 //
 // Host-only. When the CUDA headers are reachable (nvcc, or -I <cuda>/include), the CUDA element
 // types (__half, __nv_bfloat16, __nv_fp8_e4m3, __nv_fp8_e5m2) are mapped too.
@@ -664,4 +665,65 @@ inline TensorMatcher& operator>(DeviceClause::Typed clause, const PendingDeviceV
   return matcher;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Memory overlap between tensors (what the shape/dtype/device checks above cannot see)
+// ---------------------------------------------------------------------------------------------
+
+/// Byte range [first, last) spanned by `view`'s elements (empty tensors: first == last).
+struct ByteSpan {
+  uint64_t first;
+  uint64_t last;
+};
+
+/// The bytes `view` can touch: from its lowest to one past its highest element address.
+[[nodiscard]] inline ByteSpan byte_span(const tvm::ffi::TensorView& view) {
+  const uint64_t base = reinterpret_cast<uint64_t>(data_ptr(view));
+  const int64_t item = (static_cast<int64_t>(view.dtype().bits) * view.dtype().lanes + 7) / 8;
+  int64_t low = 0, high = 0;  // element offsets
+  for (int32_t d = 0; d < view.ndim(); ++d) {
+    const int64_t size = view.shape()[d];
+    if (size == 0) return {base, base};
+    const int64_t step = (size - 1) * view.strides()[d];
+    (step < 0 ? low : high) += step;
+  }
+  return {base + static_cast<uint64_t>(low * item), base + static_cast<uint64_t>((high + 1) * item)};
+}
+
+/// Throws PanicError unless `a` and `b` are disjoint in memory or (when `allow_same`) exactly the
+/// same view (same address, shape and strides: an in-place call). Partially overlapping operands
+/// would make a kernel read elements it has already overwritten.
+/// Exact for contiguous tensors (their byte spans are their memory). Strided views may interleave
+/// without sharing an element (q and k of one fused qkv buffer), so for them only a shared first
+/// element is reported.
+/// Example: out = x[1:] with src = x[:-1] -> "out overlaps src in memory (partially) ...".
+inline void verify_no_partial_overlap(const tvm::ffi::TensorView& a, const char* a_name,
+                                      const tvm::ffi::TensorView& b, const char* b_name, bool allow_same,
+                                      std::source_location loc = std::source_location::current()) {
+  const ByteSpan sa = byte_span(a), sb = byte_span(b);
+  if (sa.first == sa.last || sb.first == sb.last) return;  // an empty tensor overlaps nothing
+  if (sa.last <= sb.first || sb.last <= sa.first) return;
+  bool same = data_ptr(a) == data_ptr(b) && a.ndim() == b.ndim();
+  for (int32_t d = 0; same && d < a.ndim(); ++d) {
+    same = a.shape()[d] == b.shape()[d] && (a.shape()[d] == 1 || a.strides()[d] == b.strides()[d]);
+  }
+  if (same && allow_same) return;
+  if (!same && !(a.IsContiguous() && b.IsContiguous()) && data_ptr(a) != data_ptr(b)) return;
+  detail::panic_at(loc, a_name, " overlaps ", b_name, " in memory",
+                   same ? " (the same tensor)" : " (partially)", "; ",
+                   allow_same ? "pass the same tensor for in place, or disjoint tensors" : "they must be disjoint");
+}
+
+/// Throws PanicError if a dimension of size > 1 has stride 0 in `view` (an expanded tensor), whose
+/// elements alias each other: an output or in-place operand must not be one.
+inline void verify_no_self_overlap(const tvm::ffi::TensorView& view, const char* name,
+                                   std::source_location loc = std::source_location::current()) {
+  for (int32_t d = 0; d < view.ndim(); ++d) {
+    if (view.shape()[d] > 1 && view.strides()[d] == 0) [[unlikely]] {
+      detail::panic_at(loc, name, ": dim ", d, " has stride 0 with size ", view.shape()[d],
+                       " (an expanded tensor); its elements alias each other, pass a tensor with its own storage");
+    }
+  }
+}
+
 }  // namespace host
+
