@@ -340,12 +340,15 @@ def rmsnorm(
     Raises
     ------
     TypeError
-        If ``input``, ``weight`` or ``out`` is not a tensor.
+        If ``input``, ``weight`` or ``out`` is not a tensor, ``eps`` not a number, ``enable_pdl``
+        not None/bool or ``cast_x_before_out_mul`` not a bool.
+    ValueError
+        If ``eps`` is negative or NaN.
     RuntimeError
         Before any launch, naming the argument: not on a CUDA device, unsupported or mismatched
         dtype, ``weight`` not of shape ``[hidden_size]`` or on another device, ``out`` of another
         shape, a last dim that is not contiguous, leading dims that cannot be flattened without a
-        copy (``out``), ``eps < 0``.
+        copy (``out``), ``out`` partially overlapping ``input`` or expanded (stride 0).
     """
     return _rmsnorm("rmsnorm", input, weight, eps, out, 0.0, cast_x_before_out_mul, enable_pdl)
 
@@ -442,8 +445,10 @@ def fused_add_rmsnorm(
 
     Raises
     ------
-    TypeError, RuntimeError
-        As :func:`rmsnorm`, for ``input``, ``residual`` and ``weight``, before any launch.
+    TypeError, ValueError, RuntimeError
+        As :func:`rmsnorm`, for ``input``, ``residual`` and ``weight``, before any launch; also
+        RuntimeError if ``residual`` overlaps ``input`` in memory (including being the same tensor)
+        or either is expanded (stride 0).
     """
     _fused_add_rmsnorm("fused_add_rmsnorm", input, residual, weight, eps, 0.0, enable_pdl)
 
@@ -503,11 +508,15 @@ def fused_inplace_qknorm(
     Raises
     ------
     TypeError
-        If an argument is not a tensor.
+        If an argument is not a tensor, ``eps`` not a number or ``enable_pdl`` not None/bool.
+    ValueError
+        If ``eps`` is negative or NaN.
     RuntimeError
         Before any launch, naming the argument: not on CUDA, unsupported or mismatched dtype, q or k
         not 3-D, mismatched num_tokens, a weight not of shape ``[head_dim]``, a last dim that is not
-        contiguous, ``eps < 0``.
+        contiguous, ``k`` starting at ``q``'s first element (the same tensor), a stride-0 (expanded)
+        q or k. (q and k may interleave as views of one qkv buffer; overlap checks of strided views
+        are limited to a shared first element.)
     """
     pdl = -1 if enable_pdl is None else int(enable_pdl is True)
     if not torch.compiler.is_compiling():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -31,9 +31,20 @@ def _jit_scale_module(dtype: torch.dtype) -> Module:
     )
 
 
+# The exported function by dtype, filled when a dtype's module is loaded: the eager fast path for
+# 1-D tensors is a dict lookup plus the FFI call, whose C++ launcher validates everything it needs.
+_SCALE_FNS: dict[torch.dtype, Callable[..., None]] = {}
+
+
+def _load(dtype: torch.dtype) -> Module:
+    module = _jit_scale_module(dtype)
+    _SCALE_FNS[dtype] = module.scale
+    return module
+
+
 @torch.library.custom_op("sgl_kernel::scale_out", mutates_args=("out",), device_types="cuda")
 def _scale_out_op(out: torch.Tensor, src: torch.Tensor, factor: float) -> None:
-    _jit_scale_module(src.dtype).scale(out.view(-1), src.view(-1), factor)
+    _load(src.dtype).scale(out.view(-1), src.view(-1), factor)
 
 
 @_scale_out_op.register_fake
@@ -73,9 +84,21 @@ def scale(src: torch.Tensor, factor: float, out: torch.Tensor | None = None) -> 
         shape, dtype or device, is not contiguous, or partially overlaps ``src`` in memory (``out``
         may be ``src`` itself). Raised before any launch.
     """
+    if not torch.compiler.is_compiling():
+        try:
+            fn = _SCALE_FNS.get(src.dtype) if src.is_cuda and src.dim() == 1 else None
+        except AttributeError:  # not a tensor: the checked path raises TypeError
+            fn = None
+        if fn is not None and (out is None or getattr(out, "ndim", None) == 1):
+            result = torch.empty_like(src) if out is None else out
+            try:
+                fn(result, src, factor)  # the launcher checks shapes, dtypes, devices, layout, overlap
+                return result
+            except (TypeError, RuntimeError):  # raised before any launch: the checked path explains
+                pass
     check_cuda("scale", "src", src)
     check_dtype("scale", "src", src, FLOAT_DTYPES)
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)):
+    if not isinstance(factor, (int, float)):
         raise TypeError(f"scale: factor must be a real number (int or float), got {type(factor).__name__}")
     if not src.is_contiguous():
         src = src.contiguous()
@@ -88,8 +111,6 @@ def scale(src: torch.Tensor, factor: float, out: torch.Tensor | None = None) -> 
         return out
     if torch.compiler.is_compiling():
         torch.ops.sgl_kernel.scale_out(out, src, factor)
-    elif src.dim() == 1:
-        _jit_scale_module(src.dtype).scale(out, src, factor)
     else:
-        _jit_scale_module(src.dtype).scale(out.view(-1), src.view(-1), factor)
+        _load(src.dtype).scale(out.view(-1), src.view(-1), factor)
     return out

@@ -611,6 +611,40 @@ def test_norm_cpu_tensors_rejected():
         fused_inplace_qknorm(q, q[:, :2], w, w)
 
 
+@pytest.mark.parametrize("eps,error", [("1e-6", TypeError), (None, TypeError), (-1.0, ValueError), (float("nan"), ValueError)])
+def test_norm_bad_eps_named(eps, error):
+    """Scalar arguments are checked before tensors and named (runs without a GPU)."""
+    x, w = torch.randn(4, 64, dtype=torch.bfloat16), torch.randn(64, dtype=torch.bfloat16)
+    for call in (
+        lambda: rmsnorm(x, w, eps),
+        lambda: gemma_rmsnorm(x, w, eps),
+        lambda: fused_add_rmsnorm(x, x.clone(), w, eps),
+        lambda: fused_inplace_qknorm(x.view(4, 1, 64), x.clone().view(4, 1, 64), w, w, eps),
+    ):
+        with pytest.raises(error, match="eps must be"):
+            call()
+    with pytest.raises(TypeError, match="enable_pdl must be None or a bool"):
+        rmsnorm(x, w, enable_pdl="no")
+    with pytest.raises(TypeError, match="cast_x_before_out_mul must be a bool"):
+        rmsnorm(x, w, cast_x_before_out_mul="yes")
+
+
+@requires_cuda
+def test_norm_aliasing_rejected():
+    x = make_rows(8, 256, torch.bfloat16)
+    w = make_weight(256, torch.bfloat16)
+    buffer = make_rows(9, 256, torch.bfloat16)
+    with pytest.raises(RuntimeError, match=r"out overlaps input in memory \(partially\)"):
+        rmsnorm(buffer[:-1], w, out=buffer[1:])
+    with pytest.raises(RuntimeError, match="residual overlaps input in memory"):
+        fused_add_rmsnorm(x, x, w)
+    with pytest.raises(RuntimeError, match="residual: dim 0 has stride 0"):
+        fused_add_rmsnorm(x, x[:1].clone().expand(8, 256), w)
+    q = make_rows(4 * 2, 128, torch.bfloat16).view(4, 2, 128)
+    with pytest.raises(RuntimeError, match="k overlaps q in memory"):
+        fused_inplace_qknorm(q, q, w[:128].contiguous(), w[:128].contiguous())
+
+
 def test_norm_not_a_tensor():
     with pytest.raises(TypeError, match="rmsnorm: input must be a torch.Tensor, got list"):
         rmsnorm([1.0, 2.0], torch.ones(2))

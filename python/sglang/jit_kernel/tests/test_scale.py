@@ -204,6 +204,25 @@ def test_scale_bad_out():
 
 
 @requires_cuda
+@pytest.mark.parametrize("factor", ["2", None, [2.0], 1j])
+def test_scale_bad_factor(factor):
+    src = torch.randn(128, dtype=torch.bfloat16, device="cuda")
+    scale(src, 1.0)  # load the module: the first call below takes the eager fast path
+    with pytest.raises(TypeError, match="scale: factor must be a real number"):
+        scale(src, factor)
+
+
+@requires_cuda
+def test_scale_partial_overlap_rejected():
+    """out shifted by one element against src would read overwritten elements: refused."""
+    buffer = torch.randn(4097, dtype=torch.bfloat16, device="cuda")
+    before = buffer.clone()
+    with pytest.raises(RuntimeError, match=r"out overlaps src in memory \(partially\)"):
+        scale(buffer[:-1], 2.0, out=buffer[1:])
+    assert torch.equal(buffer, before)
+
+
+@requires_cuda
 def test_scale_ffi_rejects_mismatch_from_cpp():
     """The C++ TensorMatcher is the second line: calling the module directly with bad tensors
     raises RuntimeError naming the tensor, never a CUDA fault."""
