@@ -400,10 +400,38 @@ class BuildSpec:
     ldflags: list[str]
     include_paths: list[str]
     archs: tuple[str, ...]
-    dependencies: list[Path]
+    sources: list[Path]  # the listed cpp/cuda files
+    extra_dirs: list[Path]  # extra_include_paths that are folders
+    _dependencies: list[Path] | None = dataclasses.field(default=None, repr=False)
+
+    @property
+    def dependencies(self) -> list[Path]:
+        """Every file whose contents enter the key: the listed files and the package / extra-dir
+        files they include (transitively), and every header under include/ and the extra dirs.
+        Computed on first use (the warm path usually needs only ``stamp_paths``' stats)."""
+        if self._dependencies is None:
+            deps = _package_dependencies(self.sources, self.extra_dirs) + _header_files(INCLUDE_DIR)
+            for extra in self.extra_dirs:
+                deps += _header_files(extra)
+            self._dependencies = list(dict.fromkeys(deps))
+        return self._dependencies
+
+    def stamp_paths(self) -> list[Path]:
+        """What the stamp of a key records the stats of: the dependencies and the folders an
+        include is looked up in (a file added there can change what an include resolves to)."""
+        dirs = {p.parent for p in self.dependencies} | {CSRC_DIR, INCLUDE_DIR, *self.extra_dirs}
+        dirs |= {p for p in INCLUDE_DIR.rglob("*") if p.is_dir()}
+        return [*self.dependencies, *sorted(dirs)]
+
+    def digest(self) -> str:
+        """A digest of everything but the dependency contents (names the key's stamp)."""
+        return self._hash(with_files=False)
 
     def key(self) -> str:
         """A 20-hex-digit digest of the spec, the dependency contents and the toolchain."""
+        return self._hash(with_files=True)
+
+    def _hash(self, with_files: bool) -> str:
         h = hashlib.sha256()
 
         def put(tag: str, value: str | bytes) -> None:
@@ -422,9 +450,13 @@ class BuildSpec:
             ("archs", list(self.archs)),
         ):
             put(tag, "\x00".join(values))
-        for path in self.dependencies:
-            put("file", str(path))
-            put("content", path.read_bytes())
+        if with_files:
+            for path in self.dependencies:
+                put("file", str(path))
+                put("content", path.read_bytes())
+        else:
+            put("sources", "\x00".join(map(str, self.sources)))
+            put("extra_dirs", "\x00".join(map(str, self.extra_dirs)))
         for k, v in sorted(toolchain_fingerprint().items()):
             put(k, v)
         return h.hexdigest()[:20]
@@ -478,9 +510,6 @@ def make_spec(
     include_paths += [str(Path(p).resolve()) for p in extra_include_paths]
     include_paths = list(dict.fromkeys(include_paths))
     extra_dirs = [Path(p).resolve() for p in extra_include_paths if Path(p).is_dir()]
-    dependencies = _package_dependencies(cpp_paths + cuda_paths, extra_dirs) + _header_files(INCLUDE_DIR)
-    for extra in extra_dirs:
-        dependencies += _header_files(extra)
     cflags = [*DEFAULT_CFLAGS, f"-I{cuda_home / 'include'}", *extra_cflags]
     cuda_cflags = [*DEFAULT_CUDA_CFLAGS, *arch_flags(resolved_archs), *extra_cuda_cflags] if resolved_archs else []
     return BuildSpec(
@@ -492,7 +521,8 @@ def make_spec(
         ldflags=list(extra_ldflags),
         include_paths=include_paths,
         archs=tuple(resolved_archs),
-        dependencies=list(dict.fromkeys(dependencies)),
+        sources=cpp_paths + cuda_paths,
+        extra_dirs=extra_dirs,
     )
 
 
@@ -719,6 +749,43 @@ def _mark_used(entry: Path) -> None:
         pass
 
 
+def _stat_record(path: Path) -> list:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return [str(path), -1, 0, 0, 0]
+    return [str(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def stamped_key(spec: BuildSpec, root: Path) -> str:
+    """``spec.key()`` without reading the dependencies when nothing they are made of has changed.
+
+    A stamp (``<root>/.stamps/<name>-<digest>.json``) records the key with the stats (size, mtime,
+    ctime, inode) of every dependency and include folder taken before their contents were hashed.
+    When all still match, the key is reused: an edit changes ctime even when mtime is set back, so
+    a stale key is never served. Otherwise the key is recomputed from contents and the stamp
+    rewritten. Costs one small read and a stat per dependency instead of hashing every header.
+    """
+    stamps = root / ".stamps"
+    stamp = stamps / f"{spec.name}-{spec.digest()}.json"
+    try:
+        recorded = json.loads(stamp.read_text())
+        if recorded["files"] and all(_stat_record(Path(r[0])) == r for r in recorded["files"]):
+            return str(recorded["key"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    files = [_stat_record(p) for p in spec.stamp_paths()]  # stats first, then contents
+    key = spec.key()
+    try:
+        stamps.mkdir(exist_ok=True, mode=0o700)
+        tmp = stamps / f".{stamp.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        tmp.write_text(json.dumps({"key": key, "files": files}))
+        os.replace(tmp, stamp)
+    except OSError:
+        pass  # a read-only cache still works, just without the shortcut
+    return key
+
+
 def load_artifact(spec: BuildSpec, build_directory: str | None = None) -> "Module":
     """Return the module for ``spec``: from this process, from the cache, or by compiling it."""
     import tvm_ffi  # noqa: PLC0415
@@ -727,7 +794,7 @@ def load_artifact(spec: BuildSpec, build_directory: str | None = None) -> "Modul
     if build_directory:
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
         check_private_dir(root)
-    key = spec.key()
+    key = stamped_key(spec, root)
     artifact = root / f"{spec.name}-{key}" / f"{spec.name}.so"
     force = env_flag(ENV_FORCE_RECOMPILE) and artifact not in _forced
     module = _loaded.get(artifact)

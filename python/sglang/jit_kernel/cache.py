@@ -230,6 +230,7 @@ def clear_cache() -> int:
     for leftover in _staging_leftovers(root, now):
         _remove_tree(leftover, root)
     shutil.rmtree(root / ".logs", ignore_errors=True)
+    shutil.rmtree(root / ".stamps", ignore_errors=True)  # key shortcuts (see _build.stamped_key)
     _remove_unheld_locks(root)
     return removed
 

@@ -219,6 +219,32 @@ def test_edited_header_with_older_mtime_rebuilds(cache_dir, ninja_runs, answer_s
 # ---------------------------------------------------------------------------------------------
 # (b) flags and archs are part of the key; artifacts coexist
 # ---------------------------------------------------------------------------------------------
+@requires_nvcc
+def test_stamp_skips_hashing_until_a_dependency_changes(cache_dir, ninja_runs, answer_src, monkeypatch):
+    """A warm load reuses the stamped key without reading the headers; an edit that keeps size and
+    mtime (but not ctime) makes the next load hash the contents again and rebuild."""
+    assert load_answer(answer_src).answer() == 41
+    _build._loaded.clear()
+    real_key = _build.BuildSpec.key
+    calls = []
+
+    def counting_key(self):
+        calls.append(self.name)
+        return real_key(self)
+
+    monkeypatch.setattr(_build.BuildSpec, "key", counting_key)
+    assert load_answer(answer_src).answer() == 41
+    assert calls == [], "warm load re-hashed the dependencies despite a matching stamp"
+    value = answer_src.with_name("answer_value.h")
+    st = value.stat()
+    value.write_text("#define ANSWER_VALUE 50\n")  # same size as the 41 version
+    os.utime(value, ns=(st.st_atime_ns, st.st_mtime_ns))  # mtime set back; ctime cannot be
+    _build._loaded.clear()
+    assert load_answer(answer_src).answer() == 50
+    assert calls == ["answer"]
+    assert len(ninja_runs) == 2
+
+
 def test_flag_change_gets_its_own_artifact(cache_dir, ninja_runs, answer_src):
     assert load_answer(answer_src).answer() == 41
     assert load_answer(answer_src, extra_cflags=["-DANSWER_BONUS=1"]).answer() == 42
