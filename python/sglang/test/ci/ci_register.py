@@ -22,7 +22,7 @@ import ast
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union, Callable
 
 __all__ = [
     "BACKENDS",
@@ -102,13 +102,7 @@ class CIRegistration:
 # ---------------------------------------------------------------------------
 # Runtime no-ops.
 # ---------------------------------------------------------------------------
-def register_cuda_ci(
-    est_time: Union[int, float],
-    suite: str,
-    nightly: bool = False,
-    disabled: Optional[str] = None,
-) -> None:
-    """Register the calling file for an NVIDIA CUDA CI suite.
+_REGISTER_DOC = """Register the calling file for {hardware} CI suite.
 
     Does nothing at runtime; ``test/run_suite.py`` reads the call statically.
     Call it at module level with literal arguments only.
@@ -118,7 +112,7 @@ def register_cuda_ci(
     est_time : int or float
         Estimated wall time of the whole file, in seconds.
     suite : str
-        Suite name, one of ``SUITES["cuda"]``.
+        Suite name, one of ``SUITES["{backend}"]``.
     nightly : bool, optional
         Register for the nightly run instead of the per-commit run.
     disabled : str or None, optional
@@ -128,65 +122,27 @@ def register_cuda_ci(
     -------
     None
     """
-    return None
 
 
-def register_amd_ci(
-    est_time: Union[int, float],
-    suite: str,
-    nightly: bool = False,
-    disabled: Optional[str] = None,
-) -> None:
-    """Register the calling file for an AMD ROCm CI suite.
+def _make_register(backend: str, hardware: str) -> Callable[..., None]:
+    """One runtime no-op per backend, named ``register_<backend>_ci`` (the collector's names)."""
 
-    Does nothing at runtime; ``test/run_suite.py`` reads the call statically.
-    Call it at module level with literal arguments only.
+    def register(
+        est_time: Union[int, float],
+        suite: str,
+        nightly: bool = False,
+        disabled: Optional[str] = None,
+    ) -> None:
+        return None
 
-    Parameters
-    ----------
-    est_time : int or float
-        Estimated wall time of the whole file, in seconds.
-    suite : str
-        Suite name, one of ``SUITES["amd"]``.
-    nightly : bool, optional
-        Register for the nightly run instead of the per-commit run.
-    disabled : str or None, optional
-        When set, the file is listed as disabled with this reason and not run.
-
-    Returns
-    -------
-    None
-    """
-    return None
+    register.__name__ = register.__qualname__ = f"register_{backend}_ci"
+    register.__doc__ = _REGISTER_DOC.format(hardware=hardware, backend=backend)
+    return register
 
 
-def register_cpu_ci(
-    est_time: Union[int, float],
-    suite: str,
-    nightly: bool = False,
-    disabled: Optional[str] = None,
-) -> None:
-    """Register the calling file for a CPU-only CI suite (no GPU needed).
-
-    Does nothing at runtime; ``test/run_suite.py`` reads the call statically.
-    Call it at module level with literal arguments only.
-
-    Parameters
-    ----------
-    est_time : int or float
-        Estimated wall time of the whole file, in seconds.
-    suite : str
-        Suite name, one of ``SUITES["cpu"]``.
-    nightly : bool, optional
-        Register for the nightly run instead of the per-commit run.
-    disabled : str or None, optional
-        When set, the file is listed as disabled with this reason and not run.
-
-    Returns
-    -------
-    None
-    """
-    return None
+register_cuda_ci = _make_register("cuda", "an NVIDIA CUDA")
+register_amd_ci = _make_register("amd", "an AMD ROCm")
+register_cpu_ci = _make_register("cpu", "a CPU-only (no GPU needed)")
 
 
 # ---------------------------------------------------------------------------

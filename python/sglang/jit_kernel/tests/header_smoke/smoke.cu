@@ -28,7 +28,7 @@
 #include <type_traits>
 
 // The tutorial's Step 1 code, copied verbatim (defines scale<T> in an anonymous namespace).
-#include "tutorial_scale.cuh"
+#include "../../../../../test/tutorial_verbatim/scale.cuh"  // the tutorial's Step 1, verbatim
 
 // ------------------------------------------------------------------------------------------------
 // Compile-time checks
