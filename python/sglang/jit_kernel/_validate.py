@@ -59,3 +59,17 @@ def check_contiguous(op: str, name: str, tensor: torch.Tensor) -> None:
         raise RuntimeError(
             f"{op}: {name} must be contiguous, got shape {tuple(tensor.shape)} with strides {tensor.stride()}"
         )
+
+
+def prepare_elementwise_out(
+    op: str, src: torch.Tensor, out: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(src, out)`` for an element-wise op: ``src`` made contiguous (a copy if it was not), ``out``
+    allocated like it or checked to match it (shape, dtype, device) and be contiguous."""
+    if not src.is_contiguous():
+        src = src.contiguous()
+    if out is None:
+        return src, torch.empty_like(src)
+    check_like(op, "out", out, src, "src")
+    check_contiguous(op, "out", out)
+    return src, out

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sglang.jit_kernel._validate import check_contiguous, check_cuda, check_dtype, check_like
+from sglang.jit_kernel._validate import check_cuda, check_dtype, prepare_elementwise_out
 from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
 
 if TYPE_CHECKING:
@@ -73,13 +73,7 @@ def add_constant(src: torch.Tensor, constant: int, out: torch.Tensor | None = No
         raise ValueError(f"add_constant: constant must fit in int32, got {constant}")
     check_cuda("add_constant", "src", src)
     check_dtype("add_constant", "src", src, (torch.int32,))
-    if not src.is_contiguous():
-        src = src.contiguous()
-    if out is None:
-        out = torch.empty_like(src)
-    else:
-        check_like("add_constant", "out", out, src, "src")
-        check_contiguous("add_constant", "out", out)
+    src, out = prepare_elementwise_out("add_constant", src, out)
     if src.numel() == 0:
         return out
     if torch.compiler.is_compiling():

@@ -6,13 +6,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from sglang.jit_kernel._validate import (
-    FLOAT_DTYPES,
-    check_contiguous,
-    check_cuda,
-    check_dtype,
-    check_like,
-)
+from sglang.jit_kernel._validate import FLOAT_DTYPES, check_cuda, check_dtype, prepare_elementwise_out
 from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
 
 if TYPE_CHECKING:
@@ -100,13 +94,7 @@ def scale(src: torch.Tensor, factor: float, out: torch.Tensor | None = None) -> 
     check_dtype("scale", "src", src, FLOAT_DTYPES)
     if not isinstance(factor, (int, float)):
         raise TypeError(f"scale: factor must be a real number (int or float), got {type(factor).__name__}")
-    if not src.is_contiguous():
-        src = src.contiguous()
-    if out is None:
-        out = torch.empty_like(src)
-    else:
-        check_like("scale", "out", out, src, "src")
-        check_contiguous("scale", "out", out)
+    src, out = prepare_elementwise_out("scale", src, out)
     if src.numel() == 0:
         return out
     if torch.compiler.is_compiling():

@@ -14,13 +14,13 @@ the large sizes, and PDL on/off at decode sizes.
 
 from __future__ import annotations
 
-import time
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from sglang.jit_kernel.benchmark.utils import (
+    eager_wall_us,
     BenchRow,
     bench_rotating,
     copy_roof_gbps,
@@ -157,16 +157,6 @@ def run_providers(op: str, case: str, providers: dict, sets: list, nbytes: int) 
 # ---------------------------------------------------------------------------------------------
 # Eager (host) overhead
 # ---------------------------------------------------------------------------------------------
-def eager_wall_us(fn: Callable[[], object], calls: int = EAGER_CALLS) -> float:
-    """Mean host wall time per call over ``calls`` back-to-back calls and one final sync."""
-    for _ in range(200):
-        fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / calls * 1e6
 
 
 def eager_table() -> str:

@@ -4,13 +4,13 @@ Bytes moved per call: read src + write out = 2 * num_elements * element_size.
 """
 
 import itertools
-import time
 
 import torch
 import triton
 import triton.testing
 
 from sglang.jit_kernel.benchmark.utils import (
+    eager_wall_us,
     DEFAULT_DEVICE,
     DEFAULT_DTYPE,
     BenchRow,
@@ -80,16 +80,6 @@ def bandwidth_rows() -> list[BenchRow]:
     return rows
 
 
-def eager_wall_us(fn, calls: int = EAGER_CALLS) -> float:
-    """Mean host wall time per call over ``calls`` back-to-back calls and one final sync."""
-    for _ in range(100):
-        fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / calls * 1e6
 
 
 def eager_rows() -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -104,6 +105,19 @@ def copy_roof_gbps(nbytes: int = 1 << 30) -> float:
     del src, dst
     torch.cuda.empty_cache()
     return 2 * nbytes / (median_ms * 1e-3) / 1e9
+
+
+def eager_wall_us(fn: Callable[[], Any], calls: int = 10_000, warmup: int = 200) -> float:
+    """Mean host wall time per call (µs) of ``calls`` back-to-back eager calls and one final sync:
+    the launch overhead a decode step pays, not kernel time."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e6
 
 
 @dataclass
