@@ -267,7 +267,7 @@ def _rmsnorm(
             try:
                 fn(result, input, weight, eps, weight_offset, cast_x_before_out_mul, pdl)
                 return result
-            except TypeError:  # a non-tensor or non-scalar argument: the checked path names it
+            except (TypeError, RuntimeError):  # raised before any launch: the checked path names the argument
                 pass
     _check_scalars(op, eps, enable_pdl, cast_x_before_out_mul)
     _check_rows(op, "input", input)
@@ -393,7 +393,7 @@ def _fused_add_rmsnorm(
             try:
                 fn(input, residual, weight, eps, weight_offset, pdl)
                 return
-            except TypeError:  # a non-tensor or non-scalar argument: the checked path names it
+            except (TypeError, RuntimeError):  # raised before any launch: the checked path names the argument
                 pass
     _check_scalars(op, eps, enable_pdl)
     _check_rows(op, "input", input)
@@ -528,7 +528,7 @@ def fused_inplace_qknorm(
             try:
                 fn(q, k, q_weight, k_weight, eps, pdl)
                 return
-            except TypeError:  # a non-tensor or non-scalar argument: the checked path names it
+            except (TypeError, RuntimeError):  # raised before any launch: the checked path names the argument
                 pass
     op = "fused_inplace_qknorm"
     _check_scalars(op, eps, enable_pdl)

@@ -685,7 +685,7 @@ def test_norm_bad_arguments(loaded, monkeypatch):
         rmsnorm(x, w, out=torch.empty(4, 64, dtype=torch.float32, device="cuda"))
     with pytest.raises(RuntimeError, match="rmsnorm: out must be contiguous in its last dimension"):
         rmsnorm(x, w, out=torch.empty(4, 128, dtype=torch.bfloat16, device="cuda")[:, ::2])
-    with pytest.raises(RuntimeError, match="rmsnorm: eps must be >= 0, got -1"):
+    with pytest.raises(ValueError, match="rmsnorm: eps must be >= 0, got -1"):
         rmsnorm(x, w, -1.0)
     with pytest.raises(RuntimeError, match="residual:? dtype .*expected bfloat16, got float16"):
         fused_add_rmsnorm(x, x.half(), w)
@@ -723,7 +723,7 @@ def test_qknorm_bad_arguments(loaded, monkeypatch):
         fused_inplace_qknorm(q_bad, k, w, w)
     with pytest.raises(RuntimeError, match="k_weight:? (must be a CUDA tensor|device expected cuda)"):
         fused_inplace_qknorm(q, k, w, w.cpu())
-    with pytest.raises(RuntimeError, match="eps must be >= 0"):
+    with pytest.raises(ValueError, match="fused_inplace_qknorm: eps must be >= 0"):
         fused_inplace_qknorm(q, k, w, w, -1e-6)
 
 
