@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from sglang.jit_kernel.benchmark.utils import (
     eager_wall_us,
+    run_benchmark,
     BenchRow,
     bench_rotating,
     copy_roof_gbps,
@@ -154,6 +155,34 @@ def run_providers(op: str, case: str, providers: dict, sets: list, nbytes: int) 
     return rows
 
 
+def method_rows() -> list[BenchRow]:
+    """jit only, two timing methods side by side: cold L2 (rotated inputs, the main table) and one
+    input set replayed (the tutorial's run_benchmark; L2 keeps part of the data between replays),
+    plus rmsnorm at 4x the rows (1 GiB moved) to separate launch ramp and tail from the steady state."""
+    rows = []
+    for n, h in [(16384, 4096), (16384, 8192), (65536, 4096)]:
+        nbytes = 2 * n * h * 2 + h * 2
+        w = torch.rand(h, dtype=DTYPE, device="cuda") + 0.5
+        sets = [(torch.randn(n, h, dtype=DTYPE, device="cuda"),) for _ in range(num_rotating_sets(nbytes))]
+        out = torch.empty(n, h, dtype=DTYPE, device="cuda")
+        call = lambda x, w=w, out=out: rmsnorm(x, w, EPS, out=out)
+        rows.append(BenchRow("rmsnorm", f"[{n}, {h}]", "jit cold L2", bench_rotating(call, sets)[0], nbytes))
+        rows.append(BenchRow("rmsnorm", f"[{n}, {h}]", "jit one input", run_benchmark(lambda: call(*sets[0]))[0], nbytes))
+        if n == 16384:
+            x, r = sets[0][0], torch.randn(n, h, dtype=DTYPE, device="cuda")
+            median = run_benchmark(lambda: fused_add_rmsnorm(x, r, w, EPS))[0]
+            rows.append(BenchRow("fused_add_rmsnorm", f"[{n}, {h}]", "jit one input", median, 4 * n * h * 2 + h * 2))
+        del sets, out
+        torch.cuda.empty_cache()
+    n, hq, hk, d = 16384, NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM
+    qkv = torch.randn(n, (hq + 2 * hk) * d, dtype=DTYPE, device="cuda")
+    q, k = qkv[:, : hq * d].view(n, hq, d), qkv[:, hq * d : (hq + hk) * d].view(n, hk, d)
+    qw = torch.rand(d, dtype=DTYPE, device="cuda") + 0.5
+    median = run_benchmark(lambda: fused_inplace_qknorm(q, k, qw, qw, EPS))[0]
+    rows.append(BenchRow("qknorm", f"[{n}, {hq}+{hk}, {d}]", "jit one input", median, 2 * n * (hq + hk) * d * 2 + 2 * d * 2))
+    return rows
+
+
 # ---------------------------------------------------------------------------------------------
 # Eager (host) overhead
 # ---------------------------------------------------------------------------------------------
@@ -268,6 +297,8 @@ def main() -> None:
     eager = eager_table()
     print(eager)
     print(format_rows(rows, roof))
+    print("# timing method: cold L2 (rotated inputs) vs one input replayed (the tutorial's run_benchmark)")
+    print(format_rows(method_rows(), roof))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from sglang.jit_kernel.benchmark.utils import (
     DEFAULT_DTYPE,
     BenchRow,
     bench_rotating,
+    bench_rotating_events,
     copy_roof_gbps,
     format_rows,
     get_benchmark_range,
@@ -75,11 +76,31 @@ def bandwidth_rows() -> list[BenchRow]:
         for name, call in providers.items():
             median, _, _ = bench_rotating(call, sets)
             rows.append(BenchRow("scale", f"[{size}] bf16", name, median, nbytes))
+        if size >= 2**20:  # same-size copy roof (events, eager launches): see same_size_note
+            for name, call in (("copy (events)", lambda src, out: out.copy_(src)),
+                               ("jit (events)", providers["jit"]), ("torch (events)", providers["torch"])):
+                rows.append(BenchRow("scale", f"[{size}] bf16", name, bench_rotating_events(call, sets), nbytes))
         del sets
         torch.cuda.empty_cache()
     return rows
 
 
+
+
+def same_size_note(rows: list[BenchRow]) -> str:
+    """jit and torch as % of a device copy of the same bytes, all three timed with events."""
+    lines = ["# % of a same-size device copy (events over eager launches, cold L2)"]
+    by_case: dict[str, dict[str, float]] = {}
+    for r in rows:
+        by_case.setdefault(r.case, {})[r.provider] = r.median_us
+    for case, t in by_case.items():
+        if "copy (events)" in t:
+            copy = t["copy (events)"]
+            lines.append(
+                f"{case:<18} copy {copy:8.2f} us  jit {t['jit (events)']:8.2f} us ({100 * copy / t['jit (events)']:5.1f} %)"
+                f"  torch {t['torch (events)']:8.2f} us ({100 * copy / t['torch (events)']:5.1f} %)"
+            )
+    return "\n".join(lines)
 
 
 def eager_rows() -> str:
@@ -99,5 +120,7 @@ def eager_rows() -> str:
 if __name__ == "__main__":
     benchmark.run(print_data=True)
     roof = copy_roof_gbps()
-    print(format_rows(bandwidth_rows(), roof))
+    rows = bandwidth_rows()
+    print(format_rows(rows, roof))
+    print(same_size_note(rows))
     print(eager_rows())

@@ -89,6 +89,28 @@ def bench_rotating(
     return 1000.0 * p50 / n, 1000.0 * p80 / n, 1000.0 * p20 / n
 
 
+def bench_rotating_events(
+    call: Callable[..., Any],
+    input_sets: Sequence[Sequence[Any]],
+    rep_ms: int = 100,
+) -> float:
+    """Median µs per ``call(*inputs)`` with cold L2, timed with events around eager launches (no
+    graph): the method for a same-size device copy, which a graph would run on a copy engine. The
+    launch gaps between back-to-back kernels are included; compare only against rows timed the same
+    way."""
+    import triton.testing  # noqa: PLC0415
+
+    sets = [tuple(s) for s in input_sets]
+
+    def one_pass() -> None:
+        for s in sets:
+            call(*s)
+
+    one_pass()
+    torch.cuda.synchronize()
+    return 1000.0 * triton.testing.do_bench(one_pass, rep=rep_ms, return_mode="median") / len(sets)
+
+
 @cache_once
 def copy_roof_gbps(nbytes: int = 1 << 30) -> float:
     """Bandwidth of a device-to-device copy of ``nbytes`` bf16 (bytes read + written, GB/s).
