@@ -3,6 +3,7 @@
 Usage (device): ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum,\
 dram__throughput.avg.pct_of_peak_sustained_elapsed --csv python3 scripts/debug/kernel_probe.py
 Kernel names appear in launch order: each case launches its op REPEAT times after one warm-up.
+``--decode``: only the one-token cases (for ncu sections on the small kernels).
 """
 
 import torch
@@ -26,15 +27,18 @@ def run(name, fn):
 
 
 def main():
+    import sys
+
+    decode_only = "--decode" in sys.argv
     w = torch.rand(4096, dtype=bf16, device="cuda") + 0.5
-    for n in (1, 64, 16384):
+    for n in (1,) if decode_only else (1, 64, 16384):
         x = torch.randn(n, 4096, dtype=bf16, device="cuda")
         r = torch.randn_like(x)
         out = torch.empty_like(x)
         run(f"rmsnorm[{n},4096]", lambda: rmsnorm(x, w, out=out))
         run(f"fused_add[{n},4096]", lambda: fused_add_rmsnorm(x, r, w))
     qw = torch.rand(128, dtype=bf16, device="cuda") + 0.5
-    for n in (1, 16384):
+    for n in (1,) if decode_only else (1, 16384):
         qkv = torch.randn(n, 48 * 128, dtype=bf16, device="cuda")
         q, k = qkv[:, : 32 * 128].view(n, 32, 128), qkv[:, 32 * 128 : 40 * 128].view(n, 8, 128)
         run(f"qknorm[{n}]", lambda: fused_inplace_qknorm(q, k, qw, qw))

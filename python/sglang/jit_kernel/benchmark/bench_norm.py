@@ -7,6 +7,7 @@ each op must move, and % of a device copy measured in the same process. Bytes mo
   qknorm             2*N*(Hq+Hk)*D*s + 2*D*s (read and write q and k in place, read both weights)
 Last: eager wall time per rmsnorm call at [1, 4096] (10k calls, one sync) vs F.rms_norm.
 
+``python bench_norm.py --decode-sweep`` times forced geometries at decode sizes.
 ``python bench_norm.py --sweep`` instead times the automatic launch geometry against forced
 alternatives (threads per row x vectors per thread, resident CTAs per SM, persistent or not) at
 the large sizes, and PDL on/off at decode sizes.
@@ -286,10 +287,49 @@ def pdl_rows() -> list[BenchRow]:
     return rows
 
 
+DECODE_GEOMETRIES = {4096: [(0, 0), (512, 1), (256, 2), (128, 4)], HEAD_DIM: [(0, 0), (16, 1), (8, 2), (4, 4)]}
+
+
+def decode_sweep_rows() -> list[BenchRow]:
+    """Decode sizes (hot L2, graph of back-to-back calls): automatic geometry vs forced ones."""
+    from sglang.jit_kernel.norm import _jit_norm_module
+
+    module = _jit_norm_module(DTYPE)
+    w = torch.rand(HIDDEN, dtype=DTYPE, device="cuda") + 0.5
+    qw = torch.rand(HEAD_DIM, dtype=DTYPE, device="cuda") + 0.5
+    cases = []
+    for n in (1, 8, 64):
+        x = [torch.randn(n, HIDDEN, dtype=DTYPE, device="cuda") for _ in range(64)]
+        r = [torch.randn(n, HIDDEN, dtype=DTYPE, device="cuda") for _ in range(64)]
+        out = torch.empty(n, HIDDEN, dtype=DTYPE, device="cuda")
+        cases.append(("rmsnorm", f"[{n}, {HIDDEN}]", HIDDEN, lambda a, out=out: rmsnorm(a, w, EPS, out=out), [(a,) for a in x]))
+        cases.append(("fused_add_rmsnorm", f"[{n}, {HIDDEN}]", HIDDEN, lambda a, b: fused_add_rmsnorm(a, b, w, EPS),
+                      list(zip(x, r))))
+    hq, hk, d = NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM
+    qk = []
+    for _ in range(64):
+        qkv = torch.randn(1, (hq + 2 * hk) * d, dtype=DTYPE, device="cuda")
+        qk.append((qkv[:, : hq * d].view(1, hq, d), qkv[:, hq * d : (hq + hk) * d].view(1, hk, d)))
+    cases.append(("qknorm", "[1, 32+8, 128]", HEAD_DIM, lambda q, k: fused_inplace_qknorm(q, k, qw, qw, EPS), qk))
+    rows = []
+    try:
+        for op, case, size, call, sets in cases:
+            for tpr, k in DECODE_GEOMETRIES[size]:
+                module._set_geometry_override(tpr, k, 0)
+                median, _, _ = bench_rotating(call, sets)
+                rows.append(BenchRow(op, case, "auto" if tpr == 0 else f"{tpr}x{k}", median, 0))
+    finally:
+        module._set_geometry_override(0, 0, 0)
+    return rows
+
+
 def main() -> None:
     import sys
 
     roof = copy_roof_gbps()
+    if "--decode-sweep" in sys.argv:
+        print(format_rows(decode_sweep_rows(), roof))
+        return
     if "--sweep" in sys.argv:
         print(format_rows(pdl_rows() + sweep_rows(), roof))
         return
