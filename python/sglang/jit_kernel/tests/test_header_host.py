@@ -18,7 +18,7 @@ PROBE = Path(__file__).resolve().parent / "header_smoke" / "host_probe.h"
 def probe(tmp_path_factory):
     from sglang.jit_kernel.utils import load_jit
 
-    names = ["probe_partial_overlap", "probe_self_overlap", "probe_match_rows"]
+    names = ["probe_partial_overlap", "probe_partial_overlap_dl", "probe_self_overlap", "probe_match_rows"]
     return load_jit(
         "header_host_probe",
         cpp_files=[str(PROBE)],
@@ -52,12 +52,137 @@ def test_interleaved_views_are_not_overlap(probe):
         probe.probe_partial_overlap(q, q, False)
 
 
+def fused_qkv(num_tokens, num_q_heads, num_kv_heads, head_dim, pad=0, offset=0):
+    """q [T, Hq, D] and k [T, Hk, D] as views of one fused bf16 [T, (Hq + 2 Hk) * D + pad] buffer
+    at element ``offset``, plus the buffer."""
+    width = (num_q_heads + 2 * num_kv_heads) * head_dim + pad
+    qkv = torch.zeros(num_tokens * width + offset, dtype=torch.bfloat16)[offset:].view(num_tokens, width)
+    q = qkv[:, : num_q_heads * head_dim].view(num_tokens, num_q_heads, head_dim)
+    k = qkv[:, num_q_heads * head_dim : (num_q_heads + num_kv_heads) * head_dim]
+    k = k.view(num_tokens, num_kv_heads, head_dim)
+    return q, k, qkv
+
+
+@requires_nvcc
+@pytest.mark.parametrize("num_tokens", [1, 7])
+@pytest.mark.parametrize("num_q_heads,num_kv_heads", [(32, 8), (1, 1), (5, 3)])
+@pytest.mark.parametrize("head_dim", [1, 64])
+@pytest.mark.parametrize("pad,offset", [(0, 0), (3, 5)])
+def test_fused_qkv_views_disjoint_and_shifted_k_found(
+    probe, num_tokens, num_q_heads, num_kv_heads, head_dim, pad, offset
+):
+    """q and k of one fused qkv buffer (any token stride, storage offset) share no element: accepted
+    in both orders; k moved one head back into q is found, for one token as for many."""
+    q, k, qkv = fused_qkv(num_tokens, num_q_heads, num_kv_heads, head_dim, pad, offset)
+    probe.probe_partial_overlap(k, q, False)
+    probe.probe_partial_overlap(q, k, False)
+    start = (num_q_heads - 1) * head_dim
+    shifted = qkv[:, start : start + num_kv_heads * head_dim].view(num_tokens, num_kv_heads, head_dim)
+    # with one q head and one k head the shifted k is q itself
+    with pytest.raises(RuntimeError, match=r"a overlaps b in memory \((partially|the same tensor)\); they must be"):
+        probe.probe_partial_overlap(shifted, q, False)
+
+
+@requires_nvcc
+@pytest.mark.parametrize("num_tokens,max_tokens", [(1, 1), (9, 9), (5, 8)])
+def test_head_major_views_disjoint_and_shifted_k_found(probe, num_tokens, max_tokens):
+    """Head-major q, k = buf[heads, :T].transpose(0, 1) (token stride D, head stride max_tokens * D)
+    are accepted; k starting one head inside q is found."""
+    buf = torch.zeros(8 + 2 * 2, max_tokens, 64, dtype=torch.bfloat16)
+    q = buf[:8, :num_tokens].transpose(0, 1)
+    k = buf[8:10, :num_tokens].transpose(0, 1)
+    probe.probe_partial_overlap(k, q, False)
+    probe.probe_partial_overlap(q, k, False)
+    with pytest.raises(RuntimeError, match=r"a overlaps b in memory \(partially\)"):
+        probe.probe_partial_overlap(buf[7:9, :num_tokens].transpose(0, 1), q, False)
+
+
+@requires_nvcc
+@pytest.mark.parametrize("num_tokens", [1, 5])
+def test_head_shared_by_strided_views_found(probe, num_tokens):
+    """k = b[:, 3:5] with q = b[:, 0:4] (k's head 0 is q's head 3): once accepted because their first
+    elements differ, now found; b[:, 4:6] is disjoint from q."""
+    b = torch.zeros(num_tokens, 6, 128, dtype=torch.float32)
+    with pytest.raises(RuntimeError, match=r"a overlaps b in memory \(partially\)"):
+        probe.probe_partial_overlap(b[:, 3:5], b[:, 0:4], False)
+    probe.probe_partial_overlap(b[:, 4:6], b[:, 0:4], False)
+
+
+@requires_nvcc
+def test_single_rows(probe):
+    """Views with one row: two pieces of one row, single elements, and one token's row against
+    the rows of a strided view (it fits inside one of them)."""
+    x = torch.zeros(4, 64, dtype=torch.bfloat16)
+    probe.probe_partial_overlap(x[0, 0:16], x[0, 16:32], False)
+    with pytest.raises(RuntimeError, match=r"a overlaps b in memory \(partially\)"):
+        probe.probe_partial_overlap(x[0, 0:16], x[0, 8:24], False)
+    with pytest.raises(RuntimeError, match=r"a overlaps b in memory \(partially\)"):
+        probe.probe_partial_overlap(x[0, 3], x[0, 3:4], False)
+    probe.probe_partial_overlap(x[0, 3], x[0, 4], False)
+    q, k, qkv = fused_qkv(6, 4, 2, 32)
+    probe.probe_partial_overlap(qkv[2, : 4 * 32], k, False)
+    with pytest.raises(RuntimeError, match=r"a overlaps b in memory \(partially\)"):
+        probe.probe_partial_overlap(qkv[2, : 5 * 32], k, False)
+
+
+@requires_nvcc
+def test_undecidable_layouts_rejected(probe):
+    """Views sharing one buffer in a layout the exact check does not cover are refused, even when
+    disjoint: different row strides, dims that interleave."""
+    buf = torch.zeros(256, dtype=torch.bfloat16)
+    a = buf.as_strided((4, 8), (32, 1))  # [0, 8), [32, 40), [64, 72), [96, 104)
+    b = buf.as_strided((3, 8), (40, 1), 12)  # [12, 20), [52, 60), [92, 100): disjoint from a
+    with pytest.raises(
+        RuntimeError,
+        match=r"a and b share memory in a layout whose disjointness cannot be verified \(their row strides "
+        r"differ\); pass disjoint buffers, or views of one buffer with the same largest stride",
+    ):
+        probe.probe_partial_overlap(a, b, False)
+    interleaved = buf.as_strided((3, 2), (2, 3))  # elements 0, 3, 2, 5, 4, 7
+    with pytest.raises(RuntimeError, match=r"cannot be verified \(a has dims that interleave\)"):
+        probe.probe_partial_overlap(interleaved, buf[1:2], True)
+
+
+@requires_nvcc
+def test_negative_strides_hand_built(probe):
+    """Hand-built DLTensors with flipped dims (negative strides) cover the same elements as the
+    unflipped view: columns 0..3 of 4 rows of 8 against columns 4..7, then 2..5."""
+    rows_flipped = ([4, 4], [-8, 1], 24)  # rows 3, 2, 1, 0
+    cols_flipped = ([4, 4], [8, -1], 3)  # columns 3, 2, 1, 0
+    right = ([4, 4], [8, 1], 4)
+    middle = ([4, 4], [8, 1], 2)
+    for left in (rows_flipped, cols_flipped):
+        probe.probe_partial_overlap_dl(*left, *right, False)
+        with pytest.raises(RuntimeError, match=r"a overlaps b in memory \(partially\)"):
+            probe.probe_partial_overlap_dl(*left, *middle, False)
+    probe.probe_partial_overlap_dl(*right, *right, True)
+
+
 @requires_nvcc
 def test_self_overlap(probe):
     probe.probe_self_overlap(torch.zeros(4, 8))
     probe.probe_self_overlap(torch.zeros(1, 8).expand(1, 8))  # size-1 dim: no aliasing
     with pytest.raises(RuntimeError, match=r"t: dim 0 has stride 0 with size 4"):
         probe.probe_self_overlap(torch.zeros(1, 8).expand(4, 8))
+
+
+@requires_nvcc
+def test_self_overlap_of_strided_dims(probe):
+    """Fused-qkv, head-major, column-strided and transposed views are accepted; heads closer than
+    head_dim, or two dims of one stride, are found."""
+    q, _, _ = fused_qkv(7, 4, 2, 128, pad=3)
+    probe.probe_self_overlap(q)
+    probe.probe_self_overlap(torch.zeros(6, 7, 128)[:4].transpose(0, 1))
+    probe.probe_self_overlap(torch.zeros(4, 16)[:, ::2])
+    probe.probe_self_overlap(torch.zeros(5, 3).t())
+    probe.probe_self_overlap(torch.zeros(0, 4).as_strided((0, 4), (1, 1)))  # empty: nothing to share
+    overlapping = torch.zeros(7 * 4 * 128).as_strided((7, 4, 128), (4 * 128, 64, 1))
+    with pytest.raises(
+        RuntimeError, match=r"t: elements of t may overlap each other \(dim 1 stride 64 < extent 128 of the dims"
+    ):
+        probe.probe_self_overlap(overlapping)
+    with pytest.raises(RuntimeError, match=r"dim 1 stride 4 < extent 13"):
+        probe.probe_self_overlap(torch.zeros(25).as_strided((4, 4), (4, 4)))
 
 
 @requires_nvcc

@@ -689,13 +689,214 @@ struct ByteSpan {
   return {base + static_cast<uint64_t>(low * item), base + static_cast<uint64_t>((high + 1) * item)};
 }
 
-/// Throws PanicError unless `a` and `b` are disjoint in memory or (when `allow_same`) exactly the
-/// same view (same address, shape and strides: an in-place call). Partially overlapping operands
-/// would make a kernel read elements it has already overwritten.
-/// Exact for contiguous tensors (their byte spans are their memory). Strided views may interleave
-/// without sharing an element (q and k of one fused qkv buffer), so for them only a shared first
-/// element is reported.
-/// Example: out = x[1:] with src = x[:-1] -> "out overlaps src in memory (partially) ...".
+namespace detail {
+
+/// The bytes a view covers, as a product of dims: each dim of size > 1 and stride != 0 (a stride-0
+/// dim repeats addresses, it adds none) with its stride in bytes made positive (`base` moved to the
+/// lowest element), sorted by ascending stride, a dim folded into the previous one where it
+/// continues it (stride == size * stride of the previous). `reason` is set when the exact overlap
+/// check cannot use the layout: a sub-byte dtype, more than kMaxDims such dims, or dims that
+/// interleave (a stride below the extent of the smaller dims).
+/// Example: bf16 q = qkv[:, :512].view(T, 4, 128) of a [T, 1536] buffer, T > 1 ->
+/// dims {size 512, stride 2}, {size T, stride 3072}; span (T - 1) * 3072 + 1024.
+struct ByteDims {
+  static constexpr int32_t kMaxDims = 8;
+  int64_t base = 0;  // byte address of the lowest element
+  int64_t item = 0;  // bytes per element
+  int64_t span = 0;  // bytes from base to one past the last byte of the highest element
+  int32_t ndim = 0;
+  // Entries past ndim stay uninitialised: zeroing them costs a third of the warm check.
+  std::array<int64_t, kMaxDims> size;    // [ndim]
+  std::array<int64_t, kMaxDims> stride;  // [ndim], bytes, ascending
+  const char* reason = nullptr;
+};
+
+/// ByteDims of a non-empty view (see ByteDims).
+[[nodiscard]] inline ByteDims byte_dims(const tvm::ffi::TensorView& view) {
+  ByteDims dims;
+  const int64_t bits = static_cast<int64_t>(view.dtype().bits) * view.dtype().lanes;
+  dims.item = bits / 8;
+  dims.base = static_cast<int64_t>(reinterpret_cast<std::uintptr_t>(data_ptr(view)));
+  if (bits == 0 || bits % 8 != 0) {
+    dims.reason = "a sub-byte dtype";
+    return dims;
+  }
+  for (int32_t d = 0; d < view.ndim(); ++d) {
+    const int64_t size = view.shape()[d];
+    int64_t stride = view.strides()[d] * dims.item;
+    if (size <= 1 || stride == 0) continue;
+    if (stride < 0) {  // same addresses walked from the other end
+      dims.base += (size - 1) * stride;
+      stride = -stride;
+    }
+    if (dims.ndim == ByteDims::kMaxDims) {
+      dims.reason = "more than 8 dims of size > 1";
+      return dims;
+    }
+    int32_t k = dims.ndim++;
+    for (; k > 0 && dims.stride[k - 1] > stride; --k) {  // insertion sort by stride
+      dims.size[k] = dims.size[k - 1];
+      dims.stride[k] = dims.stride[k - 1];
+    }
+    dims.size[k] = size;
+    dims.stride[k] = stride;
+  }
+  int32_t n = 0;
+  for (int32_t k = 0; k < dims.ndim; ++k) {
+    if (n > 0 && dims.stride[k] == dims.size[n - 1] * dims.stride[n - 1]) {
+      dims.size[n - 1] *= dims.size[k];
+      continue;
+    }
+    dims.size[n] = dims.size[k];
+    dims.stride[n] = dims.stride[k];
+    ++n;
+  }
+  dims.ndim = n;
+  dims.span = dims.item;
+  for (int32_t k = 0; k < n; ++k) {
+    if (dims.stride[k] < dims.span && dims.reason == nullptr) dims.reason = "dims that interleave";
+    dims.span += (dims.size[k] - 1) * dims.stride[k];
+  }
+  return dims;
+}
+
+/// Walks, in ascending order, the byte runs [begin(), end()) covered by dims [0, ndim) of a ByteDims
+/// without a `reason` (its dims nest, so the odometer order is sorted), shifted by `shift`: a
+/// contiguous innermost dim is one run, otherwise each element is one.
+/// Example: bf16 dims {size 4, stride 2}, {size 3, stride 16}, ndim 2, shift 0 ->
+/// [0, 8), [16, 24), [32, 40).
+class RunWalk {
+ public:
+  RunWalk(const ByteDims& dims, int32_t ndim, int64_t shift)
+      : dims_(&dims), ndim_(ndim), begin_(shift), run_(dims.item) {
+    if (ndim > 0 && dims.stride[0] == dims.item) {
+      run_ = dims.size[0] * dims.item;
+      first_ = 1;
+    }
+  }
+
+  /// Number of runs of the walk, or `cap` + 1 when there are more than `cap`.
+  [[nodiscard]] int64_t num_runs(int64_t cap) const {
+    int64_t count = 1;
+    for (int32_t d = first_; d < ndim_; ++d) {
+      if (count > cap / dims_->size[d]) return cap + 1;
+      count *= dims_->size[d];
+    }
+    return count;
+  }
+
+  [[nodiscard]] bool done() const { return done_; }
+  [[nodiscard]] int64_t begin() const { return begin_; }
+  [[nodiscard]] int64_t end() const { return begin_ + run_; }
+
+  void next() {
+    for (int32_t d = first_; d < ndim_; ++d) {
+      begin_ += dims_->stride[d];
+      if (++index_[d] < dims_->size[d]) return;
+      begin_ -= dims_->size[d] * dims_->stride[d];
+      index_[d] = 0;
+    }
+    done_ = true;
+  }
+
+ private:
+  const ByteDims* dims_;
+  int32_t ndim_;
+  int32_t first_ = 0;
+  int64_t begin_;
+  int64_t run_;
+  bool done_ = false;
+  std::array<int64_t, ByteDims::kMaxDims> index_{};
+};
+
+/// Whether two sorted run walks share a byte: a linear merge.
+[[nodiscard]] inline bool runs_intersect(RunWalk a, RunWalk b) {
+  while (!a.done() && !b.done()) {
+    if (a.end() <= b.begin()) {
+      a.next();
+    } else if (b.end() <= a.begin()) {
+      b.next();
+    } else {
+      return true;
+    }
+  }
+  return false;
+}
+
+/// Most runs per row the exact overlap check walks before it gives up (a few hundred µs at most).
+inline constexpr int64_t kMaxRunsPerRow = int64_t{1} << 16;
+
+enum class Sharing { kDisjoint, kShared, kUndecided };
+
+/// Whether the bytes of `a` and `b` (both without a `reason`) intersect, decided by rows. Each view
+/// is rows along its largest-stride dim (T rows at stride s) of the same byte runs, which lie in
+/// [0, s) because the dims nest; a view that fits in one row of the other is a single row. With a
+/// common s and delta = b.base - a.base = m * s + r (0 <= r < s), row i of a meets row j of b only
+/// when i == m + j (runs of a against runs of b shifted by r) or i == m + j + 1 (shifted by r - s):
+/// shared iff (-Tb < m < Ta and the first merge meets) or (-Tb < m + 1 < Ta and the second does).
+/// kUndecided (with `reason`) when the row strides differ or a row has more than kMaxRunsPerRow runs.
+/// Example: bf16 [T, 6, 128] buffer x, a = x[:, 0:4], b = x[:, 3:5]: s = 1536, m = 0, r = 768,
+/// runs [0, 1024) and [768, 1280) -> kShared; b = x[:, 4:6]: r = 1024 -> kDisjoint.
+[[nodiscard]] inline Sharing byte_sharing(const ByteDims& a, const ByteDims& b, const char** reason) {
+  const int64_t sa = a.ndim > 0 ? a.stride[a.ndim - 1] : 0;
+  const int64_t sb = b.ndim > 0 ? b.stride[b.ndim - 1] : 0;
+  int64_t s = 0, ta = 1, tb = 1;
+  int32_t pa = a.ndim, pb = b.ndim;  // dims that make up one row
+  const bool rows_a = a.ndim > 0 && (sa == sb || b.span <= sa);  // else a is one row
+  const bool rows_b = b.ndim > 0 && (sa == sb || a.span <= sb);
+  if (rows_a && rows_b) {
+    s = sa;
+  } else if (rows_b) {
+    s = sb;  // a fits in one row of b
+  } else if (rows_a) {
+    s = sa;  // b fits in one row of a
+  } else if (a.ndim == 0 && b.ndim == 0) {
+    s = a.span > b.span ? a.span : b.span;  // two single elements
+  } else {
+    *reason = "their row strides differ";
+    return Sharing::kUndecided;
+  }
+  if (rows_a) {
+    ta = a.size[a.ndim - 1];
+    pa = a.ndim - 1;
+  }
+  if (rows_b) {
+    tb = b.size[b.ndim - 1];
+    pb = b.ndim - 1;
+  }
+  const RunWalk runs_a(a, pa, 0);
+  if (runs_a.num_runs(kMaxRunsPerRow) > kMaxRunsPerRow ||
+      RunWalk(b, pb, 0).num_runs(kMaxRunsPerRow) > kMaxRunsPerRow) {
+    *reason = "a row has more than 65536 runs";
+    return Sharing::kUndecided;
+  }
+  const int64_t delta = b.base - a.base;
+  int64_t m = delta / s, r = delta % s;
+  if (r < 0) {
+    r += s;
+    --m;
+  }
+  if (-tb < m && m < ta && runs_intersect(runs_a, RunWalk(b, pb, r))) return Sharing::kShared;
+  if (-tb < m + 1 && m + 1 < ta && runs_intersect(runs_a, RunWalk(b, pb, r - s))) return Sharing::kShared;
+  return Sharing::kDisjoint;
+}
+
+}  // namespace detail
+
+/// Throws PanicError unless `a` and `b` share no byte or (when `allow_same`) are exactly the same
+/// view (same address, shape and strides: an in-place call). Partially overlapping operands would
+/// make a kernel read elements it has already overwritten.
+/// Exact for views that are rows of one stride (detail::byte_sharing): each view is rows along its
+/// largest-stride dim (the token dim of [num_tokens, num_heads, head_dim] views of a fused qkv
+/// buffer, the head dim of head-major buf.view(H, T, D).transpose(0, 1) views), or one row when it
+/// fits in a row of the other; cost O(runs per row), O(1) for contiguous heads. Views whose byte
+/// ranges intersect in a layout it cannot decide (different row strides, dims that interleave, more
+/// than 65536 runs per row, sub-byte dtypes) are refused: "<a> and <b> share memory in a layout
+/// whose disjointness cannot be verified (...)".
+/// Examples: verify_no_partial_overlap(k, "k", q, "q", false) with q = x[:, 0:4] of x = [T, 6, D]:
+/// k = x[:, 4:6] -> ok (q and k of one qkv buffer); k = x[:, 3:5] -> "k overlaps q in memory
+/// (partially); they must be disjoint". out = y[1:] with src = y[:-1] -> "out overlaps src in
+/// memory (partially); ...".
 inline void verify_no_partial_overlap(const tvm::ffi::TensorView& a, const char* a_name,
                                       const tvm::ffi::TensorView& b, const char* b_name, bool allow_same,
                                       std::source_location loc = std::source_location::current()) {
@@ -707,23 +908,72 @@ inline void verify_no_partial_overlap(const tvm::ffi::TensorView& a, const char*
     same = a.shape()[d] == b.shape()[d] && (a.shape()[d] == 1 || a.strides()[d] == b.strides()[d]);
   }
   if (same && allow_same) return;
-  if (!same && !(a.IsContiguous() && b.IsContiguous()) && data_ptr(a) != data_ptr(b)) return;
-  detail::panic_at(loc, a_name, " overlaps ", b_name, " in memory",
-                   same ? " (the same tensor)" : " (partially)", "; ",
-                   allow_same ? "pass the same tensor for in place, or disjoint tensors" : "they must be disjoint");
+  const char* fix = allow_same ? "pass the same tensor for in place, or disjoint tensors" : "they must be disjoint";
+  if (same) [[unlikely]] {
+    detail::panic_at(loc, a_name, " overlaps ", b_name, " in memory (the same tensor); ", fix);
+  }
+  const detail::ByteDims da = detail::byte_dims(a), db = detail::byte_dims(b);
+  const char* reason = da.reason != nullptr ? da.reason : db.reason;
+  const char* who = da.reason != nullptr ? a_name : db.reason != nullptr ? b_name : nullptr;
+  detail::Sharing sharing = detail::Sharing::kUndecided;
+  if (reason == nullptr) sharing = detail::byte_sharing(da, db, &reason);
+  if (sharing == detail::Sharing::kDisjoint) return;
+  if (sharing == detail::Sharing::kShared) [[unlikely]] {
+    detail::panic_at(loc, a_name, " overlaps ", b_name, " in memory (partially); ", fix);
+  }
+  detail::panic_at(loc, a_name, " and ", b_name, " share memory in a layout whose disjointness cannot be verified (",
+                   who != nullptr ? who : "", who != nullptr ? " has " : "", reason,
+                   "); pass disjoint buffers, or views of one buffer with the same largest stride (the token stride)");
 }
 
-/// Throws PanicError if a dimension of size > 1 has stride 0 in `view` (an expanded tensor), whose
-/// elements alias each other: an output or in-place operand must not be one.
+/// Throws PanicError if two elements of `view` can share an address, which an output or in-place
+/// operand must not: a dim of size > 1 with stride 0 (an expanded tensor), or, with the dims of size
+/// > 1 ordered by |stride|, a stride below the extent 1 + sum((size - 1) * |stride|) of the dims
+/// before it (torch's rule; conservative: a few interleaved but disjoint layouts are refused too).
+/// Examples: [T, H, D] with strides (W, D, 1), W >= H * D (a fused qkv view), or head-major
+/// (D, T * D, 1) -> ok; strides (H * 128, 64, 1) with D = 128 -> "q: elements of q may overlap each
+/// other (dim 1 stride 64 < extent 128 of the dims with smaller strides); ...".
 inline void verify_no_self_overlap(const tvm::ffi::TensorView& view, const char* name,
                                    std::source_location loc = std::source_location::current()) {
-  for (int32_t d = 0; d < view.ndim(); ++d) {
-    if (view.shape()[d] > 1 && view.strides()[d] == 0) [[unlikely]] {
-      detail::panic_at(loc, name, ": dim ", d, " has stride 0 with size ", view.shape()[d],
+  const int32_t ndim = view.ndim();
+  const int64_t* shape = view.shape().data();
+  const int64_t* strides = view.strides().data();
+  bool empty = false;
+  for (int32_t d = 0; d < ndim; ++d) {
+    if (shape[d] > 1 && strides[d] == 0) [[unlikely]] {
+      detail::panic_at(loc, name, ": dim ", d, " has stride 0 with size ", shape[d],
                        " (an expanded tensor); its elements alias each other, pass a tensor with its own storage");
+    }
+    empty = empty || shape[d] == 0;
+  }
+  if (empty) return;
+  // Dims that nest in index order (each stride >= the extent of the later dims) are the common
+  // case and enough: nesting in any order rules overlap out.
+  int64_t nested_extent = 1;
+  bool nested = true;
+  for (int32_t d = ndim; nested && d-- > 0;) {
+    if (shape[d] <= 1) continue;
+    const int64_t stride = strides[d] < 0 ? -strides[d] : strides[d];
+    nested = stride >= nested_extent;
+    nested_extent += (shape[d] - 1) * stride;
+  }
+  if (nested) return;
+  // Otherwise, O(ndim^2) without sorting: dims before d are those of smaller |stride| (ties: lower
+  // index).
+  for (int32_t d = 0; d < ndim; ++d) {
+    if (shape[d] <= 1) continue;
+    const int64_t stride = strides[d] < 0 ? -strides[d] : strides[d];
+    int64_t extent = 1;
+    for (int32_t e = 0; e < ndim; ++e) {
+      const int64_t other = strides[e] < 0 ? -strides[e] : strides[e];
+      if (e != d && shape[e] > 1 && (other < stride || (other == stride && e < d))) extent += (shape[e] - 1) * other;
+    }
+    if (stride < extent) [[unlikely]] {
+      detail::panic_at(loc, name, ": elements of ", name, " may overlap each other (dim ", d, " stride ", strides[d],
+                       " < extent ", extent, " of the dims with smaller strides); pass a tensor whose elements ",
+                       "have distinct addresses");
     }
   }
 }
 
 }  // namespace host
-
