@@ -514,9 +514,12 @@ def fused_inplace_qknorm(
     RuntimeError
         Before any launch, naming the argument: not on CUDA, unsupported or mismatched dtype, q or k
         not 3-D, mismatched num_tokens, a weight not of shape ``[head_dim]``, a last dim that is not
-        contiguous, ``k`` starting at ``q``'s first element (the same tensor), a stride-0 (expanded)
-        q or k. (q and k may interleave as views of one qkv buffer; overlap checks of strided views
-        are limited to a shared first element.)
+        contiguous, ``k`` sharing an element with ``q`` (partially, or the same tensor), q or k
+        whose own elements may overlap (a stride-0 / expanded dim, or heads closer than
+        ``head_dim``). q and k may interleave as views of one buffer, token-major (fused qkv) or
+        head-major (``buf.view(H, T, D).transpose(0, 1)``): the overlap check is exact when both
+        have the same largest stride (the token stride, or the head stride of head-major views);
+        views of one buffer in a layout it cannot decide (e.g. different token strides) are refused.
     """
     pdl = -1 if enable_pdl is None else int(enable_pdl is True)
     if not torch.compiler.is_compiling():

@@ -645,6 +645,49 @@ def test_norm_aliasing_rejected():
         fused_inplace_qknorm(q, q, w[:128].contiguous(), w[:128].contiguous())
 
 
+@requires_cuda
+def test_qknorm_overlapping_heads_rejected():
+    """k = b[:, 3:5] with q = b[:, 0:4] (k's head 0 is q's head 3), and q whose heads overlap each
+    other (head stride head_dim // 2): refused before any launch, the buffer unchanged."""
+    b = make_rows(5 * 6, 128, torch.bfloat16).view(5, 6, 128)
+    before = b.clone()
+    w = make_weight(128, torch.bfloat16)
+    with pytest.raises(RuntimeError, match=r"k overlaps q in memory \(partially\)"):
+        fused_inplace_qknorm(b[:, 0:4], b[:, 3:5], w, w)
+    q = b.as_strided((5, 4, 128), (6 * 128, 64, 1))
+    with pytest.raises(RuntimeError, match=r"q: elements of q may overlap each other \(dim 1 stride 64 < extent 128"):
+        fused_inplace_qknorm(q, b[:, 5:6], w, w)
+    assert torch.equal(b, before)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("layout", ["fused_padded", "head_major"])
+def test_qknorm_interleaved_layouts_accepted(dtype, layout):
+    """q and k interleaved in one buffer without sharing an element pass the overlap check: a fused
+    qkv buffer with padded rows (token stride > (Hq + 2 Hk) * D, padding poisoned), and head-major
+    views buf[heads].transpose(0, 1) (token stride D, head stride num_tokens * D); v untouched."""
+    n, hq, hk, d = 33, 8, 2, 128
+    if layout == "fused_padded":
+        width = (hq + 2 * hk) * d
+        buffer = poisoned((n, width + 64), dtype)
+        buffer[:, :width] = torch.randn(n, width, device="cuda").to(dtype)
+        q = buffer[:, : hq * d].view(n, hq, d)
+        k = buffer[:, hq * d : (hq + hk) * d].view(n, hk, d)
+        v = buffer[:, (hq + hk) * d :]  # v and the padding
+    else:
+        buffer = torch.randn(hq + 2 * hk, n, d, device="cuda").to(dtype)
+        q = buffer[:hq].transpose(0, 1)
+        k = buffer[hq : hq + hk].transpose(0, 1)
+        v = buffer[hq + hk :]
+    qw, kw = make_weight(d, dtype), make_weight(d, dtype)
+    expected_q, expected_k, v_before = ref_rmsnorm(q, qw, 1e-6), ref_rmsnorm(k, kw, 1e-6), v.clone()
+    fused_inplace_qknorm(q, k, qw, kw)
+    assert_within_ulps(q, expected_q)
+    assert_within_ulps(k, expected_k)
+    torch.testing.assert_close(v, v_before, rtol=0, atol=0, equal_nan=True)  # NaN padding stays NaN
+
+
 def test_norm_not_a_tensor():
     with pytest.raises(TypeError, match="rmsnorm: input must be a torch.Tensor, got list"):
         rmsnorm([1.0, 2.0], torch.ones(2))
