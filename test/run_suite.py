@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -300,6 +301,26 @@ def _child_env(nightly: bool) -> Dict[str, str]:
     return env
 
 
+def cuda_gpu_visible() -> bool:
+    """True when ``nvidia-smi -L`` lists a GPU and CUDA_VISIBLE_DEVICES does not hide every GPU."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") in ("", "-1"):
+        return False
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return False
+    try:
+        listing = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "GPU" in listing
+
+
+NO_GPU_NOTE = (
+    "Note: no CUDA GPU is visible: the GPU tests in these files skip, so PASSED below means only "
+    "that nothing failed (run the cuda suites on a machine with an NVIDIA GPU)."
+)
+
+
 def _print_summary(results: Sequence[FileResult], header: str) -> int:
     """Print the summary block; return the process exit code."""
     passed = sum(r.status == "passed" for r in results)
@@ -464,6 +485,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.list:
         return 0
 
+    no_gpu = args.hw == "cuda" and not cuda_gpu_visible()
+    if no_gpu:
+        print(NO_GPU_NOTE, flush=True)
     env = _child_env(args.nightly)
     results: List[FileResult] = []
     stop = False
@@ -481,6 +505,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         )
         if result.status != "passed" and not args.continue_on_error:
             stop = True
+    if no_gpu:
+        print("\n" + NO_GPU_NOTE, flush=True)
     return _print_summary(results, header)
 
 

@@ -26,7 +26,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from sglang.jit_kernel._build import ENV_CUDA_ARCH, cache_root, resolve_cuda_archs
 
@@ -301,6 +301,22 @@ def _build_one(name: str, build: Callable[..., object], args: tuple) -> VariantR
     return VariantResult(name, None, time.perf_counter() - start)
 
 
+def entries_to_build(registry: dict[str, Any], ops: Sequence[str] | None) -> list[Any]:
+    """The registry entries whose variants build ``ops`` (every op if None), each once. An op with
+    no variants of its own is built through the first op that lists variants for the same module
+    builder (fused_add_rmsnorm, the gemma norms and fused_inplace_qknorm -> rmsnorm's norm module)."""
+    owners: dict[Any, Any] = {}
+    for entry in registry.values():
+        if entry.variants:
+            owners.setdefault(entry.build, entry)
+    selected: dict[str, Any] = {}
+    for name in ops if ops is not None else list(registry):
+        entry = registry[name]
+        source = entry if entry.variants else owners.get(entry.build, entry)
+        selected.setdefault(source.name, source)
+    return list(selected.values())
+
+
 def build_variants(
     ops: Sequence[str] | None = None,
     archs: Sequence[str] | str | None = None,
@@ -327,7 +343,7 @@ def build_variants(
         raise ValueError(f"unknown op(s): {', '.join(unknown)}; known: {', '.join(registry)}")
     resolved = resolve_cuda_archs(archs)  # fail once, before any build, when no target is known
     variants = []
-    for entry in (registry[name] for name in (ops if ops is not None else list(registry))):
+    for entry in entries_to_build(registry, ops):
         # With explicit archs, skip the wrapper's per-process memo: it may hold the module built for
         # this process's own GPUs, which would make the call a no-op for the requested targets.
         build = getattr(entry.build, "__wrapped__", entry.build) if archs is not None else entry.build

@@ -25,4 +25,4 @@ def pytest_runtest_makereport(item, call):
         return
     if isinstance(call.excinfo.value, (RuntimeError, AssertionError)) and _NO_CUDA.search(str(call.excinfo.value)):
         report.outcome = "skipped"
-        report.longrepr = (str(item.path), item.location[1] or 0, "Skipped: needs a CUDA GPU (none visible)")
+        report.longrepr = (str(item.path), (item.location[1] or 0) + 1, "Skipped: needs a CUDA GPU (none visible)")

@@ -111,3 +111,18 @@ if __name__ == "__main__":
     import sys
 
     sys.exit(pytest.main([__file__, "-v", "-s"]))
+
+
+def test_ops_sharing_a_module_build_its_variants_once():
+    """`build fused_add_rmsnorm` (an op whose module is rmsnorm's) builds the norm module's
+    variants instead of nothing; an op named twice through one module builds it once."""
+    from sglang.jit_kernel.cache import entries_to_build
+
+    registry = all_ops()
+    names = lambda ops: [entry.name for entry in entries_to_build(registry, ops)]  # noqa: E731
+    assert names(["fused_add_rmsnorm"]) == ["rmsnorm"]
+    assert names(["fused_inplace_qknorm", "gemma_rmsnorm", "rmsnorm"]) == ["rmsnorm"]
+    assert names(["scale", "gemma_fused_add_rmsnorm"]) == ["scale", "rmsnorm"]
+    every = names(None)
+    assert len(every) == len(set(every)) and all(registry[name].variants for name in every)
+    assert {entry.build for entry in registry.values()} == {registry[name].build for name in every}

@@ -407,6 +407,33 @@ def test_compile_error_names_module_line_and_log(cache_dir, tmp_path, language):
     assert cache_info().staging == 0
 
 
+ANSWER_DECL = """\
+#include <cstdint>
+template <int kValue>
+int64_t answer_of() { return kValue; }
+"""
+
+
+@pytest.mark.parametrize("language", ["cuda", "cpp"])
+@pytest.mark.parametrize("symbol", ["answr_of<42>", "answer_of"])
+def test_compile_error_in_generated_binding_names_the_wrapper(cache_dir, tmp_path, symbol, language):
+    """A misspelt wrapper symbol, or a template without its arguments, fails in the generated
+    main.cu / main.cpp: the message says which wrapper entry and what it must name."""
+    source = tmp_path / ("answer_decl.cuh" if language == "cuda" else "answer_decl.h")
+    source.write_text(ANSWER_DECL)
+    with pytest.raises(JITCompileError) as info:
+        load_jit("bad_wrapper", **{f"{language}_files": [str(source)], f"{language}_wrappers": [("answer", symbol)]})
+    message = str(info.value)
+    expected = f"in the binding generated for {language}_wrappers entry ('answer', '{symbol}')"
+    assert expected in message, message
+    assert "with its template arguments" in message
+
+
+def test_first_compiler_error_finds_nvcc_fatal():
+    log = "[1/2] nvcc ... -gencode=arch=compute_70,code=sm_70 ...\nnvcc fatal   : Unsupported gpu architecture 'compute_70'\nninja: build stopped: subcommand failed.\n"
+    assert _build.first_compiler_error(log) == "nvcc fatal   : Unsupported gpu architecture 'compute_70'"
+
+
 # ---------------------------------------------------------------------------------------------
 # (j) warm loads: no subprocess, milliseconds; "last used" is recorded
 # ---------------------------------------------------------------------------------------------

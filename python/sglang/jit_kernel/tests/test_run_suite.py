@@ -372,3 +372,16 @@ if __name__ == "__main__":
     import sys
 
     sys.exit(pytest.main([__file__, "-v", "-s"]))
+
+
+def test_cuda_suite_without_gpu_says_so(tmp_path):
+    """A cuda suite run where no GPU is visible passes when nothing failed, and says that its GPU
+    tests skipped (before the files run and above the summary)."""
+    root = tmp_path / "repo"
+    _write(root, TESTS_REL / "test_pc.py", _script(f'register_cuda_ci(60, "{UNIT}")', "print('ran')"))
+    res = _cli(root, "--hw", "cuda", "--suite", UNIT, extra_env={"CUDA_VISIBLE_DEVICES": ""})
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.count("Note: no CUDA GPU is visible") == 2
+    assert res.stdout.rstrip().splitlines()[-1] == "1 passed, 0 failed"
+    res = _cli(root, "--hw", "cpu", "--suite", CPU, extra_env={"CUDA_VISIBLE_DEVICES": ""})
+    assert "Note: no CUDA GPU" not in res.stdout
