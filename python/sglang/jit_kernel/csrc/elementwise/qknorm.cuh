@@ -1,15 +1,16 @@
-// Per-head RMSNorm of q and k, in place, in one persistent launch:
+// Per-head RMSNorm of q and k, in place, in one launch of the persistent norm kernel:
 //
 //   q[t, h, :] <- round(q[t, h, :] * rsqrt(mean(q[t, h, :]^2) + eps) * q_weight)
 //   k[t, h, :] <- round(k[t, h, :] * rsqrt(mean(k[t, h, :]^2) + eps) * k_weight)
 //
 // q and k may be strided views of one fused qkv buffer (token and head strides free, last dim
 // contiguous). The kernel is norm_rows_kernel<T, kVecN, NormKind::kQKNorm> (rmsnorm.cuh): every
-// (token, head) of q, then of k, is one row of head_dim elements. For head_dim 128 bf16 with
-// 16-byte vectors, 8 lanes x 2 vectors hold a head, a warp normalises 4 heads with 3 shuffles, and
-// the persistent grid (SMs x resident CTAs of 256 threads) strides over groups of 32 heads; both
-// weights stay in registers. Bytes moved: 2 * num_tokens * (num_q_heads + num_kv_heads) * head_dim
-// * sizeof(T) + 2 * head_dim * sizeof(T).
+// (token, head) of q, then of k, is one row of head_dim elements (token = row / num_heads by a
+// multiply and a shift). For head_dim 128 bf16 with 16-byte vectors, 8 lanes x 2 vectors hold a
+// head, a warp normalises 4 heads with 3 shuffles, and CTAs of 256 threads stride over groups of
+// 32 heads (the grid: one CTA per group, measured faster here than capping it at the resident
+// CTAs; at one token 16 lanes x 1 vector, twice the CTAs). Bytes moved: 2 * num_tokens *
+// (num_q_heads + num_kv_heads) * head_dim * sizeof(T) + 2 * head_dim * sizeof(T).
 #pragma once
 
 #include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDevice, kAnySize, data_ptr

@@ -6,7 +6,7 @@
 // cast_x_before_out_mul the normalised x is rounded to the dtype first and then multiplied by the
 // weight (Hugging Face's order): out = round(float(round(x * rstd)) * (w + weight_offset)).
 //
-// One kernel, norm_rows_kernel<T, kVecN, kKind, kVecs>, serves three ops (kKind):
+// One kernel, norm_rows_kernel<T, kVecN, kKind, kVecs, kWide>, serves three ops (kKind):
 //   kRMSNorm          rows of `input` -> rows of `out`                         (this file)
 //   kFusedAddRMSNorm  residual <- round(input + residual); input <- rmsnorm(residual)  (fused_add_rmsnorm.cuh)
 //   kQKNorm           every head of q and of k normalised in place, two weights        (qknorm.cuh)
@@ -18,10 +18,13 @@
 //   TPR <= 32   several rows per warp, the sum of squares reduced by shuffles inside TPR lanes;
 //   TPR  > 32   one or more rows per CTA, warp partials combined through shared memory.
 // Rows too long for registers (more than TPR * kMaxVecs vectors) take two passes: sum of squares,
-// then a re-read (an L2 hit) to scale and store. The grid is persistent (SMs x resident CTAs):
-// CTAs stride over groups of rows_per_cta rows of one tensor (qknorm splits the CTAs between q and
-// k in proportion to their rows) and keep its weight in registers (a thread always touches the
-// same columns).
+// then a re-read (an L2 hit) to scale and store. CTAs stride over groups of rows_per_cta rows of
+// one tensor (qknorm splits the CTAs between q and k in proportion to their rows); a CTA with
+// several groups keeps the weight of its columns in registers (a thread always touches the same
+// columns), a CTA with one group (decode) loads it together with x. rmsnorm's grid is persistent
+// (SMs x resident CTAs, from the occupancy query); the fused add and qknorm launch one CTA per
+// group, which measured faster for them (launch_norm_kernel). Register budgets are pinned by
+// __launch_bounds__ (NormConfig::narrow_min_blocks): occupancy is what these kernels live on.
 //
 // Memory traffic (the bytes-moved counts of the benchmarks): rmsnorm 2*N*H*sizeof(T) + H*sizeof(T);
 // fused add 4*N*H*sizeof(T) + H*sizeof(T); qknorm 2*N*(Hq+Hk)*D*sizeof(T) + 2*D*sizeof(T).
@@ -43,8 +46,10 @@
 #include <atomic>
 #include <bit>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <limits>
+#include <type_traits>
 
 namespace {
 
@@ -67,6 +72,8 @@ struct NormRows {
   int64_t out_token_stride;       // elements
   int64_t out_head_stride;        // elements
   int64_t residual_token_stride;  // elements
+  uint32_t head_magic;            // row / num_heads = (row * head_magic) >> head_shift for row < 2^31
+  uint32_t head_shift;            //   (set by the launcher; see set_head_divisor)
 };
 
 /// Kernel arguments of norm_rows_kernel.
@@ -76,6 +83,7 @@ struct NormParams {
   int32_t num_vecs;             // vectors per row: hidden_size / kVecN (hidden_size < 2^30, checked)
   int32_t threads_per_row;      // TPR: a power of two <= 32, or a multiple of 32
   int32_t rows_per_cta;         // blockDim.x / threads_per_row
+  int32_t tpr_shift;            // log2(threads_per_row) when it is a power of two, else -1
   float eps;                    // added to the mean square
   float inv_hidden_size;        // 1 / hidden_size
   float weight_offset;          // 0 (RMSNorm) or 1 (Gemma: w + 1)
@@ -88,6 +96,9 @@ struct NormConfig {
   static constexpr int64_t kPreferredRowThreads = 256;  // rows wider than this take more vectors
                                                         // per thread first (H200: H=8192 as 256 x 4
                                                         // beat 512 x 2 by 12%; H=4096 256 x 2 best)
+  static constexpr int64_t kPreferredFusedRowThreads = 512;  // the fused add, one CTA per group:
+                                                             // H=8192 as 512 x 2 262.5 us vs 266.4
+                                                             // for 256 x 4 (80 registers, spills)
   static constexpr uint32_t kBlockThreads = 256;   // CTA size when several rows share a CTA
   static constexpr uint32_t kMaxWarps = 32;        // shared-memory partials per buffer
   static constexpr int kMaxThreadBytes = 64;       // x held per thread at most (registers)
@@ -100,10 +111,32 @@ struct NormConfig {
 
   /// Largest CTA (and TPR) for a kind and the bytes of x per thread; also the kernel's
   /// __launch_bounds__, i.e. its register budget: 1024 threads (64 registers) hold 32 bytes of x
-  /// plus the cached weight, 512 threads (128 registers) hold 64. qknorm: 256 (heads are short).
-  static constexpr uint32_t max_threads(NormKind kind, int thread_bytes) {
+  /// plus the cached weight, 256 threads hold 64 (with min_blocks: 80 registers); the two-pass
+  /// path runs 512 threads. qknorm: 256 (heads are short).
+  static constexpr uint32_t max_threads(NormKind kind, int thread_bytes, bool two_pass = false) {
     if (kind == NormKind::kQKNorm) return 256;
-    return thread_bytes > 32 ? 512 : 1024;
+    if (two_pass) return 512;
+    return thread_bytes > 32 ? 256 : 1024;
+  }
+
+  /// Register-path kernels come in two builds: "narrow" for CTAs of at most kBlockThreads threads
+  /// and "wide" for larger ones (long rows). The narrow build is compiled for a minimum of resident
+  /// CTAs (__launch_bounds__), which caps its registers so that occupancy does not hinge on the
+  /// compiler's choice: 3 CTAs (80 registers) for more than 32 bytes of x per thread, 5 (48) for
+  /// 17..32 bytes, 6 (40) below. Measured at the edge (H200, bf16, 256-thread CTAs): H=8192 as
+  /// 256 x 4 took 139 us at 79 registers (3 CTAs per SM) and 159 us at 81 (rounded to 88: 2);
+  /// H=4096 as 256 x 2 took 70.7 us at 48 registers (5 CTAs) and 76.3 us at 50 (4).
+  static constexpr int narrow_min_blocks(int thread_bytes) {
+    return thread_bytes > 32 ? 3 : (thread_bytes > 16 ? 5 : 6);
+  }
+
+  /// __launch_bounds__ of a kernel build: (threads, minimum resident CTAs).
+  static constexpr uint32_t bound_threads(NormKind kind, int thread_bytes, bool two_pass, bool wide) {
+    if (two_pass || wide) return max_threads(kind, thread_bytes, two_pass);
+    return max_threads(kind, thread_bytes) < kBlockThreads ? max_threads(kind, thread_bytes) : kBlockThreads;
+  }
+  static constexpr int bound_blocks(int thread_bytes, bool two_pass, bool wide) {
+    return two_pass || wide ? 1 : narrow_min_blocks(thread_bytes);
   }
 };
 
@@ -111,14 +144,65 @@ struct NormConfig {
 // Device helpers
 // ---------------------------------------------------------------------------------------------
 
+/// Elements 2i and 2i + 1 of v in fp32. bf16 -> fp32 is exact bit placement (one shift or mask per
+/// element instead of the generic unpack-then-convert pair); fp16 uses the paired conversion.
+template <typename T, std::size_t N>
+SGL_DEVICE float2 pair_as_float2(const device::AlignedVector<T, N>& v, std::size_t i) {
+  if constexpr (std::is_same_v<T, bf16_t> && N >= 2) {
+    uint32_t bits;
+    memcpy(&bits, &v[2 * i], sizeof(bits));
+    return make_float2(__uint_as_float(bits << 16), __uint_as_float(bits & 0xffff0000u));
+  } else if constexpr (std::is_same_v<T, fp16_t> && N >= 2) {
+    fp16x2_t pair;
+    memcpy(&pair, &v[2 * i], sizeof(pair));
+    return __half22float2(pair);
+  } else {
+    return make_float2(device::cast<fp32_t>(v[2 * i]), device::cast<fp32_t>(v[2 * i + 1]));
+  }
+}
+
+/// Writes f rounded to T into elements 2i and 2i + 1 of v (one packed conversion for fp16 / bf16).
+template <typename T, std::size_t N>
+SGL_DEVICE void set_pair(device::AlignedVector<T, N>& v, std::size_t i, float2 f) {
+  if constexpr ((std::is_same_v<T, bf16_t> || std::is_same_v<T, fp16_t>) && N >= 2) {
+    const packed_t<T> pair = device::cast<packed_t<T>>(f);
+    memcpy(&v[2 * i], &pair, sizeof(pair));
+  } else {
+    v[2 * i] = device::cast<T>(f.x);
+    v[2 * i + 1] = device::cast<T>(f.y);
+  }
+}
+
+/// Applies op(float2 of x's pair i, float2 of y's pair i) -> float2 to every pair (or op on
+/// {x[0], 0} for one-element vectors) and returns the results rounded to T.
+template <typename T, std::size_t N, typename Op>
+SGL_DEVICE device::AlignedVector<T, N> map_pairs(const device::AlignedVector<T, N>& x,
+                                                 const device::AlignedVector<T, N>& y, Op op) {
+  device::AlignedVector<T, N> out;
+  if constexpr (N >= 2) {
+#pragma unroll
+    for (std::size_t i = 0; i < N / 2; ++i) set_pair(out, i, op(pair_as_float2(x, i), pair_as_float2(y, i)));
+  } else {
+    const float2 f = op(make_float2(device::cast<fp32_t>(x[0]), 0.0f), make_float2(device::cast<fp32_t>(y[0]), 0.0f));
+    out[0] = device::cast<T>(f.x);
+  }
+  return out;
+}
+
 /// Sum of x[i]^2 in fp32 over one vector.
 template <typename T, std::size_t N>
 SGL_DEVICE float sum_squares(const device::AlignedVector<T, N>& x) {
   float sum = 0.0f;
+  if constexpr (N >= 2) {
 #pragma unroll
-  for (std::size_t i = 0; i < N; ++i) {
-    const float f = device::cast<fp32_t>(x[i]);
-    sum = fmaf(f, f, sum);
+    for (std::size_t i = 0; i < N / 2; ++i) {
+      const float2 f = pair_as_float2(x, i);
+      sum = fmaf(f.x, f.x, sum);
+      sum = fmaf(f.y, f.y, sum);
+    }
+  } else {
+    const float f = device::cast<fp32_t>(x[0]);
+    sum = f * f;
   }
   return sum;
 }
@@ -127,28 +211,31 @@ SGL_DEVICE float sum_squares(const device::AlignedVector<T, N>& x) {
 template <typename T, std::size_t N>
 SGL_DEVICE device::AlignedVector<T, N> add_rounded(const device::AlignedVector<T, N>& x,
                                                    const device::AlignedVector<T, N>& r) {
-  device::AlignedVector<T, N> sum;
-#pragma unroll
-  for (std::size_t i = 0; i < N; ++i) {
-    sum[i] = device::cast<T>(device::cast<fp32_t>(x[i]) + device::cast<fp32_t>(r[i]));
-  }
-  return sum;
+  return map_pairs(x, r, [](float2 a, float2 b) { return make_float2(a.x + b.x, a.y + b.y); });
 }
 
-/// round(x * rstd * (w + weight_offset)) element-wise; with cast_x_first, x * rstd is rounded to T
-/// before the weight multiply.
+/// Per-row factors of normalize(): rstd and weight_offset * rstd.
+struct RowScale {
+  float rstd;
+  float offset_rstd;
+};
+
+/// round(x * rstd * (w + weight_offset)) element-wise, computed as x * fma(w, rstd, weight_offset *
+/// rstd) (fp32, one rounding). With cast_x_first, x * rstd is rounded to T first and then
+/// multiplied by (w + weight_offset): round(float(round(x * rstd)) * (w + weight_offset)).
 template <typename T, std::size_t N>
 SGL_DEVICE device::AlignedVector<T, N> normalize(const device::AlignedVector<T, N>& x,
-                                                 const device::AlignedVector<T, N>& w, float rstd,
+                                                 const device::AlignedVector<T, N>& w, RowScale scale,
                                                  float weight_offset, bool cast_x_first) {
-  device::AlignedVector<T, N> out;
-#pragma unroll
-  for (std::size_t i = 0; i < N; ++i) {
-    float normed = device::cast<fp32_t>(x[i]) * rstd;
-    if (cast_x_first) normed = device::cast<fp32_t>(device::cast<T>(normed));
-    out[i] = device::cast<T>(normed * (device::cast<fp32_t>(w[i]) + weight_offset));
+  if (!cast_x_first) {
+    return map_pairs(x, w, [scale](float2 a, float2 b) {
+      return make_float2(a.x * fmaf(b.x, scale.rstd, scale.offset_rstd), a.y * fmaf(b.y, scale.rstd, scale.offset_rstd));
+    });
   }
-  return out;
+  const auto round = [](float v) { return device::cast<fp32_t>(device::cast<T>(v)); };
+  return map_pairs(x, w, [scale, weight_offset, round](float2 a, float2 b) {
+    return make_float2(round(a.x * scale.rstd) * (b.x + weight_offset), round(a.y * scale.rstd) * (b.y + weight_offset));
+  });
 }
 
 /// Sum of `value` over the `tpr` threads of each row; every thread of the row gets the total.
@@ -204,9 +291,9 @@ SGL_DEVICE RowPointers<T> row_pointers(const NormRows& rows, int64_t row) {
   int64_t token = row;
   int64_t head = 0;
   if constexpr (kKind == NormKind::kQKNorm) {
-    // 32-bit division when it fits (the common case); 64-bit otherwise.
-    if (row <= std::numeric_limits<uint32_t>::max() && rows.num_heads <= std::numeric_limits<uint32_t>::max()) {
-      token = static_cast<uint32_t>(row) / static_cast<uint32_t>(rows.num_heads);
+    // A multiply and a shift when row < 2^31 (the common case); 64-bit division otherwise.
+    if (row < (int64_t{1} << 31) && rows.head_magic != 0) {
+      token = static_cast<int64_t>((static_cast<uint64_t>(row) * rows.head_magic) >> rows.head_shift);
     } else {
       token = row / rows.num_heads;
     }
@@ -269,6 +356,7 @@ SGL_DEVICE void norm_rows_two_pass(const NormParams& params, float (*partials)[N
     parity ^= 1;
     if (row + share.stride >= rows.num_rows) device::pdl_launch_dependents();
     const float rstd = rsqrtf(total * params.inv_hidden_size + params.eps);
+    const RowScale scale{rstd, params.weight_offset * rstd};
 
     const T* source = kKind == NormKind::kFusedAddRMSNorm ? ptrs.residual : ptrs.input;
     for (int base = lane; base < params.num_vecs; base += chunk) {
@@ -283,7 +371,7 @@ SGL_DEVICE void norm_rows_two_pass(const NormParams& params, float (*partials)[N
 #pragma unroll
       for (int j = 0; j < kMaxVecs; ++j) {
         if (base + j * tpr < params.num_vecs) {
-          normalize(x[j], w[j], rstd, params.weight_offset, params.cast_x_before_out_mul)
+          normalize(x[j], w[j], scale, params.weight_offset, params.cast_x_before_out_mul)
               .store(ptrs.out, base + j * tpr);
         }
       }
@@ -291,74 +379,106 @@ SGL_DEVICE void norm_rows_two_pass(const NormParams& params, float (*partials)[N
   }
 }
 
+/// One group of the register path: thread (slot, lane) loads vectors lane + j * tpr (j < kVecs) of
+/// row group * rows_per_cta + slot (and of its residual row) with every load in flight before the
+/// first use, keeps them in registers through the reduction, then scales and stores them.
+/// kLoadWeight: the weight vectors are loaded here, after x, so both loads are in flight together
+/// (a CTA with one group); otherwise `weight` holds them (loaded once per CTA).
+template <typename T, int kVecN, NormKind kKind, int kVecs, bool kLoadWeight>
+SGL_DEVICE void norm_group_in_registers(const NormParams& params, const NormRows& rows, int64_t group, int slot,
+                                        int lane, const device::AlignedVector<T, kVecN>* weight, float* smem,
+                                        bool last_group) {
+  using vec_t = device::AlignedVector<T, kVecN>;
+  const int tpr = params.threads_per_row;
+  const int64_t row = group * params.rows_per_cta + slot;
+  const bool active = row < rows.num_rows;
+  RowPointers<T> ptrs{};
+  if (active) ptrs = row_pointers<T, kKind>(rows, row);
+  bool valid[kVecs];  // this thread's vector j exists in this row
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) valid[j] = active && lane + j * tpr < params.num_vecs;
+
+  vec_t x[kVecs];
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    if (valid[j]) x[j].load(ptrs.input, lane + j * tpr);
+  }
+  vec_t loaded_weight[kLoadWeight ? kVecs : 1];
+  if constexpr (kLoadWeight) {
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      if (valid[j]) loaded_weight[j].load(rows.weight, lane + j * tpr);
+    }
+    weight = loaded_weight;
+  }
+  if constexpr (kKind == NormKind::kFusedAddRMSNorm) {
+    vec_t r[kVecs];
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      if (valid[j]) r[j].load(ptrs.residual, lane + j * tpr);
+    }
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      if (valid[j]) {
+        x[j] = add_rounded(x[j], r[j]);
+        x[j].store(ptrs.residual, lane + j * tpr);
+      }
+    }
+  }
+  float sum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    if (valid[j]) sum += sum_squares(x[j]);
+  }
+
+  const float total = row_reduce_sum(sum, tpr, slot, smem);
+  // This CTA's last group: let the next kernel in the stream start launching (it still waits
+  // for this whole grid to finish before it reads anything).
+  if (last_group) device::pdl_launch_dependents();
+  const float rstd = rsqrtf(total * params.inv_hidden_size + params.eps);
+  const RowScale scale{rstd, params.weight_offset * rstd};
+
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    if (valid[j]) {
+      normalize(x[j], weight[j], scale, params.weight_offset, params.cast_x_before_out_mul)
+          .store(ptrs.out, lane + j * tpr);
+    }
+  }
+}
+
 /// Register path: rows that fit kVecs vectors per thread. Thread t handles row slot t / tpr of
-/// each group and the vectors (t % tpr) + j * tpr, j < kVecs, of that row: it loads them (and the
-/// residual) with every load in flight before the first use, keeps them in registers through the
-/// reduction, then scales and stores them. The weight of its columns is loaded once.
+/// each group and the vectors (t % tpr) + j * tpr, j < kVecs, of that row. A CTA with one group
+/// (decode sizes) loads x and the weight together; a CTA with several loads the weight of its
+/// columns once and keeps it in registers.
 template <typename T, int kVecN, NormKind kKind, int kVecs>
 SGL_DEVICE void norm_rows_in_registers(const NormParams& params, float (*partials)[NormConfig::kMaxWarps]) {
   using vec_t = device::AlignedVector<T, kVecN>;
   const CtaShare share = cta_share<kKind>(params);
   const NormRows& rows = params.rows[share.segment];
   const int tpr = params.threads_per_row;
-  const int slot = static_cast<int>(threadIdx.x) / tpr;
-  const int lane = static_cast<int>(threadIdx.x) - slot * tpr;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int slot = params.rows_per_cta == 1 ? 0 : (params.tpr_shift >= 0 ? tid >> params.tpr_shift : tid / tpr);
+  const int lane = tid - slot * tpr;
+
+  if (share.first + share.stride >= rows.num_groups) {
+    if (share.first < rows.num_groups) {
+      norm_group_in_registers<T, kVecN, kKind, kVecs, true>(params, rows, share.first, slot, lane, nullptr,
+                                                            partials[0], true);
+    }
+    return;
+  }
 
   vec_t weight[kVecs];
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
     if (lane + j * tpr < params.num_vecs) weight[j].load(rows.weight, lane + j * tpr);
   }
-
   int parity = 0;
   for (int64_t group = share.first; group < rows.num_groups; group += share.stride) {
-    const int64_t row = group * params.rows_per_cta + slot;
-    const bool active = row < rows.num_rows;
-    RowPointers<T> ptrs{};
-    if (active) ptrs = row_pointers<T, kKind>(rows, row);
-    bool valid[kVecs];  // this thread's vector j exists in this row
-#pragma unroll
-    for (int j = 0; j < kVecs; ++j) valid[j] = active && lane + j * tpr < params.num_vecs;
-
-    vec_t x[kVecs];
-#pragma unroll
-    for (int j = 0; j < kVecs; ++j) {
-      if (valid[j]) x[j].load(ptrs.input, lane + j * tpr);
-    }
-    if constexpr (kKind == NormKind::kFusedAddRMSNorm) {
-      vec_t r[kVecs];
-#pragma unroll
-      for (int j = 0; j < kVecs; ++j) {
-        if (valid[j]) r[j].load(ptrs.residual, lane + j * tpr);
-      }
-#pragma unroll
-      for (int j = 0; j < kVecs; ++j) {
-        if (valid[j]) {
-          x[j] = add_rounded(x[j], r[j]);
-          x[j].store(ptrs.residual, lane + j * tpr);
-        }
-      }
-    }
-    float sum = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kVecs; ++j) {
-      if (valid[j]) sum += sum_squares(x[j]);
-    }
-
-    const float total = row_reduce_sum(sum, tpr, slot, partials[parity]);
+    norm_group_in_registers<T, kVecN, kKind, kVecs, false>(params, rows, group, slot, lane, weight,
+                                                           partials[parity], group + share.stride >= rows.num_groups);
     parity ^= 1;
-    // This CTA's last group: let the next kernel in the stream start launching (it still waits
-    // for this whole grid to finish before it reads anything).
-    if (group + share.stride >= rows.num_groups) device::pdl_launch_dependents();
-    const float rstd = rsqrtf(total * params.inv_hidden_size + params.eps);
-
-#pragma unroll
-    for (int j = 0; j < kVecs; ++j) {
-      if (valid[j]) {
-        normalize(x[j], weight[j], rstd, params.weight_offset, params.cast_x_before_out_mul)
-            .store(ptrs.out, lane + j * tpr);
-      }
-    }
   }
 }
 
@@ -372,9 +492,11 @@ inline constexpr int kNormThreadBytes =
 /// threads_per_row threads (a multiple of 32, at most NormConfig::max_threads(kKind, thread
 /// bytes)); grid: any size (kQKNorm: at least 2 when both tensors have rows), CTAs stride over
 /// their tensor's groups of rows_per_cta rows. kVecs > 0: the register path with kVecs vectors
-/// per thread; kVecs = 0: rows too long for registers, one per CTA, two passes.
-template <typename T, int kVecN, NormKind kKind, int kVecs>
-__global__ void __launch_bounds__(NormConfig::max_threads(kKind, kNormThreadBytes<T, kVecN, kVecs>))
+/// per thread; kVecs = 0: rows too long for registers, one per CTA, two passes. kWide: the build
+/// for CTAs of more than NormConfig::kBlockThreads threads (register budget, NormConfig).
+template <typename T, int kVecN, NormKind kKind, int kVecs, bool kWide>
+__global__ void __launch_bounds__(NormConfig::bound_threads(kKind, kNormThreadBytes<T, kVecN, kVecs>, kVecs == 0, kWide),
+                                  NormConfig::bound_blocks(kNormThreadBytes<T, kVecN, kVecs>, kVecs == 0, kWide))
     norm_rows_kernel(const NormParams params) {
   __shared__ float partials[2][NormConfig::kMaxWarps];  // two buffers: one barrier per row
 
@@ -431,21 +553,39 @@ inline int64_t round_threads_per_row(int64_t tpr) {
                       : host::div_ceil(tpr, kWarp) * kWarp;
 }
 
+/// Fills rows.head_magic / head_shift so that (row * magic) >> shift == row / num_heads for every
+/// row < 2^31: shift = 31 + ceil(log2(num_heads)), magic = ceil(2^shift / num_heads) (< 2^32; the
+/// rounding error times row stays below 2^shift). num_heads >= 2^31: the kernel divides instead.
+inline void set_head_divisor(NormRows& rows) {
+  const uint64_t d = static_cast<uint64_t>(std::max<int64_t>(rows.num_heads, 1));
+  if (d >= (uint64_t{1} << 31)) {
+    rows.head_magic = 0;
+    rows.head_shift = 0;
+    return;
+  }
+  const uint32_t shift = 31 + static_cast<uint32_t>(std::bit_width(d - 1));
+  rows.head_magic = static_cast<uint32_t>(((uint64_t{1} << shift) + d - 1) / d);
+  rows.head_shift = shift;
+}
+
 inline NormGeometry make_geometry(int64_t tpr, int64_t k) {
   const int64_t rows = std::max<int64_t>(1, NormConfig::kBlockThreads / tpr);
   return {static_cast<int32_t>(tpr), static_cast<int32_t>(k), static_cast<int32_t>(rows),
           static_cast<uint32_t>(rows * tpr)};
 }
 
-/// Picks the geometry of a row of num_vecs vectors of vec_bytes bytes. Automatic: the fewest
-/// vectors per thread k >= NormConfig::kTargetVecs (or the whole row if shorter) whose TPR =
-/// round_threads_per_row(num_vecs / k) is at most kPreferredRowThreads, else the fewest whose TPR
-/// fits the kind's CTA; the vectors per thread are then
-/// trimmed to what that TPR needs (a power of two). Rows no k fits take two passes with the
-/// largest CTA. (bf16, 16-byte vectors: H=128 -> 8 threads x 2, 32 rows per 256-thread CTA;
-/// H=4096 -> 256 x 2; H=8192 -> 256 x 4; H=16384 -> 1024 x 2; H=32768 -> two passes, 512 threads.
-/// qknorm, head_dim 128 -> 8 x 2, 32 heads per 256-thread CTA.)
-inline NormGeometry choose_geometry(NormKind kind, int64_t num_vecs, int vec_bytes) {
+/// Picks the geometry of a row of num_vecs vectors of vec_bytes bytes (num_rows rows in all, on a
+/// device of sm_count SMs). Automatic: the fewest vectors per thread k >= NormConfig::kTargetVecs
+/// (or the whole row if shorter) whose TPR = round_threads_per_row(num_vecs / k) is at most
+/// kPreferredRowThreads (kPreferredFusedRowThreads for the fused add), else the fewest whose TPR
+/// fits the kind's CTA; the vectors per thread are then trimmed to what that TPR needs (a power
+/// of two). Short rows sharing a CTA whose groups would not give every SM a CTA take one vector
+/// per thread instead (decode). Rows no k fits take two passes with the largest CTA. (bf16,
+/// 16-byte vectors: H=128 -> 8 threads x 2, 32 rows per 256-thread CTA; H=4096 -> 256 x 2;
+/// H=8192 -> 256 x 4 (fused add 512 x 2); H=16384 -> 1024 x 2; H=32768 -> two passes, 512
+/// threads. qknorm, head_dim 128 -> 8 x 2, 32 heads per 256-thread CTA; 16 x 1 at one token.)
+inline NormGeometry choose_geometry(NormKind kind, int64_t num_vecs, int vec_bytes, int64_t num_rows,
+                                    int64_t sm_count) {
   using host::div_ceil;
   const int max_vecs = NormConfig::max_vecs(vec_bytes);
   const NormOverride& forced = norm_override();
@@ -468,13 +608,26 @@ inline NormGeometry choose_geometry(NormKind kind, int64_t num_vecs, int vec_byt
     for (int64_t k = first_k; k <= max_vecs; k *= 2) {
       const int64_t tpr = round_threads_per_row(div_ceil(num_vecs, k));
       const int64_t limit = NormConfig::max_threads(kind, static_cast<int>(k) * vec_bytes);
-      if (tpr <= (preferred ? std::min(limit, NormConfig::kPreferredRowThreads) : limit)) {
-        return make_geometry(tpr,
-                             static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(div_ceil(num_vecs, tpr)))));
+      const int64_t preferred_threads = kind == NormKind::kFusedAddRMSNorm ? NormConfig::kPreferredFusedRowThreads
+                                                                           : NormConfig::kPreferredRowThreads;
+      if (tpr <= (preferred ? std::min(limit, preferred_threads) : limit)) {
+        const NormGeometry geometry =
+            make_geometry(tpr, static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(div_ceil(num_vecs, tpr)))));
+        // Short rows sharing a CTA, too few to give every SM a CTA (decode): one vector per thread
+        // and half the rows per CTA, i.e. twice the CTAs and half the work per thread (qknorm at
+        // one token, head_dim 128: 16 x 1 measured 1.21 us vs 1.42 for 8 x 2).
+        if (geometry.rows_per_cta > 1 && geometry.vecs_per_thread > 1 &&
+            div_ceil(num_rows, int64_t{geometry.rows_per_cta}) < sm_count) {
+          const int64_t tpr1 = round_threads_per_row(num_vecs);
+          if (tpr1 <= std::min(NormConfig::max_threads(kind, vec_bytes), NormConfig::kBlockThreads)) {
+            return make_geometry(tpr1, 1);
+          }
+        }
+        return geometry;
       }
     }
   }
-  const uint32_t threads = NormConfig::max_threads(kind, max_vecs * vec_bytes);
+  const uint32_t threads = NormConfig::max_threads(kind, max_vecs * vec_bytes, /*two_pass=*/true);
   return {static_cast<int32_t>(threads), 0, 1, threads};
 }
 
@@ -499,20 +652,22 @@ inline bool resolve_pdl(int64_t enable_pdl, const DLDevice& device) {
   return host::runtime::get_cc_major(device.device_id) >= 9;
 }
 
-/// Launches norm_rows_kernel<T, kVecN, kKind, kVecs> on a persistent grid: as many CTAs as there
-/// are groups of rows, at most SMs x resident CTAs per SM. qknorm gives q and k shares of the
-/// grid in proportion to their groups (each CTA then caches one weight), at least one each.
-template <typename T, int kVecN, NormKind kKind, int kVecs>
+/// Launches norm_rows_kernel<T, kVecN, kKind, kVecs, kWide>: as many CTAs as there are groups of
+/// rows, for rmsnorm at most SMs x resident CTAs per SM (persistent; the fused add and qknorm one
+/// CTA per group unless the benchmark override says otherwise). qknorm gives q and k shares of
+/// the grid in proportion to their groups (each CTA then caches one weight), at least one each.
+template <typename T, int kVecN, NormKind kKind, int kVecs, bool kWide>
 void launch_norm_kernel(NormParams params, const NormGeometry& geometry, DLDevice device, bool pdl) {
-  constexpr auto kKernel = norm_rows_kernel<T, kVecN, kKind, kVecs>;
+  constexpr auto kKernel = norm_rows_kernel<T, kVecN, kKind, kVecs, kWide>;
   const int64_t groups0 = params.rows[0].num_groups;
   const int64_t groups1 = kKind == NormKind::kQKNorm ? params.rows[1].num_groups : 0;
   const int64_t groups = groups0 + groups1;
   int64_t blocks_per_sm = cached_blocks_per_sm<kKernel>(geometry.block_threads);
-  // The fused add moves twice the bytes per row: one CTA per group (no persistence) keeps more
-  // rows in flight and measured 94.8% / 96.8% of copy at [16384, 4096 / 8192] vs 89.7% / 90.6%.
+  // The fused add and qknorm launch one CTA per group (no persistence): the fused add moves twice
+  // the bytes per row and measured 94.8% / 96.8% of copy at [16384, 4096 / 8192] vs 89.7% /
+  // 90.6% persistent; qknorm at 16384 tokens (32 + 8 heads x 128) 84.7 us vs 88.0 persistent.
   int64_t forced = norm_override().blocks_per_sm;
-  if (forced == 0 && kKind == NormKind::kFusedAddRMSNorm) forced = -1;
+  if (forced == 0 && kKind != NormKind::kRMSNorm) forced = -1;
   if (forced != 0) blocks_per_sm = forced > 0 ? std::min(blocks_per_sm, forced) : groups;
   const int64_t resident = int64_t{host::runtime::get_sm_count(device.device_id)} * blocks_per_sm;
   int64_t grid = std::min({groups, resident, int64_t{1} << 30});
@@ -527,26 +682,46 @@ void launch_norm_kernel(NormParams params, const NormGeometry& geometry, DLDevic
   host::LaunchKernel(static_cast<uint32_t>(grid), geometry.block_threads, device).enable_pdl(pdl)(kKernel, params);
 }
 
+/// Launches the narrow or wide build of the kVecs bucket (two-pass: kVecs = 0, one build).
+template <typename T, int kVecN, NormKind kKind, int kVecs>
+void launch_norm_bucket(const NormParams& params, const NormGeometry& geometry, DLDevice device, bool pdl) {
+  constexpr int kBytes = kNormThreadBytes<T, kVecN, kVecs>;
+  if constexpr (kVecs > 0 && NormConfig::max_threads(kKind, kBytes) > NormConfig::kBlockThreads) {
+    if (geometry.block_threads > NormConfig::kBlockThreads) {
+      return launch_norm_kernel<T, kVecN, kKind, kVecs, true>(params, geometry, device, pdl);
+    }
+  }
+  launch_norm_kernel<T, kVecN, kKind, kVecs, false>(params, geometry, device, pdl);
+}
+
 /// Chooses the geometry for kVecN-wide vectors, fills it into `params` and launches the kernel of
 /// its vectors-per-thread bucket.
 template <typename T, int kVecN, NormKind kKind>
 void launch_norm_rows(NormParams params, int64_t hidden_size, DLDevice device, bool pdl) {
   constexpr int kMaxVecs = NormConfig::max_vecs(kVecN * sizeof(T));
   const int64_t num_vecs = hidden_size / kVecN;
-  const NormGeometry geometry = choose_geometry(kKind, num_vecs, kVecN * sizeof(T));
+  const NormGeometry geometry = choose_geometry(kKind, num_vecs, kVecN * sizeof(T),
+                                                params.rows[0].num_rows + params.rows[1].num_rows,
+                                                host::runtime::get_sm_count(device.device_id));
   params.num_vecs = static_cast<int32_t>(num_vecs);
   params.threads_per_row = geometry.threads_per_row;
   params.rows_per_cta = geometry.rows_per_cta;
-  for (NormRows& rows : params.rows) rows.num_groups = host::div_ceil(rows.num_rows, int64_t{geometry.rows_per_cta});
+  params.tpr_shift = std::has_single_bit(static_cast<uint32_t>(geometry.threads_per_row))
+                         ? std::countr_zero(static_cast<uint32_t>(geometry.threads_per_row))
+                         : -1;
+  for (NormRows& rows : params.rows) {
+    rows.num_groups = host::div_ceil(rows.num_rows, int64_t{geometry.rows_per_cta});
+    set_head_divisor(rows);
+  }
   switch (geometry.vecs_per_thread) {
-    case 0: return launch_norm_kernel<T, kVecN, kKind, 0>(params, geometry, device, pdl);
-    case 1: return launch_norm_kernel<T, kVecN, kKind, 1>(params, geometry, device, pdl);
-    case 2: return launch_norm_kernel<T, kVecN, kKind, 2>(params, geometry, device, pdl);
+    case 0: return launch_norm_bucket<T, kVecN, kKind, 0>(params, geometry, device, pdl);
+    case 1: return launch_norm_bucket<T, kVecN, kKind, 1>(params, geometry, device, pdl);
+    case 2: return launch_norm_bucket<T, kVecN, kKind, 2>(params, geometry, device, pdl);
     case 4:
-      if constexpr (kMaxVecs >= 4) return launch_norm_kernel<T, kVecN, kKind, 4>(params, geometry, device, pdl);
+      if constexpr (kMaxVecs >= 4) return launch_norm_bucket<T, kVecN, kKind, 4>(params, geometry, device, pdl);
       [[fallthrough]];
     default:
-      if constexpr (kMaxVecs >= 8) return launch_norm_kernel<T, kVecN, kKind, 8>(params, geometry, device, pdl);
+      if constexpr (kMaxVecs >= 8) return launch_norm_bucket<T, kVecN, kKind, 8>(params, geometry, device, pdl);
       host::Panic("norm: unexpected vectors per thread ", geometry.vecs_per_thread);
   }
 }
