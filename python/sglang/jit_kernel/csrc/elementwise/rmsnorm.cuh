@@ -115,31 +115,41 @@ struct NormConfig {
   /// Largest CTA (and TPR) for a kind and the bytes of x per thread; also the kernel's
   /// __launch_bounds__, i.e. its register budget: 1024 threads (64 registers) hold 32 bytes of x
   /// plus the cached weight, 256 threads hold 64 (with min_blocks: 80 registers); the two-pass
-  /// path runs 512 threads. qknorm: 256 (heads are short).
-  static constexpr uint32_t max_threads(NormKind kind, int thread_bytes, bool two_pass = false) {
+  /// path runs 512 threads; the fused add with eight (narrow) vectors per thread 512, so that it
+  /// does not spill (unaligned fused rows of more than 512 * 8 vectors take two passes).
+  /// qknorm: 256 (heads are short).
+  static constexpr uint32_t max_threads(NormKind kind, int thread_bytes, bool two_pass = false, int vecs = 0) {
     if (kind == NormKind::kQKNorm) return 256;
     if (two_pass) return 512;
+    if (kind == NormKind::kFusedAddRMSNorm && vecs >= 8) return 512;  // 128 registers: x, residual, weight
     return thread_bytes > 32 ? 256 : 1024;
   }
 
   /// Register-path kernels come in two builds: "narrow" for CTAs of at most kBlockThreads threads
   /// and "wide" for larger ones (long rows). The narrow build is compiled for a minimum of resident
   /// CTAs (__launch_bounds__), which caps its registers so that occupancy does not hinge on the
-  /// compiler's choice: 3 CTAs (80 registers) for more than 32 bytes of x per thread, 5 (48) for
-  /// 17..32 bytes, 6 (40) below. Measured at the edge (H200, bf16, 256-thread CTAs): H=8192 as
-  /// 256 x 4 took 139 us at 79 registers (3 CTAs per SM) and 159 us at 81 (rounded to 88: 2);
-  /// H=4096 as 256 x 2 took 70.7 us at 48 registers (5 CTAs) and 76.3 us at 50 (4).
-  static constexpr int narrow_min_blocks(int thread_bytes) {
-    return thread_bytes > 32 ? 3 : (thread_bytes > 16 ? 5 : 6);
+  /// compiler's choice. Measured at the edge (H200, bf16, 256-thread CTAs): H=8192 as 256 x 4 took
+  /// 139 us at 79 registers (3 CTAs per SM) and 159 us at 81 (rounded to 88: 2); H=4096 as
+  /// 256 x 2 took 70.7 us at 48 registers (5 CTAs) and 76.3 us at 50 (4). The caps are the
+  /// tightest without spills for every dtype (tests/test_norm_compile.py checks the ptxas
+  /// reports): rmsnorm / qknorm 3 CTAs (80 registers) above 32 bytes of x per thread, 5 (48) for
+  /// 17..32, fp16 one CTA fewer (its conversions need more); the fused add 4 (64) up to 32 bytes;
+  /// 2 (128) for eight vectors per thread.
+  static constexpr int narrow_min_blocks(NormKind kind, int thread_bytes, bool fp16, int vecs) {
+    if (vecs >= 8) return 2;  // eight loads per thread (narrow vectors): 128 registers
+    if (kind == NormKind::kFusedAddRMSNorm) return thread_bytes > 32 ? 1 : 4;
+    if (thread_bytes > 32) return fp16 ? 2 : 3;
+    if (thread_bytes > 16) return fp16 ? 4 : 5;
+    return 4;
   }
 
   /// __launch_bounds__ of a kernel build: (threads, minimum resident CTAs).
-  static constexpr uint32_t bound_threads(NormKind kind, int thread_bytes, bool two_pass, bool wide) {
-    if (two_pass || wide) return max_threads(kind, thread_bytes, two_pass);
-    return max_threads(kind, thread_bytes) < kBlockThreads ? max_threads(kind, thread_bytes) : kBlockThreads;
+  static constexpr uint32_t bound_threads(NormKind kind, int thread_bytes, bool two_pass, bool wide, int vecs) {
+    const uint32_t most = max_threads(kind, thread_bytes, two_pass, vecs);
+    return two_pass || wide || most < kBlockThreads ? most : kBlockThreads;
   }
-  static constexpr int bound_blocks(int thread_bytes, bool two_pass, bool wide) {
-    return two_pass || wide ? 1 : narrow_min_blocks(thread_bytes);
+  static constexpr int bound_blocks(NormKind kind, int thread_bytes, bool two_pass, bool wide, bool fp16, int vecs) {
+    return two_pass || wide ? 1 : narrow_min_blocks(kind, thread_bytes, fp16, vecs);
   }
 };
 
@@ -222,6 +232,12 @@ struct RowScale {
   float rstd;
   float offset_rstd;
 };
+
+/// The factors of a row with 1 / rms = rstd. weight_offset = 0 gives offset_rstd = 0 even when
+/// rstd is inf (eps = 0 and every x^2 underflowing), as x * rstd * w would.
+SGL_DEVICE RowScale row_scale(float rstd, float weight_offset) {
+  return {rstd, weight_offset == 0.0f ? 0.0f : weight_offset * rstd};
+}
 
 /// round(x * rstd * (w + weight_offset)) element-wise, computed as x * fma(w, rstd, weight_offset *
 /// rstd) (fp32, one rounding). With cast_x_first, x * rstd is rounded to T first and then
@@ -359,7 +375,7 @@ SGL_DEVICE void norm_rows_two_pass(const NormParams& params, float (*partials)[N
     parity ^= 1;
     if (row + share.stride >= rows.num_rows) device::pdl_launch_dependents();
     const float rstd = rsqrtf(total * params.inv_hidden_size + params.eps);
-    const RowScale scale{rstd, params.weight_offset * rstd};
+    const RowScale scale = row_scale(rstd, params.weight_offset);
 
     const T* source = kKind == NormKind::kFusedAddRMSNorm ? ptrs.residual : ptrs.input;
     for (int base = lane; base < params.num_vecs; base += chunk) {
@@ -442,7 +458,7 @@ SGL_DEVICE void norm_group_in_registers(const NormParams& params, const NormRows
   // for this whole grid to finish before it reads anything).
   if (last_group) device::pdl_launch_dependents();
   const float rstd = rsqrtf(total * params.inv_hidden_size + params.eps);
-  const RowScale scale{rstd, params.weight_offset * rstd};
+  const RowScale scale = row_scale(rstd, params.weight_offset);
 
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
@@ -467,7 +483,10 @@ SGL_DEVICE void norm_rows_in_registers(const NormParams& params, float (*partial
   const int slot = params.rows_per_cta == 1 ? 0 : (params.tpr_shift >= 0 ? tid >> params.tpr_shift : tid / tpr);
   const int lane = tid - slot * tpr;
 
-  if (share.first + share.stride >= rows.num_groups) {
+  // The one-group path holds x, the residual and the weight at once: the fused add with four or
+  // more vectors per thread would spill under its register budget, and takes the other path.
+  constexpr bool kOneGroupPath = kKind != NormKind::kFusedAddRMSNorm || kVecs <= 2;
+  if (kOneGroupPath && share.first + share.stride >= rows.num_groups) {
     if (share.first < rows.num_groups) {
       norm_group_in_registers<T, kVecN, kKind, kVecs, true>(params, rows, share.first, slot, lane, nullptr,
                                                             partials[0], true);
@@ -502,8 +521,10 @@ inline constexpr int kNormThreadBytes =
 /// per thread; kVecs = 0: rows too long for registers, one per CTA, two passes. kWide: the build
 /// for CTAs of more than NormConfig::kBlockThreads threads (register budget, NormConfig).
 template <typename T, int kVecN, NormKind kKind, int kVecs, bool kWide>
-__global__ void __launch_bounds__(NormConfig::bound_threads(kKind, kNormThreadBytes<T, kVecN, kVecs>, kVecs == 0, kWide),
-                                  NormConfig::bound_blocks(kNormThreadBytes<T, kVecN, kVecs>, kVecs == 0, kWide))
+__global__ void __launch_bounds__(NormConfig::bound_threads(kKind, kNormThreadBytes<T, kVecN, kVecs>, kVecs == 0, kWide,
+                                                            kVecs),
+                                  NormConfig::bound_blocks(kKind, kNormThreadBytes<T, kVecN, kVecs>, kVecs == 0, kWide,
+                                                           std::is_same_v<T, fp16_t>, kVecs))
     norm_rows_kernel(const NormParams params) {
   __shared__ float partials[2][NormConfig::kMaxWarps];  // two buffers: one barrier per row
 
@@ -585,7 +606,7 @@ inline NormGeometry make_geometry(int64_t tpr, int64_t k) {
 /// Picks the geometry of a row of num_vecs vectors of vec_bytes bytes (num_rows rows in all, on a
 /// device of sm_count SMs). Automatic: the fewest vectors per thread k >= NormConfig::kTargetVecs
 /// (or the whole row if shorter) whose TPR = round_threads_per_row(num_vecs / k) is at most
-/// kPreferredRowThreads (kPreferredFusedRowThreads for the fused add), else the fewest whose TPR
+/// kPreferredRowThreads (kPreferredFusedRowThreads for the fused add at <= 32 bytes per thread), else the fewest whose TPR
 /// fits the kind's CTA; the vectors per thread are then trimmed to what that TPR needs (a power
 /// of two). Short rows sharing a CTA whose groups would not give every SM a CTA take one vector
 /// per thread instead (decode). Rows no k fits take two passes with the largest CTA. (bf16,
@@ -603,7 +624,8 @@ inline NormGeometry choose_geometry(NormKind kind, int64_t num_vecs, int vec_byt
                           ? forced.vecs_per_thread
                           : static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(div_ceil(num_vecs, tpr))));
     host::RuntimeCheck(round_threads_per_row(tpr) == tpr && (k & (k - 1)) == 0 && k <= max_vecs &&
-                           tpr <= NormConfig::max_threads(kind, static_cast<int>(k) * vec_bytes) && k * tpr >= num_vecs,
+                           tpr <= NormConfig::max_threads(kind, static_cast<int>(k) * vec_bytes, false, static_cast<int>(k)) &&
+                           k * tpr >= num_vecs,
                        "norm geometry override: ", tpr, " threads x ", k, " vectors per thread cannot cover ",
                        num_vecs, " vectors of ", vec_bytes, " bytes");
     return make_geometry(tpr, k);
@@ -615,9 +637,11 @@ inline NormGeometry choose_geometry(NormKind kind, int64_t num_vecs, int vec_byt
   for (const bool preferred : {true, false}) {
     for (int64_t k = first_k; k <= max_vecs; k *= 2) {
       const int64_t tpr = round_threads_per_row(div_ceil(num_vecs, k));
-      const int64_t limit = NormConfig::max_threads(kind, static_cast<int>(k) * vec_bytes);
-      const int64_t preferred_threads = kind == NormKind::kFusedAddRMSNorm ? NormConfig::kPreferredFusedRowThreads
-                                                                           : NormConfig::kPreferredRowThreads;
+      const int64_t limit = NormConfig::max_threads(kind, static_cast<int>(k) * vec_bytes, false, static_cast<int>(k));
+      // The fused add prefers rows of up to 512 threads while a thread holds at most 32 bytes.
+      const int64_t preferred_threads = kind == NormKind::kFusedAddRMSNorm && k * vec_bytes <= 32
+                                            ? NormConfig::kPreferredFusedRowThreads
+                                            : NormConfig::kPreferredRowThreads;
       if (tpr <= (preferred ? std::min(limit, preferred_threads) : limit)) {
         const NormGeometry geometry =
             make_geometry(tpr, static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(div_ceil(num_vecs, tpr)))));
@@ -627,7 +651,7 @@ inline NormGeometry choose_geometry(NormKind kind, int64_t num_vecs, int vec_byt
         if (geometry.rows_per_cta > 1 && geometry.vecs_per_thread > 1 &&
             div_ceil(num_rows, int64_t{geometry.rows_per_cta}) < sm_count) {
           const int64_t tpr1 = round_threads_per_row(num_vecs);
-          if (tpr1 <= std::min(NormConfig::max_threads(kind, vec_bytes), NormConfig::kBlockThreads)) {
+          if (tpr1 <= std::min(NormConfig::max_threads(kind, vec_bytes, false, 1), NormConfig::kBlockThreads)) {
             return make_geometry(tpr1, 1);
           }
         }
@@ -694,7 +718,7 @@ void launch_norm_kernel(NormParams params, const NormGeometry& geometry, DLDevic
 template <typename T, int kVecN, NormKind kKind, int kVecs>
 void launch_norm_bucket(const NormParams& params, const NormGeometry& geometry, DLDevice device, bool pdl) {
   constexpr int kBytes = kNormThreadBytes<T, kVecN, kVecs>;
-  if constexpr (kVecs > 0 && NormConfig::max_threads(kKind, kBytes) > NormConfig::kBlockThreads) {
+  if constexpr (kVecs > 0 && NormConfig::max_threads(kKind, kBytes, false, kVecs) > NormConfig::kBlockThreads) {
     if (geometry.block_threads > NormConfig::kBlockThreads) {
       return launch_norm_kernel<T, kVecN, kKind, kVecs, true>(params, geometry, device, pdl);
     }
