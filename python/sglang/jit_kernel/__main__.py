@@ -78,6 +78,17 @@ def build_variants(names: list[str] | None, jobs: int, quiet: bool = False,
             failures += 1
             print(f"  {result.error}", file=sys.stderr)
 
+    if names is not None and not quiet:
+        from sglang.jit_kernel.cache import entries_to_build
+        from sglang.jit_kernel.registry import all_ops
+
+        registry = all_ops()
+        for name in names:
+            entry = registry.get(name)
+            if entry is not None and not entry.variants:
+                owner = entries_to_build(registry, [name])[0].name
+                sharing = sorted(n for n, e in registry.items() if e.build is entry.build)
+                print(f"{name}: built as {owner}'s module (one module serves {', '.join(sharing)})", flush=True)
     start = time.perf_counter()
     try:
         results = build_all(names, archs=archs, jobs=jobs, on_done=report)

@@ -26,6 +26,7 @@ from sglang.jit_kernel.benchmark.utils import (
     BenchRow,
     bench_rotating,
     copy_roof_gbps,
+    exit_unless_gpu,
     format_rows,
     num_rotating_sets,
 )
@@ -326,6 +327,7 @@ def decode_sweep_rows() -> list[BenchRow]:
 def main() -> None:
     import sys
 
+    exit_unless_gpu("bench_norm.py")
     roof = copy_roof_gbps()
     if "--decode-sweep" in sys.argv:
         print(format_rows(decode_sweep_rows(), roof))

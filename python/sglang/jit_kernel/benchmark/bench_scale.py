@@ -17,6 +17,7 @@ from sglang.jit_kernel.benchmark.utils import (
     bench_rotating,
     bench_rotating_events,
     copy_roof_gbps,
+    exit_unless_gpu,
     format_rows,
     get_benchmark_range,
     num_rotating_sets,
@@ -118,6 +119,7 @@ def eager_rows() -> str:
 
 
 if __name__ == "__main__":
+    exit_unless_gpu("bench_scale.py")
     benchmark.run(print_data=True)
     roof = copy_roof_gbps()
     rows = bandwidth_rows()

@@ -6,13 +6,14 @@ bandwidth sizes, against torch's x * f and the copy roof; prints one row per con
 
 import torch
 
-from sglang.jit_kernel.benchmark.utils import bench_rotating, copy_roof_gbps, num_rotating_sets
+from sglang.jit_kernel.benchmark.utils import bench_rotating, copy_roof_gbps, exit_unless_gpu, num_rotating_sets
 from sglang.jit_kernel.utils import load_jit
 
 CONFIGS = [(u, t) for u in (1, 2, 4, 8) for t in (128, 256, 512)]
 
 
 def main() -> None:
+    exit_unless_gpu("sweep_scale.py")
     wrappers = [(f"scale_u{u}_t{t}", f"scale_with_config<bf16_t, ScaleConfig<{u}, {t}>>") for u, t in CONFIGS]
     module = load_jit("scale_sweep", cuda_files=["elementwise/scale.cuh"], cuda_wrappers=wrappers)
     roof = copy_roof_gbps()

@@ -112,6 +112,20 @@ def bench_rotating_events(
 
 
 @cache_once
+def exit_unless_gpu(script: str) -> None:
+    """Exit 0 with a one-line note when no CUDA GPU is visible (a GPU benchmark then measures
+    nothing, like a skipped GPU test); return otherwise.
+
+    Parameters
+    ----------
+    script : str
+        Name of the benchmark, for the note (e.g. ``"bench_norm.py"``).
+    """
+    if not torch.cuda.is_available():
+        print(f"skip: {script} needs a CUDA GPU (none visible); run it on a machine with an NVIDIA GPU", flush=True)
+        raise SystemExit(0)
+
+
 def copy_roof_gbps(nbytes: int = 1 << 30) -> float:
     """Bandwidth of a device-to-device copy of ``nbytes`` bf16 (bytes read + written, GB/s).
 

@@ -107,11 +107,6 @@ def test_prebuild_for_another_arch(tmp_path: Path):
     assert archs == ["8.0", "9.0"]
 
 
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(pytest.main([__file__, "-v", "-s"]))
-
 
 def test_ops_sharing_a_module_build_its_variants_once():
     """`build fused_add_rmsnorm` (an op whose module is rmsnorm's) builds the norm module's
@@ -126,3 +121,25 @@ def test_ops_sharing_a_module_build_its_variants_once():
     every = names(None)
     assert len(every) == len(set(every)) and all(registry[name].variants for name in every)
     assert {entry.build for entry in registry.values()} == {registry[name].build for name in every}
+
+
+def test_build_cli_names_the_module_of_a_shared_op(monkeypatch, capsys):
+    """`build fused_inplace_qknorm` says it builds rmsnorm's module and which ops that module
+    serves (its progress lines name rmsnorm's variants); the compile itself is stubbed out."""
+    import sglang.jit_kernel.cache as cache
+    from sglang.jit_kernel.__main__ import build_variants
+
+    calls = []
+    monkeypatch.setattr(cache, "build_variants", lambda names, **kwargs: calls.append(names) or [])
+    assert build_variants(["fused_inplace_qknorm", "scale"], jobs=1) == 0
+    out = capsys.readouterr().out
+    assert "fused_inplace_qknorm: built as rmsnorm's module (one module serves fused_add_rmsnorm, " in out
+    assert "gemma_rmsnorm, rmsnorm)" in out
+    assert "scale: built as" not in out  # an op with its own variants needs no note
+    assert calls == [["fused_inplace_qknorm", "scale"]]
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(pytest.main([__file__, "-v", "-s"]))
