@@ -212,14 +212,14 @@ def eager_table() -> str:
 # ---------------------------------------------------------------------------------------------
 # Geometry sweep (--sweep): the automatic choice against forced alternatives, one table
 # ---------------------------------------------------------------------------------------------
-# (threads_per_row, vecs_per_thread) alternatives per case; blocks_per_sm: 0 = occupancy (the
-# persistent default), k > 0 = at most k resident CTAs per SM, -1 = one CTA per group of rows.
+# (threads_per_row, vecs_per_thread) alternatives per case; blocks_per_sm: 0 = one CTA per group
+# of rows (the default), k > 0 = a persistent grid of at most k resident CTAs per SM.
 SWEEP_GEOMETRIES = {
     4096: [(512, 1), (256, 2), (128, 4)],
     8192: [(1024, 1), (512, 2), (256, 4)],
     HEAD_DIM: [(16, 1), (8, 2), (4, 4)],
 }
-SWEEP_BLOCKS_PER_SM = [0, 2, 3, 4, -1]
+SWEEP_BLOCKS_PER_SM = [0, 2, 4, 6]
 
 
 def sweep_rows() -> list[BenchRow]:
@@ -255,7 +255,7 @@ def sweep_rows() -> list[BenchRow]:
             for tpr, k in [(0, 0)] + SWEEP_GEOMETRIES[size]:
                 for blocks in SWEEP_BLOCKS_PER_SM:
                     label = "auto" if tpr == 0 else f"{tpr}x{k}"
-                    label += "" if blocks == 0 else (" 1cta/grp" if blocks < 0 else f" {blocks}cta/sm")
+                    label += "" if blocks == 0 else f" {blocks}cta/sm"
                     module._set_geometry_override(tpr, k, blocks)
                     try:
                         median, _, _ = bench_rotating(call, sets)

@@ -1,4 +1,4 @@
-// Per-head RMSNorm of q and k, in place, in one launch of the persistent norm kernel:
+// Per-head RMSNorm of q and k, in place, in one launch of the (persistent-pattern) norm kernel:
 //
 //   q[t, h, :] <- round(q[t, h, :] * rsqrt(mean(q[t, h, :]^2) + eps) * q_weight)
 //   k[t, h, :] <- round(k[t, h, :] * rsqrt(mean(k[t, h, :]^2) + eps) * k_weight)

@@ -18,12 +18,12 @@
 //   TPR <= 32   several rows per warp, the sum of squares reduced by shuffles inside TPR lanes;
 //   TPR  > 32   one or more rows per CTA, warp partials combined through shared memory.
 // Rows too long for registers (more than TPR * kMaxVecs vectors) take two passes: sum of squares,
-// then a re-read (an L2 hit) to scale and store. CTAs stride over groups of rows_per_cta rows of
-// one tensor (qknorm splits the CTAs between q and k in proportion to their rows); a CTA with
-// several groups keeps the weight of its columns in registers (a thread always touches the same
-// columns), a CTA with one group (decode) loads it together with x. rmsnorm's grid is persistent
-// (SMs x resident CTAs, from the occupancy query); the fused add and qknorm launch one CTA per
-// group, which measured faster for them (launch_norm_kernel). Register budgets are pinned by
+// then a re-read (an L2 hit) to scale and store. The kernel is written persistent: CTAs stride over
+// groups of rows_per_cta rows of one tensor (qknorm splits the CTAs between q and k in proportion
+// to their rows). The launchers size the grid at one CTA per group (launch_norm_kernel), which
+// measured fastest for every kind: a CTA then loads its rows and the weight together, and the
+// hardware starts the next CTA as soon as one retires. (The fused add with four or more vectors
+// per thread keeps the weight in registers across groups.) Register budgets are pinned by
 // __launch_bounds__ (NormConfig::narrow_min_blocks): occupancy is what these kernels live on.
 // With PDL the kernel runs its index arithmetic (kernel parameters only) before
 // griddepcontrol.wait and issues its first global load right after it: at decode sizes that
@@ -128,18 +128,19 @@ struct NormConfig {
   /// Register-path kernels come in two builds: "narrow" for CTAs of at most kBlockThreads threads
   /// and "wide" for larger ones (long rows). The narrow build is compiled for a minimum of resident
   /// CTAs (__launch_bounds__), which caps its registers so that occupancy does not hinge on the
-  /// compiler's choice. Measured at the edge (H200, bf16, 256-thread CTAs): H=8192 as 256 x 4 took
-  /// 139 us at 79 registers (3 CTAs per SM) and 159 us at 81 (rounded to 88: 2); H=4096 as
-  /// 256 x 2 took 70.7 us at 48 registers (5 CTAs) and 76.3 us at 50 (4). The caps are the
-  /// tightest without spills for every dtype (tests/test_norm_compile.py checks the ptxas
-  /// reports): rmsnorm / qknorm 3 CTAs (80 registers) above 32 bytes of x per thread, 5 (48) for
-  /// 17..32, fp16 one CTA fewer (its conversions need more); the fused add 4 (64) up to 32 bytes;
-  /// 2 (128) for eight vectors per thread.
-  static constexpr int narrow_min_blocks(NormKind kind, int thread_bytes, bool fp16, int vecs) {
+  /// compiler's choice: these kernels live on bytes in flight per SM. Measured (H200, bf16,
+  /// 256-thread CTAs, one CTA per group): rmsnorm H=4096 as 256 x 2 took 65.2 us at 40 registers
+  /// (6 CTAs per SM) vs 69.4 at 48 (5) and 69.8 at 32 (8, spilling); H=8192 as 256 x 4 129.4 us at
+  /// 64 (4) vs 132.0 at 80 (3); one register across an edge costs 8-15 % (session 3: 48 vs 50
+  /// registers at H=4096, 70.7 vs 76.3 us). The caps are the tightest without spills for every
+  /// dtype (tests/test_norm_compile.py checks the ptxas reports): rmsnorm / qknorm 4 CTAs (64
+  /// registers) above 32 bytes of x per thread, 6 (40) for 17..32 bytes in one or two vectors, 5
+  /// (48) in four; the fused add 4 (64) up to 32 bytes, 1 above; 2 (128) for eight vectors.
+  static constexpr int narrow_min_blocks(NormKind kind, int thread_bytes, int vecs) {
     if (vecs >= 8) return 2;  // eight loads per thread (narrow vectors): 128 registers
     if (kind == NormKind::kFusedAddRMSNorm) return thread_bytes > 32 ? 1 : 4;
-    if (thread_bytes > 32) return fp16 ? 2 : 3;
-    if (thread_bytes > 16) return fp16 ? 4 : 5;
+    if (thread_bytes > 32) return 4;
+    if (thread_bytes > 16) return vecs >= 4 ? 5 : 6;
     return 4;
   }
 
@@ -148,8 +149,8 @@ struct NormConfig {
     const uint32_t most = max_threads(kind, thread_bytes, two_pass, vecs);
     return two_pass || wide || most < kBlockThreads ? most : kBlockThreads;
   }
-  static constexpr int bound_blocks(NormKind kind, int thread_bytes, bool two_pass, bool wide, bool fp16, int vecs) {
-    return two_pass || wide ? 1 : narrow_min_blocks(kind, thread_bytes, fp16, vecs);
+  static constexpr int bound_blocks(NormKind kind, int thread_bytes, bool two_pass, bool wide, int vecs) {
+    return two_pass || wide ? 1 : narrow_min_blocks(kind, thread_bytes, vecs);
   }
 };
 
@@ -483,28 +484,40 @@ SGL_DEVICE void norm_rows_in_registers(const NormParams& params, float (*partial
   const int slot = params.rows_per_cta == 1 ? 0 : (params.tpr_shift >= 0 ? tid >> params.tpr_shift : tid / tpr);
   const int lane = tid - slot * tpr;
 
-  // The one-group path holds x, the residual and the weight at once: the fused add with four or
-  // more vectors per thread would spill under its register budget, and takes the other path.
+  // The launchers give every group its own CTA (launch_norm_kernel), so a CTA normally has one
+  // group and loads x and the weight together. More groups than CTAs (grid capped, or a benchmark
+  // override) repeat that per group, the weight reloaded from L1 / L2 each time: keeping it in
+  // registers across groups cost registers, hence occupancy, in every launch. The fused add with
+  // four or more vectors per thread would spill holding x, the residual and the weight at once
+  // and keeps the weight in registers, loaded before the first group.
   constexpr bool kOneGroupPath = kKind != NormKind::kFusedAddRMSNorm || kVecs <= 2;
-  if (kOneGroupPath && share.first + share.stride >= rows.num_groups) {
-    if (share.first < rows.num_groups) {
-      norm_group_in_registers<T, kVecN, kKind, kVecs, true>(params, rows, share.first, slot, lane, nullptr,
-                                                            partials[0], true);
+  if constexpr (kOneGroupPath) {
+    if (share.first + share.stride >= rows.num_groups) {
+      if (share.first < rows.num_groups) {
+        norm_group_in_registers<T, kVecN, kKind, kVecs, true>(params, rows, share.first, slot, lane, nullptr,
+                                                              partials[0], true);
+      }
+      return;
     }
-    return;
-  }
-
-  device::pdl_wait_primary();  // before the first global load (see norm_rows_kernel)
-  vec_t weight[kVecs];
+    int parity = 0;
+    for (int64_t group = share.first; group < rows.num_groups; group += share.stride) {
+      norm_group_in_registers<T, kVecN, kKind, kVecs, true>(params, rows, group, slot, lane, nullptr,
+                                                            partials[parity], group + share.stride >= rows.num_groups);
+      parity ^= 1;
+    }
+  } else {
+    device::pdl_wait_primary();  // before the first global load (see norm_rows_kernel)
+    vec_t weight[kVecs];
 #pragma unroll
-  for (int j = 0; j < kVecs; ++j) {
-    if (lane + j * tpr < params.num_vecs) weight[j].load(rows.weight, lane + j * tpr);
-  }
-  int parity = 0;
-  for (int64_t group = share.first; group < rows.num_groups; group += share.stride) {
-    norm_group_in_registers<T, kVecN, kKind, kVecs, false>(params, rows, group, slot, lane, weight,
-                                                           partials[parity], group + share.stride >= rows.num_groups);
-    parity ^= 1;
+    for (int j = 0; j < kVecs; ++j) {
+      if (lane + j * tpr < params.num_vecs) weight[j].load(rows.weight, lane + j * tpr);
+    }
+    int parity = 0;
+    for (int64_t group = share.first; group < rows.num_groups; group += share.stride) {
+      norm_group_in_registers<T, kVecN, kKind, kVecs, false>(params, rows, group, slot, lane, weight,
+                                                             partials[parity], group + share.stride >= rows.num_groups);
+      parity ^= 1;
+    }
   }
 }
 
@@ -524,7 +537,7 @@ template <typename T, int kVecN, NormKind kKind, int kVecs, bool kWide>
 __global__ void __launch_bounds__(NormConfig::bound_threads(kKind, kNormThreadBytes<T, kVecN, kVecs>, kVecs == 0, kWide,
                                                             kVecs),
                                   NormConfig::bound_blocks(kKind, kNormThreadBytes<T, kVecN, kVecs>, kVecs == 0, kWide,
-                                                           std::is_same_v<T, fp16_t>, kVecs))
+                                                           kVecs))
     norm_rows_kernel(const NormParams params) {
   __shared__ float partials[2][NormConfig::kMaxWarps];  // two buffers: one barrier per row
 
@@ -567,7 +580,7 @@ struct NormGeometry {
 struct NormOverride {
   int64_t threads_per_row = 0;  // a power of two <= 32 or a multiple of 32
   int64_t vecs_per_thread = 0;  // 1, 2, 4, 8 (0: as many as the row needs)
-  int64_t blocks_per_sm = 0;    // > 0: at most this many resident CTAs per SM; < 0: one CTA per group
+  int64_t blocks_per_sm = 0;    // > 0: a persistent grid, at most this many CTAs per SM; else one per group
 };
 
 inline NormOverride& norm_override() {
@@ -684,25 +697,26 @@ inline bool resolve_pdl(int64_t enable_pdl, const DLDevice& device) {
   return host::runtime::get_cc_major(device.device_id) >= 9;
 }
 
-/// Launches norm_rows_kernel<T, kVecN, kKind, kVecs, kWide>: as many CTAs as there are groups of
-/// rows, for rmsnorm at most SMs x resident CTAs per SM (persistent; the fused add and qknorm one
-/// CTA per group unless the benchmark override says otherwise). qknorm gives q and k shares of
-/// the grid in proportion to their groups (each CTA then caches one weight), at least one each.
+/// Launches norm_rows_kernel<T, kVecN, kKind, kVecs, kWide>: one CTA per group of rows (at most
+/// 2^30 CTAs; beyond that CTAs take several groups), or, under the benchmark override, at most SMs x
+/// blocks_per_sm CTAs (persistent). One CTA per group measured fastest on an H200 for all three
+/// kinds (rmsnorm [16384, 4096 / 8192] bf16 65.2 / 129.4 us vs 69.4 / 132.0 persistent at the
+/// same registers, the fused add 94.8% vs 89.7% of copy, qknorm at 16384 tokens 84.7 vs 88.0 us):
+/// the hardware schedules a new CTA as soon as one retires, so the next group's loads overlap the
+/// previous one's reduction and stores. qknorm gives q and k shares of the grid in proportion to
+/// their groups, at least one each.
 template <typename T, int kVecN, NormKind kKind, int kVecs, bool kWide>
 void launch_norm_kernel(NormParams params, const NormGeometry& geometry, DLDevice device, bool pdl) {
   constexpr auto kKernel = norm_rows_kernel<T, kVecN, kKind, kVecs, kWide>;
   const int64_t groups0 = params.rows[0].num_groups;
   const int64_t groups1 = kKind == NormKind::kQKNorm ? params.rows[1].num_groups : 0;
   const int64_t groups = groups0 + groups1;
-  int64_t blocks_per_sm = cached_blocks_per_sm<kKernel>(geometry.block_threads);
-  // The fused add and qknorm launch one CTA per group (no persistence): the fused add moves twice
-  // the bytes per row and measured 94.8% / 96.8% of copy at [16384, 4096 / 8192] vs 89.7% /
-  // 90.6% persistent; qknorm at 16384 tokens (32 + 8 heads x 128) 84.7 us vs 88.0 persistent.
-  int64_t forced = norm_override().blocks_per_sm;
-  if (forced == 0 && kKind != NormKind::kRMSNorm) forced = -1;
-  if (forced != 0) blocks_per_sm = forced > 0 ? std::min(blocks_per_sm, forced) : groups;
-  const int64_t resident = int64_t{host::runtime::get_sm_count(device.device_id)} * blocks_per_sm;
-  int64_t grid = std::min({groups, resident, int64_t{1} << 30});
+  int64_t grid = std::min(groups, int64_t{1} << 30);
+  if (const int64_t blocks_per_sm = norm_override().blocks_per_sm; blocks_per_sm > 0) {
+    const int64_t resident = int64_t{host::runtime::get_sm_count(device.device_id)} *
+                             std::min<int64_t>(blocks_per_sm, cached_blocks_per_sm<kKernel>(geometry.block_threads));
+    grid = std::min(grid, resident);
+  }
   if (groups0 == 0) {
     params.rows0_ctas = 0;
   } else if (groups1 == 0) {
@@ -861,7 +875,8 @@ void rmsnorm(tvm::ffi::TensorView out, tvm::ffi::TensorView input, tvm::ffi::Ten
 /// Benchmark hook: forces the geometry of every later norm launch of this module (all three ops)
 /// until called again with zeros. threads_per_row (a power of two <= 32 or a multiple of 32) and
 /// vecs_per_thread (1/2/4/8, 0 = as needed) must cover the row or the launch throws;
-/// blocks_per_sm > 0 caps resident CTAs per SM, < 0 launches one CTA per group of rows.
+/// blocks_per_sm > 0 makes the grid persistent with at most that many CTAs per SM (capped at the
+/// occupancy); 0 or < 0 keeps the default, one CTA per group of rows.
 inline void set_norm_geometry_override(int64_t threads_per_row, int64_t vecs_per_thread, int64_t blocks_per_sm) {
   norm_override() = NormOverride{threads_per_row, vecs_per_thread, blocks_per_sm};
 }
