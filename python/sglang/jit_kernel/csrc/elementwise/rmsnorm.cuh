@@ -54,6 +54,13 @@
 #include <limits>
 #include <type_traits>
 
+#ifndef NORM_SMEM_SUM
+#define NORM_SMEM_SUM 0
+#endif
+#ifndef NORM_EARLY_TRIGGER
+#define NORM_EARLY_TRIGGER 0
+#endif
+
 namespace {
 
 /// Which op a norm_rows_kernel instantiation computes.
@@ -276,8 +283,15 @@ SGL_DEVICE float row_reduce_sum(float value, int tpr, int slot, float* smem) {
   if (lane == 0) smem[warp] = value;
   __syncthreads();
   const int warps_per_row = tpr / static_cast<int>(device::kWarpThreads);
+#if NORM_SMEM_SUM
+  const float* row_partials = smem + slot * warps_per_row;
+  float total = 0.0f;
+  for (int i = 0; i < warps_per_row; ++i) total += row_partials[i];
+  return total;
+#else
   value = static_cast<int>(lane) < warps_per_row ? smem[slot * warps_per_row + lane] : 0.0f;
   return device::warp::reduce_sum<float>(value);
+#endif
 }
 
 /// The tensor a CTA serves (0, or 1 = k of qknorm) and its place among that tensor's CTAs.
@@ -540,6 +554,9 @@ __global__ void __launch_bounds__(NormConfig::bound_threads(kKind, kNormThreadBy
                                                            kVecs))
     norm_rows_kernel(const NormParams params) {
   __shared__ float partials[2][NormConfig::kMaxWarps];  // two buffers: one barrier per row
+#if NORM_EARLY_TRIGGER
+  device::pdl_launch_dependents();
+#endif
 
   // Every global load may read what the previous kernel writes (PDL): each path calls
   // pdl_wait_primary() before its first one; index arithmetic on the parameters runs before it.
