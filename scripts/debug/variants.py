@@ -106,7 +106,7 @@ def measure(module, sweep):
                                      bench_rotating(lambda q, k: N.fused_inplace_qknorm(q, k, qw, qw), sets)[0], 4 * n * 40 * 128 + 512))
                 module._set_geometry_override(0, 0, 0)
         if sweep and n == 16384:
-            for tpr, k, bps in [(8, 2, -1), (16, 1, 0), (16, 1, -1)]:
+            for tpr, k, bps in [(4, 4, 0), (16, 1, 0)]:
                 module._set_geometry_override(tpr, k, bps)
                 rows.append(BenchRow("qknorm", f"[{n}, 32+8, 128]", f"{tpr}x{k} bps{bps}",
                                      bench_rotating(lambda q, k: N.fused_inplace_qknorm(q, k, qw, qw), sets)[0], 4 * n * 40 * 128 + 512))

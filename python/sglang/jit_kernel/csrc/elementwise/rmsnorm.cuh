@@ -283,7 +283,23 @@ SGL_DEVICE float row_reduce_sum(float value, int tpr, int slot, float* smem) {
   if (lane == 0) smem[warp] = value;
   __syncthreads();
   const int warps_per_row = tpr / static_cast<int>(device::kWarpThreads);
-#if NORM_SMEM_SUM
+#if NORM_SMEM_SUM == 2
+  if (warps_per_row % 4 == 0) {
+    const float4* row_partials = reinterpret_cast<const float4*>(smem + slot * warps_per_row);
+    float acc[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      acc[i] = 0.0f;
+      if (4 * i < warps_per_row) {
+        const float4 v = row_partials[i];
+        acc[i] = (v.x + v.y) + (v.z + v.w);
+      }
+    }
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  }
+  value = static_cast<int>(lane) < warps_per_row ? smem[slot * warps_per_row + lane] : 0.0f;
+  return device::warp::reduce_sum<float>(value);
+#elif NORM_SMEM_SUM
   const float* row_partials = smem + slot * warps_per_row;
   float total = 0.0f;
   for (int i = 0; i < warps_per_row; ++i) total += row_partials[i];
@@ -434,7 +450,12 @@ SGL_DEVICE void norm_group_in_registers(const NormParams& params, const NormRows
 
   // A CTA with one group waits for the previous kernel (PDL) only here, after its index and
   // pointer arithmetic (kernel parameters only), right before its first global load.
-  if constexpr (kLoadWeight) device::pdl_wait_primary();
+  if constexpr (kLoadWeight) {
+    device::pdl_wait_primary();
+#if NORM_EARLY_TRIGGER == 2
+    device::pdl_launch_dependents();
+#endif
+  }
   vec_t x[kVecs];
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
@@ -521,6 +542,9 @@ SGL_DEVICE void norm_rows_in_registers(const NormParams& params, float (*partial
     }
   } else {
     device::pdl_wait_primary();  // before the first global load (see norm_rows_kernel)
+#if NORM_EARLY_TRIGGER == 2
+    device::pdl_launch_dependents();
+#endif
     vec_t weight[kVecs];
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
@@ -553,8 +577,8 @@ __global__ void __launch_bounds__(NormConfig::bound_threads(kKind, kNormThreadBy
                                   NormConfig::bound_blocks(kKind, kNormThreadBytes<T, kVecN, kVecs>, kVecs == 0, kWide,
                                                            kVecs))
     norm_rows_kernel(const NormParams params) {
-  __shared__ float partials[2][NormConfig::kMaxWarps];  // two buffers: one barrier per row
-#if NORM_EARLY_TRIGGER
+  __shared__ alignas(16) float partials[2][NormConfig::kMaxWarps];  // two buffers: one barrier per row
+#if NORM_EARLY_TRIGGER == 1
   device::pdl_launch_dependents();
 #endif
 
@@ -562,6 +586,9 @@ __global__ void __launch_bounds__(NormConfig::bound_threads(kKind, kNormThreadBy
   // pdl_wait_primary() before its first one; index arithmetic on the parameters runs before it.
   if constexpr (kVecs == 0) {
     device::pdl_wait_primary();
+#if NORM_EARLY_TRIGGER == 2
+    device::pdl_launch_dependents();
+#endif
     norm_rows_two_pass<T, kVecN, kKind>(params, partials);
   } else {
     norm_rows_in_registers<T, kVecN, kKind, kVecs>(params, partials);
