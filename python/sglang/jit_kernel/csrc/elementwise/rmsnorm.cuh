@@ -55,11 +55,11 @@
 #include <limits>
 #include <type_traits>
 
-#ifndef NORM_FUSED_LATE_STORE
-#define NORM_FUSED_LATE_STORE 0
+#ifndef NORM_FUSED_W_AFTER_ADD
+#define NORM_FUSED_W_AFTER_ADD 0
 #endif
-#ifndef NORM_GROUP_THREADS
-#define NORM_GROUP_THREADS 256
+#ifndef NORM_MINB_FUSED
+#define NORM_MINB_FUSED 4
 #endif
 
 namespace {
@@ -146,7 +146,7 @@ struct NormConfig {
   /// (48) in four; the fused add 4 (64) up to 32 bytes, 1 above; 2 (128) for eight vectors.
   static constexpr int narrow_min_blocks(NormKind kind, int thread_bytes, int vecs) {
     if (vecs >= 8) return 2;  // eight loads per thread (narrow vectors): 128 registers
-    if (kind == NormKind::kFusedAddRMSNorm) return thread_bytes > 32 ? 1 : 4;
+    if (kind == NormKind::kFusedAddRMSNorm) return thread_bytes > 32 ? 1 : NORM_MINB_FUSED;
     if (thread_bytes > 32) return 4;
     if (thread_bytes > 16) return vecs >= 4 ? 5 : 6;
     return 4;
@@ -458,7 +458,8 @@ SGL_DEVICE void norm_group_in_registers(const NormParams& params, const NormRows
     if (valid[j]) x[j].load(ptrs.input, lane + j * tpr);
   }
   vec_t loaded_weight[kLoadWeight ? kVecs : 1];
-  if constexpr (kLoadWeight) {
+  constexpr bool kWeightAfterAdd = NORM_FUSED_W_AFTER_ADD && kKind == NormKind::kFusedAddRMSNorm;
+  if constexpr (kLoadWeight && !kWeightAfterAdd) {
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
       if (valid[j]) loaded_weight[j].load(rows.weight, lane + j * tpr);
@@ -475,11 +476,16 @@ SGL_DEVICE void norm_group_in_registers(const NormParams& params, const NormRows
     for (int j = 0; j < kVecs; ++j) {
       if (valid[j]) {
         x[j] = add_rounded(x[j], r[j]);
-#if !NORM_FUSED_LATE_STORE
         x[j].store(ptrs.residual, lane + j * tpr);
-#endif
       }
     }
+  }
+  if constexpr (kLoadWeight && kWeightAfterAdd) {
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      if (valid[j]) loaded_weight[j].load(rows.weight, lane + j * tpr);
+    }
+    weight = loaded_weight;
   }
   float sum = 0.0f;
 #pragma unroll
@@ -491,14 +497,6 @@ SGL_DEVICE void norm_group_in_registers(const NormParams& params, const NormRows
   const float rstd = rsqrtf(total * params.inv_hidden_size + params.eps);
   const RowScale scale = row_scale(rstd, params.weight_offset);
 
-#if NORM_FUSED_LATE_STORE
-  if constexpr (kKind == NormKind::kFusedAddRMSNorm) {
-#pragma unroll
-    for (int j = 0; j < kVecs; ++j) {
-      if (valid[j]) x[j].store(ptrs.residual, lane + j * tpr);
-    }
-  }
-#endif
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
     if (valid[j]) {
@@ -649,7 +647,7 @@ inline void set_head_divisor(NormRows& rows) {
 }
 
 inline NormGeometry make_geometry(int64_t tpr, int64_t k) {
-  const int64_t rows = std::max<int64_t>(1, NORM_GROUP_THREADS / tpr);
+  const int64_t rows = std::max<int64_t>(1, NormConfig::kBlockThreads / tpr);
   return {static_cast<int32_t>(tpr), static_cast<int32_t>(k), static_cast<int32_t>(rows),
           static_cast<uint32_t>(rows * tpr)};
 }
