@@ -487,6 +487,37 @@ def test_qknorm_empty():
     assert fused_inplace_qknorm(q, k, w, w) is None
 
 
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("blocks_per_sm", [1, 2])
+def test_norm_ctas_with_several_groups(dtype, blocks_per_sm):
+    """The launchers give every group of rows its own CTA; a capped grid (the benchmark override's
+    persistent mode, and launches past 2^30 groups) makes CTAs loop over groups, alternating the
+    shared-memory partial buffers. Same values as the references, every op."""
+    from sglang.jit_kernel.norm import _jit_norm_module
+
+    module = _jit_norm_module(dtype)
+    module._set_geometry_override(0, 0, blocks_per_sm)
+    try:
+        for n, h in [(4097, 4096), (4097, 128), (1031, 16384), (2053, 769)]:
+            x, w = make_rows(n, h, dtype), make_weight(h, dtype)
+            assert_within_ulps(rmsnorm(x, w, 1e-6), ref_rmsnorm(x, w, 1e-6))
+            r = make_rows(n, h, dtype)
+            expected, expected_residual = ref_fused(x, r, w, 1e-6)
+            fused_add_rmsnorm(x, r, w, 1e-6)
+            assert torch.equal(r, expected_residual)
+            assert_within_ulps(x, expected)
+        q, k, v, _ = qkv_views(4097, 32, 8, 128, dtype, offset=1)
+        qw, kw = make_weight(128, dtype), make_weight(128, dtype)
+        expected_q, expected_k, v_before = ref_rmsnorm(q, qw, 1e-6), ref_rmsnorm(k, kw, 1e-6), v.clone()
+        fused_inplace_qknorm(q, k, qw, kw, 1e-6)
+        assert_within_ulps(q, expected_q)
+        assert_within_ulps(k, expected_k)
+        assert torch.equal(v, v_before)
+    finally:
+        module._set_geometry_override(0, 0, 0)
+
+
 # ---------------------------------------------------------------------------------------------
 # CUDA graphs, torch.compile, streams, devices
 # ---------------------------------------------------------------------------------------------

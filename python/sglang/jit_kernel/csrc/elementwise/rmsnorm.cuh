@@ -55,13 +55,6 @@
 #include <limits>
 #include <type_traits>
 
-#ifndef NORM_FUSED_W_AFTER_ADD
-#define NORM_FUSED_W_AFTER_ADD 0
-#endif
-#ifndef NORM_MINB_FUSED
-#define NORM_MINB_FUSED 4
-#endif
-
 namespace {
 
 /// Which op a norm_rows_kernel instantiation computes.
@@ -146,7 +139,7 @@ struct NormConfig {
   /// (48) in four; the fused add 4 (64) up to 32 bytes, 1 above; 2 (128) for eight vectors.
   static constexpr int narrow_min_blocks(NormKind kind, int thread_bytes, int vecs) {
     if (vecs >= 8) return 2;  // eight loads per thread (narrow vectors): 128 registers
-    if (kind == NormKind::kFusedAddRMSNorm) return thread_bytes > 32 ? 1 : NORM_MINB_FUSED;
+    if (kind == NormKind::kFusedAddRMSNorm) return thread_bytes > 32 ? 1 : 4;
     if (thread_bytes > 32) return 4;
     if (thread_bytes > 16) return vecs >= 4 ? 5 : 6;
     return 4;
@@ -458,8 +451,7 @@ SGL_DEVICE void norm_group_in_registers(const NormParams& params, const NormRows
     if (valid[j]) x[j].load(ptrs.input, lane + j * tpr);
   }
   vec_t loaded_weight[kLoadWeight ? kVecs : 1];
-  constexpr bool kWeightAfterAdd = NORM_FUSED_W_AFTER_ADD && kKind == NormKind::kFusedAddRMSNorm;
-  if constexpr (kLoadWeight && !kWeightAfterAdd) {
+  if constexpr (kLoadWeight) {
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
       if (valid[j]) loaded_weight[j].load(rows.weight, lane + j * tpr);
@@ -479,13 +471,6 @@ SGL_DEVICE void norm_group_in_registers(const NormParams& params, const NormRows
         x[j].store(ptrs.residual, lane + j * tpr);
       }
     }
-  }
-  if constexpr (kLoadWeight && kWeightAfterAdd) {
-#pragma unroll
-    for (int j = 0; j < kVecs; ++j) {
-      if (valid[j]) loaded_weight[j].load(rows.weight, lane + j * tpr);
-    }
-    weight = loaded_weight;
   }
   float sum = 0.0f;
 #pragma unroll
