@@ -1,12 +1,11 @@
 """Where the eager rmsnorm call's host time goes (device): FFI call cost, torch.empty_like, and
 allocating the output in C++ through TVM-FFI's environment allocator (torch's DLPack allocator)."""
-import time
-
 import torch
 import tvm_ffi
 import tvm_ffi.cpp
 
 import sglang.jit_kernel.norm as N
+from sglang.jit_kernel.benchmark.utils import eager_wall_us
 
 print("torch", torch.__version__, "tvm_ffi", tvm_ffi.__version__, "exchange api:",
       hasattr(torch.Tensor, "__dlpack_c_exchange_api__"), flush=True)
@@ -39,11 +38,4 @@ cases = [
 ]
 for rep in range(2):
     for name, f in cases:
-        for _ in range(300):
-            f()
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(CALLS):
-            f()
-        torch.cuda.synchronize()
-        print(f"rep{rep} {name:<24} {(time.perf_counter() - t) / CALLS * 1e6:7.2f} us", flush=True)
+        print(f"rep{rep} {name:<24} {eager_wall_us(f, calls=CALLS, warmup=300):7.2f} us", flush=True)
