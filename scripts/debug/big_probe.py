@@ -1,6 +1,7 @@
 """Launch the large norm cases once per variant (and scale at the same bytes) for ncu metrics.
 
-Usage (device): ncu --clock-control none --metrics ... python3 scripts/debug/big_probe.py base:-DNORM_VARIANT=0 st4:-DNORM_STAGES=4
+Usage (device): ncu --clock-control none --metrics ... python3 scripts/debug/big_probe.py base: v1:-DMY_SWITCH=1
+(variant specs as in variants.py)
 """
 
 import sys

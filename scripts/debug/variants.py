@@ -1,10 +1,11 @@
-"""A/B of compile-time norm kernel variants (-DNORM_VARIANT=v) on the issue's sizes, one process.
+"""A/B of compile-time norm kernel variants on the issue's sizes, one process.
 
-Usage (device): python3 scripts/debug/variants.py base:-DNORM_VARIANT=0 st4:-DNORM_STAGES=4 [--sweep]
-(name:comma-separated nvcc flags)
+Usage (device): python3 scripts/debug/variants.py base: v1:-DMY_SWITCH=1,-DOTHER=2 [--sweep=v1 ...]
+(name:comma-separated nvcc flags). The kernels carry no switches between experiments: add
+`#ifndef MY_SWITCH` blocks to the .cuh for the experiment and remove the losers afterwards.
 Builds every variant's bf16 module in parallel, then times each variant's ops through norm.py
-(the module functions are swapped in). Prints one table per variant; --sweep adds rmsnorm
-[16384, 4096] at capped resident CTAs per SM and one CTA per group.
+(the module functions are swapped in). Prints one table per variant; --sweep=name adds forced
+geometries (bps = blocks_per_sm of the override: > 0 a persistent grid, <= 0 the default).
 """
 
 import sys

@@ -499,7 +499,12 @@ def test_norm_ctas_with_several_groups(dtype, blocks_per_sm):
     module = _jit_norm_module(dtype)
     module._set_geometry_override(0, 0, blocks_per_sm)
     try:
-        for n, h in [(4097, 4096), (4097, 128), (1031, 16384), (2053, 769)]:
+        # 4096: one row per CTA, LDS.128 partials; 2048: two rows of 4 warps (LDS.128, slot > 0);
+        # 1024: four rows of 2 warps (shuffled partials); 128: 32 rows of 8 lanes (no barrier);
+        # 16384: 1024-thread rows (fp32: two passes); 769, 1537, 2049: unaligned rows with narrow
+        # vectors (the fused add keeps the weight in registers at 1537 and 2049: 4 / 8 vectors).
+        for n, h in [(4097, 4096), (4097, 2048), (4097, 1024), (4097, 128), (1031, 16384), (2053, 769),
+                     (1031, 1537), (1031, 2049)]:
             x, w = make_rows(n, h, dtype), make_weight(h, dtype)
             assert_within_ulps(rmsnorm(x, w, 1e-6), ref_rmsnorm(x, w, 1e-6))
             r = make_rows(n, h, dtype)

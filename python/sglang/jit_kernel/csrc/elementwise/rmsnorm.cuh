@@ -115,7 +115,7 @@ struct NormConfig {
 
   /// Largest CTA (and TPR) for a kind and the bytes of x per thread; also the kernel's
   /// __launch_bounds__, i.e. its register budget: 1024 threads (64 registers) hold 32 bytes of x
-  /// plus the cached weight, 256 threads hold 64 (with min_blocks: 80 registers); the two-pass
+  /// plus the weight, 256 threads hold 64 (with min_blocks, narrow_min_blocks); the two-pass
   /// path runs 512 threads; the fused add with eight (narrow) vectors per thread 512, so that it
   /// does not spill (unaligned fused rows of more than 512 * 8 vectors take two passes).
   /// qknorm: 256 (heads are short).
@@ -274,7 +274,8 @@ SGL_DEVICE void pdl_wait_then_release() {
 /// Sum of `value` over the `tpr` threads of each row; every thread of the row gets the total.
 /// tpr <= 32: rows are aligned groups of tpr lanes, reduced by shuffles (no barrier).
 /// tpr > 32 (a multiple of 32): warp sums go to smem[warp]; one __syncthreads(); the row's warps
-/// (slot * tpr / 32 ...) are summed again by each warp. Every thread of the CTA must call it with
+/// (slot * tpr / 32 ...) are summed again: by every thread from two broadcast LDS.128 for rows of
+/// 4 or 8 warps, by a shuffle reduction in each warp otherwise. Every thread of the CTA must call it with
 /// the same tpr. `smem` (kMaxWarps floats) must not be rewritten until every thread has passed the
 /// next barrier: callers alternate two buffers.
 /// Example: tpr = 8, lanes holding their lane id: lanes 0..7 get 28, lanes 8..15 get 92, ...
@@ -428,7 +429,8 @@ SGL_DEVICE void norm_rows_two_pass(const NormParams& params, float (*partials)[N
 /// row group * rows_per_cta + slot (and of its residual row) with every load in flight before the
 /// first use, keeps them in registers through the reduction, then scales and stores them.
 /// kLoadWeight: the weight vectors are loaded here, after x, so both loads are in flight together
-/// (a CTA with one group); otherwise `weight` holds them (loaded once per CTA).
+/// (every group, except the fused add with four or more vectors per thread); otherwise `weight`
+/// holds them (loaded once per CTA).
 template <typename T, int kVecN, NormKind kKind, int kVecs, bool kLoadWeight>
 SGL_DEVICE void norm_group_in_registers(const NormParams& params, const NormRows& rows, int64_t group, int slot,
                                         int lane, const device::AlignedVector<T, kVecN>* weight, float* smem) {
@@ -442,8 +444,8 @@ SGL_DEVICE void norm_group_in_registers(const NormParams& params, const NormRows
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) valid[j] = active && lane + j * tpr < params.num_vecs;
 
-  // A CTA with one group waits for the previous kernel (PDL) only here, after its index and
-  // pointer arithmetic (kernel parameters only), right before its first global load.
+  // Waits for the previous kernel (PDL) and releases the next one only here, after the index and
+  // pointer arithmetic (kernel parameters only), right before the group's first global load.
   if constexpr (kLoadWeight) pdl_wait_then_release();
   vec_t x[kVecs];
 #pragma unroll
@@ -492,9 +494,9 @@ SGL_DEVICE void norm_group_in_registers(const NormParams& params, const NormRows
 }
 
 /// Register path: rows that fit kVecs vectors per thread. Thread t handles row slot t / tpr of
-/// each group and the vectors (t % tpr) + j * tpr, j < kVecs, of that row. A CTA with one group
-/// (decode sizes) loads x and the weight together; a CTA with several loads the weight of its
-/// columns once and keeps it in registers.
+/// each group and the vectors (t % tpr) + j * tpr, j < kVecs, of that row, and loads x and the
+/// weight of each group together (the fused add with four or more vectors per thread loads the
+/// weight of its columns once and keeps it in registers across groups).
 template <typename T, int kVecN, NormKind kKind, int kVecs>
 SGL_DEVICE void norm_rows_in_registers(const NormParams& params, float (*partials)[NormConfig::kMaxWarps]) {
   using vec_t = device::AlignedVector<T, kVecN>;
@@ -560,7 +562,7 @@ __global__ void __launch_bounds__(NormConfig::bound_threads(kKind, kNormThreadBy
                                   NormConfig::bound_blocks(kKind, kNormThreadBytes<T, kVecN, kVecs>, kVecs == 0, kWide,
                                                            kVecs))
     norm_rows_kernel(const NormParams params) {
-  __shared__ alignas(16) float partials[2][NormConfig::kMaxWarps];  // two buffers: one barrier per row
+  __shared__ alignas(16) float partials[2][NormConfig::kMaxWarps];  // two buffers: one barrier per group
 
   // Every global load may read what the previous kernel writes (PDL): each path calls
   // pdl_wait_then_release() before its first one; index arithmetic on the parameters runs before it.
