@@ -55,6 +55,10 @@
 #include <limits>
 #include <type_traits>
 
+#ifndef NORM_QK_SPLIT_BLOCKS
+#define NORM_QK_SPLIT_BLOCKS 0
+#endif
+
 namespace {
 
 /// Which op a norm_rows_kernel instantiation computes.
@@ -314,15 +318,31 @@ struct CtaShare {
   int64_t stride;  // CTAs serving the tensor
 };
 
+/// qknorm: params.rows0_ctas CTAs serve q, the other gridDim.x - rows0_ctas serve k, interleaved
+/// in launch order in proportion (CTA b serves k when floor((b + 1) * K / grid) > floor(b * K /
+/// grid), K the k CTAs), so that the CTAs running at any time read q and k of the same tokens: the
+/// fused qkv rows are then read as contiguous q + k spans rather than q spans first and k's short
+/// strided spans last. Example: 32 q + 8 kv heads, 32 heads per group: CTAs 0-3 q of tokens 0-3,
+/// CTA 4 k of tokens 0-3, CTAs 5-8 q of tokens 4-7, ...
 template <NormKind kKind>
 SGL_DEVICE CtaShare cta_share(const NormParams& params) {
+  const int64_t b = blockIdx.x;
+  const int64_t grid = gridDim.x;
   if constexpr (kKind == NormKind::kQKNorm) {
-    if (blockIdx.x >= params.rows0_ctas) {
-      return {1, static_cast<int64_t>(blockIdx.x) - params.rows0_ctas, static_cast<int64_t>(gridDim.x) - params.rows0_ctas};
+    const int64_t k_ctas = grid - params.rows0_ctas;
+    // Interleaved while grid * K < 2^32 (32-bit division; qknorm at 65536 tokens of 32 + 8 heads is
+    // 81920 CTAs, K = 16384); beyond that, and without one of the tensors, q first, then k.
+    if (!NORM_QK_SPLIT_BLOCKS && params.rows0_ctas > 0 && k_ctas > 0 &&
+        static_cast<uint64_t>(grid) * static_cast<uint64_t>(k_ctas) < (uint64_t{1} << 32)) {
+      const uint32_t g = static_cast<uint32_t>(grid), k = static_cast<uint32_t>(k_ctas), u = static_cast<uint32_t>(b);
+      const uint32_t k_before = u * k / g;  // k CTAs among [0, b)
+      if ((u + 1) * k / g > k_before) return {1, int64_t{k_before}, k_ctas};
+      return {0, b - int64_t{k_before}, params.rows0_ctas};
     }
-    return {0, static_cast<int64_t>(blockIdx.x), params.rows0_ctas};
+    if (b >= params.rows0_ctas) return {1, b - params.rows0_ctas, k_ctas};
+    return {0, b, params.rows0_ctas};
   }
-  return {0, static_cast<int64_t>(blockIdx.x), static_cast<int64_t>(gridDim.x)};
+  return {0, b, grid};
 }
 
 /// Element pointers of one row; in-place kinds write where they read.
