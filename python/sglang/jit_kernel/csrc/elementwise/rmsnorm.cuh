@@ -535,6 +535,8 @@ SGL_DEVICE void norm_rows_in_registers(const NormParams& params, float (*partial
   // and keeps the weight in registers, loaded before the first group.
   constexpr bool kOneGroupPath = kKind != NormKind::kFusedAddRMSNorm || kVecs <= 2;
   if constexpr (kOneGroupPath) {
+    // One group: straight-line code, kept apart from the loop below (the loop alone measured
+    // rmsnorm [1, 4096] 1.45 vs 1.24 us on an H200).
     if (share.first + share.stride >= rows.num_groups) {
       if (share.first < rows.num_groups) {
         norm_group_in_registers<T, kVecN, kKind, kVecs, true>(params, rows, share.first, slot, lane, nullptr,
