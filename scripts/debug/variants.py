@@ -1,13 +1,15 @@
 """A/B of compile-time norm kernel variants on the issue's sizes, one process.
 
-Usage (device): python3 scripts/debug/variants.py base: v1:-DMY_SWITCH=1,-DOTHER=2 [--sweep=v1 ...]
-(name:comma-separated nvcc flags). The kernels carry no switches between experiments: add
+Usage (device): python3 scripts/debug/variants.py base: v1:-DMY_SWITCH=1,-DOTHER=2 old@dir: [--sweep=v1 ...]
+(name[@dir]:comma-separated nvcc flags; @dir builds the .cuh files of dir/elementwise, e.g. a copy
+of the kernels at an earlier commit). The kernels carry no switches between experiments: add
 `#ifndef MY_SWITCH` blocks to the .cuh for the experiment and remove the losers afterwards.
 Builds every variant's bf16 module in parallel, then times each variant's ops through norm.py
 (the module functions are swapped in). Prints one table per variant; --sweep=name adds forced
 geometries (bps = blocks_per_sm of the override: > 0 a persistent grid, <= 0 the default).
 """
 
+import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -23,10 +25,12 @@ bf16 = torch.bfloat16
 
 def build(spec):
     name, _, flags = spec.partition(":")
+    name, _, root = name.partition("@")  # name@dir: the .cuh files from dir/elementwise (e.g. an old copy)
+    root = os.path.abspath(root) + "/" if root else ""
     args = make_cpp_args(bf16)
     return load_jit(
         "normvariant", name, *args,
-        cuda_files=["elementwise/rmsnorm.cuh", "elementwise/fused_add_rmsnorm.cuh", "elementwise/qknorm.cuh"],
+        cuda_files=[f"{root}elementwise/{f}.cuh" for f in ("rmsnorm", "fused_add_rmsnorm", "qknorm")],
         cuda_wrappers=[
             ("rmsnorm", f"rmsnorm<{args}>"),
             ("fused_add_rmsnorm", f"fused_add_rmsnorm<{args}>"),
@@ -68,6 +72,9 @@ def measure(module, sweep):
         out = torch.empty(n, h, dtype=bf16, device="cuda")
         rows.append(BenchRow("rmsnorm", f"[{n}, {h}]", "jit", bench_rotating(lambda x, r: N.rmsnorm(x, w, out=out), sets)[0],
                              4 * n * h + 2 * h))
+        if n == 16384:
+            rows.append(BenchRow("rmsnorm", f"[{n}, {h}]", "jit out=x", bench_rotating(lambda x, r: N.rmsnorm(x, w, out=x), sets)[0],
+                                 4 * n * h + 2 * h))
         if sweep and n < 100:
             for tpr, k, bps in [(512, 1, 0), (256, 2, 0), (128, 4, 0)]:
                 module._set_geometry_override(tpr, k, bps)
