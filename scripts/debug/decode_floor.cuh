@@ -10,8 +10,18 @@
 
 namespace {
 
-template <int kVecs>
-__global__ void row_probe_kernel(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, bf16_t* __restrict__ out) {
+/// 16-byte load through the coherent path (plain ld.global, as the norm kernels compile to), for
+/// comparison with the restrict-const loads (LDG.CONSTANT) of the probe.
+SGL_DEVICE void load_plain(device::AlignedVector<bf16_t, 8>& v, const bf16_t* p, int index) {
+  uint4 u;
+  asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+               : "l"(reinterpret_cast<const uint4*>(p) + index));
+  memcpy(&v, &u, 16);
+}
+
+template <int kVecs, bool kPlain = false>
+__global__ void row_probe_kernel(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, bf16_t* __restrict__ out,
+                                 int64_t w_row_stride) {
   using vec_t = device::AlignedVector<bf16_t, 8>;
   constexpr int kThreads = 512 / kVecs;
   constexpr int kWarps = kThreads / 32;
@@ -19,13 +29,18 @@ __global__ void row_probe_kernel(const bf16_t* __restrict__ x, const bf16_t* __r
   const int t = threadIdx.x;
   const bf16_t* xr = x + blockIdx.x * 4096;
   bf16_t* outr = out + blockIdx.x * 4096;
+  w += blockIdx.x * w_row_stride;  // 0: every CTA reads the same weight; 4096: a copy per CTA
   device::pdl_wait_primary();
   device::pdl_launch_dependents();
   vec_t xv[kVecs], wv[kVecs];
 #pragma unroll
-  for (int j = 0; j < kVecs; ++j) xv[j].load(xr, t + j * kThreads);
+  for (int j = 0; j < kVecs; ++j) {
+    if constexpr (kPlain) load_plain(xv[j], xr, t + j * kThreads); else xv[j].load(xr, t + j * kThreads);
+  }
 #pragma unroll
-  for (int j = 0; j < kVecs; ++j) wv[j].load(w, t + j * kThreads);
+  for (int j = 0; j < kVecs; ++j) {
+    if constexpr (kPlain) load_plain(wv[j], w, t + j * kThreads); else wv[j].load(w, t + j * kThreads);
+  }
   float s = 0.f;
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
@@ -64,21 +79,24 @@ __global__ void row_probe_kernel(const bf16_t* __restrict__ x, const bf16_t* __r
   }
 }
 
-// out, x: [rows, 4096] bf16 contiguous; w: [4096]; vecs in {1, 2, 4, 8, 16}.
-void row_probe(tvm::ffi::TensorView out, tvm::ffi::TensorView x, tvm::ffi::TensorView w, int64_t vecs) {
+// out, x: [rows, 4096] bf16 contiguous; w: [4096] (or [rows, 4096] with w_row_stride 4096);
+// vecs in {1, 2, 4, 8, 16}.
+void row_probe(tvm::ffi::TensorView out, tvm::ffi::TensorView x, tvm::ffi::TensorView w, int64_t vecs,
+               int64_t w_row_stride) {
   const DLDevice device = x.device();
   auto* xp = static_cast<const bf16_t*>(x.data_ptr());
   auto* wp = static_cast<const bf16_t*>(w.data_ptr());
   auto* op = static_cast<bf16_t*>(out.data_ptr());
   const uint32_t rows = static_cast<uint32_t>(x.size(0));
-  host::LaunchKernel launch(rows, static_cast<uint32_t>(512 / vecs), device);
+  host::LaunchKernel launch(rows, static_cast<uint32_t>(512 / (vecs % 100)), device);
   launch.enable_pdl(true);
   switch (vecs) {
-    case 1: return launch(row_probe_kernel<1>, xp, wp, op);
-    case 2: return launch(row_probe_kernel<2>, xp, wp, op);
-    case 4: return launch(row_probe_kernel<4>, xp, wp, op);
-    case 8: return launch(row_probe_kernel<8>, xp, wp, op);
-    default: return launch(row_probe_kernel<16>, xp, wp, op);
+    case 1: return launch(row_probe_kernel<1>, xp, wp, op, w_row_stride);
+    case 2: return launch(row_probe_kernel<2>, xp, wp, op, w_row_stride);
+    case 102: return launch(row_probe_kernel<2, true>, xp, wp, op, w_row_stride);
+    case 4: return launch(row_probe_kernel<4>, xp, wp, op, w_row_stride);
+    case 8: return launch(row_probe_kernel<8>, xp, wp, op, w_row_stride);
+    default: return launch(row_probe_kernel<16>, xp, wp, op, w_row_stride);
   }
 }
 

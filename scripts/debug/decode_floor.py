@@ -31,11 +31,18 @@ def main():
             t = bench_rotating(lambda x, w, o: N.rmsnorm(x, w, out=o), sets)[0]
             line.append(f"{name}: rmsnorm {t:.3f}")
             for vecs in (1, 2, 4, 8, 16):
-                m.row_probe(o, x, w, vecs)
+                m.row_probe(o, x, w, vecs, 0)
                 err = (o.float() - ref).abs().max().item()
                 assert err < 0.05, (vecs, err)
-                t = bench_rotating(lambda x, w, o, v=vecs: m.row_probe(o, x, w, v), sets)[0]
+                t = bench_rotating(lambda x, w, o, v=vecs: m.row_probe(o, x, w, v, 0), sets)[0]
                 line.append(f"{512 // vecs}x{vecs} {t:.3f}")
+        # Same, each CTA reading its own copy of the weight (is the shared weight an L2 hot spot?)
+        wc = torch.rand(n, h, dtype=bf16, device="cuda") + 0.5
+        for name, sets in (("warm", warm), ("cold", cold)):
+            t = bench_rotating(lambda x, w, o: m.row_probe(o, x, wc, 2, 4096), sets)[0]
+            line.append(f"{name} 256x2 weight per CTA {t:.3f}")
+            t = bench_rotating(lambda x, w, o: m.row_probe(o, x, w, 102, 0), sets)[0]
+            line.append(f"{name} 256x2 plain ld.global {t:.3f}")
         print("  ".join(line), flush=True)
 
 

@@ -324,8 +324,8 @@ def rmsnorm(
         Added to the mean square (>= 0; with 0, an all-zero row gives NaN). Default 1e-6.
     out : torch.Tensor, optional
         Where to write: the shape, dtype and device of ``input``, last dim contiguous, any row
-        strides; may be ``input`` itself (in place), must not partially overlap it. Allocated when
-        omitted (contiguous).
+        strides; may be ``input`` itself (in place), must not partially overlap it nor share
+        memory with ``weight``. Allocated when omitted (contiguous).
     cast_x_before_out_mul : bool
         Round ``x * rsqrt(...)`` to the dtype before the weight multiply. Default False.
     enable_pdl : bool, optional
@@ -348,7 +348,8 @@ def rmsnorm(
         Before any launch, naming the argument: not on a CUDA device, unsupported or mismatched
         dtype, ``weight`` not of shape ``[hidden_size]`` or on another device, ``out`` of another
         shape, a last dim that is not contiguous, leading dims that cannot be flattened without a
-        copy (``out``), ``out`` partially overlapping ``input`` or expanded (stride 0).
+        copy (``out``), ``out`` partially overlapping ``input``, sharing memory with ``weight``, or
+        expanded (stride 0).
     """
     return _rmsnorm("rmsnorm", input, weight, eps, out, 0.0, cast_x_before_out_mul, enable_pdl)
 
@@ -447,8 +448,8 @@ def fused_add_rmsnorm(
     ------
     TypeError, ValueError, RuntimeError
         As :func:`rmsnorm`, for ``input``, ``residual`` and ``weight``, before any launch; also
-        RuntimeError if ``residual`` overlaps ``input`` in memory (including being the same tensor)
-        or either is expanded (stride 0).
+        RuntimeError if ``residual`` overlaps ``input`` in memory (including being the same tensor),
+        either shares memory with ``weight``, or either is expanded (stride 0).
     """
     _fused_add_rmsnorm("fused_add_rmsnorm", input, residual, weight, eps, 0.0, enable_pdl)
 
@@ -515,7 +516,7 @@ def fused_inplace_qknorm(
         Before any launch, naming the argument: not on CUDA, unsupported or mismatched dtype, q or k
         not 3-D, mismatched num_tokens, a weight not of shape ``[head_dim]``, a last dim that is not
         contiguous, ``k`` sharing an element with ``q`` (partially, or the same tensor), q or k
-        whose own elements may overlap (a stride-0 / expanded dim, or heads closer than
+        sharing memory with ``q_weight`` or ``k_weight``, q or k whose own elements may overlap (a stride-0 / expanded dim, or heads closer than
         ``head_dim``). q and k may interleave as views of one buffer, token-major (fused qkv) or
         head-major (``buf.view(H, T, D).transpose(0, 1)``): the overlap check is exact when both
         have the same largest stride (the token stride, or the head stride of head-major views);

@@ -682,6 +682,34 @@ def test_norm_aliasing_rejected():
 
 
 @requires_cuda
+def test_norm_outputs_overlapping_weight_rejected():
+    """Other rows still read the weight while an op writes its outputs, so an output sharing memory
+    with a weight would change the answer: refused before any launch, naming both tensors, every
+    buffer unchanged."""
+    buffer = make_rows(3, 256, torch.bfloat16)
+    before = buffer.clone()
+    x, w = buffer[:2], buffer[2]
+    with pytest.raises(RuntimeError, match="out overlaps weight in memory"):
+        rmsnorm(buffer[2:].clone(), w, out=buffer[2:])
+    with pytest.raises(RuntimeError, match="out overlaps weight in memory"):
+        gemma_rmsnorm(buffer[1:2].clone(), buffer[1], out=buffer[1:2])
+    with pytest.raises(RuntimeError, match="input overlaps weight in memory"):
+        fused_add_rmsnorm(buffer[1:], make_rows(2, 256, torch.bfloat16), w)
+    with pytest.raises(RuntimeError, match="residual overlaps weight in memory"):
+        fused_add_rmsnorm(x.clone(), buffer[1:], w)
+    qkv = make_rows(4, 3 * 128, torch.bfloat16).view(4, 3, 128)
+    qkv_before = qkv.clone()
+    q, k = qkv[:, 0:2], qkv[:, 2:3]
+    other = make_weight(128, torch.bfloat16)
+    with pytest.raises(RuntimeError, match="q overlaps q_weight in memory"):
+        fused_inplace_qknorm(q, k, qkv[1, 1], other)
+    with pytest.raises(RuntimeError, match="k overlaps k_weight in memory"):
+        fused_inplace_qknorm(q, k, other, qkv[3, 2])
+    assert torch.equal(buffer, before)
+    assert torch.equal(qkv, qkv_before)
+
+
+@requires_cuda
 def test_qknorm_overlapping_heads_rejected():
     """k = b[:, 3:5] with q = b[:, 0:4] (k's head 0 is q's head 3), and q whose heads overlap each
     other (head stride head_dim // 2): refused before any launch, the buffer unchanged."""

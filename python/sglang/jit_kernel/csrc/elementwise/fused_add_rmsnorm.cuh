@@ -53,6 +53,9 @@ void fused_add_rmsnorm(tvm::ffi::TensorView input, tvm::ffi::TensorView residual
   verify_no_self_overlap(input, "input");
   verify_no_self_overlap(residual, "residual");
   verify_no_partial_overlap(residual, "residual", input, "input", /*allow_same=*/false);
+  // Other rows still read the weight while input and residual are written: no shared memory.
+  verify_no_partial_overlap(input, "input", weight, "weight", /*allow_same=*/false);
+  verify_no_partial_overlap(residual, "residual", weight, "weight", /*allow_same=*/false);
 
   // Unwrap
   const int64_t n = num_tokens.unwrap();

@@ -64,6 +64,11 @@ void fused_inplace_qknorm(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::f
   verify_no_self_overlap(q, "q");
   verify_no_self_overlap(k, "k");
   verify_no_partial_overlap(k, "k", q, "q", /*allow_same=*/false);
+  // Other heads still read the weights while q and k are written: no shared memory.
+  verify_no_partial_overlap(q, "q", q_weight, "q_weight", /*allow_same=*/false);
+  verify_no_partial_overlap(q, "q", k_weight, "k_weight", /*allow_same=*/false);
+  verify_no_partial_overlap(k, "k", q_weight, "q_weight", /*allow_same=*/false);
+  verify_no_partial_overlap(k, "k", k_weight, "k_weight", /*allow_same=*/false);
 
   // Unwrap
   const int64_t n = num_tokens.unwrap();

@@ -205,22 +205,37 @@ SGL_DEVICE device::AlignedVector<T, N> map_pairs(const device::AlignedVector<T, 
   return out;
 }
 
-/// Sum of x[i]^2 in fp32 over one vector.
+/// Sum of x[i]^2 in fp32 over one vector: even and odd elements in two chains (half the dependent
+/// FMAs on the decode critical path), added at the end.
 template <typename T, std::size_t N>
 SGL_DEVICE float sum_squares(const device::AlignedVector<T, N>& x) {
-  float sum = 0.0f;
   if constexpr (N >= 2) {
+    float even = 0.0f, odd = 0.0f;
 #pragma unroll
     for (std::size_t i = 0; i < N / 2; ++i) {
       const float2 f = pair_as_float2(x, i);
-      sum = fmaf(f.x, f.x, sum);
-      sum = fmaf(f.y, f.y, sum);
+      even = fmaf(f.x, f.x, even);
+      odd = fmaf(f.y, f.y, odd);
     }
+    return even + odd;
   } else {
     const float f = device::cast<fp32_t>(x[0]);
-    sum = f * f;
+    return f * f;
   }
-  return sum;
+}
+
+/// Sum of sum_squares(x[j]) over j < kVecs as a pairwise tree (the vectors' chains run side by side).
+template <int kVecs, typename T, std::size_t N>
+SGL_DEVICE float sum_squares_all(const device::AlignedVector<T, N> (&x)[kVecs]) {
+  float partial[kVecs];
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) partial[j] = sum_squares(x[j]);
+#pragma unroll
+  for (int width = 1; width < kVecs; width *= 2) {
+#pragma unroll
+    for (int j = 0; j + width < kVecs; j += 2 * width) partial[j] += partial[j + width];
+  }
+  return partial[0];
 }
 
 /// round(x + r) element-wise: the fp32 sum rounded once to T (what the residual stream stores).
@@ -281,21 +296,34 @@ SGL_DEVICE void pdl_wait_then_release() {
 /// next barrier: callers alternate two buffers.
 /// Example: tpr = 8, lanes holding their lane id: lanes 0..7 get 28, lanes 8..15 get 92, ...
 SGL_DEVICE float row_reduce_sum(float value, int tpr, int slot, float* smem) {
-#pragma unroll
-  for (int mask = device::kWarpThreads / 2; mask > 0; mask >>= 1) {
-    if (mask < tpr) value += __shfl_xor_sync(0xffffffffu, value, mask);
-  }
-  if (tpr <= static_cast<int>(device::kWarpThreads)) return value;
   const uint32_t lane = threadIdx.x % device::kWarpThreads;
   const uint32_t warp = threadIdx.x / device::kWarpThreads;
-  if (lane == 0) smem[warp] = value;
-  __syncthreads();
   const int warps_per_row = tpr / static_cast<int>(device::kWarpThreads);
+  // Addresses first, so that their arithmetic is off the chain of shuffles and barrier below.
+  float* const warp_partial = smem + warp;
+  const float4* const row_partials = reinterpret_cast<const float4*>(smem + slot * warps_per_row);
+  if (tpr < static_cast<int>(device::kWarpThreads)) {
+    // Rows of lanes (qknorm heads, short rows): log2(tpr) shuffles, one uniform branch per level.
+    // (All five shuffles with a predicated add cost qknorm at 16384 tokens 81.9 vs 81.4 us.)
+#pragma unroll
+    for (int mask = device::kWarpThreads / 2; mask > 0; mask >>= 1) {
+      if (mask < tpr) value += __shfl_xor_sync(0xffffffffu, value, mask);
+    }
+    return value;
+  }
+  // Rows of whole warps: the five shuffles as straight-line code. With a branch per level the
+  // compiler left the shared-window address (S2R SR_CgaCtaId) for the store after the last
+  // shuffle, on the critical path; now it is issued with the loads. Together with the
+  // straight-line sums of norm_group_in_registers, H200, same process: rmsnorm [1, 4096] 1.09 /
+  // 1.15 -> 1.03 / 0.99 us, fused add [1, 4096] 1.23 -> 1.16 / 1.06, [64, 4096] 2.07 -> 1.91.
+  value = device::warp::reduce_sum<float>(value);
+  if (tpr == static_cast<int>(device::kWarpThreads)) return value;
+  if (lane == 0) *warp_partial = value;
+  __syncthreads();
   if (warps_per_row == 4 || warps_per_row == 8) {
     // Rows of 128 or 256 threads (decode rmsnorm): every thread reads the row's partials (broadcast
     // LDS.128) and sums them as a tree, shorter than five more shuffles (rmsnorm [1, 4096] on an
     // H200: 1.13 vs 1.18 us). Wider rows keep the shuffles (eight float4 would cost registers).
-    const float4* row_partials = reinterpret_cast<const float4*>(smem + slot * warps_per_row);
     const float4 a = row_partials[0];
     float total = (a.x + a.y) + (a.z + a.w);
     if (warps_per_row == 8) {
@@ -464,10 +492,19 @@ SGL_DEVICE void norm_group_in_registers(const NormParams& params, const NormRows
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) valid[j] = active && lane + j * tpr < params.num_vecs;
 
+  // Up to two vectors per thread (decode rows among them), vectors past the row stay zero, so the
+  // arithmetic below runs unpredicated: straight-line code whose chains the compiler interleaves;
+  // only the loads and stores test valid[j]. More vectors keep the arithmetic under valid[j]: the
+  // zeros would hold registers that those builds do not have (they spilled under their caps).
+  constexpr bool kStraight = kVecs <= 2;
+  vec_t x[kVecs];
+  if constexpr (kStraight) {
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) x[j].fill(device::cast<T>(0.0f));
+  }
   // Waits for the previous kernel (PDL) and releases the next one only here, after the index and
   // pointer arithmetic (kernel parameters only), right before the group's first global load.
   if constexpr (kLoadWeight) pdl_wait_then_release();
-  vec_t x[kVecs];
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
     if (valid[j]) x[j].load(ptrs.input, lane + j * tpr);
@@ -484,20 +521,23 @@ SGL_DEVICE void norm_group_in_registers(const NormParams& params, const NormRows
     vec_t r[kVecs];
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
+      if constexpr (kStraight) r[j].fill(device::cast<T>(0.0f));
       if (valid[j]) r[j].load(ptrs.residual, lane + j * tpr);
     }
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
-      if (valid[j]) {
-        x[j] = add_rounded(x[j], r[j]);
-        x[j].store(ptrs.residual, lane + j * tpr);
-      }
+      if (kStraight || valid[j]) x[j] = add_rounded(x[j], r[j]);
+      if (valid[j]) x[j].store(ptrs.residual, lane + j * tpr);
     }
   }
   float sum = 0.0f;
+  if constexpr (kStraight) {
+    sum = sum_squares_all(x);
+  } else {
 #pragma unroll
-  for (int j = 0; j < kVecs; ++j) {
-    if (valid[j]) sum += sum_squares(x[j]);
+    for (int j = 0; j < kVecs; ++j) {
+      if (valid[j]) sum += sum_squares(x[j]);
+    }
   }
 
   const float total = row_reduce_sum(sum, tpr, slot, smem);
@@ -883,6 +923,8 @@ void rmsnorm(tvm::ffi::TensorView out, tvm::ffi::TensorView input, tvm::ffi::Ten
       .verify(weight, "weight");
   verify_no_self_overlap(out, "out");
   verify_no_partial_overlap(out, "out", input, "input", /*allow_same=*/true);
+  // Other rows still read the weight while out is written: they must not share memory.
+  verify_no_partial_overlap(out, "out", weight, "weight", /*allow_same=*/false);
 
   // Unwrap
   const int64_t n = num_tokens.unwrap();
