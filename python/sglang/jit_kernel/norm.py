@@ -517,8 +517,9 @@ def fused_inplace_qknorm(
         not 3-D, mismatched num_tokens, a weight not of shape ``[head_dim]``, a last dim that is not
         contiguous, ``k`` sharing an element with ``q`` (partially, or the same tensor), q or k
         sharing memory with ``q_weight`` or ``k_weight``, q or k whose own elements may overlap (a
-        stride-0 / expanded dim, or heads closer than ``head_dim``). q and k may interleave as views of one buffer, token-major (fused qkv) or
-        head-major (``buf.view(H, T, D).transpose(0, 1)``): the overlap check is exact when both
+        stride-0 / expanded dim, or heads closer than ``head_dim``). q and k may interleave as
+        views of one buffer, token-major (fused qkv) or head-major
+        (``buf.view(H, T, D).transpose(0, 1)``): the overlap check is exact when both
         have the same largest stride (the token stride, or the head stride of head-major views);
         views of one buffer in a layout it cannot decide (e.g. different token strides) are refused.
     """
