@@ -19,7 +19,7 @@ SGL_DEVICE void load_plain(device::AlignedVector<bf16_t, 8>& v, const bf16_t* p,
   memcpy(&v, &u, 16);
 }
 
-template <int kVecs, bool kPlain = false>
+template <int kVecs, bool kPlain = false, bool kReduce = true>
 __global__ void row_probe_kernel(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, bf16_t* __restrict__ out,
                                  int64_t w_row_stride) {
   using vec_t = device::AlignedVector<bf16_t, 8>;
@@ -50,8 +50,8 @@ __global__ void row_probe_kernel(const bf16_t* __restrict__ x, const bf16_t* __r
       s = fmaf(f, f, s);
     }
   }
-  s = device::warp::reduce_sum<float>(s);
-  if constexpr (kWarps > 1) {
+  if constexpr (kReduce) s = device::warp::reduce_sum<float>(s);
+  if constexpr (kReduce && kWarps > 1) {
     if (t % 32 == 0) smem[t / 32] = s;
     __syncthreads();
     float total = 0.f;
@@ -94,6 +94,7 @@ void row_probe(tvm::ffi::TensorView out, tvm::ffi::TensorView x, tvm::ffi::Tenso
     case 1: return launch(row_probe_kernel<1>, xp, wp, op, w_row_stride);
     case 2: return launch(row_probe_kernel<2>, xp, wp, op, w_row_stride);
     case 102: return launch(row_probe_kernel<2, true>, xp, wp, op, w_row_stride);
+    case 202: return launch(row_probe_kernel<2, false, false>, xp, wp, op, w_row_stride);  // no reduction
     case 4: return launch(row_probe_kernel<4>, xp, wp, op, w_row_stride);
     case 8: return launch(row_probe_kernel<8>, xp, wp, op, w_row_stride);
     default: return launch(row_probe_kernel<16>, xp, wp, op, w_row_stride);
