@@ -6,7 +6,9 @@ of the kernels at an earlier commit). The kernels carry no switches between expe
 `#ifndef MY_SWITCH` blocks to the .cuh for the experiment and remove the losers afterwards.
 Builds every variant's bf16 module in parallel, then times each variant's ops through norm.py
 (the module functions are swapped in). Prints one table per variant; --sweep=name adds forced
-geometries (bps = blocks_per_sm of the override: > 0 a persistent grid, <= 0 the default).
+geometries (bps = blocks_per_sm of the override: > 0 a persistent grid, <= 0 the default);
+--hazard prints bench_norm.l2_after_table per variant (the next kernel's L2 after each op);
+--no-measure skips the timing table.
 """
 
 import os
@@ -23,6 +25,13 @@ from sglang.jit_kernel.utils import load_jit, make_cpp_args
 bf16 = torch.bfloat16
 
 
+def has_l2_hint(root):
+    """Whether the kernels under root (or the package's) have the L2-hint override."""
+    path = f"{root}elementwise/rmsnorm.cuh" if root else os.path.join(
+        os.path.dirname(N.__file__), "csrc", "elementwise", "rmsnorm.cuh")
+    return "set_norm_l2_hint_override" in open(path).read()
+
+
 def build(spec):
     name, _, flags = spec.partition(":")
     name, _, root = name.partition("@")  # name@dir: the .cuh files from dir/elementwise (e.g. an old copy)
@@ -36,7 +45,7 @@ def build(spec):
             ("fused_add_rmsnorm", f"fused_add_rmsnorm<{args}>"),
             ("fused_inplace_qknorm", f"fused_inplace_qknorm<{args}>"),
             ("_set_geometry_override", "set_norm_geometry_override"),
-        ],
+        ] + ([("_set_l2_hint_override", "set_norm_l2_hint_override")] if has_l2_hint(root) else []),
         extra_cuda_cflags=[f for f in flags.split(",") if f],
     )
 
@@ -134,7 +143,12 @@ def main():
     for v in variants:
         use(modules[v])
         print(f"== variant {v}: max |err| rmsnorm / fused add vs fp32 ref: {check(modules[v])}", flush=True)
-        print(format_rows(measure(modules[v], v.partition(":")[0] in sweep), roof), flush=True)
+        if "--hazard" in sys.argv:
+            from sglang.jit_kernel.benchmark.bench_norm import l2_after_table
+
+            print(l2_after_table(), flush=True)
+        if "--no-measure" not in sys.argv:
+            print(format_rows(measure(modules[v], v.partition(":")[0] in sweep), roof), flush=True)
 
 
 if __name__ == "__main__":

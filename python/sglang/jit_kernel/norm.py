@@ -54,6 +54,8 @@ def _jit_norm_module(dtype: torch.dtype) -> Module:
             ("fused_inplace_qknorm", f"fused_inplace_qknorm<{args}>"),
             # benchmark sweeps only (bench_norm.py --sweep): force the launch geometry
             ("_set_geometry_override", "set_norm_geometry_override"),
+            # tests and benchmarks only: force the L2 hint of in-place launches (-1 auto, 0, 1)
+            ("_set_l2_hint_override", "set_norm_l2_hint_override"),
         ],
     )
 

@@ -5,7 +5,9 @@ each op must move, and % of a device copy measured in the same process. Bytes mo
   rmsnorm            2*N*H*s + H*s          (read x, write out, read w)
   fused_add_rmsnorm  4*N*H*s + H*s          (read x and residual, write both, read w)
   qknorm             2*N*(Hq+Hk)*D*s + 2*D*s (read and write q and k in place, read both weights)
-Last: eager wall time per rmsnorm call at [1, 4096] (10k calls, one sync) vs F.rms_norm.
+Then: eager wall time per rmsnorm call at [1, 4096] (10k calls, one sync) vs F.rms_norm, and
+whether each op leaves the L2 fair to the next kernel (l2_after_table: the large in-place launches
+load with an evict_last L2 hint, see RowAccess in csrc/elementwise/rmsnorm.cuh).
 
 ``python bench_norm.py --decode-sweep`` times forced geometries at decode sizes.
 ``python bench_norm.py --sweep`` instead times the automatic launch geometry against forced
@@ -82,6 +84,7 @@ def compiled(name: str, fn: Callable) -> Callable:
 def rms_rows(roof: float) -> list[BenchRow]:
     providers: dict[str, Callable] = {
         "jit": lambda x, w, o: rmsnorm(x, w, EPS, out=o),
+        "jit out=x": lambda x, w, o: rmsnorm(x, w, EPS, out=x),
         "torch": lambda x, w, o: torch_rmsnorm(x, w),
         "F.rms_norm": lambda x, w, o: F.rms_norm(x, (x.shape[-1],), w, EPS),
         "torch.compile": lambda x, w, o: compiled("rms", torch_rmsnorm)(x, w),
@@ -205,6 +208,49 @@ def eager_table() -> str:
     if flashinfer_norm is not None:
         results["flashinfer rmsnorm"] = eager_wall_us(lambda: flashinfer_norm.rmsnorm(x, w, EPS))
     lines = [f"# eager wall time per call, [1, {HIDDEN}] bf16, {EAGER_CALLS} calls, one sync (target jit <= 5 us)"]
+    lines += [f"{name:<28} {us:8.2f} us" for name, us in results.items()]
+    return "\n".join(lines)
+
+
+def l2_after_table(victim_mb: int = 32, reps: int = 20) -> str:
+    """Does an op leave the L2 fair to the next kernel? A victim buffer (victim_mb MB, under the L2
+    size) is read twice right after the op; the second read is an L2 hit unless lines the op left
+    behind (e.g. marked evict_last and never written) push the victim out first. Median µs of the
+    second read (events, ``reps`` times) after each op at [16384, 4096] bf16, next to the same after
+    a torch copy of 128 MB (fair) and after a 1 GiB copy without the first read (all misses)."""
+    x = torch.randn(16384, HIDDEN, dtype=DTYPE, device="cuda")
+    r, o = torch.randn_like(x), torch.empty_like(x)
+    w = torch.rand(HIDDEN, dtype=DTYPE, device="cuda") + 0.5
+    qkv = torch.randn(16384, (NUM_Q_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM, dtype=DTYPE, device="cuda")
+    q = qkv[:, : NUM_Q_HEADS * HEAD_DIM].view(16384, NUM_Q_HEADS, HEAD_DIM)
+    k = qkv[:, NUM_Q_HEADS * HEAD_DIM : (NUM_Q_HEADS + NUM_KV_HEADS) * HEAD_DIM].view(16384, NUM_KV_HEADS, HEAD_DIM)
+    hw = torch.rand(HEAD_DIM, dtype=DTYPE, device="cuda") + 0.5
+    big, big_out = torch.empty(1 << 29, dtype=DTYPE, device="cuda"), torch.empty(1 << 29, dtype=DTYPE, device="cuda")
+    victim = torch.randn(victim_mb << 19, dtype=DTYPE, device="cuda")
+
+    def second_read_us(op: Callable[[], object], warm: bool = True) -> float:
+        times = []
+        for _ in range(reps):
+            op()
+            if warm:
+                victim.sum()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            victim.sum()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) * 1e3)
+        return sorted(times)[len(times) // 2]
+
+    results = {
+        "torch copy 128 MB (fair)": second_read_us(lambda: o.copy_(x)),
+        "jit rmsnorm out separate": second_read_us(lambda: rmsnorm(x, w, EPS, out=o)),
+        "jit rmsnorm out=x": second_read_us(lambda: rmsnorm(x, w, EPS, out=x)),
+        "jit fused_add_rmsnorm": second_read_us(lambda: fused_add_rmsnorm(x, r, w, EPS)),
+        "jit qknorm 16384 tokens": second_read_us(lambda: fused_inplace_qknorm(q, k, hw, hw, EPS)),
+        "1 GiB copy, no first read": second_read_us(lambda: big_out.copy_(big), warm=False),
+    }
+    lines = [f"# next kernel's L2: second read of a {victim_mb} MB buffer right after each op ([16384, {HIDDEN}] bf16)"]
     lines += [f"{name:<28} {us:8.2f} us" for name, us in results.items()]
     return "\n".join(lines)
 
@@ -341,6 +387,7 @@ def main() -> None:
     print(format_rows(rows, roof))
     print("# timing method: cold L2 (rotated inputs) vs one input replayed (the tutorial's run_benchmark)")
     print(format_rows(method_rows(), roof))
+    print(l2_after_table())
 
 
 if __name__ == "__main__":

@@ -487,6 +487,18 @@ def test_qknorm_empty():
     assert fused_inplace_qknorm(q, k, w, w) is None
 
 
+def check_qknorm_in_qkv(num_tokens: int, dtype: torch.dtype, offset: int) -> None:
+    """fused_inplace_qknorm on q / k views (32 + 8 heads x 128) of a fused qkv buffer stored at
+    ``offset`` elements: both within ULPS of the fp32 reference, v unchanged."""
+    q, k, v, _ = qkv_views(num_tokens, 32, 8, 128, dtype, offset=offset)
+    qw, kw = make_weight(128, dtype), make_weight(128, dtype)
+    expected_q, expected_k, v_before = ref_rmsnorm(q, qw, 1e-6), ref_rmsnorm(k, kw, 1e-6), v.clone()
+    fused_inplace_qknorm(q, k, qw, kw, 1e-6)
+    assert_within_ulps(q, expected_q)
+    assert_within_ulps(k, expected_k)
+    assert torch.equal(v, v_before)
+
+
 @requires_cuda
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("blocks_per_sm", [1, 2])
@@ -512,15 +524,44 @@ def test_norm_ctas_with_several_groups(dtype, blocks_per_sm):
             fused_add_rmsnorm(x, r, w, 1e-6)
             assert torch.equal(r, expected_residual)
             assert_within_ulps(x, expected)
-        q, k, v, _ = qkv_views(4097, 32, 8, 128, dtype, offset=1)
-        qw, kw = make_weight(128, dtype), make_weight(128, dtype)
-        expected_q, expected_k, v_before = ref_rmsnorm(q, qw, 1e-6), ref_rmsnorm(k, kw, 1e-6), v.clone()
-        fused_inplace_qknorm(q, k, qw, kw, 1e-6)
-        assert_within_ulps(q, expected_q)
-        assert_within_ulps(k, expected_k)
-        assert torch.equal(v, v_before)
+        check_qknorm_in_qkv(4097, dtype, offset=1)
     finally:
         module._set_geometry_override(0, 0, 0)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("mode", [1, 0])
+def test_norm_l2_hint_builds(dtype, mode):
+    """In-place launches of at least 1 MiB of rows take the L2-hint builds (loads evict_last,
+    stores evict_normal); smaller ones and out-of-place rmsnorm the plain builds. The override
+    forces the hint on every in-place launch (1) or none (0): the same values either way, for every
+    vector width (16 / 8 / 4 / 2 bytes via storage offsets), the two-pass rows and qknorm heads in
+    a fused qkv buffer whose v part stays untouched."""
+    from sglang.jit_kernel.norm import _jit_norm_module
+
+    module = _jit_norm_module(dtype)
+    module._set_l2_hint_override(mode)
+    try:
+        for n, h, offset in [(129, 4096, 0), (129, 4096, 1), (67, 770, 2), (33, 1538, 4), (5, 16384, 0),
+                             (3, 65536, 0), (7, 1, 0)]:
+            base_x = make_rows(n * h + offset, 1, dtype).view(-1)
+            x = base_x[offset:].view(n, h)
+            w = make_weight(h, dtype)
+            expected = ref_rmsnorm(x, w, 1e-6)
+            assert rmsnorm(x, w, 1e-6, out=x) is x
+            assert_within_ulps(x, expected)
+            r = make_rows(n, h, dtype)
+            expected, expected_residual = ref_fused(x, r, w, 1e-6)
+            fused_add_rmsnorm(x, r, w, 1e-6)
+            assert torch.equal(r, expected_residual)
+            assert_within_ulps(x, expected)
+        for offset in (0, 1):
+            check_qknorm_in_qkv(257, dtype, offset=offset)
+    finally:
+        module._set_l2_hint_override(-1)
+    with pytest.raises(RuntimeError, match="mode must be -1, 0 or 1, got 2"):
+        module._set_l2_hint_override(2)
 
 
 # ---------------------------------------------------------------------------------------------

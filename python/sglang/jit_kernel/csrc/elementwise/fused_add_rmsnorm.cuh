@@ -91,7 +91,7 @@ void fused_add_rmsnorm(tvm::ffi::TensorView input, tvm::ffi::TensorView residual
 
   // Launch
   launch_norm_rows_any_width<T, NormKind::kFusedAddRMSNorm>(params, h, vec_bytes, device,
-                                                            resolve_pdl(enable_pdl, device));
+                                                            resolve_pdl(enable_pdl, device), /*in_place=*/true);
 }
 
 }  // namespace

@@ -125,7 +125,8 @@ void fused_inplace_qknorm(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::f
        address_of(params.rows[1].weight), stride_bits * sizeof(T), static_cast<uint64_t>(d) * sizeof(T)});
 
   // Launch
-  launch_norm_rows_any_width<T, NormKind::kQKNorm>(params, d, vec_bytes, device, resolve_pdl(enable_pdl, device));
+  launch_norm_rows_any_width<T, NormKind::kQKNorm>(params, d, vec_bytes, device, resolve_pdl(enable_pdl, device),
+                                                   /*in_place=*/true);
 }
 
 }  // namespace

@@ -6,7 +6,7 @@
 // cast_x_before_out_mul the normalised x is rounded to the dtype first and then multiplied by the
 // weight (Hugging Face's order): out = round(float(round(x * rstd)) * (w + weight_offset)).
 //
-// One kernel, norm_rows_kernel<T, kVecN, kKind, kVecs, kWide>, serves three ops (kKind):
+// One kernel, norm_rows_kernel<T, kVecN, kKind, kVecs, kWide, kL2Hint>, serves three ops (kKind):
 //   kRMSNorm          rows of `input` -> rows of `out`                         (this file)
 //   kFusedAddRMSNorm  residual <- round(input + residual); input <- rmsnorm(residual)  (fused_add_rmsnorm.cuh)
 //   kQKNorm           every head of q and of k normalised in place, two weights        (qknorm.cuh)
@@ -31,6 +31,11 @@
 // decode sizes that took rmsnorm [1, 4096] from 1.41 to 1.13-1.18 us per call on an H200, and
 // straight-line sums and shuffles after the loads (norm_group_in_registers, row_reduce_sum) to
 // 0.99-1.03, the time of a probe kernel that moves the same bytes and does nothing else.
+//
+// Large in-place launches (the fused add, qknorm, rmsnorm with out = input) load their rows
+// evict_last and store evict_normal (RowAccess): the L2 then writes dirty lines back first and
+// DRAM keeps the rate of a copy (fused add [16384, 4096] on an H200: 95.1 -> 101.0 % of a torch
+// copy). These are separate builds (kL2Hint); small and out-of-place launches use the plain ones.
 //
 // Memory traffic (the bytes-moved counts of the benchmarks): rmsnorm 2*N*H*sizeof(T) + H*sizeof(T);
 // fused add 4*N*H*sizeof(T) + H*sizeof(T); qknorm 2*N*(Hq+Hk)*D*sizeof(T) + 2*D*sizeof(T).
@@ -109,6 +114,8 @@ struct NormConfig {
   static constexpr uint32_t kBlockThreads = 256;   // CTA size when several rows share a CTA
   static constexpr uint32_t kMaxWarps = 32;        // shared-memory partials per buffer
   static constexpr int kMaxThreadBytes = 64;       // x held per thread at most (registers)
+  // In-place launches reading at least this many bytes of rows take the L2 hint (RowAccess).
+  static constexpr int64_t kL2HintMinBytes = int64_t{1} << 20;
 
   /// Vectors of x a thread may hold: 64 bytes' worth, at most 8. The register path is compiled for
   /// 1, 2, 4 and 8 (when allowed) vectors per thread; the two-pass path moves chunks of max_vecs.
@@ -277,6 +284,60 @@ SGL_DEVICE device::AlignedVector<T, N> normalize(const device::AlignedVector<T, 
   });
 }
 
+/// Global loads of rows (x, residual) and stores of results, with or without the L2 hint.
+///
+/// kL2Hint: rows are loaded evict_last and every store is evict_normal. Only for launches that
+/// write every row they read (in place: the fused add, qknorm, rmsnorm with out = input), so the
+/// stores return every line the loads marked to the default priority and nothing marked
+/// evict_last outlives the kernel. The weight is loaded without the hint (it is never written).
+/// Why: the DRAM bytes are the same (ncu, fused add [16384, 4096]: 268.5 MB read either way), the
+/// order is not: with default priorities the L2 replaces the clean lines just read and the dirty
+/// lines just written alike; with the rows evict_last it writes the dirty lines back first, and
+/// DRAM serves the stream at the rate of a copy. H200, bf16, cold L2, same process, before ->
+/// after: fused add [16384, 4096] 133.1 -> 125.3 us (95.1 -> 101.0 % of a torch copy), [16384,
+/// 8192] 262.1 -> 247.6 (96.5 -> 102.2 %); rmsnorm out = x [16384, 4096 / 8192] 65.4 / 131.5 ->
+/// 63.3 / 125.3; qknorm at 16384 tokens 81.7 -> 79.7 (96.8 -> 99.3 %). The same in a bare probe of
+/// the access pattern (scripts/debug/stream_probe.py: 94.4 -> 99.0 % in place). Not used:
+/// - with a separate out (rmsnorm 97.7 %, measured 100 % hinted): its input lines would stay
+///   evict_last after the kernel and push the next kernel's data out of L2 first (a 32 MB buffer
+///   read twice right after rmsnorm [16384, 4096]: second read 18.3 us vs 13.5 without the hint;
+///   after the hinted in-place fused add 14.4-14.6, as without it);
+/// - evict_last loads with plain stores (the lines stay evict_last: same 18 us), evict_first
+///   stores (98.3 %), applypriority after use (rmsnorm 92.8 %), loads evict_first or .cs (-4 %);
+/// - launches below NormConfig::kL2HintMinBytes: latency-bound, the hinted accesses (compiler
+///   barriers) measured 0.05-0.13 us slower at one token.
+template <bool kL2Hint>
+struct RowAccess {
+  device::L2Policy load_policy;
+  device::L2Policy store_policy;
+
+  SGL_DEVICE static RowAccess make() {
+    if constexpr (kL2Hint) {
+      return {device::l2_evict_last_policy(), device::l2_evict_normal_policy()};
+    } else {
+      return {};
+    }
+  }
+
+  template <typename V>
+  SGL_DEVICE void load(V& v, const void* ptr, int64_t offset) const {
+    if constexpr (kL2Hint) {
+      v.load(ptr, offset, load_policy);
+    } else {
+      v.load(ptr, offset);
+    }
+  }
+
+  template <typename V>
+  SGL_DEVICE void store(const V& v, void* ptr, int64_t offset) const {
+    if constexpr (kL2Hint) {
+      v.store(ptr, offset, store_policy);
+    } else {
+      v.store(ptr, offset);
+    }
+  }
+};
+
 /// PDL (no-op without it): waits for the previous kernel in the stream to finish (its writes are
 /// then visible), then lets the next kernel launch at once. Released this early, the next kernel's
 /// prologue (parameter loads, index arithmetic, instruction fetch) overlaps all of this kernel
@@ -413,7 +474,7 @@ SGL_DEVICE RowPointers<T> row_pointers(const NormRows& rows, int64_t row) {
 /// by chunk (the fused add stores round(x + r) to the residual on the way), pass 2 re-reads the row
 /// (an L2 hit; the fused add re-reads its own residual stores, same thread and address) and
 /// writes the output.
-template <typename T, int kVecN, NormKind kKind>
+template <typename T, int kVecN, NormKind kKind, bool kL2Hint>
 SGL_DEVICE void norm_rows_two_pass(const NormParams& params, float (*partials)[NormConfig::kMaxWarps]) {
   using vec_t = device::AlignedVector<T, kVecN>;
   constexpr int kMaxVecs = NormConfig::max_vecs(sizeof(vec_t));
@@ -422,6 +483,7 @@ SGL_DEVICE void norm_rows_two_pass(const NormParams& params, float (*partials)[N
   const int tpr = params.threads_per_row;
   const int lane = static_cast<int>(threadIdx.x);
   const int chunk = tpr * kMaxVecs;
+  const RowAccess<kL2Hint> access = RowAccess<kL2Hint>::make();
   int parity = 0;
 
   for (int64_t row = share.first; row < rows.num_rows; row += share.stride) {
@@ -431,16 +493,16 @@ SGL_DEVICE void norm_rows_two_pass(const NormParams& params, float (*partials)[N
       vec_t x[kMaxVecs];
 #pragma unroll
       for (int j = 0; j < kMaxVecs; ++j) {
-        if (base + j * tpr < params.num_vecs) x[j].load(ptrs.input, base + j * tpr);
+        if (base + j * tpr < params.num_vecs) access.load(x[j], ptrs.input, base + j * tpr);
       }
       if constexpr (kKind == NormKind::kFusedAddRMSNorm) {
 #pragma unroll
         for (int j = 0; j < kMaxVecs; ++j) {
           if (base + j * tpr < params.num_vecs) {
             vec_t r;
-            r.load(ptrs.residual, base + j * tpr);
+            access.load(r, ptrs.residual, base + j * tpr);
             x[j] = add_rounded(x[j], r);
-            x[j].store(ptrs.residual, base + j * tpr);
+            access.store(x[j], ptrs.residual, base + j * tpr);
           }
         }
       }
@@ -467,8 +529,8 @@ SGL_DEVICE void norm_rows_two_pass(const NormParams& params, float (*partials)[N
 #pragma unroll
       for (int j = 0; j < kMaxVecs; ++j) {
         if (base + j * tpr < params.num_vecs) {
-          normalize(x[j], w[j], scale, params.weight_offset, params.cast_x_before_out_mul)
-              .store(ptrs.out, base + j * tpr);
+          access.store(normalize(x[j], w[j], scale, params.weight_offset, params.cast_x_before_out_mul), ptrs.out,
+                       base + j * tpr);
         }
       }
     }
@@ -481,7 +543,7 @@ SGL_DEVICE void norm_rows_two_pass(const NormParams& params, float (*partials)[N
 /// kLoadWeight: the weight vectors are loaded here, after x, so both loads are in flight together
 /// (every group, except the fused add with four or more vectors per thread); otherwise `weight`
 /// holds them (loaded once per CTA).
-template <typename T, int kVecN, NormKind kKind, int kVecs, bool kLoadWeight>
+template <typename T, int kVecN, NormKind kKind, int kVecs, bool kLoadWeight, bool kL2Hint>
 SGL_DEVICE void norm_group_in_registers(const NormParams& params, const NormRows& rows, int64_t group, int slot,
                                         int lane, const device::AlignedVector<T, kVecN>* weight, float* smem) {
   using vec_t = device::AlignedVector<T, kVecN>;
@@ -506,10 +568,11 @@ SGL_DEVICE void norm_group_in_registers(const NormParams& params, const NormRows
   }
   // Waits for the previous kernel (PDL) and releases the next one only here, after the index and
   // pointer arithmetic (kernel parameters only), right before the group's first global load.
+  const RowAccess<kL2Hint> access = RowAccess<kL2Hint>::make();
   if constexpr (kLoadWeight) pdl_wait_then_release();
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
-    if (valid[j]) x[j].load(ptrs.input, lane + j * tpr);
+    if (valid[j]) access.load(x[j], ptrs.input, lane + j * tpr);
   }
   vec_t loaded_weight[kLoadWeight ? kVecs : 1];
   if constexpr (kLoadWeight) {
@@ -524,12 +587,12 @@ SGL_DEVICE void norm_group_in_registers(const NormParams& params, const NormRows
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
       if constexpr (kStraight) r[j].fill(device::cast<T>(0.0f));
-      if (valid[j]) r[j].load(ptrs.residual, lane + j * tpr);
+      if (valid[j]) access.load(r[j], ptrs.residual, lane + j * tpr);
     }
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
       if (kStraight || valid[j]) x[j] = add_rounded(x[j], r[j]);
-      if (valid[j]) x[j].store(ptrs.residual, lane + j * tpr);
+      if (valid[j]) access.store(x[j], ptrs.residual, lane + j * tpr);
     }
   }
   float sum = 0.0f;
@@ -549,8 +612,8 @@ SGL_DEVICE void norm_group_in_registers(const NormParams& params, const NormRows
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
     if (valid[j]) {
-      normalize(x[j], weight[j], scale, params.weight_offset, params.cast_x_before_out_mul)
-          .store(ptrs.out, lane + j * tpr);
+      access.store(normalize(x[j], weight[j], scale, params.weight_offset, params.cast_x_before_out_mul), ptrs.out,
+                   lane + j * tpr);
     }
   }
 }
@@ -559,7 +622,7 @@ SGL_DEVICE void norm_group_in_registers(const NormParams& params, const NormRows
 /// each group and the vectors (t % tpr) + j * tpr, j < kVecs, of that row, and loads x and the
 /// weight of each group together (the fused add with four or more vectors per thread loads the
 /// weight of its columns once and keeps it in registers across groups).
-template <typename T, int kVecN, NormKind kKind, int kVecs>
+template <typename T, int kVecN, NormKind kKind, int kVecs, bool kL2Hint>
 SGL_DEVICE void norm_rows_in_registers(const NormParams& params, float (*partials)[NormConfig::kMaxWarps]) {
   using vec_t = device::AlignedVector<T, kVecN>;
   const CtaShare share = cta_share<kKind>(params);
@@ -581,15 +644,15 @@ SGL_DEVICE void norm_rows_in_registers(const NormParams& params, float (*partial
     // rmsnorm [1, 4096] 1.45 vs 1.24 us on an H200).
     if (share.first + share.stride >= rows.num_groups) {
       if (share.first < rows.num_groups) {
-        norm_group_in_registers<T, kVecN, kKind, kVecs, true>(params, rows, share.first, slot, lane, nullptr,
-                                                              partials[0]);
+        norm_group_in_registers<T, kVecN, kKind, kVecs, true, kL2Hint>(params, rows, share.first, slot, lane,
+                                                                       nullptr, partials[0]);
       }
       return;
     }
     int parity = 0;
     for (int64_t group = share.first; group < rows.num_groups; group += share.stride) {
-      norm_group_in_registers<T, kVecN, kKind, kVecs, true>(params, rows, group, slot, lane, nullptr,
-                                                            partials[parity]);
+      norm_group_in_registers<T, kVecN, kKind, kVecs, true, kL2Hint>(params, rows, group, slot, lane, nullptr,
+                                                                     partials[parity]);
       parity ^= 1;
     }
   } else {
@@ -601,8 +664,8 @@ SGL_DEVICE void norm_rows_in_registers(const NormParams& params, float (*partial
     }
     int parity = 0;
     for (int64_t group = share.first; group < rows.num_groups; group += share.stride) {
-      norm_group_in_registers<T, kVecN, kKind, kVecs, false>(params, rows, group, slot, lane, weight,
-                                                             partials[parity]);
+      norm_group_in_registers<T, kVecN, kKind, kVecs, false, kL2Hint>(params, rows, group, slot, lane, weight,
+                                                                      partials[parity]);
       parity ^= 1;
     }
   }
@@ -620,7 +683,10 @@ inline constexpr int kNormThreadBytes =
 /// their tensor's groups of rows_per_cta rows. kVecs > 0: the register path with kVecs vectors
 /// per thread; kVecs = 0: rows too long for registers, one per CTA, two passes. kWide: the build
 /// for CTAs of more than NormConfig::kBlockThreads threads (register budget, NormConfig).
-template <typename T, int kVecN, NormKind kKind, int kVecs, bool kWide>
+/// kL2Hint: rows accessed with the L2 hint (RowAccess; the launcher decides, use_l2_hint). A
+/// separate build rather than a runtime branch: both paths in one kernel spilled three builds
+/// whose paths alone do not (the compiler hoists their common arithmetic above the branch).
+template <typename T, int kVecN, NormKind kKind, int kVecs, bool kWide, bool kL2Hint>
 __global__ void __launch_bounds__(NormConfig::bound_threads(kKind, kNormThreadBytes<T, kVecN, kVecs>, kVecs == 0, kWide,
                                                             kVecs),
                                   NormConfig::bound_blocks(kKind, kNormThreadBytes<T, kVecN, kVecs>, kVecs == 0, kWide,
@@ -632,9 +698,9 @@ __global__ void __launch_bounds__(NormConfig::bound_threads(kKind, kNormThreadBy
   // pdl_wait_then_release() before its first one; index arithmetic on the parameters runs before it.
   if constexpr (kVecs == 0) {
     pdl_wait_then_release();
-    norm_rows_two_pass<T, kVecN, kKind>(params, partials);
+    norm_rows_two_pass<T, kVecN, kKind, kL2Hint>(params, partials);
   } else {
-    norm_rows_in_registers<T, kVecN, kKind, kVecs>(params, partials);
+    norm_rows_in_registers<T, kVecN, kKind, kVecs, kL2Hint>(params, partials);
   }
 }
 
@@ -673,6 +739,23 @@ struct NormOverride {
 inline NormOverride& norm_override() {
   static NormOverride value;
   return value;
+}
+
+/// The L2 hint forced by _set_l2_hint_override (tests and benchmarks only): -1 automatic, 0 never,
+/// 1 every in-place launch whatever its size. Out-of-place launches never take it.
+inline int64_t& norm_l2_hint_override() {
+  static int64_t value = -1;
+  return value;
+}
+
+/// Whether a launch takes the L2 hint of RowAccess: it writes every row it reads in place and
+/// reads at least NormConfig::kL2HintMinBytes of rows (smaller launches are latency-bound, and the
+/// hinted accesses cost them 0.05-0.13 us).
+inline bool use_l2_hint(bool in_place, int64_t num_rows, int64_t hidden_size, std::size_t element_bytes) {
+  if (!in_place) return false;
+  const int64_t mode = norm_l2_hint_override();
+  if (mode >= 0) return mode == 1;
+  return num_rows * hidden_size * static_cast<int64_t>(element_bytes) >= NormConfig::kL2HintMinBytes;
 }
 
 /// Rounds a thread count up to a valid TPR: a power of two up to 32, a multiple of 32 above.
@@ -784,7 +867,7 @@ inline bool resolve_pdl(int64_t enable_pdl, const DLDevice& device) {
   return host::runtime::get_cc_major(device.device_id) >= 9;
 }
 
-/// Launches norm_rows_kernel<T, kVecN, kKind, kVecs, kWide>: one CTA per group of rows (at most
+/// Launches norm_rows_kernel<T, kVecN, kKind, kVecs, kWide, kL2Hint>: one CTA per group of rows (at most
 /// 2^30 CTAs; beyond that CTAs take several groups), or, under the benchmark override, at most SMs x
 /// blocks_per_sm CTAs (persistent). One CTA per group measured fastest on an H200 for all three
 /// kinds (rmsnorm [16384, 4096 / 8192] bf16 65.2 / 129.4 us vs 69.4 / 132.0 persistent at the
@@ -793,9 +876,9 @@ inline bool resolve_pdl(int64_t enable_pdl, const DLDevice& device) {
 /// previous one's reduction and stores. qknorm gives q and k shares of the grid in proportion to
 /// their groups, at least one each, interleaved in launch order when the grid runs in waves
 /// (cta_share).
-template <typename T, int kVecN, NormKind kKind, int kVecs, bool kWide>
+template <typename T, int kVecN, NormKind kKind, int kVecs, bool kWide, bool kL2Hint>
 void launch_norm_kernel(NormParams params, const NormGeometry& geometry, DLDevice device, bool pdl) {
-  constexpr auto kKernel = norm_rows_kernel<T, kVecN, kKind, kVecs, kWide>;
+  constexpr auto kKernel = norm_rows_kernel<T, kVecN, kKind, kVecs, kWide, kL2Hint>;
   const int64_t groups0 = params.rows[0].num_groups;
   const int64_t groups1 = kKind == NormKind::kQKNorm ? params.rows[1].num_groups : 0;
   const int64_t groups = groups0 + groups1;
@@ -818,27 +901,37 @@ void launch_norm_kernel(NormParams params, const NormGeometry& geometry, DLDevic
   host::LaunchKernel(static_cast<uint32_t>(grid), geometry.block_threads, device).enable_pdl(pdl)(kKernel, params);
 }
 
-/// Launches the narrow or wide build of the kVecs bucket (two-pass: kVecs = 0, one build).
-template <typename T, int kVecN, NormKind kKind, int kVecs>
-void launch_norm_bucket(const NormParams& params, const NormGeometry& geometry, DLDevice device, bool pdl) {
+/// Launches the narrow or wide build of the kVecs bucket (two-pass: kVecs = 0, one build), with or
+/// without the L2 hint.
+template <typename T, int kVecN, NormKind kKind, int kVecs, bool kL2Hint>
+void launch_norm_bucket_hint(const NormParams& params, const NormGeometry& geometry, DLDevice device, bool pdl) {
   constexpr int kBytes = kNormThreadBytes<T, kVecN, kVecs>;
   if constexpr (kVecs > 0 && NormConfig::max_threads(kKind, kBytes, false, kVecs) > NormConfig::kBlockThreads) {
     if (geometry.block_threads > NormConfig::kBlockThreads) {
-      return launch_norm_kernel<T, kVecN, kKind, kVecs, true>(params, geometry, device, pdl);
+      return launch_norm_kernel<T, kVecN, kKind, kVecs, true, kL2Hint>(params, geometry, device, pdl);
     }
   }
-  launch_norm_kernel<T, kVecN, kKind, kVecs, false>(params, geometry, device, pdl);
+  launch_norm_kernel<T, kVecN, kKind, kVecs, false, kL2Hint>(params, geometry, device, pdl);
+}
+
+template <typename T, int kVecN, NormKind kKind, int kVecs>
+void launch_norm_bucket(const NormParams& params, const NormGeometry& geometry, DLDevice device, bool pdl,
+                        bool l2_hint) {
+  if (l2_hint) return launch_norm_bucket_hint<T, kVecN, kKind, kVecs, true>(params, geometry, device, pdl);
+  launch_norm_bucket_hint<T, kVecN, kKind, kVecs, false>(params, geometry, device, pdl);
 }
 
 /// Chooses the geometry for kVecN-wide vectors, fills it into `params` and launches the kernel of
-/// its vectors-per-thread bucket.
+/// its vectors-per-thread bucket, the L2-hint build when use_l2_hint says so. in_place: every row
+/// read is written where it was read.
 template <typename T, int kVecN, NormKind kKind>
-void launch_norm_rows(NormParams params, int64_t hidden_size, DLDevice device, bool pdl) {
+void launch_norm_rows(NormParams params, int64_t hidden_size, DLDevice device, bool pdl, bool in_place) {
   constexpr int kMaxVecs = NormConfig::max_vecs(kVecN * sizeof(T));
   const int64_t num_vecs = hidden_size / kVecN;
   const NormGeometry geometry = choose_geometry(kKind, num_vecs, kVecN * sizeof(T),
                                                 params.rows[0].num_rows + params.rows[1].num_rows,
                                                 host::runtime::get_sm_count(device.device_id));
+  const bool l2_hint = use_l2_hint(in_place, params.rows[0].num_rows + params.rows[1].num_rows, hidden_size, sizeof(T));
   params.num_vecs = static_cast<int32_t>(num_vecs);
   params.threads_per_row = geometry.threads_per_row;
   params.rows_per_cta = geometry.rows_per_cta;
@@ -850,31 +943,38 @@ void launch_norm_rows(NormParams params, int64_t hidden_size, DLDevice device, b
     set_head_divisor(rows);
   }
   switch (geometry.vecs_per_thread) {
-    case 0: return launch_norm_bucket<T, kVecN, kKind, 0>(params, geometry, device, pdl);
-    case 1: return launch_norm_bucket<T, kVecN, kKind, 1>(params, geometry, device, pdl);
-    case 2: return launch_norm_bucket<T, kVecN, kKind, 2>(params, geometry, device, pdl);
+    case 0: return launch_norm_bucket<T, kVecN, kKind, 0>(params, geometry, device, pdl, l2_hint);
+    case 1: return launch_norm_bucket<T, kVecN, kKind, 1>(params, geometry, device, pdl, l2_hint);
+    case 2: return launch_norm_bucket<T, kVecN, kKind, 2>(params, geometry, device, pdl, l2_hint);
     case 4:
-      if constexpr (kMaxVecs >= 4) return launch_norm_bucket<T, kVecN, kKind, 4>(params, geometry, device, pdl);
+      if constexpr (kMaxVecs >= 4) {
+        return launch_norm_bucket<T, kVecN, kKind, 4>(params, geometry, device, pdl, l2_hint);
+      }
       [[fallthrough]];
     default:
-      if constexpr (kMaxVecs >= 8) return launch_norm_bucket<T, kVecN, kKind, 8>(params, geometry, device, pdl);
+      if constexpr (kMaxVecs >= 8) {
+        return launch_norm_bucket<T, kVecN, kKind, 8>(params, geometry, device, pdl, l2_hint);
+      }
       host::Panic("norm: unexpected vectors per thread ", geometry.vecs_per_thread);
   }
 }
 
-/// Launches with the widest vector `vec_bytes` allows (16 / 8 / 4 / 2 bytes).
+/// Launches with the widest vector `vec_bytes` allows (16 / 8 / 4 / 2 bytes); in_place as in
+/// launch_norm_rows.
 template <typename T, NormKind kKind>
 void launch_norm_rows_any_width(const NormParams& params, int64_t hidden_size, int64_t vec_bytes, DLDevice device,
-                                bool pdl) {
+                                bool pdl, bool in_place) {
   switch (vec_bytes) {
-    case 16: return launch_norm_rows<T, 16 / sizeof(T), kKind>(params, hidden_size, device, pdl);
-    case 8: return launch_norm_rows<T, 8 / sizeof(T), kKind>(params, hidden_size, device, pdl);
+    case 16: return launch_norm_rows<T, 16 / sizeof(T), kKind>(params, hidden_size, device, pdl, in_place);
+    case 8: return launch_norm_rows<T, 8 / sizeof(T), kKind>(params, hidden_size, device, pdl, in_place);
     default:
       if constexpr (sizeof(T) <= 2) {
-        if (vec_bytes == 4) return launch_norm_rows<T, 4 / sizeof(T), kKind>(params, hidden_size, device, pdl);
-        return launch_norm_rows<T, 1, kKind>(params, hidden_size, device, pdl);
+        if (vec_bytes == 4) {
+          return launch_norm_rows<T, 4 / sizeof(T), kKind>(params, hidden_size, device, pdl, in_place);
+        }
+        return launch_norm_rows<T, 1, kKind>(params, hidden_size, device, pdl, in_place);
       } else {
-        return launch_norm_rows<T, 1, kKind>(params, hidden_size, device, pdl);
+        return launch_norm_rows<T, 1, kKind>(params, hidden_size, device, pdl, in_place);
       }
   }
 }
@@ -961,7 +1061,10 @@ void rmsnorm(tvm::ffi::TensorView out, tvm::ffi::TensorView input, tvm::ffi::Ten
                                                     static_cast<uint64_t>(h) * sizeof(T)});
 
   // Launch
-  launch_norm_rows_any_width<T, NormKind::kRMSNorm>(params, h, vec_bytes, device, resolve_pdl(enable_pdl, device));
+  // In place: out is input (the overlap check above allows only the same view or none).
+  const bool in_place = params.rows[0].out == params.rows[0].input && (n == 1 || out.stride(0) == input.stride(0));
+  launch_norm_rows_any_width<T, NormKind::kRMSNorm>(params, h, vec_bytes, device, resolve_pdl(enable_pdl, device),
+                                                    in_place);
 }
 
 /// Benchmark hook: forces the geometry of every later norm launch of this module (all three ops)
@@ -971,6 +1074,12 @@ void rmsnorm(tvm::ffi::TensorView out, tvm::ffi::TensorView input, tvm::ffi::Ten
 /// occupancy); 0 or < 0 keeps the default, one CTA per group of rows.
 inline void set_norm_geometry_override(int64_t threads_per_row, int64_t vecs_per_thread, int64_t blocks_per_sm) {
   norm_override() = NormOverride{threads_per_row, vecs_per_thread, blocks_per_sm};
+}
+
+/// Tests and benchmarks only: forces the L2 hint of in-place launches (see norm_l2_hint_override).
+inline void set_norm_l2_hint_override(int64_t mode) {
+  host::RuntimeCheck(mode >= -1 && mode <= 1, "_set_l2_hint_override: mode must be -1, 0 or 1, got ", mode);
+  norm_l2_hint_override() = mode;
 }
 
 }  // namespace

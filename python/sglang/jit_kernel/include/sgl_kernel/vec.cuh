@@ -1,7 +1,10 @@
 // Vectorised global/shared memory access.
 //
 //   device::AlignedVector<T, N>   N elements of T moved with one 2/4/8/16-byte access (two 16-byte
-//                                 accesses for 32 bytes below SM100)
+//                                 accesses for 32 bytes below SM100); load / store optionally
+//                                 carry an L2 eviction priority (device::L2Policy)
+//   device::L2Policy              an L2 eviction priority for global accesses (createpolicy, SM80+):
+//                                 l2_evict_last_policy(), l2_evict_normal_policy()
 #pragma once
 
 #include <sgl_kernel/utils.cuh>  // For SGL_DEVICE
@@ -45,6 +48,41 @@ struct raw_storage<32> {
 
 }  // namespace detail
 
+/// An L2 eviction priority for global loads and stores: the 64-bit cache policy operand of
+/// `ld/st.global.L2::cache_hint` (PTX createpolicy, SM80+). The priority applies to the L2 lines
+/// the access touches: evict_last lines are replaced after evict_normal ones, and a later access
+/// with another policy sets the line's priority again.
+struct L2Policy {
+  uint64_t bits;
+};
+
+/// Whether this compilation pass has L2 cache hints (SM80+); without them the policy accessors
+/// below are plain accesses.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+inline constexpr bool kHasL2CacheHints = false;
+#else
+inline constexpr bool kHasL2CacheHints = true;
+#endif
+
+/// Every line the access touches becomes evict_last (replaced after evict_normal lines).
+SGL_DEVICE L2Policy l2_evict_last_policy() {
+  L2Policy policy{0};
+  if constexpr (kHasL2CacheHints) {
+    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy.bits));
+  }
+  return policy;
+}
+
+/// Every line the access touches becomes evict_normal (the default priority): a store under this
+/// policy returns lines an evict_last load marked to the default.
+SGL_DEVICE L2Policy l2_evict_normal_policy() {
+  L2Policy policy{0};
+  if constexpr (kHasL2CacheHints) {
+    asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy.bits));
+  }
+  return policy;
+}
+
 /// N elements of T stored contiguously with alignment sizeof(T) * N, so load/store compile to a
 /// single vector memory instruction (LDG.E.128 / STG.E.128 for 16-byte vectors).
 ///
@@ -70,6 +108,62 @@ struct alignas(sizeof(T) * N) AlignedVector {
   /// `ptr` must be aligned to sizeof(T) * N bytes.
   SGL_DEVICE void load(const void* ptr, int64_t offset = 0) {
     *reinterpret_cast<storage_type*>(data) = static_cast<const storage_type*>(ptr)[offset];
+  }
+
+  /// load(ptr, offset) with an L2 eviction priority for the lines it touches. `ptr` must point to
+  /// global memory (SM80+). 2-, 4-, 8- and 16-byte vectors; other sizes load without the policy.
+  /// The access is ordered like a volatile one with respect to other memory operations of the
+  /// thread (a compiler barrier), so it never moves above a PDL wait or a barrier.
+  SGL_DEVICE void load(const void* ptr, int64_t offset, L2Policy policy) {
+    const storage_type* src = static_cast<const storage_type*>(ptr) + offset;
+    storage_type* dst = reinterpret_cast<storage_type*>(data);
+    if constexpr (!kHasL2CacheHints) {
+      (void)policy;
+      *dst = *src;
+    } else if constexpr (sizeof(storage_type) == 16) {
+      asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                   : "=r"(dst->x), "=r"(dst->y), "=r"(dst->z), "=r"(dst->w)
+                   : "l"(src), "l"(policy.bits)
+                   : "memory");
+    } else if constexpr (sizeof(storage_type) == 8) {
+      asm volatile("ld.global.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
+                   : "=r"(dst->x), "=r"(dst->y)
+                   : "l"(src), "l"(policy.bits)
+                   : "memory");
+    } else if constexpr (sizeof(storage_type) == 4) {
+      asm volatile("ld.global.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(*dst) : "l"(src), "l"(policy.bits) : "memory");
+    } else if constexpr (sizeof(storage_type) == 2) {
+      asm volatile("ld.global.L2::cache_hint.u16 %0, [%1], %2;" : "=h"(*dst) : "l"(src), "l"(policy.bits) : "memory");
+    } else {
+      (void)policy;
+      *dst = *src;
+    }
+  }
+
+  /// store(ptr, offset) with an L2 eviction priority for the lines it touches; same rules as the
+  /// policy load (global memory, 2/4/8/16 bytes with the policy, other sizes without).
+  SGL_DEVICE void store(void* ptr, int64_t offset, L2Policy policy) const {
+    storage_type* dst = static_cast<storage_type*>(ptr) + offset;
+    const storage_type* src = reinterpret_cast<const storage_type*>(data);
+    if constexpr (!kHasL2CacheHints) {
+      (void)policy;
+      *dst = *src;
+    } else if constexpr (sizeof(storage_type) == 16) {
+      asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(dst), "r"(src->x), "r"(src->y),
+                   "r"(src->z), "r"(src->w), "l"(policy.bits)
+                   : "memory");
+    } else if constexpr (sizeof(storage_type) == 8) {
+      asm volatile("st.global.L2::cache_hint.v2.u32 [%0], {%1, %2}, %3;" ::"l"(dst), "r"(src->x), "r"(src->y),
+                   "l"(policy.bits)
+                   : "memory");
+    } else if constexpr (sizeof(storage_type) == 4) {
+      asm volatile("st.global.L2::cache_hint.u32 [%0], %1, %2;" ::"l"(dst), "r"(*src), "l"(policy.bits) : "memory");
+    } else if constexpr (sizeof(storage_type) == 2) {
+      asm volatile("st.global.L2::cache_hint.u16 [%0], %1, %2;" ::"l"(dst), "h"(*src), "l"(policy.bits) : "memory");
+    } else {
+      (void)policy;
+      *dst = *src;
+    }
   }
 
   /// Stores this vector as vector number `offset` of `ptr` (elements offset * N ..); same alignment rule.
