@@ -7,5 +7,4 @@ timeout 240 python3 -m pytest -q -rs -p no:cacheprovider $T/test_norm.py $T/test
 timeout 60 python3 scripts/attack_inputs.py -j 8 > $OUT/attack.log 2>&1; grep -A5 "FAILED cases" $OUT/attack.log; tail -1 $OUT/attack.log
 timeout 60 python3 -m sglang.jit_kernel check > $OUT/check.log 2>&1; cat $OUT/check.log
 timeout 90 bash test/tutorial_acceptance.sh /tmp/tut > $OUT/tutorial.log 2>&1; echo "tutorial rc=$?"; tail -4 $OUT/tutorial.log
-timeout 150 python3 python/sglang/jit_kernel/benchmark/bench_norm.py > $OUT/bench_norm.log 2>&1; echo "bench_norm rc=$?"; cat $OUT/bench_norm.log | grep -v Warn
-timeout 100 python3 scripts/debug/warm_load.py 5 scale rmsnorm > $OUT/warm.log 2>&1; echo "warm_load rc=$?"; cat $OUT/warm.log
+timeout 220 python3 python/sglang/jit_kernel/benchmark/bench_norm.py > $OUT/bench_norm.log 2>&1; echo "bench_norm rc=$?"; cat $OUT/bench_norm.log | grep -v Warn

@@ -487,16 +487,17 @@ def test_qknorm_empty():
     assert fused_inplace_qknorm(q, k, w, w) is None
 
 
-def check_qknorm_in_qkv(num_tokens: int, dtype: torch.dtype, offset: int) -> None:
+def check_qknorm_in_qkv(num_tokens: int, dtype: torch.dtype, offset: int) -> torch.Tensor:
     """fused_inplace_qknorm on q / k views (32 + 8 heads x 128) of a fused qkv buffer stored at
-    ``offset`` elements: both within ULPS of the fp32 reference, v unchanged."""
-    q, k, v, _ = qkv_views(num_tokens, 32, 8, 128, dtype, offset=offset)
+    ``offset`` elements: both within ULPS of the fp32 reference, v unchanged. Returns the buffer."""
+    q, k, v, buffer = qkv_views(num_tokens, 32, 8, 128, dtype, offset=offset)
     qw, kw = make_weight(128, dtype), make_weight(128, dtype)
     expected_q, expected_k, v_before = ref_rmsnorm(q, qw, 1e-6), ref_rmsnorm(k, kw, 1e-6), v.clone()
     fused_inplace_qknorm(q, k, qw, kw, 1e-6)
     assert_within_ulps(q, expected_q)
     assert_within_ulps(k, expected_k)
     assert torch.equal(v, v_before)
+    return buffer
 
 
 @requires_cuda
@@ -531,35 +532,44 @@ def test_norm_ctas_with_several_groups(dtype, blocks_per_sm):
 
 @requires_cuda
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("mode", [1, 0])
-def test_norm_l2_hint_builds(dtype, mode):
-    """In-place launches of at least 1 MiB of rows take the L2-hint builds (loads evict_last,
-    stores evict_normal); smaller ones and out-of-place rmsnorm the plain builds. The override
-    forces the hint on every in-place launch (1) or none (0): the same values either way, for every
-    vector width (16 / 8 / 4 / 2 bytes via storage offsets), the two-pass rows and qknorm heads in
-    a fused qkv buffer whose v part stays untouched."""
+def test_norm_l2_hint_builds(dtype):
+    """In-place launches whose input rows hold at least 1 MiB take the L2-hint builds (loads
+    evict_last, stores evict_normal); smaller ones and out-of-place rmsnorm the plain builds. The
+    override forces the hint on every in-place launch (1) or on none (0): both within ULPS of the
+    reference and bit-identical to each other, for every vector width (16 / 8 / 4 / 2 bytes via
+    storage offsets), the two-pass rows and qknorm heads in a fused qkv buffer whose v part stays
+    untouched."""
     from sglang.jit_kernel.norm import _jit_norm_module
 
     module = _jit_norm_module(dtype)
-    module._set_l2_hint_override(mode)
-    try:
-        for n, h, offset in [(129, 4096, 0), (129, 4096, 1), (67, 770, 2), (33, 1538, 4), (5, 16384, 0),
-                             (3, 65536, 0), (7, 1, 0)]:
-            base_x = make_rows(n * h + offset, 1, dtype).view(-1)
-            x = base_x[offset:].view(n, h)
-            w = make_weight(h, dtype)
-            expected = ref_rmsnorm(x, w, 1e-6)
-            assert rmsnorm(x, w, 1e-6, out=x) is x
-            assert_within_ulps(x, expected)
-            r = make_rows(n, h, dtype)
-            expected, expected_residual = ref_fused(x, r, w, 1e-6)
-            fused_add_rmsnorm(x, r, w, 1e-6)
-            assert torch.equal(r, expected_residual)
-            assert_within_ulps(x, expected)
-        for offset in (0, 1):
-            check_qknorm_in_qkv(257, dtype, offset=offset)
-    finally:
-        module._set_l2_hint_override(-1)
+
+    def run_all(mode: int) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        module._set_l2_hint_override(mode)
+        try:
+            results = []
+            for n, h, offset in [(129, 4096, 0), (129, 4096, 1), (67, 770, 2), (33, 1538, 4), (5, 16384, 0),
+                                 (3, 65536, 0), (7, 1, 0)]:
+                x = make_rows(n * h + offset, 1, dtype).view(-1)[offset:].view(n, h)
+                w = make_weight(h, dtype)
+                expected = ref_rmsnorm(x, w, 1e-6)
+                assert rmsnorm(x, w, 1e-6, out=x) is x
+                assert_within_ulps(x, expected)
+                r = make_rows(n, h, dtype)
+                expected, expected_residual = ref_fused(x, r, w, 1e-6)
+                fused_add_rmsnorm(x, r, w, 1e-6)
+                assert torch.equal(r, expected_residual)
+                assert_within_ulps(x, expected)
+                results += [x, r]
+            for offset in (0, 1):
+                results.append(check_qknorm_in_qkv(257, dtype, offset=offset))
+            return results
+        finally:
+            module._set_l2_hint_override(-1)
+
+    hinted, plain = run_all(1), run_all(0)
+    for a, b in zip(hinted, plain):
+        assert torch.equal(a, b)
     with pytest.raises(RuntimeError, match="mode must be -1, 0 or 1, got 2"):
         module._set_l2_hint_override(2)
 

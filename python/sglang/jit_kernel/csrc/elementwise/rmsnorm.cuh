@@ -114,7 +114,8 @@ struct NormConfig {
   static constexpr uint32_t kBlockThreads = 256;   // CTA size when several rows share a CTA
   static constexpr uint32_t kMaxWarps = 32;        // shared-memory partials per buffer
   static constexpr int kMaxThreadBytes = 64;       // x held per thread at most (registers)
-  // In-place launches reading at least this many bytes of rows take the L2 hint (RowAccess).
+  // In-place launches whose input rows (num_rows x hidden_size elements; the fused add reads as
+  // many again from the residual) hold at least this many bytes take the L2 hint (RowAccess).
   static constexpr int64_t kL2HintMinBytes = int64_t{1} << 20;
 
   /// Vectors of x a thread may hold: 64 bytes' worth, at most 8. The register path is compiled for
@@ -748,8 +749,8 @@ inline int64_t& norm_l2_hint_override() {
   return value;
 }
 
-/// Whether a launch takes the L2 hint of RowAccess: it writes every row it reads in place and
-/// reads at least NormConfig::kL2HintMinBytes of rows (smaller launches are latency-bound, and the
+/// Whether a launch takes the L2 hint of RowAccess: it writes every row it reads in place and its
+/// input rows hold at least NormConfig::kL2HintMinBytes (smaller launches are latency-bound, and the
 /// hinted accesses cost them 0.05-0.13 us).
 inline bool use_l2_hint(bool in_place, int64_t num_rows, int64_t hidden_size, std::size_t element_bytes) {
   if (!in_place) return false;

@@ -111,10 +111,12 @@ struct alignas(sizeof(T) * N) AlignedVector {
   }
 
   /// load(ptr, offset) with an L2 eviction priority for the lines it touches. `ptr` must point to
-  /// global memory (SM80+). 2-, 4-, 8- and 16-byte vectors; other sizes load without the policy.
-  /// The access is ordered like a volatile one with respect to other memory operations of the
-  /// thread (a compiler barrier), so it never moves above a PDL wait or a barrier.
+  /// global memory. 2-, 4-, 8- and 16-byte vectors (other sizes do not compile, so that a hinted
+  /// load is never paired with an unhinted store by accident); below SM80 a plain load. The asm
+  /// is a compiler barrier for the front end; ptxas schedules it like any global load (after a PDL
+  /// wait or barrier it follows in the code, in order with same-address accesses of the thread).
   SGL_DEVICE void load(const void* ptr, int64_t offset, L2Policy policy) {
+    static_assert(sizeof(storage_type) >= 2 && sizeof(storage_type) <= 16, "L2-policy load: 2 to 16 bytes");
     const storage_type* src = static_cast<const storage_type*>(ptr) + offset;
     storage_type* dst = reinterpret_cast<storage_type*>(data);
     if constexpr (!kHasL2CacheHints) {
@@ -134,15 +136,13 @@ struct alignas(sizeof(T) * N) AlignedVector {
       asm volatile("ld.global.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(*dst) : "l"(src), "l"(policy.bits) : "memory");
     } else if constexpr (sizeof(storage_type) == 2) {
       asm volatile("ld.global.L2::cache_hint.u16 %0, [%1], %2;" : "=h"(*dst) : "l"(src), "l"(policy.bits) : "memory");
-    } else {
-      (void)policy;
-      *dst = *src;
     }
   }
 
   /// store(ptr, offset) with an L2 eviction priority for the lines it touches; same rules as the
-  /// policy load (global memory, 2/4/8/16 bytes with the policy, other sizes without).
+  /// policy load (global memory, 2/4/8/16-byte vectors, a plain store below SM80).
   SGL_DEVICE void store(void* ptr, int64_t offset, L2Policy policy) const {
+    static_assert(sizeof(storage_type) >= 2 && sizeof(storage_type) <= 16, "L2-policy store: 2 to 16 bytes");
     storage_type* dst = static_cast<storage_type*>(ptr) + offset;
     const storage_type* src = reinterpret_cast<const storage_type*>(data);
     if constexpr (!kHasL2CacheHints) {
@@ -160,9 +160,6 @@ struct alignas(sizeof(T) * N) AlignedVector {
       asm volatile("st.global.L2::cache_hint.u32 [%0], %1, %2;" ::"l"(dst), "r"(*src), "l"(policy.bits) : "memory");
     } else if constexpr (sizeof(storage_type) == 2) {
       asm volatile("st.global.L2::cache_hint.u16 [%0], %1, %2;" ::"l"(dst), "h"(*src), "l"(policy.bits) : "memory");
-    } else {
-      (void)policy;
-      *dst = *src;
     }
   }
 
