@@ -533,12 +533,12 @@ def test_norm_ctas_with_several_groups(dtype, blocks_per_sm):
 @requires_cuda
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_norm_l2_hint_builds(dtype):
-    """In-place launches whose input rows hold at least 1 MiB take the L2-hint builds (loads
-    evict_last, stores evict_normal); smaller ones and out-of-place rmsnorm the plain builds. The
-    override forces the hint on every in-place launch (1) or on none (0): both within ULPS of the
-    reference and bit-identical to each other, for every vector width (16 / 8 / 4 / 2 bytes via
-    storage offsets), the two-pass rows and qknorm heads in a fused qkv buffer whose v part stays
-    untouched."""
+    """In-place launches with 16-byte vectors whose input rows hold at least 1 MiB take the
+    L2-hint builds (loads evict_last, stores evict_normal); other launches the plain builds. The
+    override forces the hint on every such in-place launch whatever its size (1) or on none (0):
+    both within ULPS of the reference and bit-identical to each other, for every vector width (16
+    / 8 / 4 / 2 bytes via storage offsets: the narrow ones stay plain), the two-pass rows and
+    qknorm heads in a fused qkv buffer whose v part stays untouched."""
     from sglang.jit_kernel.norm import _jit_norm_module
 
     module = _jit_norm_module(dtype)

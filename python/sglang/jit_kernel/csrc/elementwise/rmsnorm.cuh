@@ -287,8 +287,9 @@ SGL_DEVICE device::AlignedVector<T, N> normalize(const device::AlignedVector<T, 
 
 /// Global loads of rows (x, residual) and stores of results, with or without the L2 hint.
 ///
-/// kL2Hint: rows are loaded evict_last and every store is evict_normal. Only for launches that
-/// write every row they read (in place: the fused add, qknorm, rmsnorm with out = input), so the
+/// kL2Hint: rows are loaded evict_last and every store is evict_normal. Only for launches with
+/// 16-byte vectors that write every row they read (in place: the fused add, qknorm, rmsnorm with
+/// out = input) and read at least NormConfig::kL2HintMinBytes (use_l2_hint), so the
 /// stores return every line the loads marked to the default priority and nothing marked
 /// evict_last outlives the kernel. The weight is loaded without the hint (it is never written).
 /// Why: the DRAM bytes are the same (ncu, fused add [16384, 4096]: 268.5 MB read either way), the
@@ -751,7 +752,8 @@ inline int64_t& norm_l2_hint_override() {
 
 /// Whether a launch takes the L2 hint of RowAccess: it writes every row it reads in place and its
 /// input rows hold at least NormConfig::kL2HintMinBytes (smaller launches are latency-bound, and the
-/// hinted accesses cost them 0.05-0.13 us).
+/// hinted accesses cost them 0.05-0.13 us). The launch then takes a hinted build if its vectors
+/// are 16 bytes wide (launch_norm_bucket); narrower ones run the plain builds.
 inline bool use_l2_hint(bool in_place, int64_t num_rows, int64_t hidden_size, std::size_t element_bytes) {
   if (!in_place) return false;
   const int64_t mode = norm_l2_hint_override();
@@ -918,7 +920,11 @@ void launch_norm_bucket_hint(const NormParams& params, const NormGeometry& geome
 template <typename T, int kVecN, NormKind kKind, int kVecs>
 void launch_norm_bucket(const NormParams& params, const NormGeometry& geometry, DLDevice device, bool pdl,
                         bool l2_hint) {
-  if (l2_hint) return launch_norm_bucket_hint<T, kVecN, kKind, kVecs, true>(params, geometry, device, pdl);
+  // Hinted builds exist for 16-byte vectors only (rows 16-byte aligned, as large tensors are):
+  // for every width they doubled the norm module's compile time (CI compiles it without a GPU).
+  if constexpr (kVecN * sizeof(T) == 16) {
+    if (l2_hint) return launch_norm_bucket_hint<T, kVecN, kKind, kVecs, true>(params, geometry, device, pdl);
+  }
   launch_norm_bucket_hint<T, kVecN, kKind, kVecs, false>(params, geometry, device, pdl);
 }
 
