@@ -189,6 +189,14 @@ def check(jobs: int) -> int:
     return 1 if bad else 0
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (``-j 0`` would build nothing)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sglang.jit_kernel", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -203,14 +211,17 @@ def main(argv: list[str] | None = None) -> int:
     clangd.add_argument("--output", type=Path, default=None)
 
     chk = sub.add_parser("check", help="build every op, verify against fp32 references, time each")
-    chk.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
+    chk.add_argument("-j", "--jobs", type=positive_int, default=os.cpu_count() or 1,
+                     help="parallel builds (default: the CPU count)")
 
     bld = sub.add_parser("build", help="prebuild op variants (works without a GPU)")
     bld.add_argument("ops", nargs="*", help="op names (default with --all: every op)")
     bld.add_argument("--all", action="store_true", help="every variant of every op")
     bld.add_argument("--arch", action="append", default=None,
-                     help="target architecture, repeatable (default: SGLANG_JIT_CUDA_ARCH, else the visible GPUs)")
-    bld.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
+                     help="target architecture, repeatable (default: SGLANG_JIT_CUDA_ARCH, else the visible "
+                     f"GPUs, else {DEFAULT_ARCH})")
+    bld.add_argument("-j", "--jobs", type=positive_int, default=os.cpu_count() or 1,
+                     help="parallel builds (default: the CPU count)")
 
     cch = sub.add_parser("cache", help="inspect or clean the JIT cache")
     cch.add_argument("action", choices=["info", "clear", "prune"])

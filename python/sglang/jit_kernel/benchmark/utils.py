@@ -62,7 +62,9 @@ def l2_cache_bytes(device: int | None = None) -> int:
 
 
 def num_rotating_sets(bytes_per_set: int, max_sets: int = 64) -> int:
-    """How many input sets make one pass over them at least 4x the L2 size (at least 2)."""
+    """How many input sets make one pass over them at least 4x the L2 size (at least 2, at most
+    ``max_sets``: below L2 / max_sets bytes per set, about 0.8 MB on an H200, the pass fits in L2
+    and the timing is partly L2-warm, as a decode step's input produced by the previous kernel)."""
     return max(2, min(max_sets, math.ceil(4 * l2_cache_bytes() / max(bytes_per_set, 1))))
 
 
@@ -176,7 +178,7 @@ def format_rows(rows: Sequence[BenchRow], roof_gbps: float) -> str:
     name = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
     lines = [
         f"# {name}; copy roof {roof_gbps:.0f} GB/s (1 GiB bf16 device copy, same process); "
-        "CUDA-graph median, cold L2",
+        "CUDA-graph median, inputs rotated (cold L2 from ~1 MB per call; smaller cases partly L2-resident)",
         f"{'op':<22} {'case':<26} {'provider':<16} {'us':>9} {'GB/s':>8} {'%copy':>6}",
     ]
     for r in rows:
