@@ -143,3 +143,15 @@ if __name__ == "__main__":
     import sys
 
     sys.exit(pytest.main([__file__, "-v", "-s"]))
+
+
+@pytest.mark.parametrize("command", ["build", "check"])
+def test_jobs_must_be_positive(command: str, capsys):
+    """``-j 0`` (or negative) would build nothing: argparse rejects it, naming the argument."""
+    from sglang.jit_kernel.__main__ import main
+
+    args = [command, "-j", "0"] + (["scale"] if command == "build" else [])
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    assert exc.value.code == 2
+    assert "argument -j/--jobs: must be >= 1, got 0" in capsys.readouterr().err
