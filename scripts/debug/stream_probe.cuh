@@ -92,6 +92,23 @@ SGL_DEVICE float sumsq4(uint4 a) {
   return s;
 }
 
+/// PDL wait, then this thread's kVecs vectors of x (and of r with kFour) at base + threadIdx.x +
+/// j * kThreads under load policy kLoad.
+template <int kThreads, int kVecs, bool kFour, int kLoad>
+SGL_DEVICE void probe_wait_and_load(const uint4* x, const uint4* r, int64_t base, uint4 (&xv)[kVecs],
+                                    uint4 (&rv)[kVecs]) {
+  const uint64_t policy = probe_policy<kLoad>();
+  const int64_t first = base + threadIdx.x;
+  device::pdl_wait_primary();
+  device::pdl_launch_dependents();
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) xv[j] = probe_load<kLoad>(x + first + j * kThreads, policy);
+  if constexpr (kFour) {
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) rv[j] = probe_load<kLoad>(r + first + j * kThreads, policy);
+  }
+}
+
 template <int kMode, int kThreads, int kVecs, bool kFour, bool kReduce, int kLoad, int kStore>
 __global__ void __launch_bounds__(kThreads) stream_probe_kernel(const uint4* x, const uint4* r, uint4* x_out,
                                                                 uint4* r_out) {
@@ -99,16 +116,10 @@ __global__ void __launch_bounds__(kThreads) stream_probe_kernel(const uint4* x, 
   const int t = threadIdx.x;
   // 4096 bf16 = 512 vectors per row.
   const int64_t base = kMode == 0 ? int64_t{blockIdx.x} * 512 : int64_t{blockIdx.x} * kThreads * kVecs;
-  const uint64_t load_policy = probe_policy<kLoad>();
   const uint64_t store_policy = probe_policy<kStore>();
-  device::pdl_wait_primary();
-  device::pdl_launch_dependents();
   uint4 xv[kVecs], rv[kVecs];
-#pragma unroll
-  for (int j = 0; j < kVecs; ++j) xv[j] = probe_load<kLoad>(x + base + t + j * kThreads, load_policy);
+  probe_wait_and_load<kThreads, kVecs, kFour, kLoad>(x, r, base, xv, rv);
   if constexpr (kFour) {
-#pragma unroll
-    for (int j = 0; j < kVecs; ++j) rv[j] = probe_load<kLoad>(r + base + t + j * kThreads, load_policy);
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
       xv[j] = add4(xv[j], rv[j]);
@@ -148,15 +159,9 @@ __global__ void __launch_bounds__(kThreads) stream_probe_cluster_kernel(const ui
   const int t = threadIdx.x;
   const uint32_t rank = cluster.block_rank();
   const int64_t base = int64_t{blockIdx.x / kCluster} * 512 + rank * (kThreads * kVecs);
-  const uint64_t load_policy = probe_policy<kLoad>();
   const uint64_t store_policy = probe_policy<kStore>();
-  device::pdl_wait_primary();
-  device::pdl_launch_dependents();
   uint4 xv[kVecs], rv[kVecs];
-#pragma unroll
-  for (int j = 0; j < kVecs; ++j) xv[j] = probe_load<kLoad>(x + base + t + j * kThreads, load_policy);
-#pragma unroll
-  for (int j = 0; j < kVecs; ++j) rv[j] = probe_load<kLoad>(r + base + t + j * kThreads, load_policy);
+  probe_wait_and_load<kThreads, kVecs, true, kLoad>(x, r, base, xv, rv);
   float sum = 0.f;
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
