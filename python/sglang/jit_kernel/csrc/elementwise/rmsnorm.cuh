@@ -1069,7 +1069,7 @@ void rmsnorm(tvm::ffi::TensorView out, tvm::ffi::TensorView input, tvm::ffi::Ten
 
   // Launch
   // In place: out is input (the overlap check above allows only the same view or none).
-  const bool in_place = params.rows[0].out == params.rows[0].input && (n == 1 || out.stride(0) == input.stride(0));
+  const bool in_place = params.rows[0].out == params.rows[0].input;
   launch_norm_rows_any_width<T, NormKind::kRMSNorm>(params, h, vec_bytes, device, resolve_pdl(enable_pdl, device),
                                                     in_place);
 }
