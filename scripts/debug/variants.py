@@ -72,8 +72,23 @@ def check(module):
     return err, err2
 
 
-def measure(module, sweep):
+def measure_cold_decode():
+    """Decode rows as bench_norm builds them: every set its own x, weight, out (and residual)."""
     rows = []
+    for n, h in [(1, 4096), (8, 4096), (64, 4096)]:
+        sets = []
+        for _ in range(num_rotating_sets(4 * n * h + 2 * h)):
+            x = torch.randn(n, h, dtype=bf16, device="cuda")
+            sets.append((x, torch.rand(h, dtype=bf16, device="cuda") + 0.5, torch.empty_like(x), torch.randn_like(x)))
+        rows.append(BenchRow("rmsnorm", f"[{n}, {h}]", "jit bench sets",
+                             bench_rotating(lambda x, w, o, r: N.rmsnorm(x, w, out=o), sets)[0], 4 * n * h + 2 * h))
+        rows.append(BenchRow("fused_add_rmsnorm", f"[{n}, {h}]", "jit bench sets",
+                             bench_rotating(lambda x, w, o, r: N.fused_add_rmsnorm(x, r, w), sets)[0], 8 * n * h + 2 * h))
+    return rows
+
+
+def measure(module, sweep):
+    rows = measure_cold_decode()
     for n, h in [(1, 4096), (8, 4096), (64, 4096), (16384, 4096), (16384, 8192)]:
         w = torch.rand(h, dtype=bf16, device="cuda") + 0.5
         sets = [(torch.randn(n, h, dtype=bf16, device="cuda"), torch.randn(n, h, dtype=bf16, device="cuda"))
@@ -109,7 +124,7 @@ def measure(module, sweep):
         del sets
         torch.cuda.empty_cache()
     qw = torch.rand(128, dtype=bf16, device="cuda") + 0.5
-    for n in (1, 16384):
+    for n in (1, 64, 16384):
         sets = []
         for _ in range(num_rotating_sets(4 * n * 40 * 128)):
             qkv = torch.randn(n, 48 * 128, dtype=bf16, device="cuda")
