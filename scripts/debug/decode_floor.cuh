@@ -19,9 +19,15 @@ SGL_DEVICE void load_plain(device::AlignedVector<bf16_t, 8>& v, const bf16_t* p,
   memcpy(&v, &u, 16);
 }
 
-template <int kVecs, bool kPlain = false, bool kReduce = true>
+/// Padding that makes the kernel's parameter block kBytes larger (launch-latency probe).
+template <int kBytes>
+struct ParamPad {
+  int64_t words[kBytes / 8];
+};
+
+template <int kVecs, bool kPlain = false, bool kReduce = true, int kPadBytes = 8>
 __global__ void row_probe_kernel(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, bf16_t* __restrict__ out,
-                                 int64_t w_row_stride) {
+                                 int64_t w_row_stride, const ParamPad<kPadBytes> pad) {
   using vec_t = device::AlignedVector<bf16_t, 8>;
   constexpr int kThreads = 512 / kVecs;
   constexpr int kWarps = kThreads / 32;
@@ -29,7 +35,7 @@ __global__ void row_probe_kernel(const bf16_t* __restrict__ x, const bf16_t* __r
   const int t = threadIdx.x;
   const bf16_t* xr = x + blockIdx.x * 4096;
   bf16_t* outr = out + blockIdx.x * 4096;
-  w += blockIdx.x * w_row_stride;  // 0: every CTA reads the same weight; 4096: a copy per CTA
+  w += blockIdx.x * w_row_stride + pad.words[0];  // w_row_stride 0: every CTA reads the same weight; 4096: a copy per CTA
   device::pdl_wait_primary();
   device::pdl_launch_dependents();
   vec_t xv[kVecs], wv[kVecs];
@@ -90,14 +96,19 @@ void row_probe(tvm::ffi::TensorView out, tvm::ffi::TensorView x, tvm::ffi::Tenso
   const uint32_t rows = static_cast<uint32_t>(x.size(0));
   host::LaunchKernel launch(rows, static_cast<uint32_t>(512 / (vecs % 100)), device);
   launch.enable_pdl(true);
+  const ParamPad<8> pad8{};
+  const ParamPad<256> pad256{};
+  const ParamPad<512> pad512{};
   switch (vecs) {
-    case 1: return launch(row_probe_kernel<1>, xp, wp, op, w_row_stride);
-    case 2: return launch(row_probe_kernel<2>, xp, wp, op, w_row_stride);
-    case 102: return launch(row_probe_kernel<2, true>, xp, wp, op, w_row_stride);
-    case 202: return launch(row_probe_kernel<2, false, false>, xp, wp, op, w_row_stride);  // no reduction
-    case 4: return launch(row_probe_kernel<4>, xp, wp, op, w_row_stride);
-    case 8: return launch(row_probe_kernel<8>, xp, wp, op, w_row_stride);
-    default: return launch(row_probe_kernel<16>, xp, wp, op, w_row_stride);
+    case 302: return launch(row_probe_kernel<2, false, true, 256>, xp, wp, op, w_row_stride, pad256);  // +256 B of parameters
+    case 402: return launch(row_probe_kernel<2, false, true, 512>, xp, wp, op, w_row_stride, pad512);  // +512 B
+    case 1: return launch(row_probe_kernel<1>, xp, wp, op, w_row_stride, pad8);
+    case 2: return launch(row_probe_kernel<2>, xp, wp, op, w_row_stride, pad8);
+    case 102: return launch(row_probe_kernel<2, true>, xp, wp, op, w_row_stride, pad8);
+    case 202: return launch(row_probe_kernel<2, false, false>, xp, wp, op, w_row_stride, pad8);  // no reduction
+    case 4: return launch(row_probe_kernel<4>, xp, wp, op, w_row_stride, pad8);
+    case 8: return launch(row_probe_kernel<8>, xp, wp, op, w_row_stride, pad8);
+    default: return launch(row_probe_kernel<16>, xp, wp, op, w_row_stride, pad8);
   }
 }
 

@@ -1,8 +1,9 @@
 """Benchmark the norm ops against torch (eager, F.rms_norm, torch.compile) and FlashInfer.
 
 CUDA-graph median per call with inputs rotated past 4x the L2 size (up to 64 sets: cold L2 from
-~1 MB per call; the decode cases stay partly L2-resident, like a decode step's input), GB/s from the bytes
-each op must move, and % of a device copy measured in the same process. Bytes moved (bf16, s = 2):
+~1 MB per call; the decode cases stay partly L2-resident, like a decode step's input; calls under
+5 us are timed in five graph captures and the middle one is reported, see bench_rotating), GB/s
+from the bytes each op must move, and % of a device copy measured in the same process. Bytes moved (bf16, s = 2):
   rmsnorm            2*N*H*s + H*s          (read x, write out, read w)
   fused_add_rmsnorm  4*N*H*s + H*s          (read x and residual, write both, read w)
   qknorm             2*N*(Hq+Hk)*D*s + 2*D*s (read and write q and k in place, read both weights)

@@ -68,12 +68,23 @@ def num_rotating_sets(bytes_per_set: int, max_sets: int = 64) -> int:
     return max(2, min(max_sets, math.ceil(4 * l2_cache_bytes() / max(bytes_per_set, 1))))
 
 
+#: Calls shorter than this (µs) are timed in several CUDA-graph captures (``bench_rotating``).
+SHORT_CALL_US = 5.0
+#: Captures timed for a short call; the middle one is reported.
+SHORT_CALL_CAPTURES = 5
+
+
 def bench_rotating(
     call: Callable[..., Any],
     input_sets: Sequence[Sequence[Any]],
     rep_ms: int = 50,
 ) -> tuple[float, float, float]:
     """Time ``call(*inputs)`` per call with cold L2: one graph replays the call over every input set.
+
+    Calls under ``SHORT_CALL_US`` (decode sizes) are timed in ``SHORT_CALL_CAPTURES`` separate graph
+    captures and the capture with the middle median is reported: on an H200 the same kernel on the
+    same buffers measured 0.99 µs in some captures and 1.05 in others (stable within a capture), so
+    one capture can land on either side.
 
     Returns
     -------
@@ -86,9 +97,13 @@ def bench_rotating(
         for s in sets:
             call(*s)
 
-    p50, p20, p80 = _do_bench_cudagraph(one_pass, rep_ms)
     n = len(sets)
-    return 1000.0 * p50 / n, 1000.0 * p80 / n, 1000.0 * p20 / n
+    captures = [tuple(1000.0 * t / n for t in _do_bench_cudagraph(one_pass, rep_ms))]
+    if captures[0][0] < SHORT_CALL_US:
+        captures += [tuple(1000.0 * t / n for t in _do_bench_cudagraph(one_pass, rep_ms))
+                     for _ in range(SHORT_CALL_CAPTURES - 1)]
+    p50, p20, p80 = sorted(captures)[len(captures) // 2]
+    return p50, p80, p20
 
 
 def bench_rotating_events(
@@ -178,7 +193,8 @@ def format_rows(rows: Sequence[BenchRow], roof_gbps: float) -> str:
     name = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
     lines = [
         f"# {name}; copy roof {roof_gbps:.0f} GB/s (1 GiB bf16 device copy, same process); "
-        "CUDA-graph median, inputs rotated (cold L2 from ~1 MB per call; smaller cases partly L2-resident)",
+        "CUDA-graph median, inputs rotated (cold L2 from ~1 MB per call; smaller cases partly L2-resident;"
+        f" calls under {SHORT_CALL_US:g} us: the middle of {SHORT_CALL_CAPTURES} captures)",
         f"{'op':<22} {'case':<26} {'provider':<16} {'us':>9} {'GB/s':>8} {'%copy':>6}",
     ]
     for r in rows:

@@ -1,0 +1,43 @@
+"""Tests for the benchmark helpers' timing policy (no GPU needed: the graph timer is replaced)."""
+
+import pytest
+
+from sglang.jit_kernel.benchmark import utils
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=5, suite="stage-a-kernel-cpu")
+
+
+def fake_timer(monkeypatch, pass_ms):
+    """Replaces the CUDA-graph timer: each capture returns the next (p50, p20, p80) of ``pass_ms``
+    (milliseconds per pass over the input sets) and runs one pass, so calls are counted."""
+    results = iter(pass_ms)
+    captures = []
+
+    def timer(one_pass, rep_ms):
+        one_pass()
+        captures.append(rep_ms)
+        return next(results)
+
+    monkeypatch.setattr(utils, "_do_bench_cudagraph", timer)
+    return captures
+
+
+def test_short_calls_report_the_middle_capture(monkeypatch):
+    # Four sets per pass; per call (us): captures of 1.05, 0.99, 1.05, 0.99, 0.99 -> middle 0.99.
+    per_call_us = [1.05, 0.99, 1.05, 0.99, 0.99]
+    pass_ms = [(4 * t / 1000, 4 * (t - 0.01) / 1000, 4 * (t + 0.01) / 1000) for t in per_call_us]
+    captures = fake_timer(monkeypatch, pass_ms)
+    calls = []
+    median, p80, p20 = utils.bench_rotating(lambda a: calls.append(a), [(i,) for i in range(4)])
+    assert len(captures) == utils.SHORT_CALL_CAPTURES
+    assert calls == [0, 1, 2, 3] * utils.SHORT_CALL_CAPTURES  # every capture replays every set in order
+    assert median == pytest.approx(0.99)
+    assert p20 == pytest.approx(0.98) and p80 == pytest.approx(1.00)
+
+
+def test_long_calls_take_one_capture(monkeypatch):
+    captures = fake_timer(monkeypatch, [(0.128, 0.127, 0.129)])  # 64 us per call over two sets
+    median, p80, p20 = utils.bench_rotating(lambda a: None, [(0,), (1,)])
+    assert len(captures) == 1
+    assert (median, p80, p20) == pytest.approx((64.0, 64.5, 63.5))
