@@ -8,7 +8,7 @@ Builds every variant's bf16 module in parallel, then times each variant's ops th
 (the module functions are swapped in). Prints one table per variant; --sweep=name adds forced
 geometries (bps = blocks_per_sm of the override: > 0 a persistent grid, <= 0 the default);
 --hazard prints bench_norm.l2_after_table per variant (the next kernel's L2 after each op);
---no-measure skips the timing table.
+--no-measure skips the timing table; --decode-only times the decode sizes only.
 """
 
 import os
@@ -89,7 +89,8 @@ def measure_cold_decode():
 
 def measure(module, sweep):
     rows = measure_cold_decode()
-    for n, h in [(1, 4096), (8, 4096), (64, 4096), (16384, 4096), (16384, 8192)]:
+    decode_only = "--decode-only" in sys.argv
+    for n, h in [(1, 4096), (8, 4096), (64, 4096)] + ([] if decode_only else [(16384, 4096), (16384, 8192)]):
         w = torch.rand(h, dtype=bf16, device="cuda") + 0.5
         sets = [(torch.randn(n, h, dtype=bf16, device="cuda"), torch.randn(n, h, dtype=bf16, device="cuda"))
                 for _ in range(num_rotating_sets(8 * n * h))]
@@ -124,7 +125,7 @@ def measure(module, sweep):
         del sets
         torch.cuda.empty_cache()
     qw = torch.rand(128, dtype=bf16, device="cuda") + 0.5
-    for n in (1, 64, 16384):
+    for n in (1, 64) if decode_only else (1, 64, 16384):
         sets = []
         for _ in range(num_rotating_sets(4 * n * 40 * 128)):
             qkv = torch.randn(n, 48 * 128, dtype=bf16, device="cuda")
