@@ -1,6 +1,7 @@
 """Does the size of a kernel's parameter block cost decode latency? decode_floor's 256 x 2 probe
 with 8 / 256+8 / 512+8 bytes of extra parameters next to norm.rmsnorm (NormParams), bench_norm's
-sets, [1 / 8 / 64, 4096] bf16; each timed in five separate CUDA-graph captures, interleaved."""
+sets, [1 / 8 / 64, 4096] bf16; each timed in five separate CUDA-graph captures (bench_rotating(..., captures=1) five times),
+interleaved."""
 
 import os
 
@@ -31,7 +32,7 @@ def main():
         times = {k: [] for k in cases}
         for _ in range(5):
             for k, f in cases.items():
-                times[k].append(bench_rotating(f, sets)[0])
+                times[k].append(bench_rotating(f, sets, captures=1)[0])
         for k, v in times.items():
             print(f"[{n}, {h}] {k:<14} " + " ".join(f"{t:.3f}" for t in v), flush=True)
         del sets

@@ -78,13 +78,15 @@ def bench_rotating(
     call: Callable[..., Any],
     input_sets: Sequence[Sequence[Any]],
     rep_ms: int = 50,
+    captures: int | None = None,
 ) -> tuple[float, float, float]:
     """Time ``call(*inputs)`` per call with cold L2: one graph replays the call over every input set.
 
-    Calls under ``SHORT_CALL_US`` (decode sizes) are timed in ``SHORT_CALL_CAPTURES`` separate graph
-    captures and the capture with the middle median is reported: on an H200 the same kernel on the
-    same buffers measured 0.99 µs in some captures and 1.05 in others (stable within a capture), so
-    one capture can land on either side.
+    ``captures=None``: calls under ``SHORT_CALL_US`` (decode sizes) are timed in
+    ``SHORT_CALL_CAPTURES`` separate graph captures and the capture with the middle median is
+    reported (on an H200 the same kernel on the same buffers measured 0.99 µs in some captures and
+    1.05 in others, stable within a capture, so one capture can land on either side); longer calls
+    in one. An int times exactly that many captures (>= 1) and reports the middle one.
 
     Returns
     -------
@@ -97,12 +99,18 @@ def bench_rotating(
         for s in sets:
             call(*s)
 
+    if captures is not None and captures < 1:
+        raise ValueError(f"bench_rotating: captures must be >= 1 or None, got {captures}")
     n = len(sets)
-    captures = [tuple(1000.0 * t / n for t in _do_bench_cudagraph(one_pass, rep_ms))]
-    if captures[0][0] < SHORT_CALL_US:
-        captures += [tuple(1000.0 * t / n for t in _do_bench_cudagraph(one_pass, rep_ms))
-                     for _ in range(SHORT_CALL_CAPTURES - 1)]
-    p50, p20, p80 = sorted(captures)[len(captures) // 2]
+
+    def capture() -> tuple[float, ...]:
+        return tuple(1000.0 * t / n for t in _do_bench_cudagraph(one_pass, rep_ms))
+
+    timed = [capture()]
+    if captures is None:
+        captures = SHORT_CALL_CAPTURES if timed[0][0] < SHORT_CALL_US else 1
+    timed += [capture() for _ in range(captures - 1)]
+    p50, p20, p80 = sorted(timed)[len(timed) // 2]
     return p50, p80, p20
 
 
