@@ -139,12 +139,6 @@ def test_build_cli_names_the_module_of_a_shared_op(monkeypatch, capsys):
     assert calls == [["fused_inplace_qknorm", "scale"]]
 
 
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(pytest.main([__file__, "-v", "-s"]))
-
-
 @pytest.mark.parametrize("command", ["build", "check"])
 def test_jobs_must_be_positive(command: str, capsys):
     """``-j 0`` (or negative) would build nothing: argparse rejects it, naming the argument."""
@@ -155,3 +149,9 @@ def test_jobs_must_be_positive(command: str, capsys):
         main(args)
     assert exc.value.code == 2
     assert "argument -j/--jobs: must be >= 1, got 0" in capsys.readouterr().err
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(pytest.main([__file__, "-v", "-s"]))
