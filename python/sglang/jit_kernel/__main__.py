@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -56,47 +57,65 @@ def write_clangd(output: Path, arch: str, overwrite: bool) -> int:
 # ---------------------------------------------------------------------------------------------
 # build
 # ---------------------------------------------------------------------------------------------
+def _error_body(name: str, error: str) -> str:
+    """A variant's error with its own variant name blanked, so that one error failing several dtypes
+    of a module compares equal across them."""
+    module = name.split("[", 1)[0]
+    return re.sub(r"-[0-9a-f]{12,}", "-<key>", re.sub(rf"{re.escape(module)}_\w+", module, error))
+
+
 def build_variants(names: list[str] | None, jobs: int, quiet: bool = False,
                    archs: list[str] | None = None) -> int:
     """Compile every variant of the named ops (all ops if ``names`` is None) in parallel, through
     ``sglang.jit_kernel.cache.build_variants`` (the path of ``prebuild``).
 
-    Returns the number of failures; prints one progress line per variant and a summary.
+    Prints the modules to build and the ops each serves, a line as each variant starts and one as it
+    ends (``cached`` when it came from the cache), an error failing several variants of a module once
+    (``also for float16, float32``), and a summary. Returns the number of failures.
     """
     from sglang.jit_kernel.cache import VariantResult
     from sglang.jit_kernel.cache import build_variants as build_all
+    from sglang.jit_kernel.registry import all_modules
 
-    failures = 0
-
-    def report(result: VariantResult, done: int, total: int) -> None:
-        nonlocal failures
-        bar = "#" * (20 * done // total)
-        status = "ok" if result.error is None else "FAILED"
-        if not quiet:
-            print(f"[{bar:<20}] {done}/{total} {result.name:<40} {status} {result.seconds:6.1f} s", flush=True)
-        if result.error is not None:
-            failures += 1
-            print(f"  {result.error}", file=sys.stderr)
-
-    if names is not None and not quiet:
-        from sglang.jit_kernel.cache import entries_to_build
-        from sglang.jit_kernel.registry import all_ops
-
-        registry = all_ops()
-        for name in names:
-            entry = registry.get(name)
-            if entry is not None and not entry.variants:
-                owner = entries_to_build(registry, [name])[0].name
-                sharing = sorted(n for n, e in registry.items() if e.build is entry.build)
-                print(f"{name}: built as {owner}'s module (one module serves {', '.join(sharing)})", flush=True)
-    start = time.perf_counter()
     try:
-        results = build_all(names, archs=archs, jobs=jobs, on_done=report)
-    except (ValueError, RuntimeError) as exc:  # unknown op, bad arch, no target architecture
+        modules = all_modules(names)
+    except ValueError as exc:  # unknown op: the known ones and how an op registers
         print(exc, file=sys.stderr)
         return 1
-    print(f"built {len(results) - failures}/{len(results)} variants in {time.perf_counter() - start:.1f} s")
-    return failures
+    if not quiet:
+        for module in modules:
+            served = ", ".join(module.ops)
+            print(f"{module.name}: {len(module.variants)} variant(s), serves {served}", flush=True)
+    failures: dict[str, list[str]] = {}  # error text -> variant names it failed
+
+    def started(name: str) -> None:
+        if not quiet:
+            print(f"  start  {name}", flush=True)
+
+    def report(result: VariantResult, done: int, total: int) -> None:
+        bar = "#" * (20 * done // total)
+        if result.error is None:
+            status = "cached" if result.cached else f"built {result.seconds:6.1f} s"
+        else:
+            status = f"FAILED {result.seconds:6.1f} s"
+            failures.setdefault(_error_body(result.name, result.error), []).append(result.name)
+        if not quiet or result.error is not None:
+            print(f"[{bar:<20}] {done}/{total} {result.name:<40} {status}", flush=True)
+
+    start = time.perf_counter()
+    try:
+        results = build_all(names, archs=archs, jobs=jobs, on_done=report, on_start=started)
+    except (ValueError, RuntimeError) as exc:  # bad arch, no target architecture
+        print(exc, file=sys.stderr)
+        return 1
+    for error, failed in failures.items():
+        also = f" (also for {', '.join(n[n.index('[') + 1:-1] for n in failed[1:])})" if len(failed) > 1 else ""
+        print(f"{failed[0]}{also}:\n  {error}", file=sys.stderr)
+    count = sum(len(v) for v in failures.values())
+    cached = sum(1 for r in results if r.cached)
+    print(f"built {len(results) - count}/{len(results)} variants ({cached} cached) in "
+          f"{time.perf_counter() - start:.1f} s")
+    return count
 
 
 # ---------------------------------------------------------------------------------------------
@@ -129,6 +148,15 @@ def cache_command(action: str, days: float) -> int:
 # ---------------------------------------------------------------------------------------------
 # check
 # ---------------------------------------------------------------------------------------------
+def _case_labels(entry) -> list[str]:
+    """The labels of an op's check cases, without a GPU: the cases are built lazily by their
+    ``check_cases`` function, which allocates nothing until ``make_inputs`` runs."""
+    try:
+        return [case.label for case in entry.check_cases()]
+    except Exception:  # a case list that needs a GPU to be listed
+        return []
+
+
 def check(jobs: int) -> int:
     """The main job: build every op, verify each against its fp32 reference, time it."""
     import torch
@@ -144,6 +172,9 @@ def check(jobs: int) -> int:
         )
     failures = build_variants(None, jobs)
     if not has_gpu:
+        print(f"{'op':<26} {'module':<14} {'cases':>5}  status")
+        for entry in all_ops().values():
+            print(f"{entry.name:<26} {entry.module.name:<14} {len(_case_labels(entry)):>5}  compiled; not run (no GPU)")
         print(f"compile-only check: {'all variants compiled' if failures == 0 else f'{failures} failed'}; "
               "no op was run (no GPU)")
         return 1 if failures else 0

@@ -18,7 +18,9 @@ entry directory's mtime, which ``sglang.jit_kernel.cache`` reads as "last used".
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
+import difflib
 import hashlib
 import json
 import logging
@@ -28,10 +30,13 @@ import shutil
 import stat
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
+
+from sglang.jit_kernel._dependencies import resolve_dependencies
 
 if TYPE_CHECKING:
     from tvm_ffi.module import Module
@@ -50,12 +55,32 @@ ENV_CUDA_ARCH = "SGLANG_JIT_CUDA_ARCH"
 ENV_FORCE_RECOMPILE = "SGLANG_JIT_FORCE_RECOMPILE"
 ENV_CRASH_ON_COMPILE = "SGLANG_JIT_CRASH_ON_COMPILE"
 ENV_LOG_RESOURCE_USAGE = "SGLANG_JIT_LOG_RESOURCE_USAGE"
+ENV_QUIET = "SGLANG_JIT_QUIET"
 
 _TRUE_WORDS = ("1", "true", "yes", "on")
 
 
 class JITCompileError(RuntimeError):
-    """A JIT module failed to compile; the message names the module, the first error and the log path."""
+    """A JIT module failed to compile; the message names the module, the first error and the log path.
+
+    Attributes
+    ----------
+    module_name : str
+        The module (``load_jit``'s marker joined, e.g. ``scale_bf16_t``).
+    first_error : str
+        The first compiler error with its context lines, as in the message: the same text for two
+        variants (dtypes) that fail on the same line of the same file.
+    log_path : pathlib.Path or None
+        The full build log.
+    """
+
+    def __init__(
+        self, message: str, *, module_name: str = "", first_error: str = "", log_path: Path | None = None
+    ) -> None:
+        super().__init__(message)
+        self.module_name = module_name
+        self.first_error = first_error
+        self.log_path = log_path
 
 
 def env_flag(name: str) -> bool:
@@ -207,6 +232,12 @@ _ARCH_DIGITS_RE = re.compile(r"\d{2,3}[af]?")
 _ARCH_SEPARATOR_RE = re.compile(r"[\s,;]+")
 _IDENTIFIER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # compiled at import: load_jit runs on warm paths
 
+#: The targets set by ``utils.override_jit_cuda_arch``; None outside every override. A ContextVar, so
+#: an override holds in the thread (or asyncio task) that entered it and in nothing started elsewhere.
+arch_override: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar(
+    "sglang_jit_cuda_arch_override", default=None
+)
+
 
 def parse_arch(arch: str) -> tuple[int, int, str]:
     """Parse ``"9.0"`` / ``"9.0a"`` / ``"90"`` into (major, minor, suffix).
@@ -230,8 +261,9 @@ def parse_arch(arch: str) -> tuple[int, int, str]:
 def resolve_cuda_archs(archs: Sequence[str] | str | None = None) -> tuple[str, ...]:
     """The target architectures of a build, as normalised strings like ``("9.0",)``.
 
-    Order: ``archs`` if given; ``SGLANG_JIT_CUDA_ARCH`` (space/comma/semicolon separated); the compute
-    capabilities of every visible GPU (so a tensor on any device index has code for its GPU).
+    Order: ``archs`` if given; the innermost ``override_jit_cuda_arch`` block of this thread;
+    ``SGLANG_JIT_CUDA_ARCH`` (space/comma/semicolon separated); the compute capabilities of every visible
+    GPU (so a tensor on any device index has code for its GPU).
 
     Raises
     ------
@@ -240,6 +272,8 @@ def resolve_cuda_archs(archs: Sequence[str] | str | None = None) -> tuple[str, .
     ValueError
         For a malformed architecture.
     """
+    if archs is None:
+        archs = arch_override.get()
     if archs is None:
         env = os.environ.get(ENV_CUDA_ARCH, "").strip()
         if env:
@@ -402,15 +436,23 @@ class BuildSpec:
     archs: tuple[str, ...]
     sources: list[Path]  # the listed cpp/cuda files
     extra_dirs: list[Path]  # extra_include_paths that are folders
+    # header_only=False: the listed files, each compiled as its own translation unit (no generated one)
+    cuda_units: list[Path] = dataclasses.field(default_factory=list)
+    cpp_units: list[Path] = dataclasses.field(default_factory=list)
+    # extra_dependencies: their include folders (the included headers' contents enter the key, not
+    # every header there) and "name=version" entries
+    dependency_dirs: list[Path] = dataclasses.field(default_factory=list)
+    dependency_versions: list[str] = dataclasses.field(default_factory=list)
     _dependencies: list[Path] | None = dataclasses.field(default=None, repr=False)
 
     @property
     def dependencies(self) -> list[Path]:
-        """Every file whose contents enter the key: the listed files and the package / extra-dir
-        files they include (transitively), and every header under include/ and the extra dirs.
-        Computed on first use (the warm path usually needs only ``stamp_paths``' stats)."""
+        """Every file whose contents enter the key: the listed files and the package / extra-dir /
+        extra-dependency files they include (transitively), and every header under include/ and the
+        extra dirs. Computed on first use (the warm path usually needs only ``stamp_paths``' stats)."""
         if self._dependencies is None:
-            deps = _package_dependencies(self.sources, self.extra_dirs) + _header_files(INCLUDE_DIR)
+            bases = [*self.extra_dirs, *self.dependency_dirs]
+            deps = _package_dependencies(self.sources, bases) + _header_files(INCLUDE_DIR)
             for extra in self.extra_dirs:
                 deps += _header_files(extra)
             self._dependencies = list(dict.fromkeys(deps))
@@ -419,7 +461,7 @@ class BuildSpec:
     def stamp_paths(self) -> list[Path]:
         """What the stamp of a key records the stats of: the dependencies and the folders an
         include is looked up in (a file added there can change what an include resolves to)."""
-        dirs = {p.parent for p in self.dependencies} | {CSRC_DIR, INCLUDE_DIR, *self.extra_dirs}
+        dirs = {p.parent for p in self.dependencies} | {CSRC_DIR, INCLUDE_DIR, *self.extra_dirs, *self.dependency_dirs}
         dirs |= {p for p in INCLUDE_DIR.rglob("*") if p.is_dir()}
         return [*self.dependencies, *sorted(dirs)]
 
@@ -450,6 +492,11 @@ class BuildSpec:
             ("archs", list(self.archs)),
         ):
             put(tag, "\x00".join(values))
+        # Hashed only when used, so that the keys of modules without them stay what they were.
+        if self.cuda_units or self.cpp_units:
+            put("units", "\x00".join(map(str, [*self.cuda_units, "", *self.cpp_units])))
+        if self.dependency_versions:
+            put("dependency_versions", "\x00".join(self.dependency_versions))
         if with_files:
             for path in self.dependencies:
                 put("file", str(path))
@@ -473,6 +520,8 @@ def make_spec(
     extra_ldflags: Sequence[str],
     extra_include_paths: Sequence[str],
     archs: Sequence[str] | None,
+    extra_dependencies: Sequence[str] = (),
+    header_only: bool = True,
 ) -> BuildSpec:
     """Generate the sources and flags of a module (see ``load_jit``)."""
     import tvm_ffi.libinfo as libinfo  # noqa: PLC0415
@@ -500,14 +549,29 @@ def make_spec(
         lines += [f"TVM_FFI_DLL_EXPORT_TYPED_FUNC({export}, ({symbol}));" for export, symbol in wrappers]
         return "\n".join(lines) + "\n"
 
-    cuda_source = source(cuda_paths, cuda_wrappers)
-    cpp_source = source(cpp_paths, cpp_wrappers)
+    if header_only:
+        cuda_source = source(cuda_paths, cuda_wrappers)
+        cpp_source = source(cpp_paths, cpp_wrappers)
+        cuda_units: list[Path] = []
+        cpp_units: list[Path] = []
+    else:
+        if cuda_wrappers or cpp_wrappers:
+            raise ValueError(
+                "load_jit: with header_only=False the listed files are compiled as they are and export "
+                "their own functions (TVM_FFI_DLL_EXPORT_TYPED_FUNC); give no cuda_wrappers / cpp_wrappers"
+            )
+        cuda_source = cpp_source = None
+        cuda_units, cpp_units = cuda_paths, cpp_paths
     if cuda_source is None and cpp_wrappers and not cpp_paths:
         raise ValueError("load_jit: cpp_wrappers given without cpp_files")
-    resolved_archs = resolve_cuda_archs(archs) if cuda_source is not None else ()
+    has_cuda = cuda_source is not None or bool(cuda_units)
+    resolved_archs = resolve_cuda_archs(archs) if has_cuda else ()
+    dependencies = resolve_dependencies(extra_dependencies)
+    dependency_dirs = [d for dep in dependencies for d in dep.include_dirs]
     cuda_home = find_cuda_home()
     include_paths = [str(INCLUDE_DIR), libinfo.find_include_path(), libinfo.find_dlpack_include_path()]
     include_paths += [str(Path(p).resolve()) for p in extra_include_paths]
+    include_paths += [str(d) for d in dependency_dirs]
     include_paths = list(dict.fromkeys(include_paths))
     extra_dirs = [Path(p).resolve() for p in extra_include_paths if Path(p).is_dir()]
     cflags = [*DEFAULT_CFLAGS, f"-I{cuda_home / 'include'}", *extra_cflags]
@@ -523,6 +587,10 @@ def make_spec(
         archs=tuple(resolved_archs),
         sources=cpp_paths + cuda_paths,
         extra_dirs=extra_dirs,
+        cuda_units=cuda_units,
+        cpp_units=cpp_units,
+        dependency_dirs=list(dict.fromkeys(dependency_dirs)),
+        dependency_versions=[f"{dep.name}={dep.version}" for dep in dependencies],
     )
 
 
@@ -653,6 +721,11 @@ def _owner_of(lock_path: Path) -> str:
         return "unknown"
 
 
+#: Per-thread count of modules this thread compiled (not loaded from the cache): ``build`` and ``check``
+#: read it around one variant's build to report ``cached`` vs compiled.
+compiles_in_thread = threading.local()
+
+
 def build_artifact(spec: BuildSpec, root: Path, key: str, force: bool = False) -> Path:
     """Build ``spec`` unless a complete artifact for ``key`` exists; return the artifact's path.
 
@@ -710,6 +783,7 @@ def build_artifact(spec: BuildSpec, root: Path, key: str, force: bool = False) -
                 )
             )
             start = time.perf_counter()
+            compiles_in_thread.count = getattr(compiles_in_thread, "count", 0) + 1
             ok, log = _run_ninja(staging)
             seconds = time.perf_counter() - start
             (staging / "build.log").write_text(log)

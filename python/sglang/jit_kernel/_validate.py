@@ -1,75 +1,259 @@
-"""Argument checks shared by the op wrappers.
+"""The argument checks of every op wrapper: one vocabulary, one message format.
 
-Each check raises before any launch, with a message that names the op, the argument, what was
-expected and what was given. They are plain attribute tests, cheap enough for the eager hot path.
+Every failure reads ``<op>: <arg> <what>: expected X, got Y`` and is raised before any launch:
+
+* ``TypeError``: not a tensor, or a scalar of the wrong type (``scale: factor type: expected a real
+  number (int or float), got str``);
+* ``ValueError``: a scalar out of range (``rmsnorm: eps value: expected >= 0, got -1.0``);
+* ``RuntimeError``: a tensor on the wrong device, of the wrong dtype, shape or layout, or overlapping
+  another (``rmsnorm: weight dtype: expected bfloat16 (the dtype of input), got float16``).
+
+The checks are plain attribute tests and build their message only on failure, so a wrapper's checked
+path stays cheap; the eager fast paths of the ops skip them and rely on the C++ launcher's
+``TensorMatcher``, falling back to these checks to explain a refusal.
+
+Usage in a wrapper::
+
+    check_tensor("rmsnorm", "input", input, dtypes=FLOAT_DTYPES, last_dim_contiguous=True)
+    check_tensor("rmsnorm", "weight", weight, dtype_as=(input, "input"), dims=[("hidden_size", h)])
+    check_scalar("rmsnorm", "eps", eps, float, minimum=0.0)
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 import torch
 
+__all__ = [
+    "FLOAT_DTYPES",
+    "INDEX_DTYPES",
+    "check_contiguous",
+    "check_cuda",
+    "check_dtype",
+    "check_dtype_as",
+    "check_last_dim_contiguous",
+    "check_no_partial_overlap",
+    "check_same_device",
+    "check_scalar",
+    "check_shape",
+    "check_tensor",
+    "dtype_name",
+    "fail",
+    "prepare_elementwise_out",
+]
+
+#: The floating dtypes most ops take.
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: The dtypes of index tensors (positions, slot mappings, expert ids).
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+# A dim spec: (name, size) pins the size, (name, None) accepts any size and only names the dim.
+DimSpec = tuple[str, "int | None"]
 
 
-def _dtype_names(dtypes: Sequence[torch.dtype]) -> str:
-    return ", ".join(str(d).replace("torch.", "") for d in dtypes)
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``."""
+    return str(dtype).replace("torch.", "")
 
 
-def check_cuda(op: str, name: str, tensor: torch.Tensor) -> None:
-    """Raise RuntimeError unless ``tensor`` is a CUDA tensor."""
+def _names(dtypes: Sequence[torch.dtype]) -> str:
+    return ", ".join(dtype_name(d) for d in dtypes)
+
+
+def fail(error: type[Exception], op: str, arg: str, what: str, expected: object, got: object) -> NoReturn:
+    """Raise ``error("<op>: <arg> <what>: expected <expected>, got <got>")``; the one formatter."""
+    raise error(f"{op}: {arg} {what}: expected {expected}, got {got}")
+
+
+def _layout(tensor: torch.Tensor) -> str:
+    return f"shape {tuple(tensor.shape)} with strides {tensor.stride()}"
+
+
+def check_cuda(op: str, arg: str, tensor: object) -> None:
+    """TypeError unless ``tensor`` is a ``torch.Tensor``; RuntimeError unless it is on a CUDA device."""
     if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(tensor).__name__}")
+        fail(TypeError, op, arg, "type", "a torch.Tensor", type(tensor).__name__)
     if not tensor.is_cuda:
-        raise RuntimeError(f"{op}: {name} must be a CUDA tensor, got device {tensor.device}")
+        fail(RuntimeError, op, arg, "device", "a CUDA device", tensor.device)
 
 
-def check_dtype(op: str, name: str, tensor: torch.Tensor, allowed: Sequence[torch.dtype]) -> None:
-    """Raise RuntimeError unless ``tensor.dtype`` is one of ``allowed``."""
+def check_dtype(op: str, arg: str, tensor: torch.Tensor, allowed: Sequence[torch.dtype]) -> None:
+    """RuntimeError unless ``tensor.dtype`` is one of ``allowed``."""
     if tensor.dtype not in allowed:
-        raise RuntimeError(
-            f"{op}: {name} has unsupported dtype {str(tensor.dtype).replace('torch.', '')}; "
-            f"expected one of {_dtype_names(allowed)}"
-        )
+        expected = dtype_name(allowed[0]) if len(allowed) == 1 else f"one of {_names(allowed)}"
+        fail(RuntimeError, op, arg, "dtype", expected, dtype_name(tensor.dtype))
 
 
-def check_like(op: str, name: str, tensor: torch.Tensor, ref: torch.Tensor, ref_name: str) -> None:
-    """Raise RuntimeError unless ``tensor`` has the shape, dtype and device of ``ref``."""
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.shape != ref.shape:
-        raise RuntimeError(
-            f"{op}: {name} shape must match {ref_name}: expected {tuple(ref.shape)}, got {tuple(tensor.shape)}"
-        )
+def check_dtype_as(op: str, arg: str, tensor: torch.Tensor, ref: torch.Tensor, ref_arg: str) -> None:
+    """RuntimeError unless ``tensor`` has the dtype of ``ref`` (the argument ``ref_arg``)."""
     if tensor.dtype != ref.dtype:
-        raise RuntimeError(
-            f"{op}: {name} dtype must match {ref_name}: expected {str(ref.dtype).replace('torch.', '')}, "
-            f"got {str(tensor.dtype).replace('torch.', '')}"
-        )
+        fail(RuntimeError, op, arg, "dtype", f"{dtype_name(ref.dtype)} (the dtype of {ref_arg})",
+             dtype_name(tensor.dtype))
+
+
+def check_same_device(op: str, arg: str, tensor: torch.Tensor, ref: torch.Tensor, ref_arg: str) -> None:
+    """RuntimeError unless ``tensor`` is on the device of ``ref`` (device type and index)."""
     if tensor.device != ref.device:
-        raise RuntimeError(
-            f"{op}: {name} device must match {ref_name}: expected {ref.device}, got {tensor.device}"
-        )
+        fail(RuntimeError, op, arg, "device", f"{ref.device} (the device of {ref_arg})", tensor.device)
 
 
-def check_contiguous(op: str, name: str, tensor: torch.Tensor) -> None:
-    """Raise RuntimeError unless ``tensor`` is contiguous."""
+def check_shape(op: str, arg: str, tensor: torch.Tensor, dims: Sequence[DimSpec]) -> None:
+    """RuntimeError unless ``tensor`` has ``len(dims)`` dims with the pinned sizes.
+
+    ``dims`` names each dim: ``[("num_tokens", None), ("hidden_size", 4096)]`` reads in a message as
+    ``[num_tokens, hidden_size=4096]``.
+    """
+    shape = tensor.shape
+    if len(shape) == len(dims) and all(size is None or shape[i] == size for i, (_, size) in enumerate(dims)):
+        return
+    spec = ", ".join(name if size is None else f"{name}={size}" for name, size in dims)
+    fail(RuntimeError, op, arg, "shape", f"[{spec}]", tuple(shape))
+
+
+def check_last_dim_contiguous(op: str, arg: str, tensor: torch.Tensor) -> None:
+    """RuntimeError unless ``tensor`` is at least 1-D and its last dim has stride 1 (a size-1 last dim
+    has no stride to respect); the other strides are free."""
+    if tensor.dim() == 0:
+        fail(RuntimeError, op, arg, "dims", "at least 1", "a 0-d tensor")
+    if tensor.stride(-1) != 1 and tensor.shape[-1] > 1:
+        fail(RuntimeError, op, arg, "last-dim stride", "1 (a contiguous last dim)",
+             f"{tensor.stride(-1)} ({_layout(tensor)})")
+
+
+def check_contiguous(op: str, arg: str, tensor: torch.Tensor) -> None:
+    """RuntimeError unless ``tensor`` is contiguous."""
     if not tensor.is_contiguous():
-        raise RuntimeError(
-            f"{op}: {name} must be contiguous, got shape {tuple(tensor.shape)} with strides {tensor.stride()}"
-        )
+        fail(RuntimeError, op, arg, "layout", "contiguous", _layout(tensor))
+
+
+def _byte_span(tensor: torch.Tensor) -> tuple[int, int]:
+    """``[first, last)`` bytes that ``tensor``'s elements can touch (empty tensors span nothing)."""
+    if tensor.numel() == 0:
+        return 0, 0
+    start = tensor.data_ptr()
+    extent = sum((n - 1) * abs(s) for n, s in zip(tensor.shape, tensor.stride()))
+    return start, start + (extent + 1) * tensor.element_size()
+
+
+def check_no_partial_overlap(
+    op: str, arg: str, out: torch.Tensor, ref: torch.Tensor, ref_arg: str, allow_same: bool = True
+) -> None:
+    """RuntimeError if the bytes spanned by ``out`` and ``ref`` intersect, unless (with ``allow_same``)
+    ``out`` is exactly the view ``ref`` (same pointer, shape and strides: an in-place call).
+
+    The test is on byte spans, exact for dense tensors and conservative for interleaved strided views
+    (two disjoint column slices of one buffer are refused); ops that accept interleaved views (q and k
+    of a fused qkv buffer) leave that decision to their launcher's exact element test.
+    """
+    a0, a1 = _byte_span(out)
+    b0, b1 = _byte_span(ref)
+    if a0 >= b1 or b0 >= a1:
+        return
+    same = out.data_ptr() == ref.data_ptr() and out.shape == ref.shape and out.stride() == ref.stride()
+    if same and allow_same:
+        return
+    expected = f"no memory shared with {ref_arg}" + (" (or exactly the same view)" if allow_same else "")
+    got = f"bytes [{a0:#x}, {a1:#x}) against {ref_arg}'s [{b0:#x}, {b1:#x})"
+    fail(RuntimeError, op, arg, "memory", expected, got)
+
+
+def check_tensor(
+    op: str,
+    arg: str,
+    tensor: object,
+    *,
+    dtypes: Sequence[torch.dtype] | None = None,
+    dtype_as: tuple[torch.Tensor, str] | None = None,
+    device_as: tuple[torch.Tensor, str] | None = None,
+    dims: Sequence[DimSpec] | None = None,
+    last_dim_contiguous: bool = False,
+    contiguous: bool = False,
+) -> torch.Tensor:
+    """The usual checks of one tensor argument, in a fixed order; returns ``tensor``.
+
+    A CUDA tensor (always); then its dtype (one of ``dtypes``, or that of ``dtype_as = (ref,
+    ref_arg)``); its device (that of ``device_as``, defaulting to the ``dtype_as`` reference); its
+    shape (``dims``, see :func:`check_shape`); its layout (``contiguous``, or ``last_dim_contiguous``).
+
+    Raises
+    ------
+    TypeError
+        Not a tensor.
+    RuntimeError
+        Any other violation, as ``<op>: <arg> <what>: expected X, got Y``.
+    """
+    check_cuda(op, arg, tensor)
+    assert isinstance(tensor, torch.Tensor)
+    if dtypes is not None:
+        check_dtype(op, arg, tensor, dtypes)
+    if dtype_as is not None:
+        check_dtype_as(op, arg, tensor, *dtype_as)
+    device_ref = device_as if device_as is not None else dtype_as
+    if device_ref is not None:
+        check_same_device(op, arg, tensor, *device_ref)
+    if dims is not None:
+        check_shape(op, arg, tensor, dims)
+    if contiguous:
+        check_contiguous(op, arg, tensor)
+    elif last_dim_contiguous:
+        check_last_dim_contiguous(op, arg, tensor)
+    return tensor
+
+
+_KIND_WORDS = {bool: "a bool", int: "an int", float: "a real number (int or float)"}
+
+
+def check_scalar(
+    op: str,
+    arg: str,
+    value: object,
+    kind: type = float,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    exclusive_minimum: bool = False,
+    optional: bool = False,
+) -> None:
+    """TypeError unless ``value`` is of ``kind`` (``bool``; ``int``, bools refused; ``float``, any int
+    or float, bools refused), or None with ``optional``; ValueError unless it lies in
+    ``[minimum, maximum]`` (``(minimum, maximum]`` with ``exclusive_minimum``). NaN is out of every
+    range."""
+    if value is None and optional:
+        return
+    if kind is bool:
+        ok = isinstance(value, bool)
+    else:
+        ok = not isinstance(value, bool) and isinstance(value, (int,) if kind is int else (int, float))
+    if not ok:
+        word = _KIND_WORDS.get(kind, kind.__name__)
+        fail(TypeError, op, arg, "type", f"{word}{' or None' if optional else ''}", type(value).__name__)
+    if minimum is None and maximum is None:
+        return
+    assert isinstance(value, (int, float))
+    low_ok = minimum is None or (value > minimum if exclusive_minimum else value >= minimum)
+    high_ok = maximum is None or value <= maximum
+    if not (low_ok and high_ok):  # NaN fails both comparisons
+        parts = []
+        if minimum is not None:
+            parts.append(f"{'>' if exclusive_minimum else '>='} {minimum}")
+        if maximum is not None:
+            parts.append(f"<= {maximum}")
+        fail(ValueError, op, arg, "value", " and ".join(parts), value)
 
 
 def prepare_elementwise_out(
-    op: str, src: torch.Tensor, out: torch.Tensor | None
+    op: str, src: torch.Tensor, out: torch.Tensor | None, src_arg: str = "src"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(src, out)`` for an element-wise op: ``src`` made contiguous (a copy if it was not), ``out``
-    allocated like it or checked to match it (shape, dtype, device) and be contiguous."""
+    """``(src, out)`` for an element-wise op: ``src`` made contiguous (a copy if it was not); ``out``
+    allocated like it, or checked to match it (shape, dtype, device), be contiguous and either be
+    ``src`` itself or share no memory with it."""
     if not src.is_contiguous():
         src = src.contiguous()
     if out is None:
         return src, torch.empty_like(src)
-    check_like(op, "out", out, src, "src")
-    check_contiguous(op, "out", out)
+    check_tensor(op, "out", out, dtype_as=(src, src_arg), contiguous=True)
+    if out.shape != src.shape:
+        fail(RuntimeError, op, "out", "shape", f"{tuple(src.shape)} (the shape of {src_arg})", tuple(out.shape))
+    check_no_partial_overlap(op, "out", out, src, src_arg)
     return src, out

@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sglang.jit_kernel._validate import check_cuda, check_dtype, prepare_elementwise_out
+from sglang.jit_kernel._validate import check_scalar, check_tensor, prepare_elementwise_out
+from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ def _jit_add_constant_module(constant: int) -> Module:
     )
 
 
-@torch.library.custom_op("sgl_kernel::add_constant_out", mutates_args=("out",), device_types="cuda")
+@torch.library.custom_op("sglang_jit_kernel::add_constant_out", mutates_args=("out",), device_types="cuda")
 def _add_constant_out_op(out: torch.Tensor, src: torch.Tensor, constant: int) -> None:
     _jit_add_constant_module(constant).add_constant(out.view(-1), src.view(-1))
 
@@ -65,19 +66,40 @@ def add_constant(src: torch.Tensor, constant: int, out: torch.Tensor | None = No
     ValueError
         If ``constant`` does not fit in int32.
     RuntimeError
-        If ``src`` is not CUDA or not int32, or ``out`` does not match ``src``. Raised before any launch.
+        If ``src`` is not CUDA or not int32, or ``out`` does not match ``src`` (shape, dtype, device),
+        is not contiguous or partially overlaps it. Raised before any launch, as
+        ``add_constant: <arg> <what>: expected X, got Y``.
     """
-    if isinstance(constant, bool) or not isinstance(constant, int):
-        raise TypeError(f"add_constant: constant must be an int, got {type(constant).__name__}")
-    if not _INT32_MIN <= constant <= _INT32_MAX:
-        raise ValueError(f"add_constant: constant must fit in int32, got {constant}")
-    check_cuda("add_constant", "src", src)
-    check_dtype("add_constant", "src", src, (torch.int32,))
+    check_scalar("add_constant", "constant", constant, int, minimum=_INT32_MIN, maximum=_INT32_MAX)
+    check_tensor("add_constant", "src", src, dtypes=(torch.int32,))
     src, out = prepare_elementwise_out("add_constant", src, out)
     if src.numel() == 0:
         return out
     if torch.compiler.is_compiling():
-        torch.ops.sgl_kernel.add_constant_out(out, src, constant)
+        torch.ops.sglang_jit_kernel.add_constant_out(out, src, constant)
     else:
         _jit_add_constant_module(constant).add_constant(out.view(-1), src.view(-1))
     return out
+
+
+def _check_cases() -> list[CheckCase]:
+    """``check``: 2^24 int32 elements plus 1, compared exactly."""
+    n = 1 << 24
+
+    def make() -> tuple:
+        src = torch.randint(-(2**20), 2**20, (n,), dtype=torch.int32, device="cuda")
+        return src, torch.empty_like(src)
+
+    return [
+        CheckCase(
+            label=f"[{n}] int32 +1",
+            make_inputs=make,
+            call=lambda src, out: add_constant(src, 1, out=out),
+            reference=lambda src, out: (src.long() + 1).to(torch.int32),
+            bytes_moved=2 * n * 4,  # read src, write out
+            dtype=torch.int32,
+        )
+    ]
+
+
+register_op("add_constant", build=_jit_add_constant_module, variants=[(1,)], check_cases=_check_cases)

@@ -285,36 +285,30 @@ def prune_cache(max_age_days: float) -> int:
 @dataclasses.dataclass(frozen=True)
 class VariantResult:
     """The outcome of building one variant: its display name (``scale[bfloat16]``), the error
-    (``"JITCompileError: ..."``, None on success) and the wall time in seconds."""
+    (``"JITCompileError: ..."``, None on success), the wall time in seconds, and whether it came from
+    the cache (nothing compiled)."""
 
     name: str
     error: str | None
     seconds: float
+    cached: bool = False
 
 
-def _build_one(name: str, build: Callable[..., object], args: tuple) -> VariantResult:
+def _build_one(
+    name: str, build: Callable[..., object], args: tuple, on_start: Callable[[str], None] | None = None
+) -> VariantResult:
+    from sglang.jit_kernel._build import compiles_in_thread  # noqa: PLC0415
+
+    if on_start is not None:
+        on_start(name)
+    before = getattr(compiles_in_thread, "count", 0)
     start = time.perf_counter()
     try:
         build(*args)
     except Exception as exc:  # report every failure, keep building the rest
         return VariantResult(name, f"{type(exc).__name__}: {exc}", time.perf_counter() - start)
-    return VariantResult(name, None, time.perf_counter() - start)
-
-
-def entries_to_build(registry: dict[str, Any], ops: Sequence[str] | None) -> list[Any]:
-    """The registry entries whose variants build ``ops`` (every op if None), each once. An op with
-    no variants of its own is built through the first op that lists variants for the same module
-    builder (fused_add_rmsnorm, the gemma norms and fused_inplace_qknorm -> rmsnorm's norm module)."""
-    owners: dict[Any, Any] = {}
-    for entry in registry.values():
-        if entry.variants:
-            owners.setdefault(entry.build, entry)
-    selected: dict[str, Any] = {}
-    for name in ops if ops is not None else list(registry):
-        entry = registry[name]
-        source = entry if entry.variants else owners.get(entry.build, entry)
-        selected.setdefault(source.name, source)
-    return list(selected.values())
+    cached = getattr(compiles_in_thread, "count", 0) == before
+    return VariantResult(name, None, time.perf_counter() - start, cached)
 
 
 def build_variants(
@@ -322,9 +316,11 @@ def build_variants(
     archs: Sequence[str] | str | None = None,
     jobs: int | None = None,
     on_done: Callable[[VariantResult, int, int], None] | None = None,
+    on_start: Callable[[str], None] | None = None,
 ) -> list[VariantResult]:
     """Build every variant of ``ops`` (all registered ops if None) on ``jobs`` threads, without raising
-    for a failed variant; ``on_done(result, done, total)`` is called as each one finishes.
+    for a failed variant; ``on_start(name)`` is called as each one starts (on its worker thread) and
+    ``on_done(result, done, total)`` as each one finishes.
 
     See ``prebuild`` for the parameters. Returns the results in completion order.
 
@@ -335,26 +331,23 @@ def build_variants(
     RuntimeError
         With ``archs`` None, no ``SGLANG_JIT_CUDA_ARCH`` and no GPU visible.
     """
-    from sglang.jit_kernel.registry import all_ops  # noqa: PLC0415  (imports torch and every op)
+    from sglang.jit_kernel.registry import all_modules  # noqa: PLC0415  (imports torch and every op)
 
-    registry = all_ops()
-    unknown = [name for name in (ops or []) if name not in registry]
-    if unknown:
-        raise ValueError(f"unknown op(s): {', '.join(unknown)}; known: {', '.join(registry)}")
+    modules = all_modules(ops)  # ValueError naming an unknown op and how ops register
     resolved = resolve_cuda_archs(archs)  # fail once, before any build, when no target is known
     variants = []
-    for entry in entries_to_build(registry, ops):
+    for module in modules:
         # With explicit archs, skip the wrapper's per-process memo: it may hold the module built for
         # this process's own GPUs, which would make the call a no-op for the requested targets.
-        build = getattr(entry.build, "__wrapped__", entry.build) if archs is not None else entry.build
-        variants += [(name, build, args) for name, args in zip(entry.variant_names(), entry.variants)]
+        build = getattr(module.build, "__wrapped__", module.build) if archs is not None else module.build
+        variants += [(name, build, args) for name, args in zip(module.variant_names(), module.variants)]
     previous = os.environ.get(ENV_CUDA_ARCH)
     if archs is not None:
         os.environ[ENV_CUDA_ARCH] = " ".join(resolved)
     results: list[VariantResult] = []
     try:
         with ThreadPoolExecutor(max_workers=max(1, jobs or os.cpu_count() or 1)) as pool:
-            futures = [pool.submit(_build_one, *variant) for variant in variants]
+            futures = [pool.submit(_build_one, *variant, on_start) for variant in variants]
             for done, future in enumerate(as_completed(futures), 1):
                 result = future.result()
                 results.append(result)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from sglang.jit_kernel.registry import CheckCase, register_module, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
 
 if TYPE_CHECKING:
@@ -171,7 +172,7 @@ def _as_rows(op: str, name: str, tensor: torch.Tensor, copy_ok: bool = False) ->
 # ---------------------------------------------------------------------------------------------
 # torch.library ops (used under torch.compile; eager calls go straight to the module)
 # ---------------------------------------------------------------------------------------------
-@torch.library.custom_op("sgl_kernel::rmsnorm_out", mutates_args=("out",), device_types="cuda")
+@torch.library.custom_op("sglang_jit_kernel::rmsnorm_out", mutates_args=("out",), device_types="cuda")
 def _rmsnorm_out_op(
     out: torch.Tensor,
     input: torch.Tensor,
@@ -198,7 +199,7 @@ def _(out, input, weight, eps, weight_offset, cast_x_before_out_mul, enable_pdl)
 
 
 @torch.library.custom_op(
-    "sgl_kernel::fused_add_rmsnorm_inplace", mutates_args=("input", "residual"), device_types="cuda"
+    "sglang_jit_kernel::fused_add_rmsnorm_inplace", mutates_args=("input", "residual"), device_types="cuda"
 )
 def _fused_add_rmsnorm_op(
     input: torch.Tensor,
@@ -223,7 +224,7 @@ def _(input, residual, weight, eps, weight_offset, enable_pdl) -> None:
     return None
 
 
-@torch.library.custom_op("sgl_kernel::qknorm_inplace", mutates_args=("q", "k"), device_types="cuda")
+@torch.library.custom_op("sglang_jit_kernel::qknorm_inplace", mutates_args=("q", "k"), device_types="cuda")
 def _qknorm_op(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -282,7 +283,7 @@ def _rmsnorm(
     else:
         _check_same_shape(op, "out", out, input, "input")
     if torch.compiler.is_compiling():
-        torch.ops.sgl_kernel.rmsnorm_out(out, input, weight, eps, weight_offset, cast_x_before_out_mul, pdl)
+        torch.ops.sglang_jit_kernel.rmsnorm_out(out, input, weight, eps, weight_offset, cast_x_before_out_mul, pdl)
     else:
         _load(input.dtype).rmsnorm(
             _as_rows(op, "out", out),
@@ -403,7 +404,7 @@ def _fused_add_rmsnorm(
     _check_same_shape(op, "residual", residual, input, "input")
     _check_weight(op, "weight", weight, input.shape[-1], input.dtype, "hidden_size")
     if torch.compiler.is_compiling():
-        torch.ops.sgl_kernel.fused_add_rmsnorm_inplace(input, residual, weight, eps, weight_offset, pdl)
+        torch.ops.sglang_jit_kernel.fused_add_rmsnorm_inplace(input, residual, weight, eps, weight_offset, pdl)
     else:
         _load(input.dtype).fused_add_rmsnorm(
             _as_rows(op, "input", input), _as_rows(op, "residual", residual), weight, eps, weight_offset, pdl
@@ -554,6 +555,114 @@ def fused_inplace_qknorm(
     _check_weight(op, "q_weight", q_weight, head_dim, q.dtype, "head_dim", "q")
     _check_weight(op, "k_weight", k_weight, head_dim, q.dtype, "head_dim", "q")
     if torch.compiler.is_compiling():
-        torch.ops.sgl_kernel.qknorm_inplace(q, k, q_weight, k_weight, eps, pdl)
+        torch.ops.sglang_jit_kernel.qknorm_inplace(q, k, q_weight, k_weight, eps, pdl)
     else:
         _load(q.dtype).fused_inplace_qknorm(q, k, q_weight, k_weight, eps, pdl)
+
+
+# ---------------------------------------------------------------------------------------------
+# Registration: one module per dtype serves every norm op; `check` runs each op on its own rows.
+# ---------------------------------------------------------------------------------------------
+def _rms_reference(x: torch.Tensor, w: torch.Tensor, eps: float, offset: float) -> torch.Tensor:
+    """fp32 RMSNorm of the same low-precision rows, rounded once to the dtype."""
+    xf = x.float()
+    rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * rstd * (w.float() + offset)).to(x.dtype)
+
+
+_CHECK_SHAPES = [(16384, 4096), (16384, 8192)]
+
+
+def _plain_cases(fn: Callable[..., torch.Tensor], offset: float) -> Callable[[], list[CheckCase]]:
+    def cases() -> list[CheckCase]:
+        out = []
+        for n, h in _CHECK_SHAPES:
+
+            def make(n: int = n, h: int = h) -> tuple:
+                x = torch.randn(n, h, dtype=torch.bfloat16, device="cuda")
+                w = torch.randn(h, dtype=torch.bfloat16, device="cuda")
+                return x, w, torch.empty_like(x)
+
+            out.append(
+                CheckCase(
+                    label=f"[{n}, {h}] bf16",
+                    make_inputs=make,
+                    call=lambda x, w, o: fn(x, w, 1e-6, out=o),
+                    reference=lambda x, w, o: _rms_reference(x, w, 1e-6, offset),
+                    bytes_moved=2 * n * h * 2 + h * 2,  # read x, write out, read w
+                    dtype=torch.bfloat16,
+                )
+            )
+        return out
+
+    return cases
+
+
+def _fused_cases(fn: Callable[..., None], offset: float) -> Callable[[], list[CheckCase]]:
+    def cases() -> list[CheckCase]:
+        out = []
+        for n, h in _CHECK_SHAPES:
+
+            def make(n: int = n, h: int = h) -> tuple:
+                x = torch.randn(n, h, dtype=torch.bfloat16, device="cuda")
+                r = torch.randn(n, h, dtype=torch.bfloat16, device="cuda")
+                return x, r, torch.randn(h, dtype=torch.bfloat16, device="cuda")
+
+            def call(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+                fn(x, r, w, 1e-6)
+                return x
+
+            out.append(
+                CheckCase(
+                    label=f"[{n}, {h}] bf16",
+                    make_inputs=make,
+                    call=call,
+                    reference=lambda x, r, w: _rms_reference((x.float() + r.float()).to(x.dtype), w, 1e-6, offset),
+                    bytes_moved=4 * n * h * 2 + h * 2,  # read x and r, write both, read w
+                    dtype=torch.bfloat16,
+                )
+            )
+        return out
+
+    return cases
+
+
+def _qknorm_cases() -> list[CheckCase]:
+    n, hq, hk, d = 16384, 32, 8, 128
+
+    def make() -> tuple:
+        qkv = torch.randn(n, (hq + 2 * hk) * d, dtype=torch.bfloat16, device="cuda")
+        return qkv, torch.randn(d, dtype=torch.bfloat16, device="cuda"), torch.randn(d, dtype=torch.bfloat16, device="cuda")
+
+    def views(qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return qkv[:, : hq * d].view(n, hq, d), qkv[:, hq * d : (hq + hk) * d].view(n, hk, d)
+
+    def call(qkv: torch.Tensor, qw: torch.Tensor, kw: torch.Tensor) -> torch.Tensor:
+        fused_inplace_qknorm(*views(qkv), qw, kw, 1e-6)
+        return qkv
+
+    def reference(qkv: torch.Tensor, qw: torch.Tensor, kw: torch.Tensor) -> torch.Tensor:
+        q, k = views(qkv)
+        expected = qkv.clone()
+        expected[:, : hq * d] = _rms_reference(q, qw, 1e-6, 0.0).view(n, hq * d)
+        expected[:, hq * d : (hq + hk) * d] = _rms_reference(k, kw, 1e-6, 0.0).view(n, hk * d)
+        return expected
+
+    return [
+        CheckCase(
+            label=f"[{n}, {hq}+{hk}, {d}] bf16",
+            make_inputs=make,
+            call=call,
+            reference=reference,
+            bytes_moved=2 * n * (hq + hk) * d * 2 + 2 * d * 2,  # read + write q and k, weights
+            dtype=torch.bfloat16,
+        )
+    ]
+
+
+_NORM_MODULE = register_module("norm", _jit_norm_module, [(d,) for d in _DTYPES])
+register_op("rmsnorm", module=_NORM_MODULE, check_cases=_plain_cases(rmsnorm, 0.0))
+register_op("fused_add_rmsnorm", module=_NORM_MODULE, check_cases=_fused_cases(fused_add_rmsnorm, 0.0))
+register_op("gemma_rmsnorm", module=_NORM_MODULE, check_cases=_plain_cases(gemma_rmsnorm, 1.0))
+register_op("gemma_fused_add_rmsnorm", module=_NORM_MODULE, check_cases=_fused_cases(gemma_fused_add_rmsnorm, 1.0))
+register_op("fused_inplace_qknorm", module=_NORM_MODULE, check_cases=_qknorm_cases)

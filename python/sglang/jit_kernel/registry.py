@@ -1,29 +1,65 @@
-"""The catalogue of shipped ops: every compile-time variant (for prebuilds) and one check case per op
-(for ``python -m sglang.jit_kernel check``).
+"""The catalogue of shipped ops, filled by the ops themselves.
 
-An op registers itself by adding a factory of its ``OpEntry`` to ``_ENTRY_FACTORIES`` below: its name, the module builder (the
-``@cache_once`` function of its wrapper), the argument tuples of every variant it ships with, and
-``check_cases``, which returns cases that run the op on fresh random inputs against an fp32
-reference and count the bytes the op must move.
+An op's wrapper module (``python/sglang/jit_kernel/<op>.py``) registers the op next to its code::
+
+    register_op(
+        "scale",
+        build=_jit_scale_module,                      # the @cache_once module builder
+        variants=[(torch.float16,), (torch.bfloat16,), (torch.float32,)],  # its build arguments
+        check_cases=_check_cases,                     # () -> list[CheckCase], for `check`
+    )
+
+Several ops served by one module (the norm ops) register the module once with ``register_module``
+and pass it as ``module=``. ``all_ops()`` imports every wrapper module of the package (each top-level
+module whose name does not start with ``_`` and is not infrastructure), so ``build``, ``check`` and
+``prebuild()`` find every op without a central list.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
 
+__all__ = [
+    "CheckCase",
+    "JitModule",
+    "OpEntry",
+    "TORCH_LIBRARY",
+    "all_modules",
+    "all_ops",
+    "register_module",
+    "register_op",
+    "unknown_op_message",
+]
+
+#: The torch.library namespace of every op of this package (``torch.ops.sglang_jit_kernel.*``); never
+#: ``sgl_kernel``, which the sgl-kernel package owns.
+TORCH_LIBRARY = "sglang_jit_kernel"
+
+# Top-level modules of the package that are not op wrappers.
+INFRASTRUCTURE = frozenset({"registry", "utils", "cache", "testing"})
+
+HOW_TO_REGISTER = (
+    "an op registers itself in its wrapper module python/sglang/jit_kernel/<op>.py with "
+    "sglang.jit_kernel.registry.register_op(name, build=<its @cache_once module builder>, "
+    "variants=[<build arguments>, ...], check_cases=<function returning CheckCase list>) "
+    "(see docs/developer_guide/development_jit_kernel_guide.md, 'Register the op')"
+)
+
 
 @dataclass(frozen=True)
 class CheckCase:
-    """One correctness-and-speed case of an op.
+    """One correctness-and-speed case of an op, run by ``python -m sglang.jit_kernel check``.
 
     ``make_inputs()`` draws fresh random inputs (a tuple); ``call(*inputs)`` runs the op and returns
     its output (for in-place ops, the mutated tensor); ``reference(*inputs)`` returns the expected
-    output from an fp32 computation on the same inputs, rounded to the output dtype (it must be
-    computed before ``call`` mutates anything, so ``check`` calls it first); ``bytes_moved`` is the
-    fewest bytes the op must read plus write.
+    output from an fp32 computation on the same inputs, rounded to the output dtype (``check`` calls
+    it before ``call`` mutates anything); ``bytes_moved`` is the fewest bytes the op must read plus
+    write; ``dtype`` selects the tolerance (integer dtypes compare exactly).
     """
 
     label: str
@@ -34,232 +70,212 @@ class CheckCase:
     dtype: torch.dtype
 
 
-@dataclass(frozen=True)
-class OpEntry:
-    """An op: its module builder, the build arguments of every shipped variant, its check cases."""
-
-    name: str
-    build: Callable[..., Any]
-    variants: Sequence[tuple]
-    check_cases: Callable[[], list[CheckCase]] = field(default=lambda: [])
-
-    def variant_names(self) -> list[str]:
-        return [f"{self.name}[{', '.join(_show(a) for a in args)}]" for args in self.variants]
-
-
 def _show(value: Any) -> str:
     return str(value).replace("torch.", "")
 
 
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+@dataclass(eq=False)
+class JitModule:
+    """A compiled module: its builder, the build arguments of every shipped variant, the ops it serves."""
+
+    name: str
+    build: Callable[..., Any]
+    variants: tuple[tuple, ...]
+    source: str
+    ops: list[str] = field(default_factory=list)
+
+    def variant_names(self) -> list[str]:
+        """``["norm[float16]", "norm[bfloat16]", ...]``."""
+        return [f"{self.name}[{', '.join(_show(a) for a in args)}]" for args in self.variants]
 
 
-# ---- scale ----
-def _scale_entry() -> OpEntry:
-    from sglang.jit_kernel.scale import _jit_scale_module, scale  # noqa: PLC0415
+@dataclass(frozen=True, eq=False)
+class OpEntry:
+    """An op: its name, the module that serves it, its check cases."""
 
-    def cases() -> list[CheckCase]:
-        n = 1 << 24
-        factor = 1.5
+    name: str
+    module: JitModule
+    check_cases: Callable[[], list[CheckCase]]
+    source: str
 
-        def make() -> tuple:
-            src = torch.randn(n, dtype=torch.bfloat16, device="cuda")
-            return src, torch.empty_like(src)
+    @property
+    def build(self) -> Callable[..., Any]:
+        return self.module.build
 
-        return [
-            CheckCase(
-                label=f"[{n}] bf16",
-                make_inputs=make,
-                call=lambda src, out: scale(src, factor, out=out),
-                reference=lambda src, out: (src.float() * factor).to(src.dtype),
-                bytes_moved=2 * n * 2,
-                dtype=torch.bfloat16,
-            )
-        ]
+    @property
+    def variants(self) -> tuple[tuple, ...]:
+        return self.module.variants
 
-    return OpEntry("scale", _jit_scale_module, [(d,) for d in _FLOATS], cases)
+    def variant_names(self) -> list[str]:
+        return self.module.variant_names()
 
 
-# ---- add_constant ----
-def _add_constant_entry() -> OpEntry:
-    from sglang.jit_kernel.add_constant import _jit_add_constant_module, add_constant  # noqa: PLC0415
-
-    def cases() -> list[CheckCase]:
-        n = 1 << 24
-
-        def make() -> tuple:
-            src = torch.randint(-(2**20), 2**20, (n,), dtype=torch.int32, device="cuda")
-            return src, torch.empty_like(src)
-
-        return [
-            CheckCase(
-                label=f"[{n}] int32 +1",
-                make_inputs=make,
-                call=lambda src, out: add_constant(src, 1, out=out),
-                reference=lambda src, out: (src.long() + 1).to(torch.int32),
-                bytes_moved=2 * n * 4,
-                dtype=torch.int32,
-            )
-        ]
-
-    return OpEntry("add_constant", _jit_add_constant_module, [(1,)], cases)
+_MODULES: dict[str, JitModule] = {}
+_OPS: dict[str, OpEntry] = {}
 
 
-# ---- norm: rmsnorm, fused_add_rmsnorm, their gemma forms, fused_inplace_qknorm ----
-def _rms_reference(x: torch.Tensor, w: torch.Tensor, eps: float, offset: float) -> torch.Tensor:
-    """fp32 RMSNorm of the same low-precision rows, rounded once to the dtype."""
-    xf = x.float()
-    rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (xf * rstd * (w.float() + offset)).to(x.dtype)
+def _caller_module(depth: int = 2) -> str:
+    import sys  # noqa: PLC0415
+
+    return sys._getframe(depth).f_globals.get("__name__", "?")
 
 
-def _rmsnorm_entries() -> list[OpEntry]:
-    from sglang.jit_kernel.norm import (  # noqa: PLC0415
-        _jit_norm_module,
-        fused_add_rmsnorm,
-        gemma_fused_add_rmsnorm,
-        gemma_rmsnorm,
-        rmsnorm,
+def _variant_tuple(name: str, variants: Sequence[Any]) -> tuple[tuple, ...]:
+    out = []
+    for args in variants:
+        if not isinstance(args, tuple):
+            raise TypeError(f"register: {name} variants item type: expected a tuple of build arguments, "
+                            f"got {type(args).__name__} ({args!r})")
+        out.append(args)
+    return tuple(out)
+
+
+def register_module(name: str, build: Callable[..., Any], variants: Sequence[tuple]) -> JitModule:
+    """Declare a module builder shared by several ops, and the build arguments it ships with.
+
+    Parameters
+    ----------
+    name : str
+        Display name of its variants (``"norm"`` shows ``norm[bfloat16]``).
+    build : callable
+        The wrapper's ``@cache_once`` builder; ``build(*args)`` compiles or loads one variant.
+    variants : sequence of tuple
+        One tuple of ``build`` arguments per variant that ``build --all`` / ``prebuild()`` compiles.
+
+    Returns
+    -------
+    JitModule
+        Pass it to :func:`register_op` as ``module=``.
+
+    Raises
+    ------
+    ValueError
+        If another module already registered ``name`` (re-registering from the same wrapper module,
+        e.g. on a reload, replaces the entry).
+    TypeError
+        If a variant is not a tuple.
+    """
+    source = _caller_module()
+    previous = _MODULES.get(name)
+    if previous is not None and previous.source != source:
+        raise ValueError(f"register_module: name value: expected a name not yet registered, got {name!r} "
+                         f"(already registered by {previous.source})")
+    module = JitModule(name, build, _variant_tuple(name, variants), source)
+    _MODULES[name] = module
+    return module
+
+
+def register_op(
+    name: str,
+    *,
+    module: JitModule | None = None,
+    build: Callable[..., Any] | None = None,
+    variants: Sequence[tuple] = (),
+    check_cases: Callable[[], list[CheckCase]] | None = None,
+) -> OpEntry:
+    """Register an op where it is defined: what ``build``/``prebuild()`` compile and ``check`` runs.
+
+    Parameters
+    ----------
+    name : str
+        The op's name (its Python function, its exported symbol).
+    module : JitModule, optional
+        The shared module serving it (from :func:`register_module`). Give either this, or ``build``.
+    build : callable, optional
+        The op's own ``@cache_once`` module builder: a module named ``name`` is registered for it.
+    variants : sequence of tuple
+        With ``build``: the build arguments of each shipped variant.
+    check_cases : callable, optional
+        ``() -> list[CheckCase]``: the cases ``check`` runs (fresh random inputs, an fp32 reference,
+        bytes moved). None: the op is built by ``check`` but not run.
+
+    Returns
+    -------
+    OpEntry
+
+    Raises
+    ------
+    TypeError
+        If neither or both of ``module`` and ``build`` are given.
+    ValueError
+        If another wrapper module already registered ``name``.
+    """
+    source = _caller_module()
+    if (module is None) == (build is None):
+        raise TypeError(f"register_op: {name} module/build: expected exactly one of module= or build=, "
+                        f"got {'both' if module is not None else 'neither'}")
+    previous = _OPS.get(name)
+    if previous is not None and previous.source != source:
+        raise ValueError(f"register_op: name value: expected a name not yet registered, got {name!r} "
+                         f"(already registered by {previous.source})")
+    if module is None:
+        module = JitModule(name, build, _variant_tuple(name, variants), source)  # type: ignore[arg-type]
+        _MODULES[name] = module
+    if name not in module.ops:
+        module.ops.append(name)
+    entry = OpEntry(name, module, check_cases or (lambda: []), source)
+    _OPS[name] = entry
+    return entry
+
+
+def wrapper_module_names() -> list[str]:
+    """Names of the package's op wrapper modules (``scale``, ``norm``, ...), sorted."""
+    import sglang.jit_kernel as package  # noqa: PLC0415
+
+    return sorted(
+        info.name
+        for info in pkgutil.iter_modules(package.__path__)
+        if not info.ispkg and not info.name.startswith("_") and info.name not in INFRASTRUCTURE
     )
 
-    shapes = [(16384, 4096), (16384, 8192)]
-    dtype = torch.bfloat16
 
-    def plain_cases(fn, offset: float) -> Callable[[], list[CheckCase]]:
-        def cases() -> list[CheckCase]:
-            out = []
-            for n, h in shapes:
-                def make(n=n, h=h) -> tuple:
-                    x = torch.randn(n, h, dtype=dtype, device="cuda")
-                    w = torch.randn(h, dtype=dtype, device="cuda")
-                    return x, w, torch.empty_like(x)
-
-                out.append(
-                    CheckCase(
-                        label=f"[{n}, {h}] bf16",
-                        make_inputs=make,
-                        call=lambda x, w, o: fn(x, w, 1e-6, out=o),
-                        reference=lambda x, w, o: _rms_reference(x, w, 1e-6, offset),
-                        bytes_moved=2 * n * h * 2 + h * 2,  # read x, write out, read w
-                        dtype=dtype,
-                    )
-                )
-            return out
-
-        return cases
-
-    def fused_cases(fn, offset: float) -> Callable[[], list[CheckCase]]:
-        def cases() -> list[CheckCase]:
-            out = []
-            for n, h in shapes:
-                def make(n=n, h=h) -> tuple:
-                    x = torch.randn(n, h, dtype=dtype, device="cuda")
-                    r = torch.randn(n, h, dtype=dtype, device="cuda")
-                    return x, r, torch.randn(h, dtype=dtype, device="cuda")
-
-                def call(x, r, w):
-                    fn(x, r, w, 1e-6)
-                    return x
-
-                out.append(
-                    CheckCase(
-                        label=f"[{n}, {h}] bf16",
-                        make_inputs=make,
-                        call=call,
-                        reference=lambda x, r, w: _rms_reference(
-                            (x.float() + r.float()).to(dtype), w, 1e-6, offset
-                        ),
-                        bytes_moved=4 * n * h * 2 + h * 2,  # read x and r, write both, read w
-                        dtype=dtype,
-                    )
-                )
-            return out
-
-        return cases
-
-    # One norm module per dtype serves all five norm ops (gemma = a runtime weight offset of 1):
-    # its variants are listed once, under rmsnorm; building it for any other norm op is a cache hit.
-    variants = [(d,) for d in _FLOATS]
-    return [
-        OpEntry("rmsnorm", _jit_norm_module, variants, plain_cases(rmsnorm, 0.0)),
-        OpEntry("fused_add_rmsnorm", _jit_norm_module, [], fused_cases(fused_add_rmsnorm, 0.0)),
-        OpEntry("gemma_rmsnorm", _jit_norm_module, [], plain_cases(gemma_rmsnorm, 1.0)),
-        OpEntry("gemma_fused_add_rmsnorm", _jit_norm_module, [], fused_cases(gemma_fused_add_rmsnorm, 1.0)),
-    ]
-
-
-def _rmsnorm_entry() -> OpEntry:
-    return _rmsnorm_entries()[0]
-
-
-def _fused_add_rmsnorm_entry() -> OpEntry:
-    return _rmsnorm_entries()[1]
-
-
-def _gemma_rmsnorm_entry() -> OpEntry:
-    return _rmsnorm_entries()[2]
-
-
-def _gemma_fused_add_rmsnorm_entry() -> OpEntry:
-    return _rmsnorm_entries()[3]
-
-
-def _qknorm_entry() -> OpEntry:
-    from sglang.jit_kernel.norm import _jit_norm_module, fused_inplace_qknorm  # noqa: PLC0415
-
-    def cases() -> list[CheckCase]:
-        n, hq, hk, d = 16384, 32, 8, 128
-        dtype = torch.bfloat16
-
-        def make() -> tuple:
-            qkv = torch.randn(n, (hq + 2 * hk) * d, dtype=dtype, device="cuda")
-            return qkv, torch.randn(d, dtype=dtype, device="cuda"), torch.randn(d, dtype=dtype, device="cuda")
-
-        def views(qkv):
-            q = qkv[:, : hq * d].view(n, hq, d)
-            k = qkv[:, hq * d : (hq + hk) * d].view(n, hk, d)
-            return q, k
-
-        def call(qkv, qw, kw):
-            q, k = views(qkv)
-            fused_inplace_qknorm(q, k, qw, kw, 1e-6)
-            return qkv
-
-        def reference(qkv, qw, kw):
-            q, k = views(qkv)
-            expected = qkv.clone()
-            expected[:, : hq * d] = _rms_reference(q, qw, 1e-6, 0.0).view(n, hq * d)
-            expected[:, hq * d : (hq + hk) * d] = _rms_reference(k, kw, 1e-6, 0.0).view(n, hk * d)
-            return expected
-
-        return [
-            CheckCase(
-                label=f"[{n}, {hq}+{hk}, {d}] bf16",
-                make_inputs=make,
-                call=call,
-                reference=reference,
-                bytes_moved=2 * n * (hq + hk) * d * 2 + 2 * d * 2,  # read + write q and k, weights
-                dtype=dtype,
-            )
-        ]
-
-    # Same module as rmsnorm (see _rmsnorm_entries): no variants of its own.
-    return OpEntry("fused_inplace_qknorm", _jit_norm_module, [], cases)
-
-
-# Every op's entry factory, in display order. A new op adds its factory here.
-_ENTRY_FACTORIES: list[Callable[[], OpEntry]] = [
-    _scale_entry,
-    _add_constant_entry,
-    _rmsnorm_entry,
-    _fused_add_rmsnorm_entry,
-    _gemma_rmsnorm_entry,
-    _gemma_fused_add_rmsnorm_entry,
-    _qknorm_entry,
-]
+def _import_wrappers() -> list[str]:
+    """Import every wrapper module; returns those that registered no op."""
+    silent = []
+    for name in wrapper_module_names():
+        full = f"sglang.jit_kernel.{name}"
+        importlib.import_module(full)
+        if not any(entry.source == full for entry in _OPS.values()):
+            silent.append(name)
+    return silent
 
 
 def all_ops() -> dict[str, OpEntry]:
-    """Every shipped op by name (imports the wrappers)."""
-    entries = [factory() for factory in _ENTRY_FACTORIES]
+    """Every registered op by name, in the order of the wrapper modules (sorted) and of registration.
+
+    Imports every wrapper module of the package first (cheap: no compile, no GPU query).
+    """
+    _import_wrappers()
+    order = {name: i for i, name in enumerate(wrapper_module_names())}
+    entries = sorted(_OPS.values(), key=lambda e: order.get(e.source.rsplit(".", 1)[-1], len(order)))
     return {e.name: e for e in entries}
+
+
+def all_modules(ops: Sequence[str] | None = None) -> list[JitModule]:
+    """The modules serving ``ops`` (every op if None), each once, in op order.
+
+    Raises
+    ------
+    ValueError
+        For an unknown op name: :func:`unknown_op_message`.
+    """
+    registry = all_ops()
+    unknown = [name for name in (ops or []) if name not in registry]
+    if unknown:
+        raise ValueError(unknown_op_message(unknown, registry))
+    modules: dict[int, JitModule] = {}
+    for name in ops if ops is not None else list(registry):
+        module = registry[name].module
+        modules.setdefault(id(module), module)
+    return list(modules.values())
+
+
+def unknown_op_message(unknown: Sequence[str], registry: dict[str, OpEntry] | None = None) -> str:
+    """The error for op names nobody registered: the known ops, the wrapper modules that register
+    none, and how an op registers."""
+    silent = _import_wrappers()
+    known = registry if registry is not None else all_ops()
+    message = f"unknown op(s): {', '.join(unknown)}; known ops: {', '.join(known) or 'none'}"
+    if silent:
+        message += f"; wrapper modules registering no op: {', '.join(silent)}"
+    return f"{message}. {HOW_TO_REGISTER[0].upper()}{HOW_TO_REGISTER[1:]}"

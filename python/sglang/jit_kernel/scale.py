@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from sglang.jit_kernel._validate import FLOAT_DTYPES, check_cuda, check_dtype, prepare_elementwise_out
+from sglang.jit_kernel._validate import FLOAT_DTYPES, check_scalar, check_tensor, prepare_elementwise_out
+from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ def _load(dtype: torch.dtype) -> Module:
     return module
 
 
-@torch.library.custom_op("sgl_kernel::scale_out", mutates_args=("out",), device_types="cuda")
+@torch.library.custom_op("sglang_jit_kernel::scale_out", mutates_args=("out",), device_types="cuda")
 def _scale_out_op(out: torch.Tensor, src: torch.Tensor, factor: float) -> None:
     _load(src.dtype).scale(out.view(-1), src.view(-1), factor)
 
@@ -76,7 +77,7 @@ def scale(src: torch.Tensor, factor: float, out: torch.Tensor | None = None) -> 
     RuntimeError
         If ``src`` is not on a CUDA device, has another dtype, or ``out`` differs from ``src`` in
         shape, dtype or device, is not contiguous, or partially overlaps ``src`` in memory (``out``
-        may be ``src`` itself). Raised before any launch.
+        may be ``src`` itself). Raised before any launch, as ``scale: <arg> <what>: expected X, got Y``.
     """
     if not torch.compiler.is_compiling():
         try:
@@ -90,15 +91,36 @@ def scale(src: torch.Tensor, factor: float, out: torch.Tensor | None = None) -> 
                 return result
             except (TypeError, RuntimeError):  # raised before any launch: the checked path explains
                 pass
-    check_cuda("scale", "src", src)
-    check_dtype("scale", "src", src, FLOAT_DTYPES)
-    if not isinstance(factor, (int, float)):
-        raise TypeError(f"scale: factor must be a real number (int or float), got {type(factor).__name__}")
+    check_tensor("scale", "src", src, dtypes=FLOAT_DTYPES)
+    check_scalar("scale", "factor", factor, float)
     src, out = prepare_elementwise_out("scale", src, out)
     if src.numel() == 0:
         return out
     if torch.compiler.is_compiling():
-        torch.ops.sgl_kernel.scale_out(out, src, factor)
+        torch.ops.sglang_jit_kernel.scale_out(out, src, factor)
     else:
         _load(src.dtype).scale(out.view(-1), src.view(-1), factor)
     return out
+
+
+def _check_cases() -> list[CheckCase]:
+    """``check``: 2^24 bf16 elements against the fp32 product rounded once."""
+    n, factor = 1 << 24, 1.5
+
+    def make() -> tuple:
+        src = torch.randn(n, dtype=torch.bfloat16, device="cuda")
+        return src, torch.empty_like(src)
+
+    return [
+        CheckCase(
+            label=f"[{n}] bf16",
+            make_inputs=make,
+            call=lambda src, out: scale(src, factor, out=out),
+            reference=lambda src, out: (src.float() * factor).to(src.dtype),
+            bytes_moved=2 * n * 2,  # read src, write out
+            dtype=torch.bfloat16,
+        )
+    ]
+
+
+register_op("scale", build=_jit_scale_module, variants=[(d,) for d in FLOAT_DTYPES], check_cases=_check_cases)

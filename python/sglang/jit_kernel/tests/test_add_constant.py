@@ -59,23 +59,23 @@ def test_add_constant_empty_graph_and_compile():
 
 
 def test_add_constant_cpu_error():
-    with pytest.raises(RuntimeError, match="src must be a CUDA tensor"):
+    with pytest.raises(RuntimeError, match=r"^add_constant: src device: expected a CUDA device, got cpu$"):
         add_constant(torch.zeros(4, dtype=torch.int32), 1)
 
 
 def test_add_constant_bad_constant():
-    with pytest.raises(TypeError, match="constant must be an int"):
+    with pytest.raises(TypeError, match=r"^add_constant: constant type: expected an int, got float$"):
         add_constant(torch.zeros(4, dtype=torch.int32), 1.5)
-    with pytest.raises(ValueError, match="constant must fit in int32"):
+    with pytest.raises(ValueError, match=r"^add_constant: constant value: expected >= -2147483648 and <= 2147483647, got 2147483648$"):
         add_constant(torch.zeros(4, dtype=torch.int32), 2**31)
 
 
 @requires_cuda
 def test_add_constant_bad_dtype_and_out():
-    with pytest.raises(RuntimeError, match="dtype float32"):
+    with pytest.raises(RuntimeError, match=r"^add_constant: src dtype: expected int32, got float32$"):
         add_constant(torch.zeros(4, device="cuda"), 1)
     src = torch.zeros(4, dtype=torch.int32, device="cuda")
-    with pytest.raises(RuntimeError, match="out shape must match src"):
+    with pytest.raises(RuntimeError, match=r"^add_constant: out shape: expected \(4,\) \(the shape of src\), got \(5,\)$"):
         add_constant(src, 1, out=torch.zeros(5, dtype=torch.int32, device="cuda"))
 
 

@@ -57,11 +57,13 @@ def test_build_all_produces_every_registered_variant(tmp_path: Path):
     )
     print(result.stdout)
     assert result.returncode == 0, result.stdout + result.stderr
-    summary = re.search(r"built (\d+)/(\d+) variants in ([\d.]+) s", result.stdout)
+    summary = re.search(r"built (\d+)/(\d+) variants \((\d+) cached\) in ([\d.]+) s", result.stdout)
     assert summary, result.stdout
     assert int(summary.group(1)) == int(summary.group(2)) == len(expected)
-    for name in expected:  # one progress line per variant
-        assert re.search(rf"\] \d+/{len(expected)} {re.escape(name)} +ok ", result.stdout), name
+    assert int(summary.group(3)) == 0  # an empty cache: every variant compiled
+    for name in expected:  # a line as each variant starts, one as it ends
+        assert re.search(rf"^  start  {re.escape(name)}$", result.stdout, re.M), name
+        assert re.search(rf"\] \d+/{len(expected)} {re.escape(name)} +built +[\d.]+ s$", result.stdout, re.M), name
     built = [p for p in cache_dir.iterdir() if p.is_dir() and not p.name.startswith(".")]
     assert len(built) == len(expected)
 
@@ -109,23 +111,24 @@ def test_prebuild_for_another_arch(tmp_path: Path):
 
 
 def test_ops_sharing_a_module_build_its_variants_once():
-    """`build fused_add_rmsnorm` (an op whose module is rmsnorm's) builds the norm module's
-    variants instead of nothing; an op named twice through one module builds it once."""
-    from sglang.jit_kernel.cache import entries_to_build
+    """`build fused_add_rmsnorm` (an op served by the norm module) builds the norm module's variants;
+    ops named twice through one module build it once; every registered op has a module with variants."""
+    from sglang.jit_kernel.registry import all_modules
 
+    names = lambda ops: [module.name for module in all_modules(ops)]  # noqa: E731
+    assert names(["fused_add_rmsnorm"]) == ["norm"]
+    assert names(["fused_inplace_qknorm", "gemma_rmsnorm", "rmsnorm"]) == ["norm"]
+    assert names(["scale", "gemma_fused_add_rmsnorm"]) == ["scale", "norm"]
+    every = all_modules()
+    assert len({id(m) for m in every}) == len(every) and all(m.variants for m in every)
     registry = all_ops()
-    names = lambda ops: [entry.name for entry in entries_to_build(registry, ops)]  # noqa: E731
-    assert names(["fused_add_rmsnorm"]) == ["rmsnorm"]
-    assert names(["fused_inplace_qknorm", "gemma_rmsnorm", "rmsnorm"]) == ["rmsnorm"]
-    assert names(["scale", "gemma_fused_add_rmsnorm"]) == ["scale", "rmsnorm"]
-    every = names(None)
-    assert len(every) == len(set(every)) and all(registry[name].variants for name in every)
-    assert {entry.build for entry in registry.values()} == {registry[name].build for name in every}
+    assert {id(entry.module) for entry in registry.values()} == {id(m) for m in every}
+    assert sorted(op for m in every for op in m.ops) == sorted(registry)
 
 
-def test_build_cli_names_the_module_of_a_shared_op(monkeypatch, capsys):
-    """`build fused_inplace_qknorm` says it builds rmsnorm's module and which ops that module
-    serves (its progress lines name rmsnorm's variants); the compile itself is stubbed out."""
+def test_build_cli_shows_each_module_with_the_ops_it_serves(monkeypatch, capsys):
+    """`build fused_inplace_qknorm scale` lists the norm module with every op it serves, then scale;
+    the compile itself is stubbed out."""
     import sglang.jit_kernel.cache as cache
     from sglang.jit_kernel.__main__ import build_variants
 
@@ -133,10 +136,40 @@ def test_build_cli_names_the_module_of_a_shared_op(monkeypatch, capsys):
     monkeypatch.setattr(cache, "build_variants", lambda names, **kwargs: calls.append(names) or [])
     assert build_variants(["fused_inplace_qknorm", "scale"], jobs=1) == 0
     out = capsys.readouterr().out
-    assert "fused_inplace_qknorm: built as rmsnorm's module (one module serves fused_add_rmsnorm, " in out
-    assert "gemma_rmsnorm, rmsnorm)" in out
-    assert "scale: built as" not in out  # an op with its own variants needs no note
+    assert re.search(r"^norm: 3 variant\(s\), serves rmsnorm, .*fused_inplace_qknorm", out, re.M), out
+    assert re.search(r"^scale: 3 variant\(s\), serves scale$", out, re.M), out
     assert calls == [["fused_inplace_qknorm", "scale"]]
+
+
+def test_build_cli_reports_one_error_for_every_dtype_once(monkeypatch, capsys):
+    """An error failing every variant of a module is printed once, "also for" the other dtypes."""
+    import sglang.jit_kernel.cache as cache
+    from sglang.jit_kernel.__main__ import build_variants
+
+    def failing(names, on_done=None, on_start=None, **kwargs):
+        results = []
+        for i, dtype in enumerate(["float16", "bfloat16", "float32"]):
+            name = f"scale[{dtype}]"
+            on_start(name)
+            error = f"JITCompileError: JIT module 'scale_{dtype}_t' failed to compile:\nscale.cuh:3: error: boom"
+            results.append(cache.VariantResult(name, error, 1.0))
+            on_done(results[-1], i + 1, 3)
+        return results
+
+    monkeypatch.setattr(cache, "build_variants", failing)
+    assert build_variants(["scale"], jobs=1) == 3
+    err = capsys.readouterr().err
+    assert err.count("error: boom") == 1, err
+    assert "scale[float16] (also for bfloat16, float32):" in err
+
+
+def test_unknown_op_lists_the_known_ones_and_how_to_register(capsys):
+    from sglang.jit_kernel.__main__ import main
+
+    assert main(["build", "no_such_op", "--arch", "9.0"]) == 1
+    err = capsys.readouterr().err
+    assert "unknown op(s): no_such_op; known ops: " in err and "scale" in err and "rmsnorm" in err
+    assert "register_op(" in err and "python/sglang/jit_kernel/<op>.py" in err
 
 
 @pytest.mark.parametrize("command", ["build", "check"])
