@@ -6,10 +6,16 @@ Bytes moved per call: read src + write out = 2 * num_elements * element_size.
 import itertools
 
 import torch
-import triton
-import triton.testing
 
-from sglang.jit_kernel.benchmark.utils import (
+from sglang.jit_kernel.benchmark.utils import exit_unless_gpu
+
+if __name__ == "__main__":
+    exit_unless_gpu("bench_scale.py")  # before importing triton, which a CPU-only install lacks
+
+import triton  # noqa: E402
+import triton.testing  # noqa: E402
+
+from sglang.jit_kernel.benchmark.utils import (  # noqa: E402
     eager_wall_us,
     DEFAULT_DEVICE,
     DEFAULT_DTYPE,
@@ -17,14 +23,13 @@ from sglang.jit_kernel.benchmark.utils import (
     bench_rotating,
     bench_rotating_events,
     copy_roof_gbps,
-    exit_unless_gpu,
     format_rows,
     get_benchmark_range,
     num_rotating_sets,
     run_benchmark,
 )
-from sglang.jit_kernel.scale import scale as jit_scale
-from sglang.test.ci.ci_register import register_cuda_ci
+from sglang.jit_kernel.scale import scale as jit_scale  # noqa: E402
+from sglang.test.ci.ci_register import register_cuda_ci  # noqa: E402
 
 register_cuda_ci(est_time=60, suite="stage-b-kernel-benchmark-1-gpu-large")
 
