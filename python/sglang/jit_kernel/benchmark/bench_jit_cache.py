@@ -22,7 +22,7 @@ import torch
 
 from sglang.jit_kernel._build import CSRC_DIR, INCLUDE_DIR, find_cuda_home
 from sglang.jit_kernel.benchmark.utils import is_in_ci
-from sglang.jit_kernel.registry import all_ops
+from sglang.jit_kernel.registry import all_modules
 from sglang.test.ci.ci_register import register_cuda_ci
 
 register_cuda_ci(est_time=240, suite="stage-b-kernel-benchmark-1-gpu-large")
@@ -30,12 +30,12 @@ register_cuda_ci(est_time=240, suite="stage-b-kernel-benchmark-1-gpu-large")
 REPEATS = 3 if is_in_ci() else 7
 BUILD_JOBS = 16
 
-# Child: time one module load (builder call) of variant argv[2] of op argv[1]; imports are untimed.
+# Child: time one module load (builder call) of variant argv[2] of module argv[1]; imports are untimed.
 JIT_LOAD = """\
 import json, sys, time
 import torch, tvm_ffi, tvm_ffi.libinfo
-from sglang.jit_kernel.registry import all_ops
-entry = all_ops()[sys.argv[1]]
+from sglang.jit_kernel.registry import all_modules
+entry = next(m for m in all_modules() if m.name == sys.argv[1])
 args = entry.variants[int(sys.argv[2])]
 start = time.perf_counter()
 entry.build(*args)
@@ -85,7 +85,7 @@ def main() -> int:
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU (compile only)"
     print(f"# JIT cache: {device}; target sm_{arch.replace('.', '')}; {os.cpu_count()} CPUs; "
           f"median of {REPEATS} fresh processes")
-    ops = all_ops()
+    modules = all_modules()
     rows: list[tuple[str, str]] = []
     with tempfile.TemporaryDirectory(prefix="jit-cache-bench-") as tmp:
         base_env = {
@@ -108,10 +108,10 @@ def main() -> int:
         if result.returncode != 0:
             print(result.stdout + result.stderr, file=sys.stderr)
             return 1
-        num_variants = sum(len(entry.variants) for entry in ops.values())
+        num_variants = sum(len(module.variants) for module in modules)
 
         # Warm loads from that cache.
-        for entry in ops.values():
+        for entry in modules:
             for index, label in enumerate(entry.variant_names()):
                 times = [run_child(JIT_LOAD, [entry.name, str(index)], env) for _ in range(REPEATS)]
                 rows.append((f"warm load {label} (load_jit)", f"{1e3 * statistics.median(times):9.2f} ms"))
@@ -128,7 +128,7 @@ def main() -> int:
         rows.append(("warm load scale_bf16 (tvm_ffi load_inline)", f"{1e3 * statistics.median(times):9.2f} ms"))
 
         # Cold build of one module, on an empty cache each time (a build is slow: two runs).
-        bf16_index = ops["scale"].variant_names().index("scale[bfloat16]")
+        bf16_index = next(m for m in modules if m.name == "scale").variant_names().index("scale[bfloat16]")
         cold = []
         for run in range(2):
             cold_env = {**base_env, "SGLANG_JIT_CACHE_DIR": str(Path(tmp) / f"cold-{run}")}
