@@ -619,7 +619,7 @@ def _write_build_files(spec: BuildSpec, directory: Path) -> None:
     includes = [f"-I{p}" for p in spec.include_paths]
     tvm_lib = Path(libinfo.find_libtvm_ffi())
     ldflags = ["-shared", f"-L{tvm_lib.parent}", "-ltvm_ffi"]
-    if spec.cuda_source is not None:
+    if spec.cuda_source is not None or spec.cuda_units:
         lib64 = cuda_home / "lib64"
         ldflags += [f"-L{lib64}", "-lcudart", f"-Wl,-rpath,{lib64}"]
     ldflags += spec.ldflags
@@ -630,10 +630,12 @@ def _write_build_files(spec: BuildSpec, directory: Path) -> None:
         f"cuda_cflags = {' '.join(spec.cuda_cflags + includes)} --resource-usage",
         f"cflags = {' '.join(spec.cflags + includes)}",
         f"ldflags = {' '.join(ldflags)}",
+        # -x: a listed .cuh / .h compiled as its own unit (header_only=False) is CUDA / C++ source,
+        # not a header (g++ would write a precompiled header for a .h)
         "rule cuda_compile",
-        "  command = $nvcc $cuda_cflags -c $in -o $out",
+        "  command = $nvcc $cuda_cflags -x cu -c $in -o $out",
         "rule cxx_compile",
-        "  command = $cxx $cflags -c $in -o $out",
+        "  command = $cxx $cflags -x c++ -c $in -o $out",
         "rule link",
         "  command = $cxx $in $ldflags -o $out",
     ]
@@ -646,6 +648,11 @@ def _write_build_files(spec: BuildSpec, directory: Path) -> None:
         (directory / "main.cpp").write_text(spec.cpp_source)
         lines.append("build main_cpp.o: cxx_compile main.cpp")
         objects.append("main_cpp.o")
+    for rule, units in (("cuda_compile", spec.cuda_units), ("cxx_compile", spec.cpp_units)):
+        for path in units:
+            obj = f"unit{len(objects)}_{re.sub(r'[^A-Za-z0-9_]', '_', path.name)}.o"
+            lines.append(f"build {obj}: {rule} {_ninja_escape(str(path))}")
+            objects.append(obj)
     lines.append(f"build {spec.name}.so: link {' '.join(objects)}")
     lines.append(f"default {spec.name}.so")
     (directory / "build.ninja").write_text("\n".join(lines) + "\n")
@@ -657,8 +664,35 @@ _ERROR_RE = re.compile(
 )
 
 
+#: Context lines wider than this are cut to a window around the caret (nvcc prints the whole expanded
+#: line of a macro: ~900 characters for an export binding).
+CONTEXT_WIDTH = 160
+
+
+def _clip_context(context: list[str]) -> list[str]:
+    """Cut over-wide context lines: a source line followed by its caret line to a window of
+    ``CONTEXT_WIDTH`` characters around the caret (both lines shifted alike), any other to its start."""
+    out = list(context)
+    for i, line in enumerate(out):
+        if len(line) <= CONTEXT_WIDTH:
+            continue
+        caret_line = out[i + 1] if i + 1 < len(out) else ""
+        column = caret_line.find("^")
+        if column < 0 or caret_line[:column].strip():
+            out[i] = line[:CONTEXT_WIDTH] + " ..."
+            continue
+        start = max(0, min(column - CONTEXT_WIDTH // 2, len(line) - CONTEXT_WIDTH))
+        prefix = "... " if start > 0 else ""
+        suffix = " ..." if start + CONTEXT_WIDTH < len(line) else ""
+        out[i] = prefix + line[start : start + CONTEXT_WIDTH] + suffix
+        out[i + 1] = " " * (len(prefix) + column - start) + caret_line[column:].rstrip()[:CONTEXT_WIDTH]
+        break
+    return out
+
+
 def first_compiler_error(log: str) -> str:
-    """The first compiler error of a build log with the line after it (nvcc or gcc format)."""
+    """The first compiler error of a build log with the (at most two) lines after it, nvcc or gcc
+    format; context lines wider than ``CONTEXT_WIDTH`` are cut around the caret."""
     match = _ERROR_RE.search(log)
     if match is None:
         for line in log.splitlines():
@@ -667,18 +701,33 @@ def first_compiler_error(log: str) -> str:
         return log.strip().splitlines()[-1] if log.strip() else "(no compiler output)"
     rest = log[match.end() :].lstrip("\n").splitlines()
     context = [line for line in rest[:2] if line.strip() and not _ERROR_RE.match(line)]
-    return "\n".join([match.group(0).strip(), *context])
+    return "\n".join([match.group(0).strip(), *_clip_context(context)])
 
 
 _GENERATED_REF_RE = re.compile(r"(?:^|[\s/])main\.(?P<ext>cu|cpp)(?:\((?P<nv_line>\d+)\)|:(?P<gcc_line>\d+))", re.M)
 _WRAPPER_LINE_RE = re.compile(r"TVM_FFI_DLL_EXPORT_TYPED_FUNC\((?P<export>[^,]+), \((?P<symbol>.*)\)\);")
+# What looks like a function or function template name in C++ source: an identifier before "(".
+_CALLABLE_NAME_RE = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)\s*\(")
+_COMMENT_RE = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+_SYMBOL_BASE_RE = re.compile(r"\s*(?:[A-Za-z_][A-Za-z0-9_]*\s*::\s*)*(?P<base>[A-Za-z_][A-Za-z0-9_]*)")
+_CXX_KEYWORDS = frozenset(
+    "if for while switch return sizeof alignof alignas decltype static_assert static_cast reinterpret_cast "
+    "const_cast dynamic_cast catch noexcept defined operator throw new delete typeid requires".split()
+)
 
 
-def generated_file_hint(first_error: str, spec: BuildSpec, log: str = "") -> str:
-    """A line naming the wrapper entry at fault when the first error, or a note of the log it
-    expands from, points at an export line of the generated main.cu / main.cpp (which only includes
-    the listed files and exports the wrappers); a generic line for other errors located in the
-    generated file; "" otherwise."""
+@dataclasses.dataclass(frozen=True)
+class _Binding:
+    """An export line of the generated main.cu / main.cpp that a compiler error points at."""
+
+    kind: str  # "cuda_wrappers" or "cpp_wrappers"
+    export: str
+    symbol: str
+    line: str  # the generated line, e.g. TVM_FFI_DLL_EXPORT_TYPED_FUNC(scale, (scale<bf16_t>));
+
+
+def _binding_at_fault(first_error: str, spec: BuildSpec, log: str = "") -> _Binding | None:
+    """The export line that the first error, or a note of the log it expands from, points at."""
     for ref in _GENERATED_REF_RE.finditer(f"{first_error}\n{log}"):
         source = spec.cuda_source if ref.group("ext") == "cu" else spec.cpp_source
         lines = (source or "").splitlines()
@@ -686,11 +735,46 @@ def generated_file_hint(first_error: str, spec: BuildSpec, log: str = "") -> str
         wrapper = _WRAPPER_LINE_RE.search(lines[number - 1]) if 0 < number <= len(lines) else None
         if wrapper is not None:
             kind = "cuda_wrappers" if ref.group("ext") == "cu" else "cpp_wrappers"
-            return (
-                f"(in the binding generated for {kind} entry ('{wrapper.group('export')}', "
-                f"'{wrapper.group('symbol')}'): the C++ symbol must name a function declared by the listed "
-                "files, with its template arguments, e.g. 'scale<bf16_t>')\n"
-            )
+            return _Binding(kind, wrapper.group("export"), wrapper.group("symbol"), lines[number - 1])
+    return None
+
+
+def suggest_symbol(symbol: str, sources: Sequence[Path]) -> list[str]:
+    """``symbol`` with its function name replaced by the closest names (difflib) that look like
+    function or function template names in ``sources``; [] when the name is declared there (then the
+    fault is elsewhere, e.g. missing template arguments) or nothing is close."""
+    match = _SYMBOL_BASE_RE.match(symbol)
+    if match is None:
+        return []
+    names: set[str] = set()
+    for path in sources:
+        try:
+            text = _COMMENT_RE.sub(" ", Path(path).read_text(errors="replace"))
+        except OSError:
+            continue
+        names.update(n for n in _CALLABLE_NAME_RE.findall(text) if n not in _CXX_KEYWORDS)
+    base = match.group("base")
+    if base in names:
+        return []
+    close = difflib.get_close_matches(base, sorted(names), n=3, cutoff=0.6)
+    return [symbol[: match.start("base")] + name + symbol[match.end("base") :] for name in close]
+
+
+def generated_file_hint(first_error: str, spec: BuildSpec, log: str = "") -> str:
+    """A line naming the wrapper entry at fault when the first error, or a note of the log it
+    expands from, points at an export line of the generated main.cu / main.cpp (which only includes
+    the listed files and exports the wrappers), with a "did you mean" from the function names in the
+    listed files for a misspelt symbol; a generic line for other errors located in the generated
+    file; "" otherwise."""
+    binding = _binding_at_fault(first_error, spec, log)
+    if binding is not None:
+        suggestions = suggest_symbol(binding.symbol, spec.sources)
+        did_you_mean = f"; did you mean {' or '.join(repr(s) for s in suggestions)}?" if suggestions else ""
+        return (
+            f"(in the binding generated for {binding.kind} entry ('{binding.export}', '{binding.symbol}'): "
+            "the C++ symbol must name a function declared by the listed files, with its template "
+            f"arguments, e.g. 'scale<bf16_t>'{did_you_mean})\n"
+        )
     generated = _GENERATED_REF_RE.match(first_error.lstrip())
     if generated is not None:
         return (
@@ -698,6 +782,34 @@ def generated_file_hint(first_error: str, spec: BuildSpec, log: str = "") -> str
             "exports the wrappers)\n"
         )
     return ""
+
+
+def shown_compiler_error(spec: BuildSpec, log: str) -> str:
+    """The first error as a ``JITCompileError`` shows it (its ``first_error``): ``first_compiler_error``,
+    with an error located on an export line of the generated file shown with that line instead of the
+    context nvcc prints (the export macro expanded: ~900 characters)."""
+    first = first_compiler_error(log)
+    if _GENERATED_REF_RE.match(first.lstrip()):
+        binding = _binding_at_fault(first, spec)
+        if binding is not None:
+            first = f"{first.splitlines()[0]}\n  {binding.line}"
+    return first
+
+
+def _announce(text: str) -> None:
+    """One line to stderr about a first-use compile, so that its seconds are not silent: unless
+    ``SGLANG_JIT_QUIET=1``, or the ``sglang.jit_kernel`` logger already emits INFO records (it logs the
+    same event then)."""
+    if env_flag(ENV_QUIET) or (logger.isEnabledFor(logging.INFO) and logger.hasHandlers()):
+        return
+    print(f"[sglang.jit_kernel] {text}", file=sys.stderr, flush=True)
+
+
+def target_label(archs: Sequence[str]) -> str:
+    """``("8.0", "9.0a")`` -> ``"sm_80, sm_90a"``; ``"host"`` for a C++-only module."""
+    if not archs:
+        return "host"
+    return ", ".join(f"sm_{major}{minor}{suffix}" for major, minor, suffix in map(parse_arch, archs))
 
 
 def _run_ninja(directory: Path) -> tuple[bool, str]:
@@ -748,12 +860,9 @@ def build_artifact(spec: BuildSpec, root: Path, key: str, force: bool = False) -
     try:
         lock.acquire(timeout=0)
     except Timeout:
-        logger.info(
-            "Waiting for pid %s, which is compiling JIT module %s (lock %s)",
-            _owner_of(lock_path),
-            spec.name,
-            lock_path,
-        )
+        owner = _owner_of(lock_path)
+        logger.info("Waiting for pid %s, which is compiling JIT module %s (lock %s)", owner, spec.name, lock_path)
+        _announce(f"waiting for pid {owner}, which is compiling {spec.name}")
         lock.acquire()
     try:
         lock_path.with_suffix(".owner").write_text(str(os.getpid()))
@@ -782,20 +891,27 @@ def build_artifact(spec: BuildSpec, root: Path, key: str, force: bool = False) -
                     indent=1,
                 )
             )
+            target = target_label(spec.archs)
+            logger.info("Compiling JIT module %s for %s", spec.name, target)
+            _announce(f"compiling {spec.name} for {target} (first use; later loads come from the cache)")
             start = time.perf_counter()
             compiles_in_thread.count = getattr(compiles_in_thread, "count", 0) + 1
             ok, log = _run_ninja(staging)
             seconds = time.perf_counter() - start
             (staging / "build.log").write_text(log)
             if not ok:
+                _announce(f"{spec.name} for {target} failed to compile after {seconds:.1f} s")
                 logs = root / ".logs"
                 logs.mkdir(exist_ok=True, mode=0o700)
                 log_path = logs / f"{spec.name}-{key}.log"
                 log_path.write_text(log)
-                first = first_compiler_error(log)
+                first = shown_compiler_error(spec, log)
                 raise JITCompileError(
                     f"JIT module '{spec.name}' failed to compile:\n{first}\n{generated_file_hint(first, spec, log)}"
-                    f"Full log: {log_path}"
+                    f"Full log: {log_path}",
+                    module_name=spec.name,
+                    first_error=first,
+                    log_path=log_path,
                 )
             if entry.exists() and force:  # forced rebuild: move the old entry aside, then publish
                 trash = staging_root / f"old-{entry.name}-{uuid.uuid4().hex[:8]}"
@@ -813,6 +929,7 @@ def build_artifact(spec: BuildSpec, root: Path, key: str, force: bool = False) -
                 if not artifact.exists():
                     raise
             logger.info("Compiled JIT module %s in %.2f s (%s)", spec.name, seconds, entry)
+            _announce(f"compiled {spec.name} for {target} in {seconds:.1f} s")
             if env_flag(ENV_LOG_RESOURCE_USAGE):
                 for line in resource_usage_lines(log):
                     logger.info("%s: %s", spec.name, line)
@@ -824,7 +941,7 @@ def build_artifact(spec: BuildSpec, root: Path, key: str, force: bool = False) -
         lock.release()
 
 
-_loaded: dict[Path, "Module"] = {}
+_loaded: dict[Path, "JITModule"] = {}
 #: Artifacts rebuilt under SGLANG_JIT_FORCE_RECOMPILE by this process: each is forced once per process,
 #: not on every ``load_jit`` call (``dlopen`` would hand back the first copy of the path anyway).
 _forced: set[Path] = set()
@@ -892,7 +1009,7 @@ def stamped_key(spec: BuildSpec, root: Path) -> str:
     return key
 
 
-def load_artifact(spec: BuildSpec, build_directory: str | None = None) -> "Module":
+def load_artifact(spec: BuildSpec, build_directory: str | None = None) -> "JITModule":
     """Return the module for ``spec``: from this process, from the cache, or by compiling it."""
     import tvm_ffi  # noqa: PLC0415
 
@@ -930,8 +1047,74 @@ def load_artifact(spec: BuildSpec, build_directory: str | None = None) -> "Modul
         module = tvm_ffi.load_module(str(artifact))
     if not built:
         _mark_used(artifact.parent)
+    module = JITModule(module, artifact)
     _loaded[artifact] = module
     return module
+
+
+# ----------------------------------------------------------------------------------------------
+# Loaded modules: a missing function names the ones there are
+# ----------------------------------------------------------------------------------------------
+_EXPORT_SYMBOL_RE = re.compile(rb"__tvm_ffi_([A-Za-z_][A-Za-z0-9_]*)\x00")
+
+
+class JITModule:
+    """What ``load_jit`` returns: a thin proxy of the loaded ``tvm_ffi.Module`` whose error for a
+    missing function names the module, lists its functions and suggests the closest.
+
+    ``module.fn`` costs what it costs on the ``tvm_ffi.Module``: the first access fetches the function
+    and stores it in the proxy's ``__dict__``, so later ones are a plain instance-dict hit (``__getattr__``
+    runs only on a miss). Everything else (``get_function``, ``implements_function``, ``kind``...) is
+    forwarded; the wrapped module itself is ``module._jit_module_``.
+    """
+
+    __slots__ = ("__dict__", "_jit_module_", "_jit_artifact_", "_jit_functions_")
+
+    def __init__(self, module: "Module", artifact: Path) -> None:
+        self._jit_module_ = module
+        self._jit_artifact_ = artifact
+        self._jit_functions_: list[str] | None = None
+
+    def __getattr__(self, name: str):
+        if name.startswith(("__", "_jit_")):  # protocol probes (copy, pickle...) and unset slots
+            raise AttributeError(name)
+        try:
+            value = getattr(self._jit_module_, name)
+        except AttributeError:
+            raise AttributeError(missing_function_message(self, name)) from None
+        if not hasattr(type(self._jit_module_), name):  # an exported function, not a method or property
+            self.__dict__[name] = value
+        return value
+
+    def __dir__(self) -> list[str]:
+        return sorted({*object.__dir__(self), *exported_functions(self)})
+
+    def __repr__(self) -> str:
+        return f"<JITModule {self._jit_artifact_.stem} ({self._jit_artifact_})>"
+
+
+def exported_functions(module: JITModule) -> list[str]:
+    """The functions a loaded JIT module exports, sorted: the ``__tvm_ffi_<name>`` symbols of its shared
+    library that the module confirms (``implements_function``), less tvm-ffi's metadata/doc companions.
+    Read from the file on the first call (an error path), then kept on the module."""
+    if module._jit_functions_ is None:
+        try:
+            found = {m.decode() for m in _EXPORT_SYMBOL_RE.findall(module._jit_artifact_.read_bytes())}
+        except OSError:
+            found = set()
+        companions = {n for n in found for tag in ("_metadata_", "_doc_") if n.startswith(tag) and n[len(tag) :] in found}
+        inner = module._jit_module_
+        module._jit_functions_ = sorted(n for n in found - companions if inner.implements_function(n))
+    return module._jit_functions_
+
+
+def missing_function_message(module: JITModule, name: str) -> str:
+    """``JIT module 'm' has no function 'x'`` with a "did you mean" and the module's functions."""
+    functions = exported_functions(module)
+    close = difflib.get_close_matches(name, functions, n=3, cutoff=0.6)
+    did_you_mean = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+    listing = ", ".join(functions) if functions else "none found"
+    return f"JIT module '{module._jit_artifact_.stem}' has no function '{name}'{did_you_mean}; its functions: {listing}"
 
 
 def python_executable() -> str:

@@ -1,4 +1,6 @@
-"""The JIT layer's public helpers: ``load_jit``, ``cache_once``, ``make_cpp_args`` and test-range knobs.
+"""The JIT layer's public helpers: ``load_jit``, ``cache_once``, ``make_cpp_args``, the target
+architecture (``get_jit_cuda_arch``, ``override_jit_cuda_arch``), extra header-only dependencies
+(``register_dependency``) and test-range knobs.
 
 A kernel's Python wrapper compiles its module on first use::
 
@@ -11,30 +13,40 @@ A kernel's Python wrapper compiles its module on first use::
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
-from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Iterator, NamedTuple, Sequence, TypeVar
 
 import torch
 
 from sglang.jit_kernel._build import (
     JITCompileError,
+    JITModule,
+    arch_override,
     env_flag,
     load_artifact,
     make_spec,
+    parse_arch,
+    resolve_cuda_archs,
 )
-
-if TYPE_CHECKING:
-    from tvm_ffi.module import Module
+from sglang.jit_kernel._dependencies import register_dependency
 
 __all__ = [
-    "JITCompileError",
+    "CPP_DTYPE_MAP",
     "CPPArgList",
+    "CUDAArch",
+    "JITCompileError",
     "cache_once",
     "get_ci_test_range",
+    "get_jit_cuda_arch",
+    "get_jit_cuda_archs",
     "is_arch_support_pdl",
+    "is_hip_runtime",
     "load_jit",
     "make_cpp_args",
+    "override_jit_cuda_arch",
+    "register_dependency",
     "should_run_full_tests",
 ]
 
@@ -63,7 +75,10 @@ def cache_once(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-_DTYPE_TO_CPP: dict[torch.dtype, str] = {
+#: torch dtype -> the C++ alias the headers define for it (``include/sgl_kernel/utils.cuh``: ``fp16_t``,
+#: ``bf16_t``, ``fp8_e4m3_t``...; integers and bool by their standard names). The one table behind
+#: ``make_cpp_args``: a dtype added here becomes a template argument there.
+CPP_DTYPE_MAP: dict[torch.dtype, str] = {
     torch.float32: "fp32_t",
     torch.float16: "fp16_t",
     torch.bfloat16: "bf16_t",
@@ -94,11 +109,11 @@ class CPPArgList(tuple):
 def _cpp_arg(value: Any) -> str:
     if isinstance(value, torch.dtype):
         try:
-            return _DTYPE_TO_CPP[value]
+            return CPP_DTYPE_MAP[value]
         except KeyError:
             raise TypeError(
                 f"make_cpp_args: no C++ type for {value}; supported dtypes: "
-                f"{', '.join(str(d) for d in _DTYPE_TO_CPP)}"
+                f"{', '.join(str(d) for d in CPP_DTYPE_MAP)}"
             ) from None
     if isinstance(value, bool):  # before int: bool is an int
         return "true" if value else "false"
@@ -152,7 +167,9 @@ def load_jit(
     extra_include_paths: Sequence[str] | None = None,
     build_directory: str | None = None,
     cuda_archs: Sequence[str] | str | None = None,
-) -> Module:
+    extra_dependencies: Sequence[str] | None = None,
+    header_only: bool = True,
+) -> JITModule:
     """Compile (first use) or load (cached) a TVM-FFI module from files under ``csrc/``.
 
     Parameters
@@ -161,22 +178,38 @@ def load_jit(
         Parts of the module's unique name, e.g. ``("scale", "bf16_t")``; same marker and same
         sources/flags/toolchain → same cached binary.
     cpp_files, cuda_files : list of str
-        Files relative to ``python/sglang/jit_kernel/csrc/`` (or absolute), included into one
-        generated ``.cpp`` / ``.cu`` translation unit each.
+        Files relative to ``python/sglang/jit_kernel/csrc/`` (or absolute). With ``header_only=True``
+        they are included into one generated ``.cpp`` / ``.cu`` translation unit each; with
+        ``header_only=False`` each is compiled as its own translation unit (as C++ / CUDA whatever its
+        extension).
     cpp_wrappers, cuda_wrappers : list of (export_name, cpp_symbol)
-        Functions to export; ``export_name`` becomes an attribute of the returned module, e.g.
-        ``("scale", "scale<bf16_t>")``.
+        Functions to export (``header_only=True`` only; may be empty when the files export their own);
+        ``export_name`` becomes an attribute of the returned module, e.g. ``("scale", "scale<bf16_t>")``.
     extra_cflags, extra_cuda_cflags, extra_ldflags, extra_include_paths : list of str
         Appended to the defaults (C++20, ``-O3``, ``--expt-relaxed-constexpr``, ``-gencode`` for the
         target architectures and ``-DSGL_CUDA_ARCH=<major*100+minor*10>``).
     build_directory : str, optional
         Cache root for this module instead of ``SGLANG_JIT_CACHE_DIR``.
     cuda_archs : str or list of str, optional
-        Target architectures (``"9.0"``); default ``SGLANG_JIT_CUDA_ARCH``, else every visible GPU's.
+        Target architectures (``"9.0"``); default: the innermost ``override_jit_cuda_arch`` block of
+        this thread, else ``SGLANG_JIT_CUDA_ARCH``, else every visible GPU's.
+    extra_dependencies : list of str, optional
+        Header-only C++ dependencies by name: ``"flashinfer"``, ``"cutlass"`` (the CUTLASS bundled in
+        the ``flashinfer-python`` wheel) or one added with ``register_dependency``. Their include
+        directories (from the installed package) go on the include path; their version and the
+        contents of the headers the build includes enter the cache key.
+    header_only : bool
+        True (default): the listed files are ``#include``-d into one generated translation unit that
+        exports ``cpp_wrappers`` / ``cuda_wrappers``. False: every listed file is compiled as it is and
+        exports its own functions with ``TVM_FFI_DLL_EXPORT_TYPED_FUNC`` (so it includes
+        ``<tvm/ffi/function.h>`` itself); no wrappers may be given.
 
     Returns
     -------
-    tvm_ffi.Module
+    JITModule
+        A thin proxy of the loaded ``tvm_ffi.Module``: ``module.<export_name>`` is the function (a
+        plain instance-dict hit after its first use); a name the module does not export raises
+        ``AttributeError`` naming the module and listing its functions; other attributes are forwarded.
 
     Raises
     ------
@@ -187,7 +220,12 @@ def load_jit(
         No CUDA toolkit; no GPU and no ``SGLANG_JIT_CUDA_ARCH``; an unsafe cache directory;
         ``SGLANG_JIT_CRASH_ON_COMPILE=1`` and the module is not cached.
     FileNotFoundError, ValueError
-        For a missing source file or malformed wrappers.
+        For a missing source file or malformed wrappers; ``ValueError`` for an unknown
+        ``extra_dependencies`` name (listing the known ones) or wrappers with ``header_only=False``;
+        ``FileNotFoundError`` for an include directory that an installed dependency lacks.
+    ModuleNotFoundError
+        If the package behind an ``extra_dependencies`` name is not installed: names it and how to
+        install it (``pip install flashinfer-python``).
     """
     spec = make_spec(
         _marker_name(marker),
@@ -200,8 +238,121 @@ def load_jit(
         extra_ldflags=list(extra_ldflags or []),
         extra_include_paths=list(extra_include_paths or []),
         archs=cuda_archs,
+        extra_dependencies=list(extra_dependencies or []),
+        header_only=header_only,
     )
     return load_artifact(spec, build_directory)
+
+
+# ----------------------------------------------------------------------------------------------
+# Target architecture and runtime
+# ----------------------------------------------------------------------------------------------
+class CUDAArch(NamedTuple):
+    """A CUDA compute capability as ``load_jit`` targets it: ``CUDAArch(9, 0, "a")`` prints ``9.0a``.
+
+    ``suffix`` is ``""``, ``"a"`` (architecture-specific features, e.g. sm_90a's wgmma) or ``"f"``
+    (family-specific). Compares as a tuple, so ``get_jit_cuda_arch() >= (9, 0)`` asks for SM90+.
+    """
+
+    major: int
+    minor: int
+    suffix: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.major}.{self.minor}{self.suffix}"
+
+
+def get_jit_cuda_archs() -> tuple[CUDAArch, ...]:
+    """Every architecture a ``load_jit`` call without ``cuda_archs`` would target now, lowest first.
+
+    Order of precedence: the innermost ``override_jit_cuda_arch`` block of this thread, then
+    ``SGLANG_JIT_CUDA_ARCH``, then the compute capability of every visible GPU.
+
+    Returns
+    -------
+    tuple of CUDAArch
+        E.g. ``(CUDAArch(8, 0, ""), CUDAArch(9, 0, "a"))`` for ``SGLANG_JIT_CUDA_ARCH="8.0 9.0a"``.
+
+    Raises
+    ------
+    RuntimeError
+        With no GPU visible, no override and ``SGLANG_JIT_CUDA_ARCH`` unset.
+    ValueError
+        If ``SGLANG_JIT_CUDA_ARCH`` holds a malformed architecture.
+    """
+    return tuple(sorted(CUDAArch(*parse_arch(a)) for a in resolve_cuda_archs()))
+
+
+def get_jit_cuda_arch() -> CUDAArch:
+    """The lowest architecture a ``load_jit`` call without ``cuda_archs`` would target now.
+
+    That is the one the headers see as ``SGL_CUDA_ARCH`` (``major * 100 + minor * 10``), so code that
+    picks a kernel variant for the build asks this. With several targets, ``get_jit_cuda_archs`` lists
+    them all.
+
+    Returns
+    -------
+    CUDAArch
+        ``(major, minor, suffix)``, e.g. ``CUDAArch(9, 0, "")`` on an H100 / H200.
+
+    Raises
+    ------
+    RuntimeError, ValueError
+        As ``get_jit_cuda_archs`` does.
+    """
+    return get_jit_cuda_archs()[0]
+
+
+@contextlib.contextmanager
+def override_jit_cuda_arch(major: int, minor: int, suffix: str = "") -> Iterator[CUDAArch]:
+    """Make ``load_jit`` target ``major.minor<suffix>`` inside the ``with`` block; restored after.
+
+    It takes precedence over ``SGLANG_JIT_CUDA_ARCH`` and the visible GPUs, not over an explicit
+    ``cuda_archs=`` argument. Blocks nest (the innermost wins) and the previous target comes back
+    when a block exits, also by an exception.
+
+    Thread safety: the override lives in a ``contextvars.ContextVar``, so it holds only in the thread
+    (or asyncio task) that entered the block; other threads, and threads started inside the block,
+    keep their own targets (run a worker with ``contextvars.copy_context().run`` to pass it on).
+    Unlike ``prebuild(archs=...)`` it does not touch ``os.environ``.
+
+    An op's wrapper memoises its module per dtype (``@cache_once``): a module it loaded before the
+    block is returned as it was; the override applies to ``load_jit`` calls made inside the block.
+
+    Parameters
+    ----------
+    major, minor : int
+        The compute capability, e.g. ``9, 0``.
+    suffix : str
+        ``""``, ``"a"`` or ``"f"`` (``9, 0, "a"`` is sm_90a).
+
+    Yields
+    ------
+    CUDAArch
+        The architecture in force inside the block.
+
+    Raises
+    ------
+    ValueError
+        If ``major`` is not a non-negative int, ``minor`` not an int in 0..9, or ``suffix`` not ``""``,
+        ``"a"`` or ``"f"``.
+    """
+    for label, value, top in (("major", major, None), ("minor", minor, 9)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (top is not None and value > top):
+            raise ValueError(f"override_jit_cuda_arch: {label} must be an int in 0..{top or 'N'}, got {value!r}")
+    if suffix not in ("", "a", "f"):
+        raise ValueError(f"override_jit_cuda_arch: suffix must be '', 'a' or 'f', got {suffix!r}")
+    arch = CUDAArch(*parse_arch(f"{major}.{minor}{suffix}"))
+    token = arch_override.set((str(arch),))
+    try:
+        yield arch
+    finally:
+        arch_override.reset(token)
+
+
+def is_hip_runtime() -> bool:
+    """True when torch is a ROCm (HIP) build (``torch.version.hip`` is set), else False."""
+    return bool(getattr(torch.version, "hip", None))
 
 
 def should_run_full_tests() -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -81,7 +82,7 @@ def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("SGLANG_JIT_CACHE_DIR", str(root))
     monkeypatch.setenv("SGLANG_JIT_CUDA_ARCH", "9.0")
     monkeypatch.setenv("PYTHONWARNINGS", "ignore")
-    for name in ("SGLANG_JIT_FORCE_RECOMPILE", "SGLANG_JIT_CRASH_ON_COMPILE", "SGLANG_JIT_LOG_RESOURCE_USAGE", "CXX"):
+    for name in ("SGLANG_JIT_FORCE_RECOMPILE", "SGLANG_JIT_CRASH_ON_COMPILE", "SGLANG_JIT_LOG_RESOURCE_USAGE", "SGLANG_JIT_QUIET", "CXX"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(_build, "_memo", {})
     monkeypatch.setattr(_build, "_loaded", {})
@@ -388,7 +389,7 @@ int64_t answer() {
 
 
 @pytest.mark.parametrize("language", ["cuda", "cpp"])
-def test_compile_error_names_module_line_and_log(cache_dir, tmp_path, language):
+def test_compile_error_names_module_line_and_log(cache_dir, tmp_path, language, capsys):
     source = tmp_path / ("broken.cuh" if language == "cuda" else "broken.h")
     source.write_text(BROKEN)
     files = {f"{language}_files": [str(source)], f"{language}_wrappers": [("answer", "answer")]}
@@ -403,6 +404,10 @@ def test_compile_error_names_module_line_and_log(cache_dir, tmp_path, language):
     assert "undeclared_answer" in first_error
     log = Path(message.rsplit("Full log: ", 1)[1].strip())
     assert log.is_file() and "undeclared_answer" in log.read_text()
+    # The parts, for callers that group failures (e.g. one error for every dtype of an op).
+    assert (info.value.module_name, info.value.log_path) == ("broken_answer", log)
+    assert info.value.first_error.startswith(first_error) and info.value.first_error in message
+    assert "broken_answer for " in capsys.readouterr().err.splitlines()[-1]  # "... failed to compile after 2.1 s"
     assert entries(cache_dir) == []
     assert cache_info().staging == 0
 
@@ -427,6 +432,29 @@ def test_compile_error_in_generated_binding_names_the_wrapper(cache_dir, tmp_pat
     expected = f"in the binding generated for {language}_wrappers entry ('answer', '{symbol}')"
     assert expected in message, message
     assert "with its template arguments" in message
+    # An error on the generated line shows that line as written, not as nvcc prints it (the export
+    # macro expanded, ~900 characters); a misspelt name gets the closest function name of the listed
+    # file. (g++ puts the first error of a bare template name inside tvm-ffi's macro, in function.h.)
+    first = info.value.first_error.splitlines()
+    if first[0].startswith("main."):
+        assert first[1:] == [f"  TVM_FFI_DLL_EXPORT_TYPED_FUNC(answer, ({symbol}));"]
+    assert max(len(line) for line in message.splitlines()) < 300, message
+    if symbol == "answr_of<42>":
+        assert "did you mean 'answer_of<42>'?" in message, message
+    else:  # the name exists: the template arguments are missing, not the name
+        assert "; did you mean" not in message, message
+
+
+def test_first_compiler_error_cuts_a_wide_context_line_around_the_caret():
+    wide = "  " + "x" * 500 + "undeclared_answer" + "y" * 500
+    log = f"k.cuh(3): error: identifier \"undeclared_answer\" is undefined\n{wide}\n{' ' * 502}^\n\n1 error\n"
+    header, source, caret = _build.first_compiler_error(log).splitlines()
+    assert header == 'k.cuh(3): error: identifier "undeclared_answer" is undefined'
+    assert len(source) <= _build.CONTEXT_WIDTH + 8 and source.startswith("... ") and source.endswith(" ...")
+    assert source[caret.index("^") :].startswith("undeclared_answer")  # the caret still points at it
+    assert caret.strip() == "^"
+    long_note = "  " + "z" * 1000
+    assert _build.first_compiler_error(f"k.cuh(3): error: bad\n{long_note}\n").splitlines()[1] == long_note[: _build.CONTEXT_WIDTH] + " ..."
 
 
 def test_first_compiler_error_finds_nvcc_fatal():
@@ -560,6 +588,31 @@ def test_reload_after_entry_removed_elsewhere(cache_dir, ninja_runs, answer_src)
     assert load_answer(answer_src).answer() == 41
     assert len(ninja_runs) == 2
 
+
+# ---------------------------------------------------------------------------------------------
+# (m) first-use messages on stderr; a missing function lists the module's functions
+# ---------------------------------------------------------------------------------------------
+def test_compile_prints_start_and_end_unless_quiet(cache_dir, answer_src, monkeypatch, capsys, caplog):
+    module = load_answer(answer_src)
+    err = capsys.readouterr().err
+    assert "[sglang.jit_kernel] compiling answer for host (first use" in err, err
+    assert re.search(r"^\[sglang\.jit_kernel\] compiled answer for host in \d+\.\d s$", err, re.M), err
+    _build._loaded.clear()
+    load_answer(answer_src)  # from the cache: silent
+    assert capsys.readouterr().err == ""
+
+    monkeypatch.setenv("SGLANG_JIT_QUIET", "1")
+    assert load_answer(answer_src, extra_cflags=["-DANSWER_BONUS=1"]).answer() == 42  # compiled, silently
+    assert capsys.readouterr().err == ""
+    monkeypatch.delenv("SGLANG_JIT_QUIET")
+    caplog.set_level(logging.INFO, logger="sglang.jit_kernel")
+    _build._announce("compiling x")  # the logger says it already: no second copy on stderr
+    assert capsys.readouterr().err == ""
+
+    assert module.answer() == 41 and "answer" in vars(module)  # a found function is an instance-dict hit
+    with pytest.raises(AttributeError, match=r"^JIT module 'answer' has no function 'anwser' \(did you mean 'answer'\?\); its functions: answer$"):
+        module.anwser
+    assert not hasattr(module, "nothing_like_it")
 
 if __name__ == "__main__":
     import sys
