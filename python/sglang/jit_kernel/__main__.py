@@ -263,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
         from sglang.jit_kernel._build import PACKAGE_DIR
 
         return write_clangd(args.output or PACKAGE_DIR / ".clangd", args.arch, args.overwrite)
+    if args.command in ("check", "build"):
+        # These print a line as each variant starts and ends: the per-compile stderr lines would repeat them.
+        os.environ.setdefault("SGLANG_JIT_QUIET", "1")
     if args.command == "check":
         return check(args.jobs)
     if args.command == "build":
