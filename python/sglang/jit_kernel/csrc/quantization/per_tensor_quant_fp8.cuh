@@ -1,0 +1,234 @@
+// per_tensor_quant_fp8: one scale for the whole tensor. Dynamic: output_s = max(output_s,
+// max(max|x|, eps) / 448) (the caller zeroes output_s first), then q = clamp(x / s, -448, 448) in fp8
+// e4m3; static: q from the given output_s (floored at FLT_MIN). Arithmetic: quantize_8bit.cuh.
+//
+// The input is [num_rows, num_cols] rows (the wrapper passes a contiguous tensor as one row):
+//   - small dynamic inputs (one row of at most kFusedMaxThreads * kVecsPerThread chunks): one block
+//     reads the row into registers, reduces, writes scale and bytes: a single pass, one launch;
+//   - otherwise two launches over a grid of (chunk blocks of a row, rows): absmax (a block maximum,
+//     one atomic max per block into output_s), then quantize. The second walks the blocks in reverse
+//     order, so it starts on the input the first read last, which is still in L2.
+// 64-bit offsets, any row strides.
+#pragma once
+
+#include <sgl_kernel/atomic.cuh>  // For atomic::max
+#include <sgl_kernel/cta.cuh>     // For cta::reduce_max
+#include <sgl_kernel/tensor.h>    // For TensorMatcher, SymbolicSize, SymbolicDevice, data_ptr
+#include <sgl_kernel/utils.h>     // For div_ceil
+#include <sgl_kernel/utils.cuh>   // For LaunchKernel, SGL_DEVICE, kWarpThreads, fp8_e4m3_t
+
+#include <dlpack/dlpack.h>
+#include <tvm/ffi/container/tensor.h>
+
+#include "quantize_8bit.cuh"  // For quant::Chunk, load_row_chunk, store_row_chunk, block_scale, quantize_chunk
+
+#include <algorithm>
+#include <cfloat>
+#include <cstdint>
+
+namespace {
+
+/// Kernel arguments of per_tensor_quant_fp8. Strides in elements of their own tensor.
+struct TensorQuantParams {
+  const void* input;         // [num_rows, num_cols], row stride input_row_stride
+  void* output_q;            // fp8 [num_rows, num_cols], row stride q_row_stride
+  float* output_s;           // [1]: the scale (dynamic: max-reduced into; static: read)
+  int64_t num_rows;          // rows
+  int64_t num_cols;          // elements per row
+  int64_t input_row_stride;  // elements of TIn
+  int64_t q_row_stride;      // bytes (fp8)
+  float eps;                 // floor of the tensor maximum (dynamic)
+  bool reverse;              // quantize: walk the blocks in reverse order
+};
+
+/// Launch facts: a block of kThreads threads covers kThreads * kVecsPerThread chunks of a row; the
+/// single-pass block has up to kFusedMaxThreads threads.
+struct TensorQuantConfig {
+  static constexpr uint32_t kThreads = 256;
+  static constexpr int kVecsPerThread = 2;
+  static constexpr int64_t kFusedMaxThreads = 1024;
+  static constexpr int64_t kMaxRowBlocks = 65535;  // gridDim.y limit; rows past it are looped over
+};
+
+/// Loads this thread's kVecs chunks (chunk first + c * blockDim.x) of a row; returns their |x| max.
+template <int kVecs, typename TIn, int kVecN, bool kAligned>
+SGL_DEVICE float load_chunks(device::quant::Chunk<TIn, kVecN, kAligned> (&x)[kVecs], const TIn* src, int64_t first,
+                             int64_t num_chunks, int64_t num_cols) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int c = 0; c < kVecs; ++c) {
+    const int64_t index = first + int64_t{c} * blockDim.x;
+    if (index < num_chunks) {
+      device::quant::load_row_chunk(x[c], src, index, num_cols);
+      amax = device::quant::chunk_absmax(x[c], amax);
+    }
+  }
+  return amax;
+}
+
+/// Quantizes and stores the chunks load_chunks read.
+template <int kVecs, typename TIn, int kVecN, bool kAligned>
+SGL_DEVICE void store_chunks(const device::quant::Chunk<TIn, kVecN, kAligned> (&x)[kVecs], fp8_e4m3_t* dst,
+                             int64_t first, int64_t num_chunks, int64_t num_cols, float inv_scale) {
+  constexpr float kQMax = device::quant::kTypeMax<fp8_e4m3_t>;
+#pragma unroll
+  for (int c = 0; c < kVecs; ++c) {
+    const int64_t index = first + int64_t{c} * blockDim.x;
+    if (index < num_chunks) {
+      device::quant::store_row_chunk(device::quant::quantize_chunk<fp8_e4m3_t>(x[c], inv_scale, -kQMax, kQMax), dst,
+                                     index, num_cols);
+    }
+  }
+}
+
+/// The reciprocal of a stored scale, floored so that 0 or NaN never gives inf * 0.
+SGL_DEVICE float inverse_scale(float scale) {
+  return __fdiv_rn(1.0f, fminf(fmaxf(scale, FLT_MIN), FLT_MAX));
+}
+
+/// Single pass: one block (1 row, all chunks in registers) -> scale and bytes.
+template <typename TIn, bool kAligned>
+__global__ void __launch_bounds__(TensorQuantConfig::kFusedMaxThreads)
+    per_tensor_quant_fp8_fused_kernel(const TensorQuantParams p) {
+  constexpr int kVecN = 16 / sizeof(TIn);
+  constexpr int kVecs = TensorQuantConfig::kVecsPerThread;
+  __shared__ float smem[TensorQuantConfig::kFusedMaxThreads / device::kWarpThreads];
+  const int64_t num_chunks = (p.num_cols + kVecN - 1) / kVecN;
+  device::quant::Chunk<TIn, kVecN, kAligned> x[kVecs];
+  const auto* src = static_cast<const TIn*>(p.input);
+  const float amax = load_chunks<kVecs>(x, src, threadIdx.x, num_chunks, p.num_cols);
+  device::cta::reduce_max(amax, smem, 0.0f);
+  __syncthreads();
+  const float scale = fmaxf(device::quant::block_scale(smem[0], p.eps, device::quant::kTypeMax<fp8_e4m3_t>, false),
+                            *p.output_s);
+  store_chunks<kVecs>(x, static_cast<fp8_e4m3_t*>(p.output_q), threadIdx.x, num_chunks, p.num_cols,
+                      inverse_scale(scale));
+  __syncthreads();  // every thread has read *output_s before it is overwritten
+  if (threadIdx.x == 0) *p.output_s = scale;
+}
+
+/// Pass 1 of the dynamic path: each block's maximum, max-reduced into output_s as a scale.
+template <typename TIn, bool kAligned>
+__global__ void __launch_bounds__(TensorQuantConfig::kThreads) per_tensor_absmax_kernel(const TensorQuantParams p) {
+  constexpr int kVecN = 16 / sizeof(TIn);
+  constexpr int kVecs = TensorQuantConfig::kVecsPerThread;
+  __shared__ float smem[TensorQuantConfig::kThreads / device::kWarpThreads];
+  const int64_t num_chunks = (p.num_cols + kVecN - 1) / kVecN;
+  const int64_t first = int64_t{blockIdx.x} * blockDim.x * kVecs + threadIdx.x;
+  float amax = 0.0f;
+  for (int64_t row = blockIdx.y; row < p.num_rows; row += gridDim.y) {
+    device::quant::Chunk<TIn, kVecN, kAligned> x[kVecs];
+    const TIn* src = static_cast<const TIn*>(p.input) + row * p.input_row_stride;
+    amax = fmaxf(amax, load_chunks<kVecs>(x, src, first, num_chunks, p.num_cols));
+  }
+  device::cta::reduce_max(amax, smem, 0.0f);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    device::atomic::max(p.output_s, device::quant::block_scale(smem[0], p.eps, device::quant::kTypeMax<fp8_e4m3_t>,
+                                                               /*ue8m0=*/false));
+  }
+}
+
+/// Pass 2 (and the static path): quantize with the scale in output_s.
+template <typename TIn, bool kAligned>
+__global__ void __launch_bounds__(TensorQuantConfig::kThreads) per_tensor_quant_kernel(const TensorQuantParams p) {
+  constexpr int kVecN = 16 / sizeof(TIn);
+  constexpr int kVecs = TensorQuantConfig::kVecsPerThread;
+  const int64_t num_chunks = (p.num_cols + kVecN - 1) / kVecN;
+  const int64_t block_x = p.reverse ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int64_t first = block_x * blockDim.x * kVecs + threadIdx.x;
+  const float inv_scale = inverse_scale(*p.output_s);
+  for (int64_t y = blockIdx.y; y < p.num_rows; y += gridDim.y) {
+    const int64_t row = p.reverse ? p.num_rows - 1 - y : y;
+    device::quant::Chunk<TIn, kVecN, kAligned> x[kVecs];
+    const TIn* src = static_cast<const TIn*>(p.input) + row * p.input_row_stride;
+    load_chunks<kVecs>(x, src, first, num_chunks, p.num_cols);
+    store_chunks<kVecs>(x, static_cast<fp8_e4m3_t*>(p.output_q) + row * p.q_row_stride, first, num_chunks, p.num_cols,
+                        inv_scale);
+  }
+}
+
+/// Quantizes input [num_rows, num_cols] (TIn = fp16_t | bf16_t | fp32_t, last dim contiguous, any
+/// row stride) into output_q (fp8 e4m3, same shape, last dim contiguous, any row stride) with the
+/// scale output_s (fp32 [1]): dynamic (is_static false) max-reduces the tensor's scale into it first.
+/// All on one CUDA device, output_s overlapping neither. Empty inputs return without a launch.
+/// Throws PanicError (Python RuntimeError) naming the tensor on any mismatch.
+template <typename TIn>
+void per_tensor_quant_fp8(tvm::ffi::TensorView input, tvm::ffi::TensorView output_q, tvm::ffi::TensorView output_s,
+                          bool is_static, double eps) {
+  using namespace host;
+  constexpr int64_t kVecN = 16 / sizeof(TIn);
+  constexpr int64_t kVecs = TensorQuantConfig::kVecsPerThread;
+
+  // Validate
+  SymbolicSize num_rows{"num_rows"};
+  SymbolicSize num_cols{"num_cols"};
+  SymbolicSize input_row_stride{"input_row_stride"};
+  SymbolicSize q_row_stride{"q_row_stride"};
+  SymbolicDevice device_;
+  device_.set_options<kDLCUDA>();
+  TensorMatcher({num_rows, num_cols})  //
+      .with_strides({input_row_stride, 1})
+      .with_dtype<TIn>()
+      .with_device<kDLCUDA>(device_)
+      .verify(input, "input");
+  TensorMatcher({num_rows, num_cols})  //
+      .with_strides({q_row_stride, 1})
+      .with_dtype<fp8_e4m3_t>()
+      .with_device<kDLCUDA>(device_)
+      .verify(output_q, "output_q");
+  TensorMatcher({1})  //
+      .with_dtype<float>()
+      .with_device<kDLCUDA>(device_)
+      .verify(output_s, "output_s");
+  verify_no_self_overlap(output_q, "output_q");
+  verify_no_partial_overlap(output_q, "output_q", input, "input", /*allow_same=*/false);
+  verify_no_partial_overlap(output_s, "output_s", input, "input", /*allow_same=*/false);
+  verify_no_partial_overlap(output_s, "output_s", output_q, "output_q", /*allow_same=*/false);
+
+  // Unwrap
+  TensorQuantParams params{
+      .input = data_ptr<const void>(input),
+      .output_q = data_ptr(output_q),
+      .output_s = data_ptr<float>(output_s),
+      .num_rows = num_rows.unwrap(),
+      .num_cols = num_cols.unwrap(),
+      .input_row_stride = input_row_stride.unwrap(),
+      .q_row_stride = q_row_stride.unwrap(),
+      .eps = static_cast<float>(eps),
+      .reverse = false,
+  };
+  const DLDevice device = device_.unwrap();
+  if (params.num_rows == 0 || params.num_cols == 0) return;
+
+  // Configure: 16-byte accesses when every row allows them; the single pass when one block holds it
+  const bool aligned = params.num_cols % kVecN == 0 && quant::is_aligned(params.input, 16) &&
+                       quant::is_aligned(params.input_row_stride * int64_t{sizeof(TIn)}, 16) &&
+                       quant::is_aligned(params.output_q, kVecN) && quant::is_aligned(params.q_row_stride, kVecN);
+  const int64_t num_chunks = div_ceil(params.num_cols, kVecN);
+  const bool fused = !is_static && params.num_rows == 1 && num_chunks <= TensorQuantConfig::kFusedMaxThreads * kVecs;
+  const int64_t chunks_per_block = int64_t{TensorQuantConfig::kThreads} * kVecs;
+  const dim3 grid(static_cast<uint32_t>(div_ceil(num_chunks, chunks_per_block)),
+                  static_cast<uint32_t>(std::min<int64_t>(params.num_rows, TensorQuantConfig::kMaxRowBlocks)));
+  RuntimeCheck(div_ceil(num_chunks, chunks_per_block) <= 0x7fffffff, "per_tensor_quant_fp8: a row of ",
+               params.num_cols, " elements exceeds the grid");
+
+  // Launch
+  if (fused) {
+    const int64_t threads = std::clamp<int64_t>(div_ceil(div_ceil(num_chunks, kVecs), int64_t{32}) * 32, 32,
+                                                TensorQuantConfig::kFusedMaxThreads);
+    const auto kernel =
+        aligned ? per_tensor_quant_fp8_fused_kernel<TIn, true> : per_tensor_quant_fp8_fused_kernel<TIn, false>;
+    LaunchKernel(1, static_cast<uint32_t>(threads), device)(kernel, params);
+    return;
+  }
+  if (!is_static) {
+    const auto absmax = aligned ? per_tensor_absmax_kernel<TIn, true> : per_tensor_absmax_kernel<TIn, false>;
+    LaunchKernel(grid, TensorQuantConfig::kThreads, device)(absmax, params);
+    params.reverse = true;
+  }
+  const auto quant = aligned ? per_tensor_quant_kernel<TIn, true> : per_tensor_quant_kernel<TIn, false>;
+  LaunchKernel(grid, TensorQuantConfig::kThreads, device)(quant, params);
+}
+
+}  // namespace

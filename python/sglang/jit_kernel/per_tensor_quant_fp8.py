@@ -1,0 +1,182 @@
+"""per_tensor_quant_fp8: fp8 e4m3 quantization with one scale for the whole tensor."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from sglang.jit_kernel._quant_8bit import (
+    QUANT_8BIT_MODULE,
+    as_rows,
+    check_outputs_disjoint,
+    emulate_amax,
+    emulate_quant,
+    emulate_scale,
+    jit_quant_8bit_module,
+    last_dim_contiguous,
+)
+from sglang.jit_kernel._validate import FLOAT_DTYPES, check_scalar, check_tensor, fail
+from sglang.jit_kernel.registry import CheckCase, register_op
+
+__all__ = ["per_tensor_quant_fp8"]
+
+_OP = "per_tensor_quant_fp8"
+FP8_MAX = 448.0
+
+_FNS: dict[torch.dtype, Callable[..., None]] = {}
+
+
+def _fn(dtype: torch.dtype) -> Callable[..., None]:
+    fn = jit_quant_8bit_module(dtype).per_tensor_quant_fp8
+    _FNS[dtype] = fn
+    return fn
+
+
+@torch.library.custom_op(
+    "sglang_jit_kernel::per_tensor_quant_fp8", mutates_args=("output_q", "output_s"), device_types="cuda"
+)
+def _per_tensor_quant_fp8_op(
+    input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor, is_static: bool, eps: float
+) -> None:
+    _launch(input, output_q, output_s, is_static, eps)
+
+
+@_per_tensor_quant_fp8_op.register_fake
+def _(input, output_q, output_s, is_static, eps) -> None:
+    return None
+
+
+def _launch(input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor, is_static: bool, eps: float) -> None:
+    # A contiguous tensor is one row of numel elements (one grid over it, and the single-block pass
+    # when it is small); otherwise [num_tokens, hidden_size] rows with their strides.
+    if input.is_contiguous() and output_q.is_contiguous():
+        rows_in, rows_q = input.view(1, -1), output_q.view(1, -1)
+    else:
+        hidden_size = input.shape[-1]
+        num_tokens = input.numel() // hidden_size
+        rows_in = as_rows(_OP, "input", input, num_tokens, copy_ok=True)
+        rows_q = as_rows(_OP, "output_q", output_q, num_tokens, copy_ok=False)
+    _fn(input.dtype)(rows_in, rows_q, output_s.view(1), is_static, eps)
+
+
+def _check(input, output_q, output_s, is_static, eps) -> torch.Tensor:
+    check_tensor(_OP, "input", input, dtypes=FLOAT_DTYPES)
+    if input.dim() == 0:
+        fail(RuntimeError, _OP, "input", "dims", "at least 1 ([..., hidden_size])", "a 0-d tensor")
+    check_tensor(_OP, "output_q", output_q, dtypes=(torch.float8_e4m3fn,), device_as=(input, "input"))
+    check_tensor(_OP, "output_s", output_s, dtypes=(torch.float32,), device_as=(input, "input"))
+    check_scalar(_OP, "is_static", is_static, bool)
+    check_scalar(_OP, "eps", eps, float, minimum=0.0)
+    if output_q.shape != input.shape:
+        fail(RuntimeError, _OP, "output_q", "shape", f"{tuple(input.shape)} (the shape of input)", tuple(output_q.shape))
+    if output_s.numel() != 1:
+        fail(RuntimeError, _OP, "output_s", "shape", "one element ([1] or [])", tuple(output_s.shape))
+    if output_q.stride(-1) != 1 and input.shape[-1] > 1:
+        fail(RuntimeError, _OP, "output_q", "last-dim stride", "1 (a contiguous last dim)",
+             f"{output_q.stride(-1)} (shape {tuple(output_q.shape)} with strides {output_q.stride()})")
+    check_outputs_disjoint(_OP, input, output_q, output_s)
+    return last_dim_contiguous(input)
+
+
+def per_tensor_quant_fp8(
+    input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor, is_static: bool = False, *, eps: float = 1e-10
+) -> None:
+    """Quantize a whole tensor to fp8 e4m3 with one scale.
+
+    fp32 arithmetic, IEEE roundings, in this order::
+
+        dynamic: output_s = max(output_s, clamp(max(max|x|, eps) / 448, FLT_MIN, FLT_MAX))
+        q = round(clamp(x * (1 / s), -448, 448))      # s = clamp(output_s, FLT_MIN, FLT_MAX)
+
+    Dynamic mode max-reduces into ``output_s``: the caller zeroes it first (as in the original).
+    Static mode reads the given scale (a zero or NaN scale is floored at FLT_MIN, so no NaN). An
+    all-zero or tiny tensor gets ``s = eps / 448`` and zeros; NaN inputs are ignored by the maximum
+    and quantize to NaN. Moves ``N*s_in + N + 4`` bytes (dynamic reads the input twice unless it is
+    small: one row of at most 2048 16-byte chunks is done by one block in a single pass).
+
+    Parameters
+    ----------
+    input : torch.Tensor
+        CUDA tensor of any shape (``[..., hidden_size]``), float16 / bfloat16 / float32. Row strides
+        are read as laid out; leading dims that do not flatten, or a non-contiguous last dim, are
+        copied first (exactly the result of ``input.contiguous()``). Not modified.
+    output_q : torch.Tensor
+        Written: ``torch.float8_e4m3fn``, the shape of ``input``, last dim contiguous.
+    output_s : torch.Tensor
+        ``float32``, one element (``[1]`` or ``[]``). Dynamic: written (max-reduced into, zero it
+        first); static: read.
+    is_static : bool
+        Use the scale in ``output_s`` instead of computing it. Default False.
+    eps : float, keyword-only
+        Floor of the tensor's maximum (>= 0). Default 1e-10.
+
+    Returns
+    -------
+    None
+
+    Raises
+    ------
+    TypeError
+        A tensor argument that is not a tensor, ``is_static`` not a bool, ``eps`` not a number.
+    ValueError
+        ``eps`` negative or NaN.
+    RuntimeError
+        Before any launch, naming the argument: not on CUDA or on another device than ``input``, an
+        unsupported dtype, a shape mismatch (``output_s`` not one element), ``output_q`` with a
+        strided last dim or leading dims that do not flatten, outputs overlapping ``input`` or each other.
+    """
+    if not torch.compiler.is_compiling():
+        try:  # the launcher checks shapes, dtypes, devices, layouts and overlaps
+            fn = _FNS.get(input.dtype)
+            if (fn is not None and type(is_static) is bool and eps >= 0 and input.is_contiguous()
+                    and output_q.is_contiguous() and output_q.shape == input.shape):
+                fn(input.view(1, -1), output_q.view(1, -1), output_s.view(1), is_static, eps)
+                return
+        except (AttributeError, TypeError, RuntimeError):  # raised before any launch: the checked path explains
+            pass
+    input = _check(input, output_q, output_s, is_static, eps)
+    if input.numel() == 0:
+        return
+    if torch.compiler.is_compiling():
+        torch.ops.sglang_jit_kernel.per_tensor_quant_fp8(input, output_q, output_s, is_static, eps)
+    else:
+        _launch(input, output_q, output_s, is_static, eps)
+
+
+def reference(x: torch.Tensor, scale: torch.Tensor | None = None, eps: float = 1e-10) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q, s)`` of the kernel's fp32 arithmetic: dynamic (``scale`` None: computed from a zeroed
+    ``output_s``) or static (the given one-element ``scale``)."""
+    s = emulate_scale(emulate_amax(x), eps, FP8_MAX).reshape(1) if scale is None else scale.float().reshape(1)
+    return emulate_quant(x, s.reshape([1] * x.dim()), -FP8_MAX, FP8_MAX, torch.float8_e4m3fn), s
+
+
+def _check_cases() -> list[CheckCase]:
+    """``check``: [16384, 4096] bf16, dynamic."""
+    m, k = 16384, 4096
+
+    def make() -> tuple:
+        x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+        return x, torch.empty(m, k, dtype=torch.float8_e4m3fn, device="cuda"), torch.zeros(1, device="cuda")
+
+    def call(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        per_tensor_quant_fp8(x, q, s)  # s from make() is zero; repeated calls max-reduce the same scale
+        return torch.cat([q.view(torch.uint8).flatten(), s.view(torch.uint8)])
+
+    def expected(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        rq, rs = reference(x)
+        return torch.cat([rq.view(torch.uint8).flatten(), rs.view(torch.uint8)])
+
+    return [
+        CheckCase(
+            label=f"[{m}, {k}] bf16 dynamic",
+            make_inputs=make,
+            call=call,
+            reference=expected,
+            bytes_moved=m * k * 2 + m * k + 4,  # read bf16 once, write fp8 + the scale (the issue's count)
+            dtype=torch.uint8,  # bit-exact against the kernel's fp32 arithmetic
+        )
+    ]
+
+
+register_op(_OP, module=QUANT_8BIT_MODULE, check_cases=_check_cases)

@@ -1,0 +1,225 @@
+"""per_tensor_quant_fp8: dynamic and static scales against fp64 and the kernel's fp32 arithmetic,
+the single-block and two-pass paths, special values, views, empty and huge inputs, graphs, compile,
+errors."""
+
+import pytest
+import torch
+from test_per_token_group_quant_8bit import FLOAT_DTYPES, FP8, assert_on_grid
+
+from sglang.jit_kernel.per_tensor_quant_fp8 import per_tensor_quant_fp8, reference
+from sglang.jit_kernel.testing import requires_cuda, requires_two_gpus
+from sglang.jit_kernel.utils import get_ci_test_range
+from sglang.test.ci.ci_register import register_cuda_ci
+
+register_cuda_ci(est_time=60, suite="stage-b-kernel-unit-1-gpu-large")
+register_cuda_ci(est_time=120, suite="nightly-kernel-1-gpu", nightly=True)
+
+FLT_MIN = 2.0**-126
+# (1, 4096) and (7, 129) fit one block (the single pass); the others take the two launches.
+SHAPES = get_ci_test_range(
+    full_range=[(1, 1), (1, 4096), (7, 129), (1, 16384), (1, 16385), (4097, 1024), (2048, 4096), (3, 100003)],
+    ci_range=[(1, 1), (1, 4096), (7, 129), (1, 16385), (4097, 1024)],
+)
+
+
+def run(x, is_static=False, scale=0.0):
+    q = torch.empty(x.shape, dtype=FP8, device=x.device)
+    s = torch.full((1,), scale, device=x.device)
+    assert per_tensor_quant_fp8(x, q, s, is_static) is None
+    return q, s
+
+
+def assert_bitwise(q, s, x, scale=None):
+    q_ref, s_ref = reference(x, scale)
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+    assert torch.equal(s.reshape(1), s_ref)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_dynamic_against_fp64_and_fp32_arithmetic(dtype, shape):
+    x = (torch.randn(shape, device="cuda") * 7).to(dtype)
+    before = x.clone()
+    q, s = run(x)
+    assert torch.equal(x, before)
+    s64 = (x.double().abs().max().clamp_min(1e-10) / 448.0).clamp_min(FLT_MIN)
+    torch.testing.assert_close(s.double()[0], s64, rtol=1e-5, atol=0)
+    assert_on_grid(q, (x.double() / s64).clamp(-448, 448).float().to(FP8))
+    assert_bitwise(q, s, x)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("shape", [(1, 4096), (4097, 1024)])
+def test_static_scale(dtype, shape):
+    x = torch.randn(shape, device="cuda").to(dtype)
+    q, s = run(x, is_static=True, scale=0.01)
+    assert torch.equal(s, torch.full((1,), 0.01, device="cuda")), "static mode must only read output_s"
+    assert_bitwise(q, s, x, scale=torch.full((1,), 0.01, device="cuda"))
+
+
+@requires_cuda
+@pytest.mark.parametrize("shape", [(1, 4096), (4097, 1024)])
+def test_dynamic_max_reduces_into_output_s(shape):
+    """Dynamic mode keeps a larger value already in output_s (the caller zeroes it, as in the original)."""
+    x = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
+    q, s = run(x, scale=100.0)
+    assert s[0] == 100.0
+    assert_bitwise(q, s, x, scale=torch.full((1,), 100.0, device="cuda"))
+
+
+@requires_cuda
+@pytest.mark.parametrize("shape", [(1, 4096), (4097, 1024)])
+def test_zero_tiny_inf_nan_and_zero_static_scale(shape):
+    zeros = torch.zeros(shape, dtype=torch.float32, device="cuda")
+    q, s = run(zeros)
+    assert torch.isfinite(s).all() and s[0] > 0 and (q.float() == 0).all()
+    q, s = run(torch.full(shape, 1e-30, device="cuda"))
+    assert s[0] > 0 and torch.isfinite(q.float()).all()
+    q, s = run(torch.randn(shape, device="cuda"), is_static=True, scale=0.0)  # floored at FLT_MIN
+    assert not torch.isnan(q.float()).any()
+    x = torch.randn(shape, device="cuda")
+    x.view(-1)[5] = float("nan")
+    q, s = run(x)
+    assert torch.isfinite(s).all() and torch.isnan(q.float().view(-1)[5])
+    clean = x.clone()
+    clean.view(-1)[5] = 0
+    assert torch.equal(s, reference(clean)[1])
+    x.view(-1)[7] = float("inf")
+    q, s = run(x)
+    assert s[0] == torch.finfo(torch.float32).max and q.float().view(-1)[7] == 448
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("offset", [0, 1])
+@pytest.mark.parametrize("m", [1, 300])
+def test_strided_offset_views_with_poisoned_outputs(dtype, offset, m):
+    k = 1000
+    x = torch.randn(m, k + 8, dtype=dtype, device="cuda")[:, offset : offset + k]
+    q_buffer = torch.full((m, k + 8), 0x7F, dtype=torch.uint8, device="cuda").view(FP8)
+    q = q_buffer[:, offset : offset + k]
+    s_buffer = torch.full((3,), float("nan"), device="cuda")
+    s = s_buffer[1:2].zero_()
+    per_tensor_quant_fp8(x, q, s)
+    assert_bitwise(q, s, x.contiguous())
+    outside = torch.ones(m, k + 8, dtype=torch.bool, device="cuda")
+    outside[:, offset : offset + k] = False
+    assert (q_buffer.view(torch.uint8)[outside] == 0x7F).all(), "wrote outside output_q"
+    assert torch.isnan(s_buffer[[0, 2]]).all()
+
+
+@requires_cuda
+def test_transposed_and_3d_inputs():
+    x_t = torch.randn(300, 40, dtype=torch.bfloat16, device="cuda").T
+    q, s = run(x_t)
+    assert_bitwise(q, s, x_t.contiguous())
+    x3 = torch.randn(4, 5, 96, dtype=torch.float16, device="cuda")[:, :, :64]  # leading dims strided
+    q3 = torch.empty(4, 5, 64, dtype=FP8, device="cuda")
+    s3 = torch.zeros((), device="cuda")
+    per_tensor_quant_fp8(x3, q3, s3)
+    assert_bitwise(q3, s3, x3.contiguous())
+
+
+@requires_cuda
+def test_empty_input():
+    q, s = run(torch.empty(0, 4096, dtype=torch.bfloat16, device="cuda"))
+    assert q.shape == (0, 4096) and s[0] == 0
+
+
+@requires_cuda
+def test_more_than_2_pow_31_elements():
+    n = (1 << 31) + (1 << 20) + 8
+    free, _ = torch.cuda.mem_get_info()
+    if free < n * 4 + (1 << 30):
+        pytest.skip(f"needs {n * 4 / 2**30:.0f} GiB free GPU memory, {free / 2**30:.0f} GiB free")
+    x = torch.randn(n, dtype=torch.bfloat16, device="cuda")
+    x[-3] = 1000.0  # the maximum sits past 2^31
+    q, s = run(x)
+    assert s[0] == torch.tensor(1000.0) / torch.tensor(448.0)
+    for part in (slice(0, 1 << 16), slice(n - (1 << 16), n)):
+        q_ref = reference(x[part], scale=s)[0]
+        assert torch.equal(q[part].view(torch.uint8), q_ref.view(torch.uint8))
+    del x, q
+    torch.cuda.empty_cache()
+
+
+@requires_cuda
+@pytest.mark.parametrize("shape", [(1, 4096), (2048, 4096)])
+def test_cuda_graph_replay(shape):
+    x = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
+    q, s = run(x)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        s.zero_()
+        per_tensor_quant_fp8(x, q, s)
+    x.copy_(torch.randn_like(x) * 3)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_bitwise(q, s, x)
+
+
+@requires_cuda
+@pytest.mark.parametrize("is_static", [False, True])
+def test_torch_compile_fullgraph(is_static):
+    torch._dynamo.reset()
+
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = x * 2
+        q = torch.empty(y.shape, dtype=FP8, device=y.device)
+        s = torch.full((1,), 0.05, device=y.device) if is_static else torch.zeros(1, device=y.device)
+        per_tensor_quant_fp8(y, q, s, is_static)
+        return q, s
+
+    x = torch.randn(64, 4096, dtype=torch.bfloat16, device="cuda")
+    q, s = torch.compile(f, fullgraph=True)(x)
+    q_ref, s_ref = f(x)
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(s, s_ref)
+
+
+@requires_two_gpus
+def test_second_gpu_while_first_is_current():
+    torch.cuda.set_device(0)
+    x = torch.randn(129, 4096, dtype=torch.bfloat16, device="cuda:1")
+    q, s = run(x)
+    assert q.device == x.device
+    assert_bitwise(q, s, x)
+
+
+# ---- errors ----
+def test_not_a_tensor_and_cpu():
+    with pytest.raises(TypeError, match=r"^per_tensor_quant_fp8: input type: expected a torch.Tensor, got NoneType$"):
+        per_tensor_quant_fp8(None, None, None)
+    with pytest.raises(RuntimeError, match=r"^per_tensor_quant_fp8: input device: expected a CUDA device, got cpu$"):
+        per_tensor_quant_fp8(torch.randn(4), torch.empty(4, dtype=FP8), torch.zeros(1))
+
+
+@requires_cuda
+def test_bad_arguments():
+    x = torch.randn(4, 256, dtype=torch.bfloat16, device="cuda")
+    q = torch.empty(4, 256, dtype=FP8, device="cuda")
+    s = torch.full((1,), -1.0, device="cuda")
+    run(x)  # load the module: the eager fast path is tried first
+    op = r"^per_tensor_quant_fp8: "
+    cases = [
+        ((x, q.view(torch.int8), s), RuntimeError, r"output_q dtype: expected float8_e4m3fn, got int8"),
+        ((x, q, s.double()), RuntimeError, r"output_s dtype: expected float32, got float64"),
+        ((x, q[:, :128], s), RuntimeError, r"output_q shape: expected \(4, 256\) \(the shape of input\), got \(4, 128\)"),
+        ((x, q, torch.zeros(2, device="cuda")), RuntimeError, r"output_s shape: expected one element \(\[1\] or \[\]\), got \(2,\)"),
+        ((x, q.T.contiguous().T, s), RuntimeError, r"output_q last-dim stride: expected 1"),
+        ((x, q, x.view(torch.float32)[0, :1]), RuntimeError, r"output_s memory: expected no memory shared with input"),
+        ((x, q, s, 1), TypeError, r"is_static type: expected a bool, got int"),
+    ]
+    for args, error, pattern in cases:
+        with pytest.raises(error, match=op + pattern):
+            per_tensor_quant_fp8(*args)
+    with pytest.raises(ValueError, match=op + r"eps value: expected >= 0.0, got -1.0$"):
+        per_tensor_quant_fp8(x, q, s, eps=-1.0)
+    assert (s == -1).all(), "an output was written before the error"
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(pytest.main([__file__, "-v", "-s"]))
