@@ -36,6 +36,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
+from sglang.jit_kernel._arch import check_target_arch, visible_device_archs
 from sglang.jit_kernel._dependencies import resolve_dependencies
 
 if TYPE_CHECKING:
@@ -268,36 +269,31 @@ def resolve_cuda_archs(archs: Sequence[str] | str | None = None) -> tuple[str, .
     Raises
     ------
     RuntimeError
-        With no GPU visible and ``SGLANG_JIT_CUDA_ARCH`` unset.
+        With no GPU visible and ``SGLANG_JIT_CUDA_ARCH`` unset, or a visible GPU below compute
+        capability 8.0 (``_arch.check_devices``: the message names it).
     ValueError
-        For a malformed architecture.
+        For a malformed architecture, or a target below 8.0 (``_arch.check_target_arch``).
     """
+    source = "the requested architectures"  # where the targets came from, for check_target_arch
     if archs is None:
         archs = arch_override.get()
     if archs is None:
         env = os.environ.get(ENV_CUDA_ARCH, "").strip()
         if env:
-            archs = env
+            archs, source = env, f"{ENV_CUDA_ARCH}={env}"
     if isinstance(archs, str):
         archs = [a for a in _ARCH_SEPARATOR_RE.split(archs) if a]
     if archs:
         out = []
         for a in archs:
             major, minor, suffix = parse_arch(a)
+            check_target_arch(major, minor, suffix, source)
             norm = f"{major}.{minor}{suffix}"
             if norm not in out:
                 out.append(norm)
         return tuple(sorted(out))
 
-    def from_devices() -> tuple[str, ...]:
-        import torch  # noqa: PLC0415
-
-        if not torch.cuda.is_available():
-            return ()
-        caps = {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
-        return tuple(sorted(f"{major}.{minor}" for major, minor in caps))
-
-    detected = _memoized("device_archs", from_devices)
+    detected = _memoized("device_archs", visible_device_archs)  # raises for a GPU below 8.0
     if not detected:
         raise RuntimeError(
             f"No CUDA GPU is visible, so the target architecture is unknown: set {ENV_CUDA_ARCH} "

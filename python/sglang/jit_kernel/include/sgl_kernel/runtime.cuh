@@ -5,12 +5,10 @@
 //   host::runtime::get_cc_major(device_id)                      compute capability major (cached)
 #pragma once
 
-#include <sgl_kernel/utils.cuh>  // For RuntimeDeviceCheck
+#include <sgl_kernel/utils.cuh>  // For RuntimeDeviceCheck, detail::cached_device_attribute
 
 #include <cuda_runtime.h>
 
-#include <array>
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <source_location>
@@ -33,36 +31,16 @@ template <typename... KernelArgs>
   return static_cast<uint32_t>(num_blocks);
 }
 
-namespace detail {
-
-/// Lock-free per-device cache of one int attribute (0 = not queried yet; all cached attributes are
-/// positive). Racing first calls may both query; they store the same value.
-template <cudaDeviceAttr kAttr>
-[[nodiscard]] inline int cached_device_attribute(int device_id, const std::source_location& loc) {
-  constexpr int kMaxDevices = 64;
-  static std::array<std::atomic<int>, kMaxDevices> cache{};
-  if (device_id >= 0 && device_id < kMaxDevices) {
-    const int cached = cache[device_id].load(std::memory_order_relaxed);
-    if (cached > 0) return cached;
-  }
-  int value = 0;
-  RuntimeDeviceCheck(cudaDeviceGetAttribute(&value, kAttr, device_id), loc);
-  if (device_id >= 0 && device_id < kMaxDevices) cache[device_id].store(value, std::memory_order_relaxed);
-  return value;
-}
-
-}  // namespace detail
-
 /// Number of streaming multiprocessors of CUDA device `device_id` (cached after the first call).
 /// Throws PanicError for an invalid device id.
 [[nodiscard]] inline uint32_t get_sm_count(int device_id, std::source_location loc = std::source_location::current()) {
-  return static_cast<uint32_t>(detail::cached_device_attribute<cudaDevAttrMultiProcessorCount>(device_id, loc));
+  return static_cast<uint32_t>(host::detail::cached_device_attribute<cudaDevAttrMultiProcessorCount>(device_id, loc));
 }
 
 /// Compute capability major version of CUDA device `device_id` (9 for H100/H200; cached).
 /// Throws PanicError for an invalid device id.
 [[nodiscard]] inline int get_cc_major(int device_id, std::source_location loc = std::source_location::current()) {
-  return detail::cached_device_attribute<cudaDevAttrComputeCapabilityMajor>(device_id, loc);
+  return host::detail::cached_device_attribute<cudaDevAttrComputeCapabilityMajor>(device_id, loc);
 }
 
 }  // namespace host::runtime

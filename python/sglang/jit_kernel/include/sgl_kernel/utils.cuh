@@ -8,6 +8,7 @@
 //   device::pointer::offset         byte-offset arithmetic in device code
 //   device::pdl_wait_primary / pdl_launch_dependents   Programmatic Dependent Launch (SM90+)
 //   host::RuntimeDeviceCheck        cudaError_t -> PanicError
+//   host::detail::cached_device_attribute   per-device cached cudaDeviceGetAttribute
 //   host::LaunchKernel              stream/device resolving, error checking launcher
 #pragma once
 
@@ -20,6 +21,8 @@
 #include <dlpack/dlpack.h>
 #include <tvm/ffi/extra/c_env_api.h>
 
+#include <array>
+#include <atomic>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -116,6 +119,28 @@ inline void RuntimeDeviceCheck(std::source_location loc = std::source_location::
   RuntimeDeviceCheck(cudaGetLastError(), loc);
 }
 
+namespace detail {
+
+/// Device attribute kAttr of CUDA device `device_id`, queried once and then served from a lock-free
+/// per-device cache (0 = not queried yet, so only positive attributes may be cached: SM count,
+/// compute capability). Racing first calls may both query; they store the same value. Throws
+/// PanicError (at `loc`) for an invalid device id. runtime.cuh's get_sm_count / get_cc_major use it.
+template <cudaDeviceAttr kAttr>
+[[nodiscard]] inline int cached_device_attribute(int device_id, const std::source_location& loc) {
+  constexpr int kMaxDevices = 64;
+  static std::array<std::atomic<int>, kMaxDevices> cache{};
+  if (device_id >= 0 && device_id < kMaxDevices) {
+    const int cached = cache[device_id].load(std::memory_order_relaxed);
+    if (cached > 0) return cached;
+  }
+  int value = 0;
+  RuntimeDeviceCheck(cudaDeviceGetAttribute(&value, kAttr, device_id), loc);
+  if (device_id >= 0 && device_id < kMaxDevices) cache[device_id].store(value, std::memory_order_relaxed);
+  return value;
+}
+
+}  // namespace detail
+
 /// One-shot kernel launcher: `LaunchKernel(grid, block, device_or_stream[, smem])(kernel, args...)`.
 ///
 /// - From a `DLDevice` (must be kDLCUDA): the stream is TVM-FFI's current stream for that device
@@ -126,10 +151,13 @@ inline void RuntimeDeviceCheck(std::source_location loc = std::source_location::
 /// - `grid` / `block` accept anything convertible to dim3. A grid or block with 0 threads/blocks
 ///   throws a PanicError at construction; callers must return early on empty input.
 /// - `.enable_pdl(b)` requests Programmatic Dependent Launch (cudaLaunchAttributeProgrammatic-
-///   StreamSerialization); honoured only when compiled with SGL_CUDA_ARCH >= 900, ignored otherwise.
+///   StreamSerialization); honoured only on a device of compute capability 9.0 or newer, dropped on
+///   older ones (A100), so callers need no capability check of their own.
 /// - `operator()(kernel, args...)` launches with cudaLaunchKernelEx (each arg converted to the
 ///   kernel's parameter type) and throws a PanicError naming the CUDA error and the file:line where
-///   the LaunchKernel was constructed. No device queries happen on this path.
+///   the LaunchKernel was constructed; a module without code for the device (built for other
+///   architectures) also names the device's compute capability. No device queries happen on the
+///   success path.
 class LaunchKernel {
  public:
   /// Launch on `device`'s current TVM-FFI stream with `device` made current.
@@ -153,12 +181,13 @@ class LaunchKernel {
 
   /// Enables (or disables) Programmatic Dependent Launch for this launch; returns *this for chaining.
   /// The kernel should call device::pdl_wait_primary() before consuming the previous kernel's output.
+  /// PDL is set only when the launch device's compute capability is 9.0 or newer (queried once per
+  /// device, then cached). The gate is the device at run time, not SGL_CUDA_ARCH: one host binary
+  /// serves every target of a multi-arch module ("8.0 9.0" defines SGL_CUDA_ARCH=800, yet must use
+  /// PDL on an H100). That is safe because a device of capability >= 9.0 only runs SASS of its own
+  /// major version (code=sm_XX, no PTX), whose pdl_wait_primary() is compiled in (__CUDA_ARCH__ >= 900).
   LaunchKernel& enable_pdl(bool enable = true) {
-#if defined(SGL_CUDA_ARCH) && (SGL_CUDA_ARCH >= 900)
-    pdl_ = enable;
-#else
-    (void)enable;
-#endif
+    pdl_ = enable && device_cc_major() >= 9;
     return *this;
   }
 
@@ -192,10 +221,33 @@ class LaunchKernel {
     if (previous_device >= 0) {
       (void)cudaSetDevice(previous_device);
     }
+    if (error == cudaErrorNoKernelImageForDevice) [[unlikely]] {
+      no_image_error();
+    }
     RuntimeDeviceCheck(error, loc_);
   }
 
  private:
+  /// Compute capability major of the launch device (the current one for a stream launch).
+  int device_cc_major() const {
+    int device = device_id_;
+    if (device < 0) RuntimeDeviceCheck(cudaGetDevice(&device), loc_);
+    return detail::cached_device_attribute<cudaDevAttrComputeCapabilityMajor>(device, loc_);
+  }
+
+  /// Throws the error of a launch on a device the module has no code for, naming its capability.
+  [[noreturn]] void no_image_error() const {
+    (void)cudaGetLastError();
+    int device = device_id_, major = 0, minor = 0;
+    if (device < 0) (void)cudaGetDevice(&device);
+    (void)cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    (void)cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    detail::panic_at(loc_, "CUDA error: cudaErrorNoKernelImageForDevice: this JIT module has no code for cuda:", device,
+                     " (compute capability ", major, ".", minor, "); build it for that GPU (SGLANG_JIT_CUDA_ARCH=",
+                     major, ".", minor, ", or unset to target the visible GPUs); sglang.jit_kernel supports "
+                     "compute capability 8.0 and newer");
+  }
+
   void check_config() const {
     const uint64_t num_blocks = uint64_t{grid_.x} * grid_.y * grid_.z;
     const uint64_t num_threads = uint64_t{block_.x} * block_.y * block_.z;
