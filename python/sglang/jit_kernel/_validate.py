@@ -5,6 +5,8 @@ Every failure reads ``<op>: <arg> <what>: expected X, got Y`` and is raised befo
 * ``TypeError``: not a tensor, or a scalar of the wrong type (``scale: factor type: expected a real
   number (int or float), got str``);
 * ``ValueError``: a scalar out of range (``rmsnorm: eps value: expected >= 0, got -1.0``);
+* ``IndexError``: with ``SGLANG_JIT_CHECK_INDICES=1``, an index outside its tensor
+  (:func:`check_indices`);
 * ``RuntimeError``: a tensor on the wrong device, of the wrong dtype, shape or layout, or overlapping
   another (``rmsnorm: weight dtype: expected bfloat16 (the dtype of input), got float16``).
 
@@ -21,6 +23,7 @@ Usage in a wrapper::
 
 from __future__ import annotations
 
+import os
 from typing import NoReturn, Sequence
 
 import torch
@@ -32,6 +35,7 @@ __all__ = [
     "check_cuda",
     "check_dtype",
     "check_dtype_as",
+    "check_indices",
     "check_last_dim_contiguous",
     "check_no_partial_overlap",
     "check_same_device",
@@ -257,3 +261,39 @@ def prepare_elementwise_out(
         fail(RuntimeError, op, "out", "shape", f"{tuple(src.shape)} (the shape of {src_arg})", tuple(out.shape))
     check_no_partial_overlap(op, "out", out, src, src_arg)
     return src, out
+
+
+#: Set to 1 to make every op that takes slot or position indices check them on the host first.
+CHECK_INDICES_ENV = "SGLANG_JIT_CHECK_INDICES"
+
+
+def check_indices(
+    op: str, arg: str, indices: torch.Tensor, size: int, *, skip_value: int | None = -1, dim_name: str = "size"
+) -> None:
+    """With ``SGLANG_JIT_CHECK_INDICES=1``: IndexError naming the first entry of ``indices`` outside
+    ``[0, size)`` (other than ``skip_value``, which the op documents as skipped); otherwise nothing.
+
+    The kernels never write out of bounds for such an index (they skip it); this check is for finding
+    the caller's bug. It reads the indices on the host, so it synchronises the stream, and it is left
+    out while the current stream is capturing a CUDA graph (no host read is possible there). The
+    message reads ``store_cache: indices value: expected entries in [0, 64) (num_slots) or -1
+    (skipped), got 70 at position 3``.
+    """
+    if os.environ.get(CHECK_INDICES_ENV, "") != "1" or indices.numel() == 0:
+        return
+    if indices.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    flat = indices.reshape(-1)
+    bad = (flat < 0) | (flat >= size)
+    if skip_value is not None:
+        bad &= flat != skip_value
+    if not bool(bad.any()):
+        return
+    first = int(bad.nonzero()[0, 0])
+    value = int(flat[first])
+    if indices.dim() > 1:
+        position = tuple(int(i) for i in torch.unravel_index(torch.tensor(first), indices.shape))
+    else:
+        position = first
+    allowed = f"entries in [0, {size}) ({dim_name})" + (f" or {skip_value} (skipped)" if skip_value is not None else "")
+    fail(IndexError, op, arg, "value", allowed, f"{value} at position {position}")

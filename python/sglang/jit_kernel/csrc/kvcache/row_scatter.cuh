@@ -1,0 +1,174 @@
+// row_scatter: the byte-copy engine of the KV-cache writes (store_cache, set_mla_kv_buffer).
+//
+// A row i of the sources has two parts; part p of row i is copied, as raw bytes, into slot
+// indices[i] of part p's destination: dst_p + indices[i] * dst_stride_p + [0, bytes_p). store_cache
+// uses part 0 for k -> k_cache and part 1 for v -> v_cache; set_mla_kv_buffer uses part 0 for k_nope
+// and part 1 for k_rope, both into one kv_buffer row (part 1's destination starts nope bytes later).
+//
+// Indices outside [0, num_slots) (the -1 of CUDA-graph padding rows, any other stray value) copy
+// nothing: no write lands outside the destination or in another slot, and there is no device trap.
+//
+// Work unit: one warp copies one chunk of one part of one row (a row part is split into num_split
+// chunks; lanes move consecutive kVecBytes vectors, so a warp's accesses are contiguous). A warp
+// issues its source loads before it knows the slot (the source address does not depend on it), so
+// the index load and the data loads are in flight together: a decode step pays one memory latency,
+// not two. Offsets are 64-bit (row * stride may exceed 2^32 bytes).
+#pragma once
+
+#include <sgl_kernel/runtime.cuh>  // For runtime::get_sm_count
+#include <sgl_kernel/utils.h>      // For div_ceil, RuntimeCheck
+#include <sgl_kernel/utils.cuh>    // For LaunchKernel, SGL_DEVICE, device::kWarpThreads, device::pointer::offset
+#include <sgl_kernel/vec.cuh>      // For AlignedVector
+
+#include <dlpack/dlpack.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace {
+
+/// One part of every row: where the source rows are and where their bytes go in a slot row.
+struct RowPart {
+  const void* src;     // [num_rows, bytes], rows src_stride bytes apart
+  void* dst;           // [num_slots, >= bytes]: this part's first byte in slot 0, rows dst_stride apart
+  int64_t src_stride;  // bytes between source rows
+  int64_t dst_stride;  // bytes between slot rows
+  int64_t num_vecs;    // vectors (of the launch's vector width) per row of this part
+  int64_t chunk_vecs;  // vectors per warp chunk: div_ceil(num_vecs, num_split)
+};
+
+/// Kernel arguments of row_scatter.
+struct RowScatterParams {
+  RowPart part0;
+  RowPart part1;
+  const void* indices;   // [num_rows] of the launch's index type, index_stride elements apart
+  int64_t index_stride;  // elements between indices
+  int64_t num_rows;      // rows to copy (entries of indices)
+  int64_t num_slots;     // valid slots: [0, num_slots)
+  int64_t num_split;     // chunks (warps) per row part, >= 1
+};
+
+/// Launch facts of row_scatter.
+struct RowScatterConfig {
+  static constexpr uint32_t kThreads = 256;                                 // threads per block
+  static constexpr uint32_t kWarps = kThreads / device::kWarpThreads;       // warps per block
+  static constexpr int kUnroll = 4;                                         // vectors in flight per lane
+  static constexpr int64_t kMaxBlocks = 1 << 20;                            // grid cap; warps loop
+  static constexpr int64_t kFullWarps = 64;                                 // resident warps per SM (H100/H200)
+};
+
+/// Copies vectors [begin, end) of one row part from `src` to `dst` (both already at the row) with
+/// the lanes of one warp; `valid` (the same in every lane) says whether the stores happen.
+template <int kVecBytes>
+SGL_DEVICE void copy_row_chunk(const void* src, void* dst, int64_t begin, int64_t end, bool valid, uint32_t lane) {
+  using vec_t = device::AlignedVector<uint8_t, kVecBytes>;
+  constexpr int kUnroll = RowScatterConfig::kUnroll;
+  constexpr int64_t kStep = int64_t{device::kWarpThreads} * kUnroll;
+  for (int64_t first = begin + lane; first < end; first += kStep) {
+    vec_t v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = first + int64_t{u} * device::kWarpThreads;
+      if (i < end) v[u].load(src, i);
+    }
+    if (!valid) return;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = first + int64_t{u} * device::kWarpThreads;
+      if (i < end) v[u].store(dst, i);
+    }
+  }
+}
+
+/// Warp w of the grid takes units w, w + num_warps, ...; unit = (row, part, chunk), chunk fastest.
+template <typename IndexT, int kVecBytes>
+__global__ void __launch_bounds__(RowScatterConfig::kThreads) row_scatter_kernel(const RowScatterParams params) {
+  const uint32_t lane = threadIdx.x % device::kWarpThreads;
+  const int64_t warp = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / device::kWarpThreads;
+  const int64_t num_warps = int64_t{gridDim.x} * blockDim.x / device::kWarpThreads;
+  const int64_t units_per_row = 2 * params.num_split;
+  const int64_t num_units = params.num_rows * units_per_row;
+  const auto* indices = static_cast<const IndexT*>(params.indices);
+
+  for (int64_t unit = warp; unit < num_units; unit += num_warps) {
+    const int64_t row = unit / units_per_row;
+    const int64_t rest = unit - row * units_per_row;
+    const bool second = rest >= params.num_split;
+    const int64_t chunk = second ? rest - params.num_split : rest;
+    const RowPart& part = second ? params.part1 : params.part0;
+
+    const int64_t slot = static_cast<int64_t>(indices[row * params.index_stride]);
+    const int64_t begin = chunk * part.chunk_vecs;
+    const int64_t end = std::min(begin + part.chunk_vecs, part.num_vecs);
+    const void* src = device::pointer::offset(part.src, row * part.src_stride);
+    const bool valid = slot >= 0 && slot < params.num_slots;
+    void* dst = device::pointer::offset(part.dst, (valid ? slot : 0) * part.dst_stride);
+    copy_row_chunk<kVecBytes>(src, dst, begin, end, valid, lane);
+  }
+}
+
+/// Widest vector (1, 2, 4, 8 or 16 bytes) that every address, part size and row stride of `params`
+/// is a multiple of, so no access is misaligned (a view with a storage offset, a row of 98 bytes).
+/// A stride counts only when there is more than one row of its tensor.
+inline int row_scatter_vector_bytes(const RowScatterParams& params, int64_t part0_bytes, int64_t part1_bytes) {
+  const auto address = [](const void* p) { return static_cast<uint64_t>(reinterpret_cast<std::uintptr_t>(p)); };
+  uint64_t bits = 16 | address(params.part0.src) | address(params.part0.dst) | address(params.part1.src) |
+                  address(params.part1.dst) | static_cast<uint64_t>(part0_bytes) | static_cast<uint64_t>(part1_bytes);
+  if (params.num_rows > 1) bits |= static_cast<uint64_t>(params.part0.src_stride | params.part1.src_stride);
+  if (params.num_slots > 1) bits |= static_cast<uint64_t>(params.part0.dst_stride | params.part1.dst_stride);
+  return static_cast<int>(bits & (~bits + 1));  // the lowest set bit: at most 16
+}
+
+/// Bytes per element of a dtype the engine copies: whole bytes only (no sub-byte or vector dtypes).
+inline int64_t row_scatter_element_bytes(DLDataType dtype, const char* name) {
+  host::RuntimeCheck(dtype.bits % 8 == 0 && dtype.bits > 0, name, ": dtype of ", int{dtype.bits},
+                     " bits: expected a whole number of bytes per element");
+  return int64_t{dtype.bits} / 8 * dtype.lanes;
+}
+
+/// Chooses num_split (when `requested` is 0) and the grid, then launches. `params.part*.num_vecs`
+/// must be set for `vec_bytes`; chunk_vecs and num_split are filled here. `params.num_rows` > 0.
+///
+/// Auto split: while the whole copy, one vector per lane, fits in one wave of resident warps, each
+/// lane moves one vector (many short warps: latency-bound decode sizes); beyond that each lane
+/// moves up to kUnroll vectors per chunk, so fewer, longer warps keep as many bytes in flight.
+template <typename IndexT, int kVecBytes>
+void launch_row_scatter(RowScatterParams params, int64_t requested_split, DLDevice device) {
+  using namespace host;
+  using Config = RowScatterConfig;
+  const int64_t max_vecs = std::max<int64_t>({params.part0.num_vecs, params.part1.num_vecs, 1});
+  int64_t split = requested_split;
+  if (split <= 0) {
+    const int64_t one_per_lane = div_ceil(max_vecs, int64_t{device::kWarpThreads});
+    const int64_t resident = int64_t{runtime::get_sm_count(device.device_id)} * Config::kFullWarps;
+    const bool one_wave = params.num_rows * 2 * one_per_lane <= resident;
+    split = one_wave ? one_per_lane : div_ceil(max_vecs, int64_t{device::kWarpThreads} * Config::kUnroll);
+  }
+  params.num_split = std::clamp<int64_t>(split, 1, max_vecs);
+  params.part0.chunk_vecs = div_ceil(params.part0.num_vecs, params.num_split);
+  params.part1.chunk_vecs = div_ceil(params.part1.num_vecs, params.num_split);
+  const int64_t warps = params.num_rows * 2 * params.num_split;
+  const int64_t blocks = std::clamp<int64_t>(div_ceil(warps, int64_t{Config::kWarps}), 1, Config::kMaxBlocks);
+  LaunchKernel(static_cast<uint32_t>(blocks), Config::kThreads, device)(row_scatter_kernel<IndexT, kVecBytes>, params);
+}
+
+/// Launches row_scatter for int32 (`int32_indices`) or int64 indices and `vec_bytes` (from
+/// row_scatter_vector_bytes); num_vecs of both parts are derived from `part*_bytes` here.
+inline void dispatch_row_scatter(RowScatterParams params, int64_t part0_bytes, int64_t part1_bytes, int vec_bytes,
+                                 bool int32_indices, int64_t requested_split, DLDevice device) {
+  params.part0.num_vecs = part0_bytes / vec_bytes;
+  params.part1.num_vecs = part1_bytes / vec_bytes;
+  const auto launch = [&]<typename IndexT>() {
+    switch (vec_bytes) {
+      case 16: return launch_row_scatter<IndexT, 16>(params, requested_split, device);
+      case 8: return launch_row_scatter<IndexT, 8>(params, requested_split, device);
+      case 4: return launch_row_scatter<IndexT, 4>(params, requested_split, device);
+      case 2: return launch_row_scatter<IndexT, 2>(params, requested_split, device);
+      default: return launch_row_scatter<IndexT, 1>(params, requested_split, device);
+    }
+  };
+  if (int32_indices) return launch.template operator()<int32_t>();
+  return launch.template operator()<int64_t>();
+}
+
+}  // namespace

@@ -1,0 +1,108 @@
+// store_cache: k_cache[indices[i]] = k[i], v_cache[indices[i]] = v[i] for i < num_indices, as bit
+// copies of any dtype (the row_scatter engine). k and v may have different row widths; an index
+// outside [0, num_slots) (-1 for CUDA-graph padding) copies nothing for that row.
+//
+// Moves 2 * num_indices * (k_row_bytes + v_row_bytes) bytes, plus the indices.
+#pragma once
+
+#include <sgl_kernel/tensor.h>  // For TensorMatcher, Symbolic{Size,DType,Device}, verify_no_partial_overlap
+#include <sgl_kernel/utils.h>   // For RuntimeCheck
+
+#include <dlpack/dlpack.h>
+#include <tvm/ffi/container/tensor.h>
+
+#include <cstdint>
+
+#include "row_scatter.cuh"
+
+namespace {
+
+/// store_cache(k, v, k_cache, v_cache, indices, row_bytes, num_split).
+///
+/// k [num_tokens, k_row], v [num_tokens, v_row]: rows of one dtype each, row strides free, last
+/// stride 1. k_cache [num_slots, k_row] of k's dtype, v_cache [num_slots, v_row] of v's dtype, row
+/// strides free, last stride 1. indices [num_indices] int32 or int64, any stride, num_indices <=
+/// num_tokens (the rows after num_indices are not read). All on one CUDA device; the caches share
+/// no memory with k, v or indices. row_bytes: 0, or k_row * element size (checked). num_split: 0
+/// (auto) or the warps per row part. Throws PanicError (Python RuntimeError) before any launch on
+/// a mismatch; nothing is launched when num_indices or num_slots is 0.
+void store_cache(tvm::ffi::TensorView k, tvm::ffi::TensorView v, tvm::ffi::TensorView k_cache,
+                 tvm::ffi::TensorView v_cache, tvm::ffi::TensorView indices, int64_t row_bytes, int64_t num_split) {
+  using namespace host;
+
+  // Validate
+  SymbolicSize num_tokens{"num_tokens"}, k_row{"k_row"}, v_row{"v_row"}, num_slots{"num_slots"};
+  SymbolicSize num_indices{"num_indices"}, k_stride{"k_row_stride"}, v_stride{"v_row_stride"};
+  SymbolicSize k_cache_stride{"k_cache_row_stride"}, v_cache_stride{"v_cache_row_stride"};
+  SymbolicSize index_stride{"index_stride"};
+  SymbolicDType k_dtype, v_dtype, index_dtype;
+  index_dtype.set_options<int32_t, int64_t>();
+  SymbolicDevice device_;
+  device_.set_options<kDLCUDA>();
+  TensorMatcher({num_tokens, k_row})  //
+      .with_strides({k_stride, 1})
+      .with_dtype(k_dtype)
+      .with_device(device_)
+      .verify(k, "k");
+  TensorMatcher({num_tokens, v_row})  //
+      .with_strides({v_stride, 1})
+      .with_dtype(v_dtype)
+      .with_device(device_)
+      .verify(v, "v");
+  TensorMatcher({num_slots, k_row})
+      .with_strides({k_cache_stride, 1})
+      .with_dtype(k_dtype)
+      .with_device(device_)
+      .verify(k_cache, "k_cache");
+  TensorMatcher({num_slots, v_row})
+      .with_strides({v_cache_stride, 1})
+      .with_dtype(v_dtype)
+      .with_device(device_)
+      .verify(v_cache, "v_cache");
+  TensorMatcher({num_indices})
+      .with_strides({index_stride})
+      .with_dtype(index_dtype)
+      .with_device(device_)
+      .verify(indices, "indices");
+  RuntimeCheck(num_indices.unwrap() <= num_tokens.unwrap(), "store_cache: indices has ", num_indices.unwrap(),
+               " entries: expected at most num_tokens = ", num_tokens.unwrap(), " (the rows of k)");
+  verify_no_partial_overlap(k_cache, "k_cache", k, "k", /*allow_same=*/false);
+  verify_no_partial_overlap(k_cache, "k_cache", v, "v", /*allow_same=*/false);
+  verify_no_partial_overlap(k_cache, "k_cache", indices, "indices", /*allow_same=*/false);
+  verify_no_partial_overlap(v_cache, "v_cache", k, "k", /*allow_same=*/false);
+  verify_no_partial_overlap(v_cache, "v_cache", v, "v", /*allow_same=*/false);
+  verify_no_partial_overlap(v_cache, "v_cache", indices, "indices", /*allow_same=*/false);
+
+  // Unwrap
+  const int64_t k_elem = row_scatter_element_bytes(k_dtype.unwrap(), "k");
+  const int64_t v_elem = row_scatter_element_bytes(v_dtype.unwrap(), "v");
+  const int64_t k_bytes = k_row.unwrap() * k_elem;
+  const int64_t v_bytes = v_row.unwrap() * v_elem;
+  RuntimeCheck(row_bytes == 0 || row_bytes == k_bytes, "store_cache: row_bytes = ", row_bytes,
+               ": expected 0 or k_row * element size = ", k_bytes);
+  RuntimeCheck(num_split >= 0, "store_cache: num_split = ", num_split, ": expected >= 0 (0 = auto)");
+  const int64_t rows = num_indices.unwrap();
+  RowScatterParams params{};
+  params.part0 = RowPart{.src = k.data_ptr(),
+                         .dst = k_cache.data_ptr(),
+                         .src_stride = k_stride.unwrap() * k_elem,
+                         .dst_stride = k_cache_stride.unwrap() * k_elem};
+  params.part1 = RowPart{.src = v.data_ptr(),
+                         .dst = v_cache.data_ptr(),
+                         .src_stride = v_stride.unwrap() * v_elem,
+                         .dst_stride = v_cache_stride.unwrap() * v_elem};
+  params.indices = indices.data_ptr();
+  params.index_stride = index_stride.unwrap();
+  params.num_rows = rows;
+  params.num_slots = num_slots.unwrap();
+  const DLDevice device = device_.unwrap();
+  if (rows == 0 || params.num_slots == 0 || (k_bytes == 0 && v_bytes == 0)) return;
+
+  // Configure: the widest vector every address, row stride and row size allows
+  const int vec_bytes = row_scatter_vector_bytes(params, k_bytes, v_bytes);
+
+  // Launch
+  dispatch_row_scatter(params, k_bytes, v_bytes, vec_bytes, index_dtype.is_type<int32_t>(), num_split, device);
+}
+
+}  // namespace

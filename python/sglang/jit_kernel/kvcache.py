@@ -1,0 +1,412 @@
+"""KV-cache writes: ``store_cache`` (k and v rows into their caches by slot) and ``set_mla_kv_buffer``
+(the MLA latent and rotary parts into one cache row), with ``can_use_store_cache``.
+
+Both ops are bit copies of any dtype, served by one module (``csrc/kvcache/row_scatter.cuh``, the
+byte-copy engine, with the launchers ``store_cache.cuh`` and ``set_mla_kv_buffer.cuh``); it has no
+dtype templates, so one build serves every dtype and row size.
+
+Slot indices outside ``[0, num_slots)`` (``-1`` marks the padding rows of a CUDA-graph batch) copy
+nothing for their row: the kernels never write out of bounds or into another slot, and the CUDA
+context stays usable. ``SGLANG_JIT_CHECK_INDICES=1`` makes the wrappers raise ``IndexError`` naming
+the first index outside the cache other than ``-1`` (a host read: it synchronises the stream, and is
+left out while a CUDA graph is being captured).
+
+Bytes moved (for bandwidth figures): store_cache ``2 * n * (k_row_bytes + v_row_bytes) + n * index
+size`` for ``n`` indices; set_mla_kv_buffer ``2 * n * (nope + rope) * element_size + n * index size``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from sglang.jit_kernel._validate import (
+    CHECK_INDICES_ENV,
+    INDEX_DTYPES,
+    check_indices,
+    check_no_partial_overlap,
+    check_scalar,
+    check_tensor,
+    fail,
+)
+from sglang.jit_kernel.registry import CheckCase, register_module, register_op
+from sglang.jit_kernel.utils import cache_once, load_jit
+
+if TYPE_CHECKING:
+    from tvm_ffi.module import Module
+
+__all__ = ["can_use_store_cache", "set_mla_kv_buffer", "store_cache"]
+
+
+@cache_once
+def _jit_kvcache_module() -> Module:
+    """Compile (first use) and cache the kvcache module: ``store_cache`` and ``set_mla_kv_buffer``."""
+    return load_jit(
+        "kvcache",
+        cuda_files=["kvcache/store_cache.cuh", "kvcache/set_mla_kv_buffer.cuh"],
+        cuda_wrappers=[("store_cache", "store_cache"), ("set_mla_kv_buffer", "set_mla_kv_buffer")],
+    )
+
+
+# The exported functions, filled when the module is loaded: the eager fast path is a dict lookup
+# and the FFI call, whose launcher validates everything it needs (falling back to the checked path,
+# which explains a refusal).
+_FNS: dict[str, Callable[..., None]] = {}
+
+
+def _load() -> Module:
+    module = _jit_kvcache_module()
+    _FNS["store_cache"] = module.store_cache
+    _FNS["set_mla_kv_buffer"] = module.set_mla_kv_buffer
+    return module
+
+
+def _fast_fn(name: str) -> Callable[..., None] | None:
+    """The loaded FFI function of ``name`` for the eager fast path, or None (module not loaded yet,
+    or ``SGLANG_JIT_CHECK_INDICES=1``, which needs the checked path's host read of the indices)."""
+    fn = _FNS.get(name)
+    if fn is None or os.environ.get(CHECK_INDICES_ENV, "") == "1":
+        return None
+    return fn
+
+
+def _rows(op: str, arg: str, tensor: torch.Tensor, dim_name: str) -> torch.Tensor:
+    """``[n, ...]`` -> the 2-D view ``[n, row]`` (the trailing dims flattened, which must form one
+    contiguous row; the row stride is free). A size-1 row gets stride 1 (torch leaves it free)."""
+    if tensor.dim() < 2:
+        fail(RuntimeError, op, arg, "shape", f"[{dim_name}, row...] (at least 2 dims)", tuple(tensor.shape))
+    if tensor.dim() != 2:
+        try:
+            tensor = tensor.view(tensor.shape[0], -1)
+        except RuntimeError:
+            fail(RuntimeError, op, arg, "layout", "rows of contiguous elements (the dims after the first "
+                 "flatten into one contiguous row)", f"shape {tuple(tensor.shape)} with strides {tensor.stride()}")
+    if tensor.shape[1] == 1 and tensor.stride(1) != 1:
+        tensor = tensor.as_strided(tensor.shape, (tensor.stride(0), 1))
+    if tensor.stride(1) != 1 and tensor.shape[1] > 1:
+        fail(RuntimeError, op, arg, "last-dim stride", "1 (a contiguous row)",
+             f"{tensor.stride(1)} (shape {tuple(tensor.shape)} with strides {tensor.stride()})")
+    return tensor
+
+
+def _row_bytes(t: torch.Tensor) -> int:
+    return t.shape[1] * t.element_size()
+
+
+def _check_row(op: str, arg: str, tensor: torch.Tensor, ref: torch.Tensor, ref_arg: str) -> None:
+    if _row_bytes(tensor) != _row_bytes(ref):
+        fail(RuntimeError, op, arg, "row size", f"{_row_bytes(ref)} bytes (the row of {ref_arg})",
+             f"{_row_bytes(tensor)} bytes (shape {tuple(tensor.shape)})")
+
+
+def _check_disjoint(op: str, cache_args: dict[str, torch.Tensor], source_args: dict[str, torch.Tensor]) -> None:
+    if torch.compiler.is_compiling():  # fake tensors have no data pointer; the launcher checks it
+        return
+    for cache_arg, cache in cache_args.items():
+        for source_arg, source in source_args.items():
+            check_no_partial_overlap(op, cache_arg, cache, source, source_arg, allow_same=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# store_cache
+# ---------------------------------------------------------------------------------------------
+def _run_store_cache(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, indices: torch.Tensor,
+    num_split: int,
+) -> None:
+    """The checked call on 2-D views: the optional host index check, then the launcher."""
+    check_indices("store_cache", "indices", indices, k_cache.shape[0], dim_name="num_slots")
+    _load().store_cache(k, v, k_cache, v_cache, indices, 0, num_split)
+
+
+@torch.library.custom_op(
+    "sglang_jit_kernel::store_cache", mutates_args=("k_cache", "v_cache"), device_types="cuda"
+)
+def _store_cache_op(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, indices: torch.Tensor,
+    num_split: int,
+) -> None:
+    op = "store_cache"
+    _run_store_cache(_rows(op, "k", k, "num_tokens"), _rows(op, "v", v, "num_tokens"),
+                     _rows(op, "k_cache", k_cache, "num_slots"), _rows(op, "v_cache", v_cache, "num_slots"),
+                     indices, num_split)
+
+
+@_store_cache_op.register_fake
+def _(k, v, k_cache, v_cache, indices, num_split) -> None:
+    return None
+
+
+def store_cache(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    indices: torch.Tensor,
+    *,
+    row_bytes: int = 0,
+    num_split: int = 0,
+) -> None:
+    """Write k and v rows into their caches by slot: ``k_cache[indices[i]] = k[i]``,
+    ``v_cache[indices[i]] = v[i]`` for ``i < num_indices``.
+
+    Bit copies (no rounding; any dtype, including fp8 and integer caches). An index outside
+    ``[0, num_slots)`` copies nothing for its row: ``-1`` marks a padding row of a CUDA-graph batch,
+    and any other stray value is skipped the same way (never a write out of bounds or into another
+    slot); with ``SGLANG_JIT_CHECK_INDICES=1`` such a value other than ``-1`` raises instead.
+
+    Parameters
+    ----------
+    k : torch.Tensor
+        ``[num_tokens, k_row]`` (or ``[num_tokens, ...]`` whose trailing dims form one contiguous
+        row, e.g. ``[num_tokens, num_kv_heads, head_dim]``), any dtype, on a CUDA device; the token
+        stride is free. Not modified.
+    v : torch.Tensor
+        ``[num_tokens, v_row]`` the same way; its dtype and row width may differ from ``k``'s
+        (``v_head_dim != head_dim``). Not modified.
+    k_cache : torch.Tensor
+        ``[num_slots, k_row]`` (or ``[num_slots, ...]``), the dtype and row bytes of ``k``; the slot
+        stride is free. Written in the addressed slots only.
+    v_cache : torch.Tensor
+        ``[num_slots, v_row]``, the dtype and row bytes of ``v``, as many slots as ``k_cache``.
+    indices : torch.Tensor
+        ``[num_indices]`` int32 or int64, any stride, ``num_indices <= num_tokens``: rows of ``k`` and
+        ``v`` after ``num_indices`` are not read (a slot map shorter than a padded batch).
+    row_bytes : int, optional
+        ``k``'s row size in bytes; 0 (default) infers it. When given it must equal
+        ``k_row * k.element_size()``.
+    num_split : int, optional
+        Tuning knob: warps per row part (each copies a ``1/num_split`` chunk of a row); 0 (default)
+        chooses from the sizes. Values above the vectors per row act as that many.
+
+    Raises
+    ------
+    TypeError
+        A tensor argument that is not a tensor; ``row_bytes`` or ``num_split`` not an int.
+    ValueError
+        ``row_bytes`` or ``num_split`` negative, or ``row_bytes`` not the row of ``k``.
+    RuntimeError
+        A tensor not on ``k``'s CUDA device; a cache of another dtype or row size than its source;
+        ``indices`` not int32/int64 or not 1-D, or longer than ``k``; ``k`` and ``v`` with different
+        token counts, or the caches with different slot counts; rows that are not contiguous; a cache
+        sharing memory with ``k``, ``v`` or ``indices``. Raised before any launch, as
+        ``store_cache: <arg> <what>: expected X, got Y``.
+    IndexError
+        With ``SGLANG_JIT_CHECK_INDICES=1``: an index outside ``[0, num_slots)`` other than ``-1``.
+    """
+    if not torch.compiler.is_compiling():
+        fn = _fast_fn("store_cache")
+        if fn is not None:
+            try:
+                fn(k, v, k_cache, v_cache, indices, row_bytes, num_split)  # the launcher checks everything
+                return
+            except (TypeError, RuntimeError):  # raised before any launch: the checked path explains
+                pass
+    op = "store_cache"
+    check_tensor(op, "k", k)
+    check_tensor(op, "v", v, device_as=(k, "k"))
+    check_tensor(op, "k_cache", k_cache, dtype_as=(k, "k"))
+    check_tensor(op, "v_cache", v_cache, dtype_as=(v, "v"), device_as=(k, "k"))
+    check_tensor(op, "indices", indices, dtypes=INDEX_DTYPES, device_as=(k, "k"), dims=[("num_indices", None)])
+    check_scalar(op, "row_bytes", row_bytes, int, minimum=0)
+    check_scalar(op, "num_split", num_split, int, minimum=0)
+    k2, v2 = _rows(op, "k", k, "num_tokens"), _rows(op, "v", v, "num_tokens")
+    k_cache2, v_cache2 = _rows(op, "k_cache", k_cache, "num_slots"), _rows(op, "v_cache", v_cache, "num_slots")
+    if v2.shape[0] != k2.shape[0]:
+        fail(RuntimeError, op, "v", "shape", f"{k2.shape[0]} tokens (the rows of k)", f"{v2.shape[0]}")
+    if indices.shape[0] > k2.shape[0]:
+        fail(RuntimeError, op, "indices", "shape", f"at most {k2.shape[0]} entries (the rows of k)",
+             f"{indices.shape[0]}")
+    if v_cache2.shape[0] != k_cache2.shape[0]:
+        fail(RuntimeError, op, "v_cache", "shape", f"{k_cache2.shape[0]} slots (the slots of k_cache)",
+             f"{v_cache2.shape[0]}")
+    _check_row(op, "k_cache", k_cache2, k2, "k")
+    _check_row(op, "v_cache", v_cache2, v2, "v")
+    if row_bytes not in (0, _row_bytes(k2)):
+        fail(ValueError, op, "row_bytes", "value", f"0 or {_row_bytes(k2)} (the row of k in bytes)", row_bytes)
+    _check_disjoint(op, {"k_cache": k_cache, "v_cache": v_cache}, {"k": k, "v": v, "indices": indices})
+    if indices.shape[0] == 0:
+        return
+    if torch.compiler.is_compiling():
+        torch.ops.sglang_jit_kernel.store_cache(k, v, k_cache, v_cache, indices, num_split)
+    else:
+        _run_store_cache(k2, v2, k_cache2, v_cache2, indices, num_split)
+
+
+def can_use_store_cache(size: int) -> bool:
+    """Whether :func:`store_cache` takes rows of ``size`` bytes: True for every ``size >= 1`` (any row
+    size, not only multiples of 4 bytes; unaligned sizes use narrower vectors), False otherwise.
+    For a True answer it compiles (first use) or loads the module, so the kernel is then ready.
+
+    Raises
+    ------
+    TypeError
+        ``size`` is not an int.
+    """
+    check_scalar("can_use_store_cache", "size", size, int)
+    if size < 1:
+        return False
+    _load()
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# set_mla_kv_buffer
+# ---------------------------------------------------------------------------------------------
+def _head_rows(op: str, arg: str, tensor: torch.Tensor, dim_name: str, row_name: str) -> torch.Tensor:
+    """``[n, row]`` or ``[n, 1, row]`` -> the 2-D view ``[n, row]``."""
+    if tensor.dim() == 3 and tensor.shape[1] == 1:
+        tensor = tensor.select(1, 0)
+    if tensor.dim() != 2:
+        fail(RuntimeError, op, arg, "shape", f"[{dim_name}, {row_name}] or [{dim_name}, 1, {row_name}]",
+             tuple(tensor.shape))
+    return _rows(op, arg, tensor, dim_name)
+
+
+def _run_set_mla_kv_buffer(kv: torch.Tensor, loc: torch.Tensor, nope: torch.Tensor, rope: torch.Tensor) -> None:
+    check_indices("set_mla_kv_buffer", "loc", loc, kv.shape[0], dim_name="num_slots")
+    _load().set_mla_kv_buffer(kv, loc, nope, rope)
+
+
+def _mla_views(kv_buffer, cache_k_nope, cache_k_rope):
+    op = "set_mla_kv_buffer"
+    return (_head_rows(op, "kv_buffer", kv_buffer, "num_slots", "nope + rope"),
+            _head_rows(op, "cache_k_nope", cache_k_nope, "num_tokens", "nope"),
+            _head_rows(op, "cache_k_rope", cache_k_rope, "num_tokens", "rope"))
+
+
+@torch.library.custom_op("sglang_jit_kernel::set_mla_kv_buffer", mutates_args=("kv_buffer",), device_types="cuda")
+def _set_mla_kv_buffer_op(
+    kv_buffer: torch.Tensor, loc: torch.Tensor, cache_k_nope: torch.Tensor, cache_k_rope: torch.Tensor
+) -> None:
+    kv, nope, rope = _mla_views(kv_buffer, cache_k_nope, cache_k_rope)
+    _run_set_mla_kv_buffer(kv, loc, nope, rope)
+
+
+@_set_mla_kv_buffer_op.register_fake
+def _(kv_buffer, loc, cache_k_nope, cache_k_rope) -> None:
+    return None
+
+
+def set_mla_kv_buffer(
+    kv_buffer: torch.Tensor, loc: torch.Tensor, cache_k_nope: torch.Tensor, cache_k_rope: torch.Tensor
+) -> None:
+    """Write MLA keys into the cache: ``kv_buffer[loc[i]] = cat(cache_k_nope[i], cache_k_rope[i])``.
+
+    Bit copies (no rounding, any dtype). A ``loc`` outside ``[0, num_slots)`` copies nothing for its
+    row (``-1``: a CUDA-graph padding row), as in :func:`store_cache`.
+
+    Parameters
+    ----------
+    kv_buffer : torch.Tensor
+        ``[num_slots, nope + rope]`` or ``[num_slots, 1, nope + rope]`` on a CUDA device, rows
+        contiguous, slot stride free (DeepSeek: nope 512, rope 64). Written in the addressed slots.
+    loc : torch.Tensor
+        ``[num_tokens]`` int64 or int32, any stride.
+    cache_k_nope : torch.Tensor
+        ``[num_tokens, nope]`` or ``[num_tokens, 1, nope]``, the dtype of ``kv_buffer``, rows
+        contiguous, token stride free. Not modified.
+    cache_k_rope : torch.Tensor
+        ``[num_tokens, rope]`` or ``[num_tokens, 1, rope]``, likewise. Not modified.
+
+    Raises
+    ------
+    TypeError
+        An argument that is not a tensor.
+    RuntimeError
+        A tensor not on ``kv_buffer``'s CUDA device or of another dtype; ``loc`` not int32/int64, not
+        1-D or not one entry per token; shapes other than the above, ``nope + rope`` not the row of
+        ``kv_buffer``; rows that are not contiguous; ``kv_buffer`` sharing memory with a source or
+        ``loc``. Raised before any launch, as ``set_mla_kv_buffer: <arg> <what>: expected X, got Y``.
+    IndexError
+        With ``SGLANG_JIT_CHECK_INDICES=1``: a ``loc`` outside ``[0, num_slots)`` other than ``-1``.
+    """
+    if not torch.compiler.is_compiling():
+        fn = _fast_fn("set_mla_kv_buffer")
+        if fn is not None:
+            try:
+                fn(kv_buffer, loc, cache_k_nope, cache_k_rope)  # the launcher checks everything
+                return
+            except (TypeError, RuntimeError):  # raised before any launch: the checked path explains
+                pass
+    op = "set_mla_kv_buffer"
+    check_tensor(op, "kv_buffer", kv_buffer)
+    check_tensor(op, "loc", loc, dtypes=INDEX_DTYPES, device_as=(kv_buffer, "kv_buffer"), dims=[("num_tokens", None)])
+    check_tensor(op, "cache_k_nope", cache_k_nope, dtype_as=(kv_buffer, "kv_buffer"))
+    check_tensor(op, "cache_k_rope", cache_k_rope, dtype_as=(kv_buffer, "kv_buffer"))
+    kv, nope, rope = _mla_views(kv_buffer, cache_k_nope, cache_k_rope)
+    for arg, t in (("cache_k_nope", nope), ("cache_k_rope", rope)):
+        if t.shape[0] != loc.shape[0]:
+            fail(RuntimeError, op, arg, "shape", f"{loc.shape[0]} tokens (the entries of loc)", f"{t.shape[0]}")
+    if nope.shape[1] + rope.shape[1] != kv.shape[1]:
+        fail(RuntimeError, op, "kv_buffer", "row size",
+             f"nope + rope = {nope.shape[1]} + {rope.shape[1]} = {nope.shape[1] + rope.shape[1]} elements",
+             f"{kv.shape[1]}")
+    _check_disjoint(op, {"kv_buffer": kv_buffer},
+                    {"cache_k_nope": cache_k_nope, "cache_k_rope": cache_k_rope, "loc": loc})
+    if loc.shape[0] == 0:
+        return
+    if torch.compiler.is_compiling():
+        torch.ops.sglang_jit_kernel.set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope)
+    else:
+        _run_set_mla_kv_buffer(kv, loc, nope, rope)
+
+
+# ---------------------------------------------------------------------------------------------
+# Registration: one module (no build arguments), two ops
+# ---------------------------------------------------------------------------------------------
+def _store_cache_cases() -> list[CheckCase]:
+    """``check``: k, v ``[16384, 8 x 128]`` bf16 into caches of ``4 * 16384 + 1`` slots, random
+    distinct slots; both caches are views of one buffer so that one tensor shows both writes."""
+    t, row, slots = 16384, 1024, 4 * 16384 + 1
+
+    def make() -> tuple:
+        k = torch.randn(t, row, dtype=torch.bfloat16, device="cuda")
+        v = torch.randn(t, row, dtype=torch.bfloat16, device="cuda")
+        caches = torch.zeros(2, slots, row, dtype=torch.bfloat16, device="cuda")
+        indices = torch.randperm(slots, device="cuda")[:t]
+        return k, v, caches, indices
+
+    def call(k, v, caches, indices) -> torch.Tensor:
+        store_cache(k, v, caches[0], caches[1], indices)
+        return caches
+
+    def reference(k, v, caches, indices) -> torch.Tensor:
+        expected = caches.clone()
+        expected[0, indices] = k
+        expected[1, indices] = v
+        return expected
+
+    return [CheckCase(f"[{t}, {row}] bf16 -> [{slots}, {row}]", make, call, reference,
+                      bytes_moved=2 * 2 * t * row * 2 + t * 8, dtype=torch.bfloat16)]
+
+
+def _set_mla_kv_buffer_cases() -> list[CheckCase]:
+    """``check``: DeepSeek rows (nope 512, rope 64) bf16, 16384 tokens into 4 * 16384 + 1 slots."""
+    t, nope, rope, slots = 16384, 512, 64, 4 * 16384 + 1
+
+    def make() -> tuple:
+        kv = torch.zeros(slots, 1, nope + rope, dtype=torch.bfloat16, device="cuda")
+        loc = torch.randperm(slots, device="cuda")[:t]
+        k_nope = torch.randn(t, 1, nope, dtype=torch.bfloat16, device="cuda")
+        k_rope = torch.randn(t, 1, rope, dtype=torch.bfloat16, device="cuda")
+        return kv, loc, k_nope, k_rope
+
+    def call(kv, loc, k_nope, k_rope) -> torch.Tensor:
+        set_mla_kv_buffer(kv, loc, k_nope, k_rope)
+        return kv
+
+    def reference(kv, loc, k_nope, k_rope) -> torch.Tensor:
+        expected = kv.clone()
+        expected[loc] = torch.cat([k_nope, k_rope], dim=-1)
+        return expected
+
+    return [CheckCase(f"[{t}, {nope}+{rope}] bf16 -> [{slots}, {nope + rope}]", make, call, reference,
+                      bytes_moved=2 * t * (nope + rope) * 2 + t * 8, dtype=torch.bfloat16)]
+
+
+_KVCACHE_MODULE = register_module("kvcache", _jit_kvcache_module, [()])
+register_op("store_cache", module=_KVCACHE_MODULE, check_cases=_store_cache_cases)
+register_op("set_mla_kv_buffer", module=_KVCACHE_MODULE, check_cases=_set_mla_kv_buffer_cases)
