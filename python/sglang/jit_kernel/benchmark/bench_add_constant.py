@@ -15,10 +15,9 @@ import torch
 from sglang.jit_kernel.benchmark.utils import exit_unless_gpu
 
 if __name__ == "__main__":
-    exit_unless_gpu("bench_add_constant.py")  # before bench_scale imports triton, which a CPU-only install lacks
+    exit_unless_gpu("bench_add_constant.py")  # before anything imports triton, which a CPU-only install lacks
 
 from sglang.jit_kernel.add_constant import add_constant as jit_add_constant  # noqa: E402
-from sglang.jit_kernel.benchmark.bench_scale import same_size_note  # noqa: E402  (one note for both element-wise benches)
 from sglang.jit_kernel.benchmark.utils import (  # noqa: E402
     DEFAULT_DEVICE,
     BenchRow,
@@ -30,6 +29,7 @@ from sglang.jit_kernel.benchmark.utils import (  # noqa: E402
     get_benchmark_range,
     num_rotating_sets,
     run_benchmark,
+    same_size_note,
 )
 from sglang.test.ci.ci_register import register_cuda_ci  # noqa: E402
 

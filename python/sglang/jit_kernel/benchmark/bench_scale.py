@@ -27,6 +27,7 @@ from sglang.jit_kernel.benchmark.utils import (  # noqa: E402
     get_benchmark_range,
     num_rotating_sets,
     run_benchmark,
+    same_size_note,
 )
 from sglang.jit_kernel.scale import scale as jit_scale  # noqa: E402
 from sglang.test.ci.ci_register import register_cuda_ci  # noqa: E402
@@ -91,22 +92,6 @@ def bandwidth_rows() -> list[BenchRow]:
     return rows
 
 
-
-
-def same_size_note(rows: list[BenchRow]) -> str:
-    """jit and torch as % of a device copy of the same bytes, all three timed with events."""
-    lines = ["# % of a same-size device copy (events over eager launches, cold L2)"]
-    by_case: dict[str, dict[str, float]] = {}
-    for r in rows:
-        by_case.setdefault(r.case, {})[r.provider] = r.median_us
-    for case, t in by_case.items():
-        if "copy (events)" in t:
-            copy = t["copy (events)"]
-            lines.append(
-                f"{case:<18} copy {copy:8.2f} us  jit {t['jit (events)']:8.2f} us ({100 * copy / t['jit (events)']:5.1f} %)"
-                f"  torch {t['torch (events)']:8.2f} us ({100 * copy / t['torch (events)']:5.1f} %)"
-            )
-    return "\n".join(lines)
 
 
 def eager_rows() -> str:

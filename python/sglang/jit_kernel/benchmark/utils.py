@@ -211,3 +211,47 @@ def format_rows(rows: Sequence[BenchRow], roof_gbps: float) -> str:
             f"{100 * r.gbps / roof_gbps:>6.1f}"
         )
     return "\n".join(lines)
+
+
+def sweep_rows(
+    op: str,
+    sizes: Sequence[int],
+    providers: dict[str, Callable[..., Any]],
+    make_set: Callable[[int], Sequence[Any]],
+    case: Callable[[int], str],
+    bytes_moved: Callable[[int], int],
+) -> list[BenchRow]:
+    """Rows of every provider at every size: cold L2 (``bench_rotating`` over enough fresh input sets,
+    ``make_set(size)``, to pass 4x the L2) and ``"<provider> one input"`` (one set replayed, the
+    tutorial's method). A provider that raises on a case prints one ``# ... skipped`` line instead."""
+    rows = []
+    for size in sizes:
+        nbytes = bytes_moved(size)
+        sets = [make_set(size) for _ in range(num_rotating_sets(nbytes))]
+        for name, call in providers.items():
+            for label, use in (("", sets), (" one input", sets[:1])):
+                try:
+                    median, _, _ = bench_rotating(call, use)
+                except Exception as exc:  # noqa: BLE001 - a baseline that cannot run this case
+                    print(f"# {op} {case(size)} {name}{label}: skipped ({type(exc).__name__}: {str(exc)[:80]})")
+                    continue
+                rows.append(BenchRow(op, case(size), name + label, median, nbytes))
+        del sets
+        torch.cuda.empty_cache()
+    return rows
+
+
+def same_size_note(rows: list[BenchRow]) -> str:
+    """jit and torch as % of a device copy of the same bytes, all three timed with events."""
+    lines = ["# % of a same-size device copy (events over eager launches, cold L2)"]
+    by_case: dict[str, dict[str, float]] = {}
+    for r in rows:
+        by_case.setdefault(r.case, {})[r.provider] = r.median_us
+    for case, t in by_case.items():
+        if "copy (events)" in t:
+            copy = t["copy (events)"]
+            lines.append(
+                f"{case:<18} copy {copy:8.2f} us  jit {t['jit (events)']:8.2f} us ({100 * copy / t['jit (events)']:5.1f} %)"
+                f"  torch {t['torch (events)']:8.2f} us ({100 * copy / t['torch (events)']:5.1f} %)"
+            )
+    return "\n".join(lines)
