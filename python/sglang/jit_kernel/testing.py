@@ -84,3 +84,36 @@ def assert_poison_intact(buffer: torch.Tensor, pad: int, n: int) -> None:
     else:
         expected = poisoned((1,), buffer.dtype, buffer.device)[0]
         assert (outside == expected).all(), "an op wrote outside its output view"
+
+
+# ---- bit copies (KV-cache writes, concatenations): compare raw bytes, any dtype including fp8 ----
+#: The byte every element of a sentinel buffer holds before a copy op runs.
+SENTINEL_BYTE = 0xA5
+
+
+def random_of(shape: tuple[int, ...], dtype: torch.dtype, device: str | torch.device = "cuda") -> torch.Tensor:
+    """Standard-normal values cast to ``dtype`` (fp8 too: through a float32 cast)."""
+    return torch.randn(shape, device=device).to(dtype)
+
+
+def sentinel_filled(shape: tuple[int, ...], dtype: torch.dtype, device: str | torch.device = "cuda") -> torch.Tensor:
+    """A buffer whose every byte is ``SENTINEL_BYTE``, so that any byte a copy op should not touch
+    shows it kept its value."""
+    t = torch.empty(shape, dtype=dtype, device=device)
+    t.view(torch.uint8).fill_(SENTINEL_BYTE)
+    return t
+
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """The raw bytes of ``t`` as uint8, last dim scaled by the element size (a view when ``t`` is
+    contiguous, else of a contiguous copy)."""
+    return t.contiguous().view(torch.uint8)
+
+
+def assert_bits_equal(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """Same shape and the same bytes (NaN payloads and -0.0 included); names the first differing byte."""
+    assert actual.shape == expected.shape, f"shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    a, e = as_bytes(actual), as_bytes(expected)
+    if not torch.equal(a, e):
+        bad = (a != e).nonzero()
+        raise AssertionError(f"{len(bad)} bytes differ; first at byte index {bad[0].tolist()}")

@@ -13,19 +13,17 @@ distinct and random.
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 
 from sglang.jit_kernel.benchmark.utils import (
     BenchRow,
-    bench_rotating,
+    compiled_once,
     copy_roof_gbps,
     eager_wall_us,
     exit_unless_gpu,
     format_rows,
     get_benchmark_range,
-    num_rotating_sets,
+    sweep_rows,
 )
 from sglang.jit_kernel.kvcache import set_mla_kv_buffer, store_cache
 from sglang.test.ci.ci_register import register_cuda_ci
@@ -37,14 +35,6 @@ ROW = 8 * 128  # store_cache: 8 kv heads x head_dim 128
 NOPE, ROPE = 512, 64
 TOKENS = get_benchmark_range(full_range=[1, 64, 2048, 16384], ci_range=[1, 16384])
 
-_compiled: dict[str, Callable] = {}
-
-
-def compiled(name: str, fn: Callable) -> Callable:
-    if name not in _compiled:
-        _compiled[name] = torch.compile(fn)
-    return _compiled[name]
-
 
 def torch_store(k, v, k_cache, v_cache, indices) -> None:
     k_cache.index_copy_(0, indices, k)
@@ -53,33 +43,6 @@ def torch_store(k, v, k_cache, v_cache, indices) -> None:
 
 def torch_set_mla(kv, loc, k_nope, k_rope) -> None:
     kv.index_copy_(0, loc, torch.cat([k_nope, k_rope], dim=-1))
-
-
-def run_providers(op: str, case: str, providers: dict[str, Callable], sets: list, nbytes: int) -> list[BenchRow]:
-    """Each provider cold (all sets rotated) and on one input set."""
-    rows = []
-    for name, call in providers.items():
-        for label, use in (("", sets), (" one input", sets[:1])):
-            try:
-                median, _, _ = bench_rotating(call, use)
-            except Exception as exc:  # noqa: BLE001 - a baseline that cannot run this case
-                print(f"# {op} {case} {name}{label}: skipped ({type(exc).__name__}: {str(exc).splitlines()[0][:80]})")
-                continue
-            rows.append(BenchRow(op, case, name + label, median, nbytes))
-    return rows
-
-
-def op_rows(op: str, providers: dict[str, Callable], make_set: Callable[[int], tuple],
-            case: Callable[[int], str], bytes_moved: Callable[[int], int]) -> list[BenchRow]:
-    """Rows of every provider for each token count: fresh sets (``make_set(t)``) rotated past L2."""
-    rows = []
-    for t in TOKENS:
-        nbytes = bytes_moved(t)
-        sets = [make_set(t) for _ in range(num_rotating_sets(nbytes))]
-        rows += run_providers(op, case(t), providers, sets, nbytes)
-        del sets
-        torch.cuda.empty_cache()
-    return rows
 
 
 def store_set(t: int) -> tuple:
@@ -103,20 +66,20 @@ def store_cache_rows() -> list[BenchRow]:
     providers = {
         "jit": store_cache,
         "torch index_copy_": torch_store,
-        "torch.compile": lambda *a: compiled("store", torch_store)(*a),
+        "torch.compile": lambda *a: compiled_once("store", torch_store)(*a),
     }
-    return op_rows("store_cache", providers, store_set, lambda t: f"[{t}, {ROW}] -> [{4 * t + 1}]",
-                   lambda t: 2 * t * (ROW + ROW) * 2 + t * 8)
+    return sweep_rows("store_cache", TOKENS, providers, store_set, lambda t: f"[{t}, {ROW}] -> [{4 * t + 1}]",
+                      lambda t: 2 * t * (ROW + ROW) * 2 + t * 8)
 
 
 def set_mla_rows() -> list[BenchRow]:
     providers = {
         "jit": set_mla_kv_buffer,
         "torch index_copy_": torch_set_mla,
-        "torch.compile": lambda *a: compiled("mla", torch_set_mla)(*a),
+        "torch.compile": lambda *a: compiled_once("mla", torch_set_mla)(*a),
     }
-    return op_rows("set_mla_kv_buffer", providers, mla_set, lambda t: f"[{t}, {NOPE}+{ROPE}] -> [{4 * t + 1}]",
-                   lambda t: 2 * t * (NOPE + ROPE) * 2 + t * 8)
+    return sweep_rows("set_mla_kv_buffer", TOKENS, providers, mla_set,
+                      lambda t: f"[{t}, {NOPE}+{ROPE}] -> [{4 * t + 1}]", lambda t: 2 * t * (NOPE + ROPE) * 2 + t * 8)
 
 
 def eager_table() -> str:

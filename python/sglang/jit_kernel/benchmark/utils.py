@@ -255,3 +255,14 @@ def same_size_note(rows: list[BenchRow]) -> str:
                 f"  torch {t['torch (events)']:8.2f} us ({100 * copy / t['torch (events)']:5.1f} %)"
             )
     return "\n".join(lines)
+
+
+_COMPILED: dict[str, Callable[..., Any]] = {}
+
+
+def compiled_once(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.compile(fn)``, made once per ``name`` (a torch baseline row compiles on its first call,
+    outside the timed region, and is reused for every size)."""
+    if name not in _COMPILED:
+        _COMPILED[name] = torch.compile(fn)
+    return _COMPILED[name]

@@ -7,14 +7,21 @@ import torch
 
 from sglang.jit_kernel._validate import CHECK_INDICES_ENV, check_indices
 from sglang.jit_kernel.kvcache import can_use_store_cache, set_mla_kv_buffer, store_cache
-from sglang.jit_kernel.testing import requires_cuda, requires_two_gpus
+from sglang.jit_kernel.testing import (
+    SENTINEL_BYTE,
+    as_bytes,
+    assert_bits_equal,
+    random_of,
+    requires_cuda,
+    requires_two_gpus,
+    sentinel_filled,
+)
 from sglang.jit_kernel.utils import get_ci_test_range
 from sglang.test.ci.ci_register import register_cuda_ci
 
 register_cuda_ci(est_time=90, suite="stage-b-kernel-unit-1-gpu-large")
 register_cuda_ci(est_time=240, suite="nightly-kernel-1-gpu", nightly=True)
 
-SENTINEL = 0xA5  # every byte of a cache before the op
 
 # Row sizes in elements (the issue's grid: 2 ... 4096); a row of n elements of a dtype of e bytes
 # is n * e bytes, so 6 elements of fp8 is a 6-byte row (2-byte vectors), 98 bf16 a 196-byte row.
@@ -24,30 +31,6 @@ ROWS = get_ci_test_range(
 )
 CACHE_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn]
 TOKENS = get_ci_test_range(full_range=[1, 7, 129, 1000, 4097], ci_range=[1, 7, 129])
-
-
-def rand(shape, dtype: torch.dtype, device="cuda") -> torch.Tensor:
-    """Random values of any dtype (fp8 through a float cast; its bit patterns are what is copied)."""
-    return torch.randn(shape, device=device).to(dtype)
-
-
-def sentinel_cache(shape, dtype: torch.dtype, device="cuda") -> torch.Tensor:
-    cache = torch.empty(shape, dtype=dtype, device=device)
-    cache.view(torch.uint8).fill_(SENTINEL)
-    return cache
-
-
-def as_bytes(t: torch.Tensor) -> torch.Tensor:
-    """The raw bytes of ``t`` (a view when ``t`` is contiguous), for bit-exact comparisons of any dtype."""
-    return t.contiguous().view(torch.uint8)
-
-
-def assert_bits_equal(actual: torch.Tensor, expected: torch.Tensor) -> None:
-    assert actual.shape == expected.shape
-    a, e = as_bytes(actual), as_bytes(expected)
-    if not torch.equal(a, e):
-        bad = (a != e).nonzero()
-        raise AssertionError(f"{len(bad)} bytes differ; first at {bad[0].tolist()}")
 
 
 def byte_rows(t: torch.Tensor) -> torch.Tensor:
@@ -80,8 +63,8 @@ def make_store(num_tokens: int, num_slots: int, k_row: int, v_row: int | None = 
                dtype: torch.dtype = torch.bfloat16, v_dtype: torch.dtype | None = None) -> list[torch.Tensor]:
     """Random k, v and sentinel caches: ``[k, v, k_cache, v_cache]``."""
     v_row, v_dtype = v_row if v_row is not None else k_row, v_dtype or dtype
-    return [rand((num_tokens, k_row), dtype), rand((num_tokens, v_row), v_dtype),
-            sentinel_cache((num_slots, k_row), dtype), sentinel_cache((num_slots, v_row), v_dtype)]
+    return [random_of((num_tokens, k_row), dtype), random_of((num_tokens, v_row), v_dtype),
+            sentinel_filled((num_slots, k_row), dtype), sentinel_filled((num_slots, v_row), v_dtype)]
 
 
 def store_and_check(k, v, k_cache, v_cache, indices, **kwargs) -> None:
@@ -138,10 +121,10 @@ def test_store_cache_out_of_range_indices_write_nothing(bad):
     """Any index outside [0, num_slots) skips its row: nothing out of bounds or in another slot, and
     the context stays usable (no device trap)."""
     row, num_slots = 1024, 80
-    big = sentinel_cache((num_slots + 2, row), torch.bfloat16)  # a slot of poison on each side
+    big = sentinel_filled((num_slots + 2, row), torch.bfloat16)  # a slot of poison on each side
     k_cache = big[1:-1]
-    v_cache = sentinel_cache((num_slots, row), torch.bfloat16)
-    k, v = rand((16, row), torch.bfloat16), rand((16, row), torch.bfloat16)
+    v_cache = sentinel_filled((num_slots, row), torch.bfloat16)
+    k, v = random_of((16, row), torch.bfloat16), random_of((16, row), torch.bfloat16)
     indices = slot_map("random", 16, num_slots)
     indices[[0, 5, 15]] = bad
     expected_big = big.clone()
@@ -170,10 +153,10 @@ def test_store_cache_strided_and_unaligned_views(offset, row):
     """Sources and caches sliced from wider buffers (token and slot strides free, data pointers off
     16-byte alignment by `offset` elements): right bytes, poison around every cache row intact."""
     dtype, num_tokens, num_slots, pad = torch.bfloat16, 77, 200, 11
-    k_wide, v_wide = rand((num_tokens, row + 2 * pad), dtype), rand((num_tokens, row + 7), dtype)
+    k_wide, v_wide = random_of((num_tokens, row + 2 * pad), dtype), random_of((num_tokens, row + 7), dtype)
     k, v = k_wide[:, offset : offset + row], v_wide[:, 7 - offset % 7 : 7 - offset % 7 + row]
-    k_big = sentinel_cache((num_slots, row + 2 * pad), dtype)
-    v_big = sentinel_cache((num_slots, row + 2 * pad), dtype)
+    k_big = sentinel_filled((num_slots, row + 2 * pad), dtype)
+    v_big = sentinel_filled((num_slots, row + 2 * pad), dtype)
     k_cache, v_cache = k_big[:, pad + offset : pad + offset + row], v_big[:, pad : pad + row]
     indices_wide = slot_map("padded", 2 * num_tokens, num_slots)
     indices = indices_wide[::2]  # an index stride of 2
@@ -188,23 +171,24 @@ def test_store_cache_strided_and_unaligned_views(offset, row):
 @requires_cuda
 def test_store_cache_head_shaped_tensors():
     """[num_tokens, num_kv_heads, head_dim] sources into [num_slots, num_kv_heads, head_dim] caches."""
-    k, v = rand((33, 8, 128), torch.bfloat16), rand((33, 8, 128), torch.bfloat16)
-    k_cache, v_cache = sentinel_cache((99, 8, 128), torch.bfloat16), sentinel_cache((99, 8, 128), torch.bfloat16)
+    k, v = random_of((33, 8, 128), torch.bfloat16), random_of((33, 8, 128), torch.bfloat16)
+    k_cache, v_cache = sentinel_filled((99, 8, 128), torch.bfloat16), sentinel_filled((99, 8, 128), torch.bfloat16)
     store_and_check(k, v, k_cache, v_cache, slot_map("random", 33, 99, torch.int32))
 
 
 @requires_cuda
 @pytest.mark.parametrize("shape", [(0, 1024), (5, 1024)])
 def test_store_cache_empty(shape):
-    k = rand(shape, torch.bfloat16)
-    k_cache = sentinel_cache((10, 1024), torch.bfloat16)
-    v_cache = sentinel_cache((10, 1024), torch.bfloat16)
+    k = random_of(shape, torch.bfloat16)
+    k_cache = sentinel_filled((10, 1024), torch.bfloat16)
+    v_cache = sentinel_filled((10, 1024), torch.bfloat16)
     before = k_cache.clone()
     store_cache(k, k.clone(), k_cache, v_cache, torch.empty(0, dtype=torch.int64, device="cuda"))
     assert_bits_equal(k_cache, before)
     # no slots at all: every index is outside the cache
-    store_cache(rand((3, 8), torch.bfloat16), rand((3, 8), torch.bfloat16), sentinel_cache((0, 8), torch.bfloat16),
-                sentinel_cache((0, 8), torch.bfloat16), torch.full((3,), -1, device="cuda"))
+    k, v = random_of((3, 8), torch.bfloat16), random_of((3, 8), torch.bfloat16)
+    no_slots = [sentinel_filled((0, 8), torch.bfloat16) for _ in range(2)]
+    store_cache(k, v, *no_slots, torch.full((3,), -1, device="cuda"))
 
 
 @requires_cuda
@@ -216,7 +200,7 @@ def test_store_cache_offsets_past_4_gib():
         pytest.skip(f"needs {3 * num_slots * row * 2 / 2**30:.0f} GiB free GPU memory")
     k_cache = torch.zeros(num_slots, row, dtype=torch.bfloat16, device="cuda")
     v_cache = torch.zeros(num_slots, row, dtype=torch.bfloat16, device="cuda")
-    k, v = rand((3, row), torch.bfloat16), rand((3, row), torch.bfloat16)
+    k, v = random_of((3, row), torch.bfloat16), random_of((3, row), torch.bfloat16)
     indices = torch.tensor([num_slots - 1, 1 << 19, 5], device="cuda")
     store_cache(k, v, k_cache, v_cache, indices)
     for i, slot in enumerate(indices.tolist()):
@@ -230,18 +214,18 @@ def test_store_cache_offsets_past_4_gib():
 @requires_cuda
 def test_store_cache_cuda_graph():
     """Captured once, replayed with new k, v and slots (padding rows -1) in the same buffers."""
-    k, v = rand((64, 1024), torch.bfloat16), rand((64, 1024), torch.bfloat16)
-    k_cache, v_cache = sentinel_cache((300, 1024), torch.bfloat16), sentinel_cache((300, 1024), torch.bfloat16)
+    k, v = random_of((64, 1024), torch.bfloat16), random_of((64, 1024), torch.bfloat16)
+    k_cache, v_cache = sentinel_filled((300, 1024), torch.bfloat16), sentinel_filled((300, 1024), torch.bfloat16)
     indices = slot_map("random", 64, 300)
     store_cache(k, v, k_cache, v_cache, indices)  # load outside capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         store_cache(k, v, k_cache, v_cache, indices)
-    k.copy_(rand((64, 1024), torch.bfloat16))
-    v.copy_(rand((64, 1024), torch.bfloat16))
+    k.copy_(random_of((64, 1024), torch.bfloat16))
+    v.copy_(random_of((64, 1024), torch.bfloat16))
     indices.copy_(slot_map("padded", 64, 300))
-    k_cache.view(torch.uint8).fill_(SENTINEL)
-    v_cache.view(torch.uint8).fill_(SENTINEL)
+    k_cache.view(torch.uint8).fill_(SENTINEL_BYTE)
+    v_cache.view(torch.uint8).fill_(SENTINEL_BYTE)
     expected_k, expected_v = reference_store(k_cache, k, indices), reference_store(v_cache, v, indices)
     graph.replay()
     torch.cuda.synchronize()
@@ -253,8 +237,8 @@ def test_store_cache_cuda_graph():
 def test_store_cache_index_check_left_out_while_capturing(monkeypatch):
     """SGLANG_JIT_CHECK_INDICES=1 cannot read the indices during capture: the capture succeeds."""
     monkeypatch.setenv(CHECK_INDICES_ENV, "1")
-    k, v = rand((8, 64), torch.float16), rand((8, 64), torch.float16)
-    k_cache, v_cache = sentinel_cache((16, 64), torch.float16), sentinel_cache((16, 64), torch.float16)
+    k, v = random_of((8, 64), torch.float16), random_of((8, 64), torch.float16)
+    k_cache, v_cache = sentinel_filled((16, 64), torch.float16), sentinel_filled((16, 64), torch.float16)
     indices = slot_map("random", 8, 16)
     store_cache(k, v, k_cache, v_cache, indices)
     graph = torch.cuda.CUDAGraph()
@@ -262,7 +246,7 @@ def test_store_cache_index_check_left_out_while_capturing(monkeypatch):
         store_cache(k, v, k_cache, v_cache, indices)
     graph.replay()
     torch.cuda.synchronize()
-    assert_bits_equal(k_cache, reference_store(sentinel_cache((16, 64), torch.float16), k, indices))
+    assert_bits_equal(k_cache, reference_store(sentinel_filled((16, 64), torch.float16), k, indices))
 
 
 @requires_cuda
@@ -274,7 +258,7 @@ def test_store_cache_torch_compile_fullgraph():
         return k_cache.float().sum(dim=-1)
 
     compiled = torch.compile(f, fullgraph=True)
-    k, v = rand((16, 8, 128), torch.bfloat16), rand((16, 8, 128), torch.bfloat16)
+    k, v = random_of((16, 8, 128), torch.bfloat16), random_of((16, 8, 128), torch.bfloat16)
     k_cache, v_cache = torch.zeros(40, 8, 128, dtype=torch.bfloat16, device="cuda"), torch.zeros(
         40, 8, 128, dtype=torch.bfloat16, device="cuda")
     indices = slot_map("padded", 16, 40)
@@ -289,8 +273,8 @@ def test_store_cache_torch_compile_fullgraph():
 def test_store_cache_on_second_gpu_while_first_is_current():
     torch.cuda.set_device(0)
     dev = "cuda:1"
-    k, v = rand((9, 96), torch.bfloat16, dev), rand((9, 96), torch.bfloat16, dev)
-    k_cache, v_cache = sentinel_cache((20, 96), torch.bfloat16, dev), sentinel_cache((20, 96), torch.bfloat16, dev)
+    k, v = random_of((9, 96), torch.bfloat16, dev), random_of((9, 96), torch.bfloat16, dev)
+    k_cache, v_cache = sentinel_filled((20, 96), torch.bfloat16, dev), sentinel_filled((20, 96), torch.bfloat16, dev)
     indices = torch.randperm(20, device=dev)[:9]
     expected_k = reference_store(k_cache, k, indices)
     store_cache(k, v, k_cache, v_cache, indices)
@@ -332,10 +316,10 @@ def test_check_indices_names_the_first_bad_entry(monkeypatch, dtype):
 @pytest.mark.parametrize("bad", [-2, 16, 1 << 40])
 def test_store_cache_index_check_raises_before_writing(monkeypatch, bad):
     monkeypatch.setenv(CHECK_INDICES_ENV, "1")
-    k, v = rand((8, 64), torch.float16), rand((8, 64), torch.float16)
-    k_cache, v_cache = sentinel_cache((16, 64), torch.float16), sentinel_cache((16, 64), torch.float16)
+    k, v = random_of((8, 64), torch.float16), random_of((8, 64), torch.float16)
+    k_cache, v_cache = sentinel_filled((16, 64), torch.float16), sentinel_filled((16, 64), torch.float16)
     store_cache(k, v, k_cache, v_cache, slot_map("padded", 8, 16))  # -1 passes the check
-    k_cache.view(torch.uint8).fill_(SENTINEL)
+    k_cache.view(torch.uint8).fill_(SENTINEL_BYTE)
     before = k_cache.clone()
     indices = slot_map("random", 8, 16)
     indices[4] = bad
@@ -348,11 +332,11 @@ def test_store_cache_index_check_raises_before_writing(monkeypatch, bad):
 @requires_cuda
 def test_set_mla_kv_buffer_index_check(monkeypatch):
     monkeypatch.setenv(CHECK_INDICES_ENV, "1")
-    kv = sentinel_cache((10, 576), torch.bfloat16)
+    kv = sentinel_filled((10, 576), torch.bfloat16)
     with pytest.raises(IndexError, match=r"^set_mla_kv_buffer: loc value: expected entries in \[0, 10\) "
                        r"\(num_slots\) or -1 \(skipped\), got 10 at position 1$"):
-        set_mla_kv_buffer(kv, torch.tensor([3, 10], device="cuda"), rand((2, 512), torch.bfloat16),
-                          rand((2, 64), torch.bfloat16))
+        set_mla_kv_buffer(kv, torch.tensor([3, 10], device="cuda"), random_of((2, 512), torch.bfloat16),
+                          random_of((2, 64), torch.bfloat16))
 
 
 # ---- store_cache: errors (raised before any launch) ----
@@ -372,11 +356,11 @@ def _store_args() -> list[torch.Tensor]:
 @pytest.mark.parametrize(
     "position,replacement,error,pattern",
     [
-        (2, lambda a: sentinel_cache((16, 64), torch.float16), RuntimeError,
+        (2, lambda a: sentinel_filled((16, 64), torch.float16), RuntimeError,
          r"^store_cache: k_cache dtype: expected bfloat16 \(the dtype of k\), got float16$"),
-        (3, lambda a: sentinel_cache((16, 32), torch.bfloat16), RuntimeError,
+        (3, lambda a: sentinel_filled((16, 32), torch.bfloat16), RuntimeError,
          r"^store_cache: v_cache row size: expected 128 bytes \(the row of v\), got 64 bytes \(shape \(16, 32\)\)$"),
-        (3, lambda a: sentinel_cache((17, 64), torch.bfloat16), RuntimeError,
+        (3, lambda a: sentinel_filled((17, 64), torch.bfloat16), RuntimeError,
          r"^store_cache: v_cache shape: expected 16 slots \(the slots of k_cache\), got 17$"),
         (4, lambda a: a[4].float(), RuntimeError,
          r"^store_cache: indices dtype: expected one of int32, int64, got float32$"),
@@ -384,11 +368,11 @@ def _store_args() -> list[torch.Tensor]:
          r"^store_cache: indices shape: expected \[num_indices\], got \(2, 4\)$"),
         (4, lambda a: torch.zeros(9, dtype=torch.int64, device="cuda"), RuntimeError,
          r"^store_cache: indices shape: expected at most 8 entries \(the rows of k\), got 9$"),
-        (1, lambda a: rand((7, 64), torch.bfloat16), RuntimeError,
+        (1, lambda a: random_of((7, 64), torch.bfloat16), RuntimeError,
          r"^store_cache: v shape: expected 8 tokens \(the rows of k\), got 7$"),
-        (0, lambda a: rand((8, 128), torch.bfloat16)[:, ::2], RuntimeError,
+        (0, lambda a: random_of((8, 128), torch.bfloat16)[:, ::2], RuntimeError,
          r"^store_cache: k last-dim stride: expected 1 \(a contiguous row\), got 2 "),
-        (0, lambda a: rand((8,), torch.bfloat16), RuntimeError,
+        (0, lambda a: random_of((8,), torch.bfloat16), RuntimeError,
          r"^store_cache: k shape: expected \[num_tokens, row\.\.\.\] \(at least 2 dims\), got \(8,\)$"),
         (4, lambda a: a[4].cpu(), RuntimeError,
          r"^store_cache: indices device: expected a CUDA device, got cpu$"),
@@ -463,8 +447,8 @@ MLA_DIMS = get_ci_test_range(
 def test_set_mla_kv_buffer_values(dtype, nope, rope, num_tokens, head_dim_of_one):
     num_slots = 2 * num_tokens + 5
     mid = (1,) if head_dim_of_one else ()
-    kv = sentinel_cache((num_slots, *mid, nope + rope), dtype)
-    k_nope, k_rope = rand((num_tokens, *mid, nope), dtype), rand((num_tokens, *mid, rope), dtype)
+    kv = sentinel_filled((num_slots, *mid, nope + rope), dtype)
+    k_nope, k_rope = random_of((num_tokens, *mid, nope), dtype), random_of((num_tokens, *mid, rope), dtype)
     loc = slot_map("padded" if num_tokens > 1 else "random", num_tokens, num_slots)
     expected = reference_mla(kv, loc, k_nope, k_rope)
     set_mla_kv_buffer(kv, loc, k_nope, k_rope)
@@ -477,9 +461,9 @@ def test_set_mla_kv_buffer_views(offset):
     """k_nope and k_rope as column slices of one fused buffer (token stride 576 + pad), loc strided
     int32, kv_buffer rows inside a wider poisoned buffer: right bytes, poison intact."""
     num_tokens, num_slots, pad = 100, 250, 8
-    fused = rand((num_tokens, 576 + pad), torch.bfloat16)
+    fused = random_of((num_tokens, 576 + pad), torch.bfloat16)
     k_nope, k_rope = fused[:, offset : offset + 512], fused[:, offset + 512 : offset + 576]
-    big = sentinel_cache((num_slots, 576 + 2 * pad), torch.bfloat16)
+    big = sentinel_filled((num_slots, 576 + 2 * pad), torch.bfloat16)
     kv = big[:, pad + offset : pad + offset + 576]
     loc = slot_map("padded", 2 * num_tokens, num_slots, torch.int32)[::2]
     expected_big = big.clone()
@@ -490,8 +474,8 @@ def test_set_mla_kv_buffer_views(offset):
 
 @requires_cuda
 def test_set_mla_kv_buffer_out_of_range_and_empty():
-    kv = sentinel_cache((32, 1, 576), torch.bfloat16)
-    k_nope, k_rope = rand((6, 1, 512), torch.bfloat16), rand((6, 1, 64), torch.bfloat16)
+    kv = sentinel_filled((32, 1, 576), torch.bfloat16)
+    k_nope, k_rope = random_of((6, 1, 512), torch.bfloat16), random_of((6, 1, 64), torch.bfloat16)
     loc = torch.tensor([0, -1, 32, -5, 1 << 40, 31], device="cuda")
     expected = reference_mla(kv, loc, k_nope, k_rope)
     set_mla_kv_buffer(kv, loc, k_nope, k_rope)
@@ -503,16 +487,16 @@ def test_set_mla_kv_buffer_out_of_range_and_empty():
 
 @requires_cuda
 def test_set_mla_kv_buffer_cuda_graph_and_compile():
-    kv = sentinel_cache((300, 1, 576), torch.bfloat16)
-    k_nope, k_rope = rand((64, 1, 512), torch.bfloat16), rand((64, 1, 64), torch.bfloat16)
+    kv = sentinel_filled((300, 1, 576), torch.bfloat16)
+    k_nope, k_rope = random_of((64, 1, 512), torch.bfloat16), random_of((64, 1, 64), torch.bfloat16)
     loc = slot_map("random", 64, 300)
     set_mla_kv_buffer(kv, loc, k_nope, k_rope)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         set_mla_kv_buffer(kv, loc, k_nope, k_rope)
-    k_nope.copy_(rand((64, 1, 512), torch.bfloat16))
+    k_nope.copy_(random_of((64, 1, 512), torch.bfloat16))
     loc.copy_(slot_map("padded", 64, 300))
-    kv.view(torch.uint8).fill_(SENTINEL)
+    kv.view(torch.uint8).fill_(SENTINEL_BYTE)
     expected = reference_mla(kv, loc, k_nope, k_rope)
     graph.replay()
     torch.cuda.synchronize()
@@ -524,7 +508,7 @@ def test_set_mla_kv_buffer_cuda_graph_and_compile():
         set_mla_kv_buffer(kv, loc, k_nope + 1, k_rope)
         return kv[:, 0, :4].float() * 2
 
-    kv.view(torch.uint8).fill_(SENTINEL)
+    kv.view(torch.uint8).fill_(SENTINEL_BYTE)
     expected = reference_mla(kv, loc, k_nope + 1, k_rope)
     out = torch.compile(f, fullgraph=True)(kv, loc, k_nope, k_rope)
     assert_bits_equal(kv, expected)
@@ -541,13 +525,13 @@ def test_set_mla_kv_buffer_cpu_error():
 @pytest.mark.parametrize(
     "name,replacement,pattern",
     [
-        ("k_nope", lambda: rand((4, 512), torch.float16),
+        ("k_nope", lambda: random_of((4, 512), torch.float16),
          r"^set_mla_kv_buffer: cache_k_nope dtype: expected bfloat16 \(the dtype of kv_buffer\), got float16$"),
-        ("k_rope", lambda: rand((4, 32), torch.bfloat16),
+        ("k_rope", lambda: random_of((4, 32), torch.bfloat16),
          r"^set_mla_kv_buffer: kv_buffer row size: expected nope \+ rope = 512 \+ 32 = 544 elements, got 576$"),
-        ("k_rope", lambda: rand((3, 64), torch.bfloat16),
+        ("k_rope", lambda: random_of((3, 64), torch.bfloat16),
          r"^set_mla_kv_buffer: cache_k_rope shape: expected 4 tokens \(the entries of loc\), got 3$"),
-        ("k_nope", lambda: rand((4, 2, 512), torch.bfloat16),
+        ("k_nope", lambda: random_of((4, 2, 512), torch.bfloat16),
          r"^set_mla_kv_buffer: cache_k_nope shape: expected \[num_tokens, nope\] or \[num_tokens, 1, nope\], "
          r"got \(4, 2, 512\)$"),
         ("loc", lambda: torch.zeros(4, device="cuda"),
@@ -555,8 +539,8 @@ def test_set_mla_kv_buffer_cpu_error():
     ],
 )
 def test_set_mla_kv_buffer_bad_inputs(name, replacement, pattern):
-    args = {"kv": sentinel_cache((10, 576), torch.bfloat16), "loc": torch.arange(4, device="cuda"),
-            "k_nope": rand((4, 512), torch.bfloat16), "k_rope": rand((4, 64), torch.bfloat16)}
+    args = {"kv": sentinel_filled((10, 576), torch.bfloat16), "loc": torch.arange(4, device="cuda"),
+            "k_nope": random_of((4, 512), torch.bfloat16), "k_rope": random_of((4, 64), torch.bfloat16)}
     args[name] = replacement()
     before = args["kv"].clone()
     with pytest.raises(RuntimeError, match=pattern):
