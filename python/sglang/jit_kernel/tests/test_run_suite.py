@@ -376,8 +376,16 @@ def _cuda_visible() -> bool:
     return torch.cuda.is_available()
 
 
+_GPU_SCRIPTS = sorted(
+    p.name
+    for pattern in ("bench_*.py", "sweep_*.py", "probe_*.py")
+    for p in (REPO / "python" / "sglang" / "jit_kernel" / "benchmark").glob(pattern)
+    if p.name != "bench_jit_cache.py"  # compiles without a GPU: it has its own CPU path
+)
+
+
 @pytest.mark.skipif(_cuda_visible(), reason="checks the path taken when no CUDA GPU is visible")
-@pytest.mark.parametrize("script", ["bench_norm.py", "bench_scale.py", "sweep_scale.py"])
+@pytest.mark.parametrize("script", _GPU_SCRIPTS)
 def test_gpu_benchmark_skips_cleanly_without_gpu(script):
     """A GPU benchmark run where no GPU is visible (the benchmark suite on a CPU machine) exits 0
     with a one-line note instead of a CUDA traceback, so run_suite reports the remaining files."""
