@@ -4,9 +4,13 @@ CUDA-graph median per call with inputs rotated past 4x the L2 size (up to 64 set
 ~1 MB per call; the decode cases stay partly L2-resident, like a decode step's input; calls under
 5 us are timed in five graph captures and the middle one is reported, see bench_rotating), GB/s
 from the bytes each op must move, and % of a device copy measured in the same process. Bytes moved (bf16, s = 2):
-  rmsnorm            2*N*H*s + H*s          (read x, write out, read w)
-  fused_add_rmsnorm  4*N*H*s + H*s          (read x and residual, write both, read w)
-  qknorm             2*N*(Hq+Hk)*D*s + 2*D*s (read and write q and k in place, read both weights)
+  rmsnorm, rmsnorm_hf   2*N*H*s + H*s            (read x, write out, read w)
+  fused_add_rmsnorm     4*N*H*s + H*s            (read x and residual, write both, read w)
+  qknorm                2*N*(Hq+Hk)*D*s + 2*D*s  (read and write q and k in place, read both weights)
+  qknorm_across_heads   2*N*(HQ+HK)*s + (HQ+HK)*s (the same, whole rows: HQ = Hq*D, HK = Hk*D)
+The decode rows (1, 8, 64 tokens) of every op stand next to rmsnorm's at [N, 4096]: one launch each
+(qknorm_across_heads normalises q and k in one grid; its "jit 2x rmsnorm" row is the two-launch
+alternative).
 Then: eager wall time per rmsnorm call at [1, 4096] (10k calls, one sync) vs F.rms_norm, and
 whether each op leaves the L2 fair to the next kernel (l2_after_table: the large in-place launches
 load with an evict_last L2 hint, see RowAccess in csrc/elementwise/rmsnorm.cuh).
@@ -34,7 +38,13 @@ from sglang.jit_kernel.benchmark.utils import (
     format_rows,
     num_rotating_sets,
 )
-from sglang.jit_kernel.norm import fused_add_rmsnorm, fused_inplace_qknorm, rmsnorm
+from sglang.jit_kernel.norm import (
+    fused_add_rmsnorm,
+    fused_inplace_qknorm,
+    fused_inplace_qknorm_across_heads,
+    rmsnorm,
+    rmsnorm_hf,
+)
 from sglang.test.ci.ci_register import register_cuda_ci
 
 register_cuda_ci(est_time=240, suite="stage-b-kernel-benchmark-1-gpu-large")
@@ -43,7 +53,8 @@ DTYPE = torch.bfloat16
 EPS = 1e-6
 HIDDEN = 4096
 RMS_SHAPES = [(1, 4096), (8, 4096), (64, 4096), (16384, 4096), (16384, 8192)]
-QK_TOKENS = [1, 64, 16384]
+QK_TOKENS = [1, 8, 64, 16384]
+HF_SHAPES = [(1, 4096), (8, 4096), (64, 4096), (16384, 4096)]
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128
 EAGER_CALLS = 10_000
 
@@ -71,6 +82,12 @@ def torch_qknorm(q: torch.Tensor, k: torch.Tensor, qw: torch.Tensor, kw: torch.T
     k.copy_(torch_rmsnorm(k, kw))
 
 
+def torch_rmsnorm_hf(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Hugging Face's LlamaRMSNorm: normalise in fp32, round to the dtype, multiply by w."""
+    xf = x.float()
+    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS)).to(x.dtype)
+
+
 _compiled: dict[str, Callable] = {}
 
 
@@ -93,14 +110,19 @@ def rms_rows(roof: float) -> list[BenchRow]:
     }
     if flashinfer_norm is not None:
         providers["flashinfer"] = lambda x, w, o: flashinfer_norm.rmsnorm(x, w, EPS, out=o)
+    return row_op_rows("rmsnorm", RMS_SHAPES, providers)
+
+
+def row_op_rows(op: str, shapes: list[tuple[int, int]], providers: dict[str, Callable]) -> list[BenchRow]:
+    """Rows of an op reading x [N, H] and w [H] and writing out [N, H] (providers take x, w, out)."""
     rows = []
-    for n, h in RMS_SHAPES:
+    for n, h in shapes:
         nbytes = 2 * n * h * 2 + h * 2
         sets = []
         for _ in range(num_rotating_sets(nbytes)):
             x = torch.randn(n, h, dtype=DTYPE, device="cuda")
             sets.append((x, torch.rand(h, dtype=DTYPE, device="cuda") + 0.5, torch.empty_like(x)))
-        rows += run_providers("rmsnorm", f"[{n}, {h}]", providers, sets, nbytes)
+        rows += run_providers(op, f"[{n}, {h}]", providers, sets, nbytes)
         del sets
         torch.cuda.empty_cache()
     return rows
@@ -131,6 +153,7 @@ def qk_rows(roof: float) -> list[BenchRow]:
     hq, hk, d = NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM
     providers: dict[str, Callable] = {
         "jit": lambda q, k, qw, kw: fused_inplace_qknorm(q, k, qw, kw, EPS),
+        "jit head_dim=": lambda q, k, qw, kw: fused_inplace_qknorm(q, k, qw, kw, EPS, head_dim=d),
         "torch": torch_qknorm,
         "torch.compile": lambda q, k, qw, kw: compiled("qk", torch_qknorm)(q, k, qw, kw),
     }
@@ -145,6 +168,43 @@ def qk_rows(roof: float) -> list[BenchRow]:
             weights = [torch.rand(d, dtype=DTYPE, device="cuda") + 0.5 for _ in range(2)]
             sets.append((q, k, *weights))
         rows += run_providers("qknorm", f"[{n}, {hq}+{hk}, {d}]", providers, sets, nbytes)
+        del sets
+        torch.cuda.empty_cache()
+    return rows
+
+
+def hf_rows(roof: float) -> list[BenchRow]:
+    providers: dict[str, Callable] = {
+        "jit": lambda x, w, o: rmsnorm_hf(x, w, EPS, out=o),
+        "torch": lambda x, w, o: torch_rmsnorm_hf(x, w),
+        "torch.compile": lambda x, w, o: compiled("hf", torch_rmsnorm_hf)(x, w),
+    }
+    return row_op_rows("rmsnorm_hf", HF_SHAPES, providers)
+
+
+def across_heads_rows(roof: float) -> list[BenchRow]:
+    """q [N, Hq*D] and k [N, Hk*D] as views of a fused qkv buffer, whole rows normalised."""
+    hidden_q, hidden_k = NUM_Q_HEADS * HEAD_DIM, NUM_KV_HEADS * HEAD_DIM
+
+    def two_launches(q: torch.Tensor, k: torch.Tensor, qw: torch.Tensor, kw: torch.Tensor) -> None:
+        rmsnorm(q, qw, EPS, out=q)
+        rmsnorm(k, kw, EPS, out=k)
+
+    providers: dict[str, Callable] = {
+        "jit": lambda q, k, qw, kw: fused_inplace_qknorm_across_heads(q, k, qw, kw, EPS),
+        "jit 2x rmsnorm": two_launches,
+        "torch": torch_qknorm,
+        "torch.compile": lambda q, k, qw, kw: compiled("across", torch_qknorm)(q, k, qw, kw),
+    }
+    rows = []
+    for n in QK_TOKENS:
+        nbytes = 2 * n * (hidden_q + hidden_k) * 2 + (hidden_q + hidden_k) * 2
+        sets = []
+        for _ in range(num_rotating_sets(nbytes)):
+            qkv = torch.randn(n, hidden_q + 2 * hidden_k, dtype=DTYPE, device="cuda")
+            weights = [torch.rand(size, dtype=DTYPE, device="cuda") + 0.5 for size in (hidden_q, hidden_k)]
+            sets.append((qkv[:, :hidden_q], qkv[:, hidden_q : hidden_q + hidden_k], *weights))
+        rows += run_providers("qknorm_across_heads", f"[{n}, {hidden_q}+{hidden_k}]", providers, sets, nbytes)
         del sets
         torch.cuda.empty_cache()
     return rows
@@ -203,6 +263,7 @@ def eager_table() -> str:
     results = {
         "jit rmsnorm(x, w)": eager_wall_us(lambda: rmsnorm(x, w)),
         "jit rmsnorm(x, w, out=)": eager_wall_us(lambda: rmsnorm(x, w, out=out)),
+        "jit rmsnorm_hf(x, w, out=)": eager_wall_us(lambda: rmsnorm_hf(x, w, out=out)),
         "jit fused_add_rmsnorm": eager_wall_us(lambda: fused_add_rmsnorm(x, r, w)),
         "F.rms_norm(x, (H,), w)": eager_wall_us(lambda: F.rms_norm(x, (HIDDEN,), w, EPS)),
         "torch eager fp32 rmsnorm": eager_wall_us(lambda: torch_rmsnorm(x, w)),
@@ -227,6 +288,9 @@ def l2_after_table(victim_mb: int = 32, reps: int = 20) -> str:
     q = qkv[:, : NUM_Q_HEADS * HEAD_DIM].view(16384, NUM_Q_HEADS, HEAD_DIM)
     k = qkv[:, NUM_Q_HEADS * HEAD_DIM : (NUM_Q_HEADS + NUM_KV_HEADS) * HEAD_DIM].view(16384, NUM_KV_HEADS, HEAD_DIM)
     hw = torch.rand(HEAD_DIM, dtype=DTYPE, device="cuda") + 0.5
+    q2 = qkv[:, : NUM_Q_HEADS * HEAD_DIM]
+    k2 = qkv[:, NUM_Q_HEADS * HEAD_DIM : (NUM_Q_HEADS + NUM_KV_HEADS) * HEAD_DIM]
+    hqw, hkw = torch.rand_like(q2[0]) + 0.5, torch.rand_like(k2[0]) + 0.5
     big, big_out = torch.empty(1 << 29, dtype=DTYPE, device="cuda"), torch.empty(1 << 29, dtype=DTYPE, device="cuda")
     victim = torch.randn(victim_mb << 19, dtype=DTYPE, device="cuda")
 
@@ -250,6 +314,8 @@ def l2_after_table(victim_mb: int = 32, reps: int = 20) -> str:
         "jit rmsnorm out=x": second_read_us(lambda: rmsnorm(x, w, EPS, out=x)),
         "jit fused_add_rmsnorm": second_read_us(lambda: fused_add_rmsnorm(x, r, w, EPS)),
         "jit qknorm 16384 tokens": second_read_us(lambda: fused_inplace_qknorm(q, k, hw, hw, EPS)),
+        "jit qknorm across heads": second_read_us(
+            lambda: fused_inplace_qknorm_across_heads(q2, k2, hqw, hkw, EPS)),
         "1 GiB copy, no first read": second_read_us(lambda: big_out.copy_(big), warm=False),
     }
     lines = [f"# next kernel's L2: second read of a {victim_mb} MB buffer right after each op ([16384, {HIDDEN}] bf16)"]
@@ -383,7 +449,7 @@ def main() -> None:
     if "--sweep" in sys.argv:
         print(format_rows(pdl_rows() + sweep_rows(), roof))
         return
-    rows = rms_rows(roof) + fused_rows(roof) + qk_rows(roof)
+    rows = rms_rows(roof) + hf_rows(roof) + fused_rows(roof) + qk_rows(roof) + across_heads_rows(roof)
     eager = eager_table()
     print(eager)
     print(format_rows(rows, roof))

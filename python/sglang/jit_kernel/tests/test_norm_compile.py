@@ -18,7 +18,10 @@ from sglang.test.ci.ci_register import register_cpu_ci, register_cuda_ci
 register_cpu_ci(est_time=150, suite="stage-a-kernel-cpu")
 register_cuda_ci(est_time=150, suite="stage-b-kernel-unit-1-gpu-large")
 
-NORM_OPS = ("rmsnorm", "fused_add_rmsnorm", "gemma_rmsnorm", "gemma_fused_add_rmsnorm", "fused_inplace_qknorm")
+NORM_OPS = ("rmsnorm", "rmsnorm_hf", "fused_add_rmsnorm", "gemma_rmsnorm", "gemma_fused_add_rmsnorm",
+            "fused_inplace_qknorm", "fused_inplace_qknorm_across_heads")
+# The module's exports (rmsnorm serves gemma_rmsnorm and rmsnorm_hf, fused_add_rmsnorm the gemma form).
+NORM_EXPORTS = ("rmsnorm", "fused_add_rmsnorm", "fused_inplace_qknorm", "fused_inplace_qknorm_across_heads")
 _SPILL_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _KERNEL_RE = re.compile(r"Function properties for (\S+)")
 
@@ -41,7 +44,7 @@ def test_every_norm_variant_compiles_without_spills(monkeypatch, tmp_path):
         with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
             modules = list(pool.map(lambda job: job[0](*job[1]), jobs))
         for module in modules:
-            for name in ("rmsnorm", "fused_add_rmsnorm", "fused_inplace_qknorm"):
+            for name in NORM_EXPORTS:
                 assert callable(getattr(module, name))
     finally:
         norm._jit_norm_module.cache_clear()

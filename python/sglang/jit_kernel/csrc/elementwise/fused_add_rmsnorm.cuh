@@ -74,6 +74,7 @@ void fused_add_rmsnorm(tvm::ffi::TensorView input, tvm::ffi::TensorView residual
       .num_rows = n,
       .num_groups = 0,  // set with the geometry
       .num_heads = 1,
+      .hidden_size = h,
       .input_token_stride = input.stride(0),
       .input_head_stride = 0,
       .out_token_stride = input.stride(0),
@@ -81,7 +82,6 @@ void fused_add_rmsnorm(tvm::ffi::TensorView input, tvm::ffi::TensorView residual
       .residual_token_stride = residual.stride(0),
   };
   params.eps = static_cast<float>(eps);
-  params.inv_hidden_size = static_cast<float>(1.0 / static_cast<double>(h));
   params.weight_offset = static_cast<float>(weight_offset);
   params.cast_x_before_out_mul = false;
   const uint64_t row_bytes = n > 1 ? static_cast<uint64_t>(input.stride(0) | residual.stride(0)) * sizeof(T) : 0;
@@ -90,7 +90,7 @@ void fused_add_rmsnorm(tvm::ffi::TensorView input, tvm::ffi::TensorView residual
                                                     static_cast<uint64_t>(h) * sizeof(T)});
 
   // Launch
-  launch_norm_rows_any_width<T, NormKind::kFusedAddRMSNorm>(params, h, vec_bytes, device,
+  launch_norm_rows_any_width<T, NormKind::kFusedAddRMSNorm>(params, vec_bytes, device,
                                                             resolve_pdl(enable_pdl, device), /*in_place=*/true);
 }
 

@@ -27,6 +27,43 @@
 
 namespace {
 
+/// Aliasing checks of the in-place q / k launchers (this file and qknorm_across_heads.cuh): q and k
+/// each free of self-overlap (no stride-0 dim, no heads closer than their length), disjoint from each
+/// other (interleaved views of one buffer are fine), and sharing no memory with either weight, which
+/// other rows still read while q and k are written. Throws PanicError naming the tensors.
+inline void verify_qk_in_place(const tvm::ffi::TensorView& q, const tvm::ffi::TensorView& k,
+                               const tvm::ffi::TensorView& q_weight, const tvm::ffi::TensorView& k_weight) {
+  host::verify_no_self_overlap(q, "q");
+  host::verify_no_self_overlap(k, "k");
+  host::verify_no_partial_overlap(k, "k", q, "q", /*allow_same=*/false);
+  host::verify_no_partial_overlap(q, "q", q_weight, "q_weight", /*allow_same=*/false);
+  host::verify_no_partial_overlap(q, "q", k_weight, "k_weight", /*allow_same=*/false);
+  host::verify_no_partial_overlap(k, "k", q_weight, "q_weight", /*allow_same=*/false);
+  host::verify_no_partial_overlap(k, "k", k_weight, "k_weight", /*allow_same=*/false);
+}
+
+/// The rows of an in-place tensor `t` ([num_tokens, num_heads, hidden_size], or [num_tokens,
+/// hidden_size] with num_heads = 1 and head_stride = 0): num_rows rows (num_tokens * num_heads, or
+/// 0), normalised with `weight` and written where they are read.
+inline NormRows in_place_rows(const tvm::ffi::TensorView& t, const tvm::ffi::TensorView& weight, int64_t num_rows,
+                              int64_t num_heads, int64_t hidden_size, int64_t head_stride) {
+  return NormRows{
+      .input = host::data_ptr<const void>(t),
+      .out = host::data_ptr(t),
+      .residual = nullptr,
+      .weight = host::data_ptr<const void>(weight),
+      .num_rows = num_rows,
+      .num_groups = 0,  // set with the geometry
+      .num_heads = num_heads > 0 ? num_heads : 1,  // never divided by when 0: no rows
+      .hidden_size = hidden_size,
+      .input_token_stride = t.stride(0),
+      .input_head_stride = head_stride,
+      .out_token_stride = t.stride(0),
+      .out_head_stride = head_stride,
+      .residual_token_stride = 0,
+  };
+}
+
 /// In place: each head of q and of k RMS-normalised over head_dim with its weight.
 /// q: [num_tokens, num_q_heads, head_dim], k: [num_tokens, num_kv_heads, head_dim], T on one CUDA
 /// device, last dim contiguous, other strides free (heads must not overlap); q_weight, k_weight:
@@ -61,14 +98,7 @@ void fused_inplace_qknorm(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::f
       .verify(k_weight, "k_weight");
   check_last_dim_contiguous("fused_inplace_qknorm", "q", q);
   check_last_dim_contiguous("fused_inplace_qknorm", "k", k);
-  verify_no_self_overlap(q, "q");
-  verify_no_self_overlap(k, "k");
-  verify_no_partial_overlap(k, "k", q, "q", /*allow_same=*/false);
-  // Other heads still read the weights while q and k are written: no shared memory.
-  verify_no_partial_overlap(q, "q", q_weight, "q_weight", /*allow_same=*/false);
-  verify_no_partial_overlap(q, "q", k_weight, "k_weight", /*allow_same=*/false);
-  verify_no_partial_overlap(k, "k", q_weight, "q_weight", /*allow_same=*/false);
-  verify_no_partial_overlap(k, "k", k_weight, "k_weight", /*allow_same=*/false);
+  verify_qk_in_place(q, k, q_weight, k_weight);
 
   // Unwrap
   const int64_t n = num_tokens.unwrap();
@@ -81,38 +111,9 @@ void fused_inplace_qknorm(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::f
 
   // Configure
   NormParams params{};
-  params.rows[0] = NormRows{
-      .input = data_ptr<const void>(q),
-      .out = data_ptr(q),
-      .residual = nullptr,
-      .weight = data_ptr<const void>(q_weight),
-      .num_rows = n * hq,
-      .num_groups = 0,  // set with the geometry
-      .num_heads = hq,
-      .input_token_stride = q.stride(0),
-      .input_head_stride = q.stride(1),
-      .out_token_stride = q.stride(0),
-      .out_head_stride = q.stride(1),
-      .residual_token_stride = 0,
-  };
-  params.rows[1] = NormRows{
-      .input = data_ptr<const void>(k),
-      .out = data_ptr(k),
-      .residual = nullptr,
-      .weight = data_ptr<const void>(k_weight),
-      .num_rows = n * hk,
-      .num_groups = 0,  // set with the geometry
-      .num_heads = hk,
-      .input_token_stride = k.stride(0),
-      .input_head_stride = k.stride(1),
-      .out_token_stride = k.stride(0),
-      .out_head_stride = k.stride(1),
-      .residual_token_stride = 0,
-  };
-  if (hk == 0) params.rows[1].num_heads = 1;  // never divided by: no k rows
-  if (hq == 0) params.rows[0].num_heads = 1;  // never divided by: no q rows
+  params.rows[0] = in_place_rows(q, q_weight, n * hq, hq, d, q.stride(1));
+  params.rows[1] = in_place_rows(k, k_weight, n * hk, hk, d, k.stride(1));
   params.eps = static_cast<float>(eps);
-  params.inv_hidden_size = static_cast<float>(1.0 / static_cast<double>(d));
   params.weight_offset = 0.0f;
   params.cast_x_before_out_mul = false;
   // Strides matter only along dims longer than 1.
@@ -125,7 +126,7 @@ void fused_inplace_qknorm(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::f
        address_of(params.rows[1].weight), stride_bits * sizeof(T), static_cast<uint64_t>(d) * sizeof(T)});
 
   // Launch
-  launch_norm_rows_any_width<T, NormKind::kQKNorm>(params, d, vec_bytes, device, resolve_pdl(enable_pdl, device),
+  launch_norm_rows_any_width<T, NormKind::kQKNorm>(params, vec_bytes, device, resolve_pdl(enable_pdl, device),
                                                    /*in_place=*/true);
 }
 

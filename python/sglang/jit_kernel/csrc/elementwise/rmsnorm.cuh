@@ -9,7 +9,8 @@
 // One kernel, norm_rows_kernel<T, kVecN, kKind, kVecs, kWide, kL2Hint>, serves three ops (kKind):
 //   kRMSNorm          rows of `input` -> rows of `out`                         (this file)
 //   kFusedAddRMSNorm  residual <- round(input + residual); input <- rmsnorm(residual)  (fused_add_rmsnorm.cuh)
-//   kQKNorm           every head of q and of k normalised in place, two weights        (qknorm.cuh)
+//   kQKNorm           every head of q and of k normalised in place, two weights        (qknorm.cuh);
+//                     also every whole row of q and of k, two hidden sizes  (qknorm_across_heads.cuh)
 //
 // Layout of the work. A "row" is one normalised vector of hidden_size elements: a token of
 // rmsnorm, a (token, head) pair of qknorm. threads_per_row (TPR) threads share a row; each holds
@@ -69,7 +70,9 @@ enum class NormKind { kRMSNorm, kFusedAddRMSNorm, kQKNorm };
 
 /// One tensor's rows. Row r is (token, head) = (r / num_heads, r % num_heads) and lives at
 /// input + token * input_token_stride + head * input_head_stride (elements; the last dim is
-/// contiguous). rmsnorm and the fused add: num_heads = 1.
+/// contiguous). rmsnorm and the fused add: num_heads = 1. The launch geometry of the rows (the
+/// fields after head_shift) is per tensor: the two tensors of one kQKNorm launch may have rows of
+/// different lengths (q and k across heads) and then share the CTA size and vectors per thread only.
 struct NormRows {
   const void* input;              // [num_tokens, num_heads, hidden_size]
   void* out;                      // [num_tokens, num_heads, hidden_size] (kRMSNorm; the others write input)
@@ -78,6 +81,7 @@ struct NormRows {
   int64_t num_rows;               // num_tokens * num_heads
   int64_t num_groups;             // div_ceil(num_rows, rows_per_cta)
   int64_t num_heads;              // rows per token (>= 1)
+  int64_t hidden_size;            // elements per row (< 2^30, checked)
   int64_t input_token_stride;     // elements
   int64_t input_head_stride;      // elements
   int64_t out_token_stride;       // elements
@@ -85,18 +89,19 @@ struct NormRows {
   int64_t residual_token_stride;  // elements
   uint32_t head_magic;            // row / num_heads = (row * head_magic) >> head_shift for row < 2^31
   uint32_t head_shift;            //   (set by the launcher; see set_head_divisor)
+  // Set by launch_norm_rows (set_row_geometry):
+  int32_t num_vecs;               // vectors per row: hidden_size / kVecN
+  int32_t threads_per_row;        // TPR: a power of two <= 32, or a multiple of 32; divides blockDim.x
+  int32_t rows_per_cta;           // blockDim.x / threads_per_row
+  int32_t tpr_shift;              // log2(threads_per_row) when it is a power of two, else -1
+  float inv_hidden_size;          // 1 / hidden_size
 };
 
 /// Kernel arguments of norm_rows_kernel.
 struct NormParams {
   NormRows rows[2];             // kQKNorm: {q, k}; otherwise rows[0] only
   int64_t rows0_ctas;           // kQKNorm: CTAs [0, rows0_ctas) serve q, the rest k
-  int32_t num_vecs;             // vectors per row: hidden_size / kVecN (hidden_size < 2^30, checked)
-  int32_t threads_per_row;      // TPR: a power of two <= 32, or a multiple of 32
-  int32_t rows_per_cta;         // blockDim.x / threads_per_row
-  int32_t tpr_shift;            // log2(threads_per_row) when it is a power of two, else -1
   float eps;                    // added to the mean square
-  float inv_hidden_size;        // 1 / hidden_size
   float weight_offset;          // 0 (RMSNorm) or 1 (Gemma: w + 1)
   bool cast_x_before_out_mul;   // round x * rstd to T before the weight multiply
   bool interleave_segments;     // kQKNorm: q and k CTAs interleaved in launch order (cta_share)
@@ -482,7 +487,7 @@ SGL_DEVICE void norm_rows_two_pass(const NormParams& params, float (*partials)[N
   constexpr int kMaxVecs = NormConfig::max_vecs(sizeof(vec_t));
   const CtaShare share = cta_share<kKind>(params);
   const NormRows& rows = params.rows[share.segment];
-  const int tpr = params.threads_per_row;
+  const int tpr = rows.threads_per_row;
   const int lane = static_cast<int>(threadIdx.x);
   const int chunk = tpr * kMaxVecs;
   const RowAccess<kL2Hint> access = RowAccess<kL2Hint>::make();
@@ -491,16 +496,16 @@ SGL_DEVICE void norm_rows_two_pass(const NormParams& params, float (*partials)[N
   for (int64_t row = share.first; row < rows.num_rows; row += share.stride) {
     const RowPointers<T> ptrs = row_pointers<T, kKind>(rows, row);
     float sum = 0.0f;
-    for (int base = lane; base < params.num_vecs; base += chunk) {
+    for (int base = lane; base < rows.num_vecs; base += chunk) {
       vec_t x[kMaxVecs];
 #pragma unroll
       for (int j = 0; j < kMaxVecs; ++j) {
-        if (base + j * tpr < params.num_vecs) access.load(x[j], ptrs.input, base + j * tpr);
+        if (base + j * tpr < rows.num_vecs) access.load(x[j], ptrs.input, base + j * tpr);
       }
       if constexpr (kKind == NormKind::kFusedAddRMSNorm) {
 #pragma unroll
         for (int j = 0; j < kMaxVecs; ++j) {
-          if (base + j * tpr < params.num_vecs) {
+          if (base + j * tpr < rows.num_vecs) {
             vec_t r;
             access.load(r, ptrs.residual, base + j * tpr);
             x[j] = add_rounded(x[j], r);
@@ -510,27 +515,27 @@ SGL_DEVICE void norm_rows_two_pass(const NormParams& params, float (*partials)[N
       }
 #pragma unroll
       for (int j = 0; j < kMaxVecs; ++j) {
-        if (base + j * tpr < params.num_vecs) sum += sum_squares(x[j]);
+        if (base + j * tpr < rows.num_vecs) sum += sum_squares(x[j]);
       }
     }
     const float total = row_reduce_sum(sum, tpr, 0, partials[parity]);
     parity ^= 1;
-    const float rstd = rsqrtf(total * params.inv_hidden_size + params.eps);
+    const float rstd = rsqrtf(total * rows.inv_hidden_size + params.eps);
     const RowScale scale = row_scale(rstd, params.weight_offset);
 
     const T* source = kKind == NormKind::kFusedAddRMSNorm ? ptrs.residual : ptrs.input;
-    for (int base = lane; base < params.num_vecs; base += chunk) {
+    for (int base = lane; base < rows.num_vecs; base += chunk) {
       vec_t x[kMaxVecs], w[kMaxVecs];
 #pragma unroll
       for (int j = 0; j < kMaxVecs; ++j) {
-        if (base + j * tpr < params.num_vecs) {
+        if (base + j * tpr < rows.num_vecs) {
           x[j].load(source, base + j * tpr);
           w[j].load(rows.weight, base + j * tpr);
         }
       }
 #pragma unroll
       for (int j = 0; j < kMaxVecs; ++j) {
-        if (base + j * tpr < params.num_vecs) {
+        if (base + j * tpr < rows.num_vecs) {
           access.store(normalize(x[j], w[j], scale, params.weight_offset, params.cast_x_before_out_mul), ptrs.out,
                        base + j * tpr);
         }
@@ -549,14 +554,14 @@ template <typename T, int kVecN, NormKind kKind, int kVecs, bool kLoadWeight, bo
 SGL_DEVICE void norm_group_in_registers(const NormParams& params, const NormRows& rows, int64_t group, int slot,
                                         int lane, const device::AlignedVector<T, kVecN>* weight, float* smem) {
   using vec_t = device::AlignedVector<T, kVecN>;
-  const int tpr = params.threads_per_row;
-  const int64_t row = group * params.rows_per_cta + slot;
+  const int tpr = rows.threads_per_row;
+  const int64_t row = group * rows.rows_per_cta + slot;
   const bool active = row < rows.num_rows;
   RowPointers<T> ptrs{};
   if (active) ptrs = row_pointers<T, kKind>(rows, row);
   bool valid[kVecs];  // this thread's vector j exists in this row
 #pragma unroll
-  for (int j = 0; j < kVecs; ++j) valid[j] = active && lane + j * tpr < params.num_vecs;
+  for (int j = 0; j < kVecs; ++j) valid[j] = active && lane + j * tpr < rows.num_vecs;
 
   // Up to two vectors per thread (decode rows among them), vectors past the row stay zero, so the
   // arithmetic below runs unpredicated: straight-line code whose chains the compiler interleaves;
@@ -608,7 +613,7 @@ SGL_DEVICE void norm_group_in_registers(const NormParams& params, const NormRows
   }
 
   const float total = row_reduce_sum(sum, tpr, slot, smem);
-  const float rstd = rsqrtf(total * params.inv_hidden_size + params.eps);
+  const float rstd = rsqrtf(total * rows.inv_hidden_size + params.eps);
   const RowScale scale = row_scale(rstd, params.weight_offset);
 
 #pragma unroll
@@ -629,9 +634,9 @@ SGL_DEVICE void norm_rows_in_registers(const NormParams& params, float (*partial
   using vec_t = device::AlignedVector<T, kVecN>;
   const CtaShare share = cta_share<kKind>(params);
   const NormRows& rows = params.rows[share.segment];
-  const int tpr = params.threads_per_row;
+  const int tpr = rows.threads_per_row;
   const int tid = static_cast<int>(threadIdx.x);
-  const int slot = params.rows_per_cta == 1 ? 0 : (params.tpr_shift >= 0 ? tid >> params.tpr_shift : tid / tpr);
+  const int slot = rows.rows_per_cta == 1 ? 0 : (rows.tpr_shift >= 0 ? tid >> rows.tpr_shift : tid / tpr);
   const int lane = tid - slot * tpr;
 
   // The launchers give every group its own CTA (launch_norm_kernel), so a CTA normally has one
@@ -662,7 +667,7 @@ SGL_DEVICE void norm_rows_in_registers(const NormParams& params, float (*partial
     vec_t weight[kVecs];
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
-      if (lane + j * tpr < params.num_vecs) weight[j].load(rows.weight, lane + j * tpr);
+      if (lane + j * tpr < rows.num_vecs) weight[j].load(rows.weight, lane + j * tpr);
     }
     int parity = 0;
     for (int64_t group = share.first; group < rows.num_groups; group += share.stride) {
@@ -751,14 +756,14 @@ inline int64_t& norm_l2_hint_override() {
 }
 
 /// Whether a launch takes the L2 hint of RowAccess: it writes every row it reads in place and its
-/// input rows hold at least NormConfig::kL2HintMinBytes (smaller launches are latency-bound, and the
-/// hinted accesses cost them 0.05-0.13 us). The launch then takes a hinted build if its vectors
-/// are 16 bytes wide (launch_norm_bucket); narrower ones run the plain builds.
-inline bool use_l2_hint(bool in_place, int64_t num_rows, int64_t hidden_size, std::size_t element_bytes) {
+/// input rows hold at least NormConfig::kL2HintMinBytes (`input_bytes`: smaller launches are
+/// latency-bound, and the hinted accesses cost them 0.05-0.13 us). The launch then takes a hinted
+/// build if its vectors are 16 bytes wide (launch_norm_bucket); narrower ones run the plain builds.
+inline bool use_l2_hint(bool in_place, int64_t input_bytes) {
   if (!in_place) return false;
   const int64_t mode = norm_l2_hint_override();
   if (mode >= 0) return mode == 1;
-  return num_rows * hidden_size * static_cast<int64_t>(element_bytes) >= NormConfig::kL2HintMinBytes;
+  return input_bytes >= NormConfig::kL2HintMinBytes;
 }
 
 /// Rounds a thread count up to a valid TPR: a power of two up to 32, a multiple of 32 above.
@@ -928,27 +933,47 @@ void launch_norm_bucket(const NormParams& params, const NormGeometry& geometry, 
   launch_norm_bucket_hint<T, kVecN, kKind, kVecs, false>(params, geometry, device, pdl);
 }
 
-/// Chooses the geometry for kVecN-wide vectors, fills it into `params` and launches the kernel of
-/// its vectors-per-thread bucket, the L2-hint build when use_l2_hint says so. in_place: every row
-/// read is written where it was read.
+/// Fills the launch fields of `rows` (its hidden_size and num_rows set) for a launch of `geometry`,
+/// chosen for rows of `geometry_vecs` vectors of kVecN elements. Rows that long take the geometry as
+/// it is; shorter ones (one of the two tensors of fused_inplace_qknorm_across_heads) the fewest
+/// threads per row that cover them at the geometry's vectors per thread and divide its threads per
+/// row, hence the CTA (so every thread has a row slot): k of 1024 elements next to q of 4096 (bf16,
+/// 256 x 2) takes 64 x 2, four rows per CTA. Two-pass launches keep one row per CTA.
+template <int kVecN>
+void set_row_geometry(NormRows& rows, const NormGeometry& geometry, int64_t geometry_vecs) {
+  const int64_t num_vecs = rows.hidden_size / kVecN;
+  int64_t tpr = geometry.threads_per_row;
+  if (num_vecs < geometry_vecs && geometry.vecs_per_thread > 0) {
+    tpr = round_threads_per_row(host::div_ceil(num_vecs, int64_t{geometry.vecs_per_thread}));
+    while (geometry.threads_per_row % tpr != 0) tpr = round_threads_per_row(tpr + 1);
+  }
+  rows.num_vecs = static_cast<int32_t>(num_vecs);
+  rows.threads_per_row = static_cast<int32_t>(tpr);
+  rows.rows_per_cta = static_cast<int32_t>(geometry.block_threads / tpr);
+  rows.tpr_shift = std::has_single_bit(static_cast<uint64_t>(tpr)) ? std::countr_zero(static_cast<uint64_t>(tpr)) : -1;
+  rows.inv_hidden_size = rows.hidden_size > 0 ? static_cast<float>(1.0 / static_cast<double>(rows.hidden_size)) : 0.0f;
+  rows.num_groups = host::div_ceil(rows.num_rows, int64_t{rows.rows_per_cta});
+  set_head_divisor(rows);
+}
+
+/// Chooses the geometry for kVecN-wide vectors (for the longer rows of the two tensors), fills it
+/// into each tensor's rows and launches the kernel of its vectors-per-thread bucket, the L2-hint
+/// build when use_l2_hint says so. in_place: every row read is written where it was read.
 template <typename T, int kVecN, NormKind kKind>
-void launch_norm_rows(NormParams params, int64_t hidden_size, DLDevice device, bool pdl, bool in_place) {
+void launch_norm_rows(NormParams params, DLDevice device, bool pdl, bool in_place) {
   constexpr int kMaxVecs = NormConfig::max_vecs(kVecN * sizeof(T));
-  const int64_t num_vecs = hidden_size / kVecN;
+  const int64_t num_vecs = std::max(params.rows[0].num_rows > 0 ? params.rows[0].hidden_size : 0,
+                                    params.rows[1].num_rows > 0 ? params.rows[1].hidden_size : 0) /
+                           kVecN;
   const NormGeometry geometry = choose_geometry(kKind, num_vecs, kVecN * sizeof(T),
                                                 params.rows[0].num_rows + params.rows[1].num_rows,
                                                 host::runtime::get_sm_count(device.device_id));
-  const bool l2_hint = use_l2_hint(in_place, params.rows[0].num_rows + params.rows[1].num_rows, hidden_size, sizeof(T));
-  params.num_vecs = static_cast<int32_t>(num_vecs);
-  params.threads_per_row = geometry.threads_per_row;
-  params.rows_per_cta = geometry.rows_per_cta;
-  params.tpr_shift = std::has_single_bit(static_cast<uint32_t>(geometry.threads_per_row))
-                         ? std::countr_zero(static_cast<uint32_t>(geometry.threads_per_row))
-                         : -1;
+  int64_t input_elements = 0;
   for (NormRows& rows : params.rows) {
-    rows.num_groups = host::div_ceil(rows.num_rows, int64_t{geometry.rows_per_cta});
-    set_head_divisor(rows);
+    set_row_geometry<kVecN>(rows, geometry, num_vecs);
+    input_elements += rows.num_rows * rows.hidden_size;
   }
+  const bool l2_hint = use_l2_hint(in_place, input_elements * static_cast<int64_t>(sizeof(T)));
   switch (geometry.vecs_per_thread) {
     case 0: return launch_norm_bucket<T, kVecN, kKind, 0>(params, geometry, device, pdl, l2_hint);
     case 1: return launch_norm_bucket<T, kVecN, kKind, 1>(params, geometry, device, pdl, l2_hint);
@@ -966,22 +991,21 @@ void launch_norm_rows(NormParams params, int64_t hidden_size, DLDevice device, b
   }
 }
 
-/// Launches with the widest vector `vec_bytes` allows (16 / 8 / 4 / 2 bytes); in_place as in
-/// launch_norm_rows.
+/// Launches with the widest vector `vec_bytes` allows (16 / 8 / 4 / 2 bytes; it must divide both
+/// tensors' hidden_size bytes); in_place as in launch_norm_rows.
 template <typename T, NormKind kKind>
-void launch_norm_rows_any_width(const NormParams& params, int64_t hidden_size, int64_t vec_bytes, DLDevice device,
-                                bool pdl, bool in_place) {
+void launch_norm_rows_any_width(const NormParams& params, int64_t vec_bytes, DLDevice device, bool pdl, bool in_place) {
   switch (vec_bytes) {
-    case 16: return launch_norm_rows<T, 16 / sizeof(T), kKind>(params, hidden_size, device, pdl, in_place);
-    case 8: return launch_norm_rows<T, 8 / sizeof(T), kKind>(params, hidden_size, device, pdl, in_place);
+    case 16: return launch_norm_rows<T, 16 / sizeof(T), kKind>(params, device, pdl, in_place);
+    case 8: return launch_norm_rows<T, 8 / sizeof(T), kKind>(params, device, pdl, in_place);
     default:
       if constexpr (sizeof(T) <= 2) {
         if (vec_bytes == 4) {
-          return launch_norm_rows<T, 4 / sizeof(T), kKind>(params, hidden_size, device, pdl, in_place);
+          return launch_norm_rows<T, 4 / sizeof(T), kKind>(params, device, pdl, in_place);
         }
-        return launch_norm_rows<T, 1, kKind>(params, hidden_size, device, pdl, in_place);
+        return launch_norm_rows<T, 1, kKind>(params, device, pdl, in_place);
       } else {
-        return launch_norm_rows<T, 1, kKind>(params, hidden_size, device, pdl, in_place);
+        return launch_norm_rows<T, 1, kKind>(params, device, pdl, in_place);
       }
   }
 }
@@ -1052,6 +1076,7 @@ void rmsnorm(tvm::ffi::TensorView out, tvm::ffi::TensorView input, tvm::ffi::Ten
       .num_rows = n,
       .num_groups = 0,  // set with the geometry
       .num_heads = 1,
+      .hidden_size = h,
       .input_token_stride = input.stride(0),
       .input_head_stride = 0,
       .out_token_stride = out.stride(0),
@@ -1059,7 +1084,6 @@ void rmsnorm(tvm::ffi::TensorView out, tvm::ffi::TensorView input, tvm::ffi::Ten
       .residual_token_stride = 0,
   };
   params.eps = static_cast<float>(eps);
-  params.inv_hidden_size = static_cast<float>(1.0 / static_cast<double>(h));
   params.weight_offset = static_cast<float>(weight_offset);
   params.cast_x_before_out_mul = cast_x_before_out_mul;
   const uint64_t row_bytes = n > 1 ? static_cast<uint64_t>(input.stride(0) | out.stride(0)) * sizeof(T) : 0;
@@ -1070,7 +1094,7 @@ void rmsnorm(tvm::ffi::TensorView out, tvm::ffi::TensorView input, tvm::ffi::Ten
   // Launch
   // In place: out is input (the overlap check above allows only the same view or none).
   const bool in_place = params.rows[0].out == params.rows[0].input;
-  launch_norm_rows_any_width<T, NormKind::kRMSNorm>(params, h, vec_bytes, device, resolve_pdl(enable_pdl, device),
+  launch_norm_rows_any_width<T, NormKind::kRMSNorm>(params, vec_bytes, device, resolve_pdl(enable_pdl, device),
                                                     in_place);
 }
 
