@@ -1,0 +1,119 @@
+"""Benchmark the MoE routing ops against torch (eager and torch.compile), and sgl_kernel when it is
+importable (the sglang comparator).
+
+Rows: CUDA-graph median µs; "1 input" replays one input set (the issue's method), "cold" rotates
+input sets past the L2 size. Bytes moved per call: num_tokens * (num_experts * gating element size
++ topk * (4 + 4)) (read the logits, write fp32 weights and int32 ids).
+"""
+
+import torch
+
+from sglang.jit_kernel.benchmark.utils import exit_unless_gpu
+
+if __name__ == "__main__":
+    exit_unless_gpu("bench_moe.py")  # before importing triton, which a CPU-only install lacks
+
+from sglang.jit_kernel.benchmark.utils import (  # noqa: E402
+    BenchRow,
+    bench_rotating,
+    copy_roof_gbps,
+    format_rows,
+    get_benchmark_range,
+    num_rotating_sets,
+)
+from sglang.jit_kernel.grouped_topk import grouped_topk  # noqa: E402
+from sglang.jit_kernel.moe_topk_sigmoid import topk_sigmoid  # noqa: E402
+from sglang.jit_kernel.moe_topk_softmax import topk_softmax  # noqa: E402
+from sglang.test.ci.ci_register import register_cuda_ci  # noqa: E402
+
+register_cuda_ci(est_time=120, suite="stage-b-kernel-benchmark-1-gpu-large")
+
+TOKENS = get_benchmark_range(full_range=[1, 64, 4096], ci_range=[1, 4096])
+EXPERTS = get_benchmark_range(full_range=[128, 256], ci_range=[256])
+TOPK = 8
+
+try:  # the sglang comparator, when installed
+    import sgl_kernel  # noqa: PLC0415
+except Exception:  # noqa: BLE001
+    sgl_kernel = None
+
+
+def torch_softmax_topk(w, i, g):
+    values, indices = torch.softmax(g.float(), dim=-1).topk(TOPK, dim=-1)
+    w.copy_(values)
+    i.copy_(indices)
+
+
+def torch_sigmoid_topk(w, i, g):
+    p = torch.sigmoid(g.float())
+    indices = p.topk(TOPK, dim=-1).indices
+    w.copy_(p.gather(1, indices))
+    i.copy_(indices)
+
+
+def torch_grouped(g, bias):
+    p = torch.sigmoid(g.float())
+    s = p + bias
+    t, e = s.shape
+    group_scores = s.view(t, 8, -1).topk(2, dim=-1).values.sum(dim=-1)
+    keep = torch.zeros_like(group_scores).scatter_(1, group_scores.topk(4, dim=-1).indices, 1.0)
+    masked = s.masked_fill(keep.repeat_interleave(e // 8, dim=1) == 0, float("-inf"))
+    w = p.gather(1, masked.topk(TOPK, dim=-1).indices)
+    return w / (w.sum(dim=-1, keepdim=True) + 1e-20) * 2.5
+
+
+def routing_sets(num_tokens, num_experts, dtype, n_sets):
+    return [
+        (torch.empty(num_tokens, TOPK, device="cuda"), torch.empty(num_tokens, TOPK, dtype=torch.int32, device="cuda"),
+         torch.randn(num_tokens, num_experts, dtype=dtype, device="cuda"))
+        for _ in range(n_sets)
+    ]
+
+
+def time_providers(op, case, providers, make_sets, nbytes, rows):
+    for mode, n_sets in (("1 input", 1), ("cold", num_rotating_sets(nbytes))):
+        sets = make_sets(n_sets)
+        for name, call in providers.items():
+            try:
+                median, _, _ = bench_rotating(call, sets)
+            except Exception as error:  # noqa: BLE001  (a comparator that rejects the case)
+                print(f"# {op} {case} {name}: skipped ({type(error).__name__}: {error})")
+                continue
+            rows.append(BenchRow(op, f"{case} {mode}", name, median, nbytes))
+        del sets
+
+
+def routing_rows() -> list[BenchRow]:
+    rows = []
+    dtype = torch.float32
+    for op, jit, eager in (("topk_softmax", topk_softmax, torch_softmax_topk),
+                           ("topk_sigmoid", topk_sigmoid, torch_sigmoid_topk)):
+        compiled = torch.compile(eager)
+        for num_experts in EXPERTS:
+            for num_tokens in TOKENS:
+                providers = {"jit": lambda w, i, g, f=jit: f(w, i, g), "torch": eager, "torch.compile": compiled}
+                if sgl_kernel is not None and hasattr(sgl_kernel, op):
+                    providers["sgl_kernel"] = lambda w, i, g, f=getattr(sgl_kernel, op): f(w, i, g)
+                nbytes = num_tokens * (num_experts * 4 + TOPK * 8)
+                time_providers(op, f"[{num_tokens}, {num_experts}] fp32 top{TOPK}", providers,
+                               lambda n: routing_sets(num_tokens, num_experts, dtype, n), nbytes, rows)
+    compiled = torch.compile(torch_grouped)
+    for num_tokens in TOKENS:
+        providers = {
+            "jit": lambda g, b: grouped_topk(g, b, 8, 4, TOPK, True, 2.5),
+            "torch": torch_grouped,
+            "torch.compile": compiled,
+        }
+        nbytes = num_tokens * (256 * 4 + TOPK * 8)
+
+        def make(n, t=num_tokens):
+            return [(torch.randn(t, 256, device="cuda"), torch.randn(256, device="cuda") * 0.1) for _ in range(n)]
+
+        time_providers("grouped_topk", f"[{num_tokens}, 256] g8 tg4 top8", providers, make, nbytes, rows)
+    return rows
+
+
+if __name__ == "__main__":
+    exit_unless_gpu("bench_moe.py")
+    roof = copy_roof_gbps()
+    print(format_rows(routing_rows(), roof))

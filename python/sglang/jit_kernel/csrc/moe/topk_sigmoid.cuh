@@ -1,0 +1,31 @@
+// topk_sigmoid: per token row, p = sigmoid(x) in fp32; the k experts with the largest p + bias
+// (ties to the lower expert) and their un-biased p, optionally divided by (sum + 1e-20).
+// Engine and selection rules: topk_rows.cuh.
+#pragma once
+
+#include <tvm/ffi/container/tensor.h>
+
+#include "topk_rows.cuh"  // For TopkRowsParams, unwrap_topk_rows, launch_topk_rows
+
+namespace {
+
+/// topk_weights [num_tokens, topk] fp32 and topk_ids [num_tokens, topk] int32 from gating_output
+/// [num_tokens, num_experts] of T (fp16_t | bf16_t | fp32_t); correction_bias fp32 [num_experts]
+/// or [0]. Layouts and errors: unwrap_topk_rows. Empty inputs return without a launch.
+template <typename T>
+void topk_sigmoid(tvm::ffi::TensorView topk_weights, tvm::ffi::TensorView topk_ids, tvm::ffi::TensorView gating_output,
+                  tvm::ffi::TensorView correction_bias, bool renormalize) {
+  using namespace moe_routing;
+  // Validate, unwrap
+  DLDevice device;
+  TopkRowsParams params = unwrap_topk_rows<T>(topk_weights, topk_ids, gating_output, correction_bias, device);
+  if (params.num_tokens == 0) return;
+  // Configure
+  params.scoring = kSigmoid;
+  params.renormalize = renormalize;
+  params.renorm_eps = 1e-20f;
+  // Launch
+  launch_topk_rows<T>(params, device);
+}
+
+}  // namespace

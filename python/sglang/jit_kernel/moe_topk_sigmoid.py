@@ -1,0 +1,98 @@
+"""topk_sigmoid: MoE routing by sigmoid scores, the top-k experts of every token."""
+
+from __future__ import annotations
+
+import torch
+
+from sglang.jit_kernel._moe import MOE_ROUTING_MODULE, check_routing_args, jit_moe_routing_module, routing_check_inputs
+from sglang.jit_kernel._validate import check_scalar
+from sglang.jit_kernel.registry import CheckCase, register_op
+
+__all__ = ["topk_sigmoid"]
+
+_OP = "topk_sigmoid"
+
+
+@torch.library.custom_op("sglang_jit_kernel::topk_sigmoid", mutates_args=("topk_weights", "topk_ids"), device_types="cuda")
+def _topk_sigmoid_op(topk_weights: torch.Tensor, topk_ids: torch.Tensor, gating_output: torch.Tensor,
+                     correction_bias: torch.Tensor, renormalize: bool) -> None:
+    jit_moe_routing_module(gating_output.dtype).topk_sigmoid(
+        topk_weights, topk_ids, gating_output, correction_bias, renormalize)
+
+
+@_topk_sigmoid_op.register_fake
+def _(topk_weights, topk_ids, gating_output, correction_bias, renormalize) -> None:
+    return None
+
+
+def topk_sigmoid(
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    gating_output: torch.Tensor,
+    renormalize: bool = False,
+    correction_bias: torch.Tensor | None = None,
+) -> None:
+    """Sigmoid MoE routing: the ``topk`` best-scored experts of every token, in place.
+
+    Per row of ``gating_output``, in fp32: ``p = sigmoid(x) = 1 / (1 + exp(-x))``; the ``topk``
+    experts with the largest ``p + correction_bias[e]`` (``p`` without a bias) in decreasing order,
+    ties to the lower expert index. ``topk_weights[t, i]`` gets the un-biased ``p`` of the i-th
+    (divided by ``sum of the topk chosen p + 1e-20`` with ``renormalize``), ``topk_ids[t, i]`` its
+    expert. A NaN logit is read as ``-inf`` (``p = 0``); a NaN biased score ranks below every
+    number. Deterministic: the same input gives the same bits.
+
+    Parameters
+    ----------
+    topk_weights : torch.Tensor
+        float32 ``[num_tokens, topk]``, last dim contiguous (any row stride); written.
+    topk_ids : torch.Tensor
+        int32 ``[num_tokens, topk]``, last dim contiguous (any row stride); written.
+    gating_output : torch.Tensor
+        ``[num_tokens, num_experts]`` float16 / bfloat16 / float32 logits, last dim contiguous; any
+        ``num_experts >= topk``; read only.
+    renormalize : bool
+        Divide the chosen weights by their sum (+1e-20).
+    correction_bias : torch.Tensor, optional
+        ``[num_experts]``, added to ``p`` for the choice only (used as fp32).
+
+    Raises
+    ------
+    TypeError
+        A tensor argument that is not a tensor, or ``renormalize`` not a bool.
+    RuntimeError
+        A tensor off CUDA or on another device than ``gating_output``, a wrong dtype, a shape that
+        does not match (``topk`` outside ``[1, num_experts]``, a bias of another length), a
+        non-contiguous last dim, or outputs overlapping each other or the input; raised before any
+        launch as ``topk_sigmoid: <arg> <what>: expected X, got Y``.
+    """
+    bias = check_routing_args(_OP, topk_weights, topk_ids, gating_output, correction_bias)
+    check_scalar(_OP, "renormalize", renormalize, bool)
+    if gating_output.shape[0] == 0:
+        return
+    if torch.compiler.is_compiling():
+        torch.ops.sglang_jit_kernel.topk_sigmoid(topk_weights, topk_ids, gating_output, bias, renormalize)
+    else:
+        jit_moe_routing_module(gating_output.dtype).topk_sigmoid(topk_weights, topk_ids, gating_output, bias,
+                                                                 renormalize)
+
+
+def _check_cases() -> list[CheckCase]:
+    """``check``: 4096 tokens, 256 experts, top 8, renormalised, against fp32 torch."""
+    num_tokens, num_experts, topk = 4096, 256, 8
+
+    def make() -> tuple:
+        return routing_check_inputs(num_tokens, num_experts, topk)
+
+    def call(logits, weights, ids):
+        topk_sigmoid(weights, ids, logits, renormalize=True)
+        return weights
+
+    def reference(logits, weights, ids):
+        values = torch.sigmoid(logits).topk(topk, dim=-1).values
+        return values / (values.sum(dim=-1, keepdim=True) + 1e-20)
+
+    return [CheckCase(f"[{num_tokens}, {num_experts}] fp32 top{topk} renorm", make, call, reference,
+                      bytes_moved=num_tokens * (num_experts * 4 + topk * 8), dtype=torch.float32)]
+
+
+register_op(_OP, module=MOE_ROUTING_MODULE, check_cases=_check_cases)

@@ -1,0 +1,114 @@
+"""fp64 torch references of the MoE routing ops, written from the ops' definitions (not from the
+kernels), and the comparison their tests share. Imported by tests/test_moe_*.py."""
+
+from __future__ import annotations
+
+import torch
+
+# Key agreement between a kernel's fp32 scores and the fp64 reference: a few fp32 ulps of the
+# largest key, plus the error of a softmax denominator summed over <= 4096 terms.
+KEY_RTOL, KEY_ATOL = 2e-5, 2e-7
+# Weights: fp32 exp / sigmoid / division against fp64, relative.
+WEIGHT_RTOL, WEIGHT_ATOL = 2e-5, 1e-8
+
+
+def grid_logits(num_tokens: int, num_experts: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    """Logits k / 64 for integer k in [-256, 256): exact in every float dtype, distinct values at least
+    1/64 apart (probabilities > 1.5 % apart, so the choice is unambiguous in fp32), equal values
+    frequent (ties exercised)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    k = torch.randint(-256, 256, (num_tokens, num_experts), generator=g)
+    return (k.double() / 64).to(dtype).cuda()
+
+
+def select_topk(keys: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices [T, k] of the k largest keys per row in decreasing order, ties to the lower index, NaN
+    below every number (NaNs among themselves by index)."""
+    nan = torch.isnan(keys)
+    order = torch.sort(torch.where(nan, float("-inf"), keys), dim=-1, descending=True, stable=True).indices
+    order = torch.gather(order, -1, torch.sort(torch.gather(nan, -1, order).to(torch.int8), dim=-1, stable=True).indices)
+    return order[:, :k]
+
+
+def read_logits(gating: torch.Tensor) -> torch.Tensor:
+    """The ops' reading of the logits: fp64, NaN as -inf."""
+    x = gating.double()
+    return torch.where(torch.isnan(x), float("-inf"), x)
+
+
+def softmax_reference(gating, k, renormalize=False, softcap=0.0, bias=None):
+    """(keys, weights_at_ids, ids) of topk_softmax in fp64: keys = probabilities [T, E]."""
+    x = read_logits(gating)
+    if softcap > 0:
+        x = softcap * torch.tanh(x / softcap)
+    if bias is not None:
+        x = x + bias.double()
+    p = torch.softmax(x, dim=-1)
+    ids = select_topk(p, k)
+    return p, p, ids
+
+
+def sigmoid_reference(gating, k, renormalize=False, bias=None):
+    """(keys, weights_all, ids) of topk_sigmoid in fp64: weights_all = sigmoid [T, E], keys = it + bias."""
+    p = torch.sigmoid(read_logits(gating))
+    keys = p + bias.double() if bias is not None else p
+    return keys, p, select_topk(keys, k)
+
+
+def finish_weights(weights_all: torch.Tensor, ids: torch.Tensor, renormalize: bool, eps: float, scale: float = 1.0):
+    """The written weights for the chosen ids: gathered, divided by (sum + eps) with renormalize, scaled."""
+    w = torch.gather(weights_all, -1, ids.long())
+    if renormalize:
+        w = w / (w.sum(dim=-1, keepdim=True) + eps)
+    return w * scale
+
+
+def assert_routing_matches(weights, ids, keys, weights_all, ref_ids, renormalize, eps, scale=1.0,
+                           max_near_tie_rows=None):
+    """The kernel's (weights, ids) against the reference.
+
+    Rows where the ids differ from the reference's must be near ties: the kernel's i-th choice has
+    a reference key within tolerance of the i-th largest key (an fp32 rounding may order two keys
+    that differ in the last bits either way). Weights are compared at the kernel's ids.
+    """
+    assert ids.dtype == torch.int32 and weights.dtype == torch.float32
+    ids64 = ids.long().cpu()
+    keys, weights_all, ref_ids = keys.cpu(), weights_all.cpu(), ref_ids.cpu()
+    num_experts = keys.shape[1]
+    assert bool(((ids64 >= 0) & (ids64 < num_experts)).all()), "an id outside [0, num_experts)"
+    differ = (ids64 != ref_ids).any(dim=-1)
+    if bool(differ.any()):
+        rows = differ.nonzero()[:, 0]
+        picked = torch.gather(keys[rows], -1, ids64[rows])
+        best = torch.gather(keys[rows], -1, ref_ids[rows])
+        torch.testing.assert_close(picked, best, rtol=KEY_RTOL, atol=KEY_ATOL, equal_nan=True,
+                                   msg=lambda m: f"ids differ beyond a near tie in rows {rows.tolist()[:8]}: {m}")
+        sorted_ids = ids64[rows].sort(dim=-1).values
+        assert bool((sorted_ids[:, 1:] != sorted_ids[:, :-1]).all()), "an expert chosen twice"
+        limit = max_near_tie_rows if max_near_tie_rows is not None else max(2, keys.shape[0] // 50)
+        assert rows.numel() <= limit, f"{rows.numel()} rows differ from the reference (near ties?)"
+    expected = finish_weights(weights_all, ids64, renormalize, eps, scale)
+    torch.testing.assert_close(weights.double().cpu(), expected, rtol=WEIGHT_RTOL, atol=WEIGHT_ATOL, equal_nan=True)
+
+
+def grouped_reference(scores, bias, num_groups, topk_group, topk):
+    """(keys, weights_all, ids, ambiguous) of grouped_topk in fp64: keys = sigmoid + bias with the
+    experts of dropped groups at -inf; ``ambiguous`` marks rows whose kept groups are a near tie
+    (the topk_group-th and next group scores within tolerance), where fp32 may keep either."""
+    p = torch.sigmoid(read_logits(scores))
+    s = p + bias.double() if bias is not None else p
+    s = torch.where(torch.isnan(s), float("-inf"), s)
+    t, e = s.shape
+    g = e // num_groups
+    per_group = s.view(t, num_groups, g)
+    group_scores = per_group.topk(min(2, g), dim=-1).values.sum(dim=-1)
+    kept = select_topk(group_scores, topk_group)
+    ordered = torch.sort(group_scores, dim=-1, descending=True).values
+    if topk_group < num_groups:
+        gap = ordered[:, topk_group - 1] - ordered[:, topk_group]
+        ambiguous = (gap.abs() <= KEY_ATOL + KEY_RTOL * ordered[:, topk_group - 1].abs()) & (gap != 0)
+    else:
+        ambiguous = torch.zeros(t, dtype=torch.bool, device=s.device)
+    mask = torch.zeros(t, num_groups, dtype=torch.bool, device=s.device).scatter_(1, kept, True)
+    keys = torch.where(mask.repeat_interleave(g, dim=1), s, float("-inf"))
+    return keys, p, select_topk(keys, topk), ambiguous
