@@ -3,7 +3,9 @@ importable (the sglang comparator).
 
 Rows: CUDA-graph median µs; "1 input" replays one input set (the issue's method), "cold" rotates
 input sets past the L2 size. Bytes moved per call: num_tokens * (num_experts * gating element size
-+ topk * (4 + 4)) (read the logits, write fp32 weights and int32 ids).
++ topk * (4 + 4)) (read the logits, write fp32 weights and int32 ids); moe_sum_reduce
+(topk + 1) * num_tokens * hidden_size * element size (read every expert output, write the sum),
+against the device copy roof (% copy).
 """
 
 import torch
@@ -23,6 +25,7 @@ from sglang.jit_kernel.benchmark.utils import (  # noqa: E402
 )
 from sglang.jit_kernel.grouped_topk import grouped_topk  # noqa: E402
 from sglang.jit_kernel.moe_topk_sigmoid import topk_sigmoid  # noqa: E402
+from sglang.jit_kernel.moe_sum_reduce import moe_sum_reduce  # noqa: E402
 from sglang.jit_kernel.moe_topk_softmax import topk_softmax  # noqa: E402
 from sglang.test.ci.ci_register import register_cuda_ci  # noqa: E402
 
@@ -113,7 +116,33 @@ def routing_rows() -> list[BenchRow]:
     return rows
 
 
+SUM_REDUCE_SHAPES = get_benchmark_range(
+    full_range=[(1, 8, 4096), (64, 8, 4096), (4096, 8, 4096), (16384, 8, 4096), (16384, 2, 7168)],
+    ci_range=[(64, 8, 4096), (16384, 8, 4096)],
+)
+
+
+def sum_reduce_rows() -> list[BenchRow]:
+    rows = []
+    factor = 2.5
+    eager = lambda x, out: torch.mul(x.sum(dim=1), factor, out=out)  # noqa: E731
+    compiled = torch.compile(eager)
+    providers = {"jit": lambda x, out: moe_sum_reduce(x, out, factor), "torch": eager, "torch.compile": compiled}
+    if sgl_kernel is not None and hasattr(sgl_kernel, "moe_sum_reduce"):
+        providers["sgl_kernel"] = lambda x, out: sgl_kernel.moe_sum_reduce(x, out, factor)
+    for t, k, h in SUM_REDUCE_SHAPES:
+        nbytes = (k + 1) * t * h * 2
+
+        def make(n, t=t, k=k, h=h):
+            return [(torch.randn(t, k, h, dtype=torch.bfloat16, device="cuda"),
+                     torch.empty(t, h, dtype=torch.bfloat16, device="cuda")) for _ in range(n)]
+
+        time_providers("moe_sum_reduce", f"[{t}, {k}, {h}] bf16", providers, make, nbytes, rows)
+        torch.cuda.empty_cache()
+    return rows
+
+
 if __name__ == "__main__":
     exit_unless_gpu("bench_moe.py")
     roof = copy_roof_gbps()
-    print(format_rows(routing_rows(), roof))
+    print(format_rows(routing_rows() + sum_reduce_rows(), roof))

@@ -1,0 +1,113 @@
+"""moe_sum_reduce: fp64 reference rounded once, k in {1, 2, 8}, awkward hidden sizes, strided and
+unaligned views, poisoned outputs, empty, determinism, graphs, compile, errors."""
+
+import pytest
+import torch
+
+from sglang.jit_kernel.moe_sum_reduce import moe_sum_reduce
+from sglang.jit_kernel.testing import FLOAT_DTYPES, assert_close, poisoned, requires_cuda
+from sglang.jit_kernel.utils import get_ci_test_range
+from sglang.test.ci.ci_register import register_cuda_ci
+
+register_cuda_ci(est_time=30, suite="stage-b-kernel-unit-1-gpu-large")
+register_cuda_ci(est_time=90, suite="nightly-kernel-1-gpu", nightly=True)
+
+TOKENS = get_ci_test_range(full_range=[1, 7, 129, 4097], ci_range=[1, 129])
+HIDDEN = get_ci_test_range(full_range=[1, 7, 8, 129, 2048, 4096, 7168], ci_range=[7, 4096])
+
+
+def reference(x: torch.Tensor, factor: float) -> torch.Tensor:
+    """fp64 sum of the same inputs times the fp32 factor, rounded once (the kernel's fp32 sum of <= 8
+    terms is within an fp32 ulp or two of it: far inside the output dtype's tolerance)."""
+    f = float(torch.tensor(factor, dtype=torch.float32))
+    return (x.double().sum(dim=1) * f).to(x.dtype)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("num_tokens", TOKENS)
+@pytest.mark.parametrize("topk", [1, 2, 8, 9])
+@pytest.mark.parametrize("hidden_size", HIDDEN)
+def test_moe_sum_reduce_values(dtype, num_tokens, topk, hidden_size):
+    x = torch.randn(num_tokens, topk, hidden_size, dtype=dtype, device="cuda")
+    out = poisoned((num_tokens, hidden_size), dtype)
+    moe_sum_reduce(x, out, 2.5)
+    assert_close(out, reference(x, 2.5))
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("offset", [0, 1, 3])
+def test_moe_sum_reduce_strided_and_unaligned(dtype, offset):
+    """input a slice of a wider [T, k + 2, H + 5] buffer, output a row-strided view at an element offset."""
+    t, k, h = 65, 8, 1024
+    wide = torch.randn(t, k + 2, h + 5, dtype=dtype, device="cuda")
+    x = wide[:, 1 : 1 + k, offset : offset + h]
+    buffer = poisoned((t, h + 16), dtype)
+    out = buffer[:, offset : offset + h]
+    moe_sum_reduce(x, out, 1.0)
+    assert_close(out, reference(x, 1.0))
+    assert torch.isnan(buffer[:, :offset]).all() and torch.isnan(buffer[:, offset + h :]).all()
+
+
+@requires_cuda
+def test_moe_sum_reduce_empty_and_zero_topk():
+    moe_sum_reduce(torch.empty(0, 8, 64, device="cuda"), torch.empty(0, 64, device="cuda"))
+    out = poisoned((3, 64), torch.float32)
+    moe_sum_reduce(torch.empty(3, 0, 64, device="cuda"), out)
+    assert torch.equal(out, torch.zeros(3, 64, device="cuda"))
+
+
+@requires_cuda
+def test_moe_sum_reduce_deterministic_graph_compile():
+    x = torch.randn(512, 8, 4096, dtype=torch.bfloat16, device="cuda")
+    first = torch.empty(512, 4096, dtype=torch.bfloat16, device="cuda")
+    moe_sum_reduce(x, first, 0.5)
+    out = poisoned((512, 4096), torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        moe_sum_reduce(x, out, 0.5)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, first)
+
+    torch._dynamo.reset()
+
+    def f(y):
+        o = torch.empty(y.shape[0], y.shape[2], dtype=y.dtype, device=y.device)
+        moe_sum_reduce(y, o, 0.5)
+        return o
+
+    assert torch.equal(torch.compile(f, fullgraph=True)(x), first)
+
+
+# ---- errors (raised before any launch) ----
+def test_moe_sum_reduce_cpu_input():
+    with pytest.raises(RuntimeError, match=r"^moe_sum_reduce: input device: expected a CUDA device, got cpu$"):
+        moe_sum_reduce(torch.randn(2, 2, 8), torch.empty(2, 8))
+
+
+@requires_cuda
+def test_moe_sum_reduce_bad_arguments():
+    x = torch.randn(4, 2, 64, device="cuda")
+    o = torch.empty(4, 64, device="cuda")
+    with pytest.raises(RuntimeError, match=r"^moe_sum_reduce: output shape: expected \[num_tokens=4, hidden_size=64\], got \(4, 63\)$"):
+        moe_sum_reduce(x, torch.empty(4, 63, device="cuda"))
+    with pytest.raises(RuntimeError, match=r"^moe_sum_reduce: output dtype: expected float32 \(the dtype of input\), got bfloat16$"):
+        moe_sum_reduce(x, o.bfloat16())
+    with pytest.raises(RuntimeError, match=r"^moe_sum_reduce: input shape: expected \[num_tokens, topk, hidden_size\], got \(4, 64\)$"):
+        moe_sum_reduce(o, o.clone())
+    with pytest.raises(ValueError, match=r"^moe_sum_reduce: routed_scaling_factor value: expected a finite number, got nan$"):
+        moe_sum_reduce(x, o, float("nan"))
+    with pytest.raises(TypeError, match=r"^moe_sum_reduce: routed_scaling_factor type: expected a real number"):
+        moe_sum_reduce(x, o, "2")
+    with pytest.raises(RuntimeError, match=r"^moe_sum_reduce: output memory: expected no memory shared with input"):
+        moe_sum_reduce(x, x[:, 0])
+    with pytest.raises(RuntimeError, match=r"^moe_sum_reduce: output last-dim stride: expected 1"):
+        moe_sum_reduce(x, torch.empty(64, 4, device="cuda").t())
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(pytest.main([__file__, "-v", "-s"]))
