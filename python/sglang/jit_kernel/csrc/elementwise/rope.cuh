@@ -1,0 +1,575 @@
+// Rotary position embedding (RoPE) of q and k in place, optionally storing the rotated k and an
+// untouched v into paged KV caches in the same launch.
+//
+//   c = cache[pos, i], s = cache[pos, R/2 + i]            (i < R/2, R = rope_dim)
+//   NeoX  (is_neox):  (x[i], x[i + R/2])  <- (x*c - y*s, x*s + y*c)
+//   GPT-J (!is_neox): (x[2i], x[2i + 1])  <- (x*c - y*s, x*s + y*c)
+//
+// fp32 arithmetic, one rounding to T; elements [R, head_dim) of each head are untouched. The cache
+// is fp32 for the sglang-style ops and T for vLLM's rotary_embedding (CacheT).
+//
+// Layout of the work. A head's R rotated elements are C = R / (2 * kVecN) "pair chunks": chunk c is
+// two vectors of kVecN elements holding kVecN complete pairs (NeoX: x[cV .. cV+V) and
+// x[R/2 + cV ..); GPT-J: x[2cV .. 2cV+2V)), rotated with cos/sin entries cV .. cV+V of the row.
+// The block is (lanes, heads, tokens): threadIdx.x walks the chunks of a head, threadIdx.y the heads
+// of q then k (one grid for both, each with its own token and head strides), threadIdx.z the tokens
+// of the CTA. A thread loads its cos/sin vectors once per (token, chunk) and reuses them for every
+// head it rotates (the rows are tiny next to q and k: R * 4 bytes per token against
+// (Hq + Hk) * head_dim * sizeof(T) * 2). The first head's q/k vectors are loaded before the position,
+// so that at one token the two dependent loads (position, then its cache row) overlap the data
+// load. Offsets are 64-bit. Vectors are 16 bytes when every pointer, stride and R/2 allow it,
+// narrower otherwise (down to one element), so no access is ever misaligned.
+//
+// A position outside [0, max_position) reads nothing from the cache: its token's heads are rotated
+// by cos = 1, sin = 0, i.e. left as they are (and stored so, with the KV cache). An out_loc outside
+// [0, cache_size) skips that token's cache writes. Bytes moved (the benchmark's count):
+// 2 * N * (Hq + Hk) * R * sizeof(T) (read + write of the rotated elements) + N * R * sizeof(CacheT)
+// + N * sizeof(position), and with the KV store + N * Hk * (2 * D - R) * sizeof(T) * 2 (the rest of
+// k and all of v read, both caches written) ... see rope.py for the exact formula.
+#pragma once
+
+#include <sgl_kernel/runtime.cuh>  // For runtime::get_cc_major
+#include <sgl_kernel/tensor.h>     // For TensorMatcher, SymbolicSize, SymbolicDevice, kAnySize, data_ptr, verify_no_partial_overlap
+#include <sgl_kernel/utils.cuh>    // For LaunchKernel, SGL_DEVICE, pdl_wait_primary, pdl_launch_dependents
+#include <sgl_kernel/utils.h>      // For RuntimeCheck, div_ceil
+#include <sgl_kernel/vec.cuh>      // For AlignedVector, L2Policy, l2_evict_last_policy, l2_evict_normal_policy
+
+#include <dlpack/dlpack.h>
+#include <tvm/ffi/container/tensor.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <type_traits>
+#include <utility>
+
+namespace {
+
+/// Launch facts of the RoPE kernels.
+struct RopeConfig {
+  static constexpr uint32_t kMaxThreads = 512;       // threads per CTA, upper bound (__launch_bounds__)
+  // CTAs of kMaxThreads per SM the registers must allow: 2 caps them at 64. At 4 (32 registers,
+  // full occupancy) ptxas spills 300-400 bytes per thread in the 16-byte builds.
+  static constexpr uint32_t kMinBlocks = 2;
+  static constexpr int64_t kTargetThreads = 256;     // tokens are packed into a CTA up to this many threads
+  static constexpr int64_t kMaxLanes = 512;          // lanes per head (chunks beyond: lanes loop)
+  static constexpr int64_t kL2HintMinBytes = 1 << 20;  // in-place launches at least this large use the L2 hint
+};
+
+/// One tensor of heads (q or k): element (t, h, e) at data + t * token_stride + h * head_stride + e.
+struct RopeHeads {
+  void* data;            // [num_tokens, num_heads, head_dim], last dim contiguous
+  int64_t token_stride;  // elements
+  int64_t head_stride;   // elements
+  int64_t num_heads;
+};
+
+/// Kernel arguments of rope_kernel.
+struct RopeParams {
+  RopeHeads q;                // [num_tokens, num_q_heads, head_dim]
+  RopeHeads k;                // [num_tokens, num_kv_heads, head_dim]
+  const void* cos_sin_cache;  // [max_position, cache_stride] of CacheT: cos in [0, half), sin in [half, 2 * half)
+  int64_t cache_stride;       // elements of CacheT between rows
+  int64_t max_position;
+  const void* positions;      // [num_tokens], int32 or int64
+  bool positions_int64;
+  int64_t num_tokens;
+  int64_t half;               // R / 2
+  int64_t head_dim;
+  // KV store (k_cache == nullptr: none)
+  const void* v;              // [num_tokens, num_kv_heads, head_dim]
+  int64_t v_token_stride;
+  int64_t v_head_stride;
+  void* k_cache;              // [cache_size, num_kv_heads * head_dim], row stride k_cache_stride
+  void* v_cache;              // [cache_size, num_kv_heads * head_dim], row stride v_cache_stride
+  int64_t k_cache_stride;
+  int64_t v_cache_stride;
+  const void* out_loc;        // [num_tokens], int32 or int64
+  bool out_loc_int64;
+  int64_t cache_size;
+};
+
+/// Global vector accesses of q/k with or without the L2 hint (loads evict_last, stores
+/// evict_normal: the in-place pattern of the norm kernels, docs/perf_notes.md, rmsnorm.cuh's
+/// RowAccess; it lets the L2 write the dirty lines back first at large sizes).
+template <bool kL2Hint>
+struct RopeAccess {
+  device::L2Policy load_policy;
+  device::L2Policy store_policy;
+
+  SGL_DEVICE static RopeAccess make() {
+    if constexpr (kL2Hint) {
+      return {device::l2_evict_last_policy(), device::l2_evict_normal_policy()};
+    } else {
+      return {};
+    }
+  }
+  template <typename V>
+  SGL_DEVICE void load(V& v, const void* ptr) const {
+    if constexpr (kL2Hint) {
+      v.load(ptr, 0, load_policy);
+    } else {
+      v.load(ptr);
+    }
+  }
+  template <typename V>
+  SGL_DEVICE void store(const V& v, void* ptr) const {
+    if constexpr (kL2Hint) {
+      v.store(ptr, 0, store_policy);
+    } else {
+      v.store(ptr);
+    }
+  }
+};
+
+/// Reads index `i` of an int32 or int64 index tensor as int64.
+SGL_DEVICE int64_t load_index(const void* ptr, bool is_int64, int64_t i) {
+  return is_int64 ? static_cast<const int64_t*>(ptr)[i] : static_cast<int64_t>(static_cast<const int32_t*>(ptr)[i]);
+}
+
+/// Element offsets (within a head) of the two vectors of pair chunk `chunk`.
+/// NeoX: [cV, cV + V) and [half + cV, ...); GPT-J: [2cV, 2cV + V) and [2cV + V, 2cV + 2V).
+template <int kVecN, bool kNeox>
+SGL_DEVICE void chunk_offsets(int64_t chunk, int64_t half, int64_t& first, int64_t& second) {
+  if constexpr (kNeox) {
+    first = chunk * kVecN;
+    second = half + chunk * kVecN;
+  } else {
+    first = chunk * (2 * kVecN);
+    second = first + kVecN;
+  }
+}
+
+/// Rotates the kVecN pairs of z = [za, zb] (fp32) by (c[j], s[j]) and rounds the results once into
+/// (a, b). Pair j is (za[j], zb[j]) for NeoX, (z[2j], z[2j + 1]) for GPT-J.
+template <typename T, int kVecN, bool kNeox>
+SGL_DEVICE void rotate_pairs_fp32(const float (&za)[kVecN], const float (&zb)[kVecN], const float (&c)[kVecN],
+                                  const float (&s)[kVecN], device::AlignedVector<T, kVecN>& a,
+                                  device::AlignedVector<T, kVecN>& b) {
+  float z[2 * kVecN];
+#pragma unroll
+  for (int j = 0; j < kVecN; ++j) {
+    z[j] = za[j];
+    z[kVecN + j] = zb[j];
+  }
+  float r[2 * kVecN];
+#pragma unroll
+  for (int j = 0; j < kVecN; ++j) {
+    const int ix = kNeox ? j : 2 * j;
+    const int iy = kNeox ? kVecN + j : 2 * j + 1;
+    const float x = z[ix], y = z[iy];
+    r[ix] = x * c[j] - y * s[j];
+    r[iy] = x * s[j] + y * c[j];
+  }
+#pragma unroll
+  for (int j = 0; j < kVecN; ++j) {
+    a[j] = static_cast<T>(r[j]);
+    b[j] = static_cast<T>(r[kVecN + j]);
+  }
+}
+
+/// Rotates the kVecN pairs held in (a, b) in place (see rotate_pairs_fp32).
+template <typename T, int kVecN, bool kNeox>
+SGL_DEVICE void rotate_pairs(device::AlignedVector<T, kVecN>& a, device::AlignedVector<T, kVecN>& b,
+                             const float (&c)[kVecN], const float (&s)[kVecN]) {
+  float za[kVecN], zb[kVecN];
+#pragma unroll
+  for (int j = 0; j < kVecN; ++j) {
+    za[j] = static_cast<float>(a[j]);
+    zb[j] = static_cast<float>(b[j]);
+  }
+  rotate_pairs_fp32<T, kVecN, kNeox>(za, zb, c, s, a, b);
+}
+
+/// cos/sin entries [chunk * kVecN, + kVecN) of the cache row of `pos`, as fp32; (1, 0) when pos is
+/// outside [0, max_position) (nothing is read then).
+template <typename CacheT, int kVecN>
+SGL_DEVICE void load_cos_sin(const RopeParams& p, int64_t pos, int64_t chunk, float (&c)[kVecN], float (&s)[kVecN]) {
+  if (pos >= 0 && pos < p.max_position) {
+    const CacheT* row = static_cast<const CacheT*>(p.cos_sin_cache) + pos * p.cache_stride + chunk * kVecN;
+    device::AlignedVector<CacheT, kVecN> cv, sv;
+    cv.load(row);
+    sv.load(row + p.half);
+#pragma unroll
+    for (int j = 0; j < kVecN; ++j) {
+      c[j] = static_cast<float>(cv[j]);
+      s[j] = static_cast<float>(sv[j]);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kVecN; ++j) {
+      c[j] = 1.0f;
+      s[j] = 0.0f;
+    }
+  }
+}
+
+/// Address of head `head` (q heads first, then k) of token `token`.
+template <typename T>
+SGL_DEVICE T* head_at(const RopeParams& p, int64_t token, int64_t head) {
+  const bool is_q = head < p.q.num_heads;
+  const RopeHeads& heads = is_q ? p.q : p.k;
+  const int64_t h = is_q ? head : head - p.q.num_heads;
+  return static_cast<T*>(heads.data) + token * heads.token_stride + h * heads.head_stride;
+}
+
+/// Copies elements [begin, head_dim) of a k head and all of a v head to their cache rows, lanes
+/// striding over vectors (the KV store's part that needs no rotation).
+template <typename T, int kVecN>
+SGL_DEVICE void copy_kv_rest(const RopeParams& p, const T* k_head, int64_t token, int64_t kv_head, int64_t loc,
+                             int64_t begin) {
+  using vec_t = device::AlignedVector<T, kVecN>;
+  T* kc = static_cast<T*>(p.k_cache) + loc * p.k_cache_stride + kv_head * p.head_dim;
+  T* vc = static_cast<T*>(p.v_cache) + loc * p.v_cache_stride + kv_head * p.head_dim;
+  const T* v_head = static_cast<const T*>(p.v) + token * p.v_token_stride + kv_head * p.v_head_stride;
+  const int64_t step = int64_t{blockDim.x} * kVecN;
+  for (int64_t e = begin + int64_t{threadIdx.x} * kVecN; e < p.head_dim; e += step) {
+    vec_t x;
+    x.load(k_head + e);
+    x.store(kc + e);
+  }
+  for (int64_t e = int64_t{threadIdx.x} * kVecN; e < p.head_dim; e += step) {
+    vec_t x;
+    x.load(v_head + e);
+    x.store(vc + e);
+  }
+}
+
+/// One CTA: tokens blockIdx.x * blockDim.z + threadIdx.z; thread (x, y) rotates chunks x, x +
+/// blockDim.x, ... of heads y, y + blockDim.y, ... of q then k (and stores k/v with the KV cache).
+/// Preconditions (the launcher's): every pointer, token/head stride and `half` a multiple of kVecN
+/// elements (of head_dim too with the KV store); the cache pointer, stride and half a multiple of
+/// kVecN elements of CacheT.
+template <typename T, typename CacheT, int kVecN, bool kNeox, bool kL2Hint>
+__global__ void __launch_bounds__(RopeConfig::kMaxThreads, RopeConfig::kMinBlocks) rope_kernel(const RopeParams p) {
+  using vec_t = device::AlignedVector<T, kVecN>;
+  const int64_t token = int64_t{blockIdx.x} * blockDim.z + threadIdx.z;
+  const int64_t num_heads = p.q.num_heads + p.k.num_heads;
+  const int64_t num_chunks = p.half / kVecN;
+  const bool kv_store = p.k_cache != nullptr;
+  const RopeAccess<kL2Hint> access = RopeAccess<kL2Hint>::make();
+
+  // Everything below may read what the previous kernel in the stream writes (PDL).
+  device::pdl_wait_primary();
+  device::pdl_launch_dependents();
+  if (token >= p.num_tokens) return;
+
+  int64_t loc = -1;  // cache row of this token (-1: no store)
+  bool first_load = true;
+  int64_t pos = 0;
+  for (int64_t chunk = threadIdx.x; chunk < num_chunks; chunk += blockDim.x) {
+    int64_t off_a, off_b;
+    chunk_offsets<kVecN, kNeox>(chunk, p.half, off_a, off_b);
+    int64_t head = threadIdx.y;
+    if (head >= num_heads) break;
+    vec_t a, b;
+    T* ptr = head_at<T>(p, token, head);
+    access.load(a, ptr + off_a);  // before the position: overlaps the position -> cache row chain
+    access.load(b, ptr + off_b);
+    if (first_load) {
+      pos = load_index(p.positions, p.positions_int64, token);
+      if (kv_store) {
+        loc = load_index(p.out_loc, p.out_loc_int64, token);
+        if (loc < 0 || loc >= p.cache_size) loc = -1;
+      }
+      first_load = false;
+    }
+    float c[kVecN], s[kVecN];
+    load_cos_sin<CacheT, kVecN>(p, pos, chunk, c, s);
+    while (true) {
+      rotate_pairs<T, kVecN, kNeox>(a, b, c, s);
+      access.store(a, ptr + off_a);
+      access.store(b, ptr + off_b);
+      if (loc >= 0 && head >= p.q.num_heads) {
+        const int64_t kv_head = head - p.q.num_heads;
+        T* kc = static_cast<T*>(p.k_cache) + loc * p.k_cache_stride + kv_head * p.head_dim;
+        a.store(kc + off_a);
+        b.store(kc + off_b);
+      }
+      head += blockDim.y;
+      if (head >= num_heads) break;
+      ptr = head_at<T>(p, token, head);
+      access.load(a, ptr + off_a);
+      access.load(b, ptr + off_b);
+    }
+  }
+
+  // KV store: the unrotated rest of each k head and all of v (no rotation, bit for bit). A token
+  // whose lanes all skipped the loop above (no heads, or no chunks) still needs its loc.
+  if (kv_store) {
+    if (first_load) {
+      loc = load_index(p.out_loc, p.out_loc_int64, token);
+      if (loc < 0 || loc >= p.cache_size) loc = -1;
+    }
+    if (loc < 0) return;
+    for (int64_t kv_head = threadIdx.y; kv_head < p.k.num_heads; kv_head += blockDim.y) {
+      const T* k_head = static_cast<const T*>(p.k.data) + token * p.k.token_stride + kv_head * p.k.head_stride;
+      copy_kv_rest<T, kVecN>(p, k_head, token, kv_head, loc, 2 * p.half);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side
+// ---------------------------------------------------------------------------------------------
+
+/// Widest vector (elements of T, a power of two, at most 16 bytes) such that every value in
+/// `byte_values` (addresses, byte strides, byte lengths) is a multiple of its size.
+template <typename T>
+int64_t rope_vector_elements(std::initializer_list<uint64_t> byte_values) {
+  uint64_t bits = 0;
+  for (const uint64_t v : byte_values) bits |= v;
+  int64_t bytes = 16;
+  while (bytes > static_cast<int64_t>(sizeof(T)) && bits % static_cast<uint64_t>(bytes) != 0) bytes /= 2;
+  return bytes / static_cast<int64_t>(sizeof(T));
+}
+
+inline uint64_t rope_address(const void* ptr) { return reinterpret_cast<uint64_t>(ptr); }
+
+/// enable_pdl: 1 on, 0 off, negative "auto" = on for compute capability >= 9.
+inline bool rope_resolve_pdl(int64_t enable_pdl, const DLDevice& device) {
+  if (enable_pdl >= 0) return enable_pdl != 0;
+  return host::runtime::get_cc_major(device.device_id) >= 9;
+}
+
+/// Block (lanes, heads, tokens) of a launch with `num_chunks` chunks per head.
+/// Lanes: every chunk of a head (up to kMaxLanes); heads: all of them when the CTA stays within
+/// kMaxThreads (else split into equal passes); tokens: packed until kTargetThreads.
+inline dim3 rope_block(int64_t num_chunks, int64_t num_heads, int64_t num_tokens) {
+  const int64_t lanes = std::clamp<int64_t>(num_chunks, 1, RopeConfig::kMaxLanes);
+  const int64_t heads_total = std::max<int64_t>(num_heads, 1);
+  const int64_t max_heads = std::max<int64_t>(1, RopeConfig::kMaxThreads / lanes);
+  const int64_t passes = host::div_ceil(heads_total, max_heads);
+  const int64_t heads = host::div_ceil(heads_total, passes);
+  const int64_t per_token = lanes * heads;
+  // blockDim.z is at most 64 (a CUDA limit)
+  const int64_t tokens =
+      std::clamp<int64_t>(RopeConfig::kTargetThreads / per_token, 1, std::clamp<int64_t>(num_tokens, 1, 64));
+  return dim3(static_cast<uint32_t>(lanes), static_cast<uint32_t>(heads), static_cast<uint32_t>(tokens));
+}
+
+/// Launches rope_kernel with the widest vector of at most kVecN elements that vec_n allows.
+template <typename T, typename CacheT, int kVecN, bool kNeox>
+void launch_rope(const RopeParams& p, int64_t vec_n, bool l2_hint, DLDevice device, bool pdl) {
+  using namespace host;
+  if constexpr (kVecN > 1) {
+    if (vec_n < kVecN) return launch_rope<T, CacheT, kVecN / 2, kNeox>(p, vec_n, false, device, pdl);
+  }
+  const dim3 block = rope_block(p.half / kVecN, p.q.num_heads + p.k.num_heads, p.num_tokens);
+  const int64_t grid = div_ceil(p.num_tokens, int64_t{block.z});
+  RuntimeCheck(grid < (int64_t{1} << 31), "rope: num_tokens too large for one launch, got ", p.num_tokens);
+  constexpr bool kFull = kVecN * sizeof(T) == 16;
+  if constexpr (kFull) {
+    if (l2_hint) {
+      LaunchKernel(static_cast<uint32_t>(grid), block, device).enable_pdl(pdl)(
+          rope_kernel<T, CacheT, kVecN, kNeox, true>, p);
+      return;
+    }
+  }
+  LaunchKernel(static_cast<uint32_t>(grid), block, device).enable_pdl(pdl)(rope_kernel<T, CacheT, kVecN, kNeox, false>,
+                                                                           p);
+}
+
+/// Validates q, k, cos_sin_cache and positions, fills the rotation part of `p`; returns R / 2.
+template <typename T, typename CacheT>
+void rope_bind(const char* op, tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView cos_sin_cache,
+               tvm::ffi::TensorView positions, int64_t rope_dim, RopeParams& p, DLDevice& device) {
+  using namespace host;
+
+  SymbolicSize num_tokens{"num_tokens"};
+  SymbolicSize num_q_heads{"num_q_heads"};
+  SymbolicSize num_kv_heads{"num_kv_heads"};
+  SymbolicSize head_dim{"head_dim"};
+  SymbolicSize max_position{"max_position"};
+  SymbolicSize cache_width{"cache_width"};
+  SymbolicDevice device_;
+  device_.set_options<kDLCUDA>();
+  TensorMatcher({num_tokens, num_q_heads, head_dim})  //
+      .with_strides({kAnySize, kAnySize, kAnySize})
+      .with_dtype<T>()
+      .with_device<kDLCUDA>(device_)
+      .verify(q, "q");
+  TensorMatcher({num_tokens, num_kv_heads, head_dim})  //
+      .with_strides({kAnySize, kAnySize, kAnySize})
+      .with_dtype<T>()
+      .with_device<kDLCUDA>(device_)
+      .verify(k, "k");
+  TensorMatcher({max_position, cache_width})  //
+      .with_strides({kAnySize, 1})
+      .with_dtype<CacheT>()
+      .with_device<kDLCUDA>(device_)
+      .verify(cos_sin_cache, "cos_sin_cache");
+  TensorMatcher({num_tokens})  //
+      .with_dtype<int32_t, int64_t>()
+      .with_device<kDLCUDA>(device_)
+      .verify(positions, "positions");
+  RuntimeCheck(q.size(2) <= 1 || q.stride(2) == 1, op, ": q must be contiguous in its last dimension, got stride ",
+               q.stride(2));
+  RuntimeCheck(k.size(2) <= 1 || k.stride(2) == 1, op, ": k must be contiguous in its last dimension, got stride ",
+               k.stride(2));
+  verify_no_self_overlap(q, "q");
+  verify_no_self_overlap(k, "k");
+  verify_no_partial_overlap(k, "k", q, "q", /*allow_same=*/false);
+  verify_no_partial_overlap(q, "q", cos_sin_cache, "cos_sin_cache", /*allow_same=*/false);
+  verify_no_partial_overlap(k, "k", cos_sin_cache, "cos_sin_cache", /*allow_same=*/false);
+  verify_no_partial_overlap(q, "q", positions, "positions", /*allow_same=*/false);
+  verify_no_partial_overlap(k, "k", positions, "positions", /*allow_same=*/false);
+
+  const int64_t d = head_dim.unwrap();
+  const int64_t width = cache_width.unwrap();
+  const int64_t r = rope_dim == 0 ? width : rope_dim;
+  RuntimeCheck(r > 0 && r % 2 == 0, op, ": rope_dim must be even and > 0, got ", r);
+  RuntimeCheck(r <= d, op, ": rope_dim must be <= head_dim (", d, "), got ", r);
+  RuntimeCheck(r <= width, op, ": rope_dim must be <= cos_sin_cache.size(1) (", width, "), got ", r);
+
+  device = device_.unwrap();
+  p.q = RopeHeads{data_ptr(q), q.stride(0), q.stride(1), num_q_heads.unwrap()};
+  p.k = RopeHeads{data_ptr(k), k.stride(0), k.stride(1), num_kv_heads.unwrap()};
+  p.cos_sin_cache = data_ptr<const void>(cos_sin_cache);
+  p.cache_stride = cos_sin_cache.stride(0);
+  p.max_position = max_position.unwrap();
+  p.positions = data_ptr<const void>(positions);
+  p.positions_int64 = positions.dtype().bits == 64;
+  p.num_tokens = num_tokens.unwrap();
+  p.half = r / 2;
+  p.head_dim = d;
+  p.k_cache = nullptr;
+  p.v_cache = nullptr;
+  p.v = nullptr;
+  p.out_loc = nullptr;
+}
+
+/// The widest vector the bound tensors allow (see rope_kernel's preconditions) and the launch.
+template <typename T, typename CacheT>
+void rope_dispatch(const RopeParams& p, bool is_neox, DLDevice device, int64_t enable_pdl) {
+  if (p.num_tokens == 0 || p.q.num_heads + p.k.num_heads == 0) return;
+  const uint64_t s = sizeof(T);
+  uint64_t strides = 0;
+  if (p.num_tokens > 1) strides |= static_cast<uint64_t>(p.q.token_stride | p.k.token_stride);
+  if (p.q.num_heads > 1) strides |= static_cast<uint64_t>(p.q.head_stride);
+  if (p.k.num_heads > 1) strides |= static_cast<uint64_t>(p.k.head_stride);
+  uint64_t kv_bits = 0;
+  if (p.k_cache != nullptr) {
+    kv_bits = rope_address(p.v) | rope_address(p.k_cache) | rope_address(p.v_cache) |
+              static_cast<uint64_t>(p.v_token_stride | p.v_head_stride | p.k_cache_stride | p.v_cache_stride |
+                                    p.head_dim) * s;
+  }
+  int64_t vec_n = rope_vector_elements<T>({rope_address(p.q.data), rope_address(p.k.data), strides * s,
+                                           static_cast<uint64_t>(p.half) * s, kv_bits});
+  const uint64_t cs = sizeof(CacheT);
+  const uint64_t cache_bits = rope_address(p.cos_sin_cache) |
+                              static_cast<uint64_t>(p.max_position > 1 ? p.cache_stride : 0) * cs |
+                              static_cast<uint64_t>(p.half) * cs;
+  while (vec_n > 1 && cache_bits % (static_cast<uint64_t>(vec_n) * cs) != 0) vec_n /= 2;
+
+  const int64_t rotated_bytes = p.num_tokens * (p.q.num_heads + p.k.num_heads) * 2 * p.half * static_cast<int64_t>(s);
+  const bool l2_hint = rotated_bytes >= RopeConfig::kL2HintMinBytes;
+  const bool pdl = rope_resolve_pdl(enable_pdl, device);
+  constexpr int kMaxVecN = static_cast<int>(16 / sizeof(T));
+  if (is_neox) {
+    launch_rope<T, CacheT, kMaxVecN, true>(p, vec_n, l2_hint, device, pdl);
+  } else {
+    launch_rope<T, CacheT, kMaxVecN, false>(p, vec_n, l2_hint, device, pdl);
+  }
+}
+
+/// RoPE of q and k in place with an fp32 cos/sin cache.
+/// q: [num_tokens, num_q_heads, head_dim], k: [num_tokens, num_kv_heads, head_dim], T on one CUDA
+/// device, last dim contiguous, token and head strides free and independent (heads must not
+/// overlap; q and k disjoint, e.g. views of a fused qkv buffer); cos_sin_cache: [max_position,
+/// width] fp32, rows contiguous; positions: [num_tokens] int32/int64. rope_dim: 0 (= width) or an
+/// even R <= min(head_dim, width). enable_pdl: 1 / 0 / -1 (auto). T = fp16_t | bf16_t | fp32_t.
+/// Throws PanicError (Python RuntimeError) naming the tensor before any launch.
+template <typename T>
+void apply_rope_inplace(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView cos_sin_cache,
+                        tvm::ffi::TensorView positions, bool is_neox, int64_t rope_dim, int64_t enable_pdl) {
+  RopeParams p{};
+  DLDevice device{};
+  rope_bind<T, fp32_t>("apply_rope_inplace", q, k, cos_sin_cache, positions, rope_dim, p, device);
+  rope_dispatch<T, fp32_t>(p, is_neox, device, enable_pdl);
+}
+
+/// vLLM's rotary_embedding on [num_tokens, num_heads, head_size] views: the cos/sin cache in T.
+/// k may have 0 heads (no key). Same rules as apply_rope_inplace otherwise.
+template <typename T>
+void rotary_embedding(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView cos_sin_cache,
+                      tvm::ffi::TensorView positions, bool is_neox, int64_t enable_pdl) {
+  RopeParams p{};
+  DLDevice device{};
+  rope_bind<T, T>("rotary_embedding", q, k, cos_sin_cache, positions, 0, p, device);
+  rope_dispatch<T, T>(p, is_neox, device, enable_pdl);
+}
+
+/// apply_rope_inplace, then k (rotated) -> k_cache[out_loc[t]] and v -> v_cache[out_loc[t]], bit for bit.
+/// v: [num_tokens, num_kv_heads, head_dim] (own strides, last dim contiguous); k_cache, v_cache:
+/// [cache_size, num_kv_heads * head_dim] of T, row stride free, rows contiguous, disjoint from
+/// every other tensor; out_loc: [num_tokens] int32/int64 (entries outside [0, cache_size) skip
+/// that token's store).
+template <typename T>
+void apply_rope_inplace_with_kvcache(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView v,
+                                     tvm::ffi::TensorView k_cache, tvm::ffi::TensorView v_cache,
+                                     tvm::ffi::TensorView cos_sin_cache, tvm::ffi::TensorView positions,
+                                     tvm::ffi::TensorView out_loc, bool is_neox, int64_t rope_dim, int64_t enable_pdl) {
+  using namespace host;
+  constexpr const char* kOp = "apply_rope_inplace_with_kvcache";
+  RopeParams p{};
+  DLDevice device{};
+  rope_bind<T, fp32_t>(kOp, q, k, cos_sin_cache, positions, rope_dim, p, device);
+
+  SymbolicSize num_tokens{"num_tokens"};
+  SymbolicSize num_kv_heads{"num_kv_heads"};
+  SymbolicSize head_dim{"head_dim"};
+  SymbolicSize cache_size{"cache_size"};
+  SymbolicSize row{"num_kv_heads * head_dim"};
+  num_tokens.set_value(p.num_tokens);
+  num_kv_heads.set_value(p.k.num_heads);
+  head_dim.set_value(p.head_dim);
+  row.set_value(p.k.num_heads * p.head_dim);
+  SymbolicDevice device_;
+  device_.set_options<kDLCUDA>();
+  device_.set_value(device);
+  TensorMatcher({num_tokens, num_kv_heads, head_dim})  //
+      .with_strides({kAnySize, kAnySize, kAnySize})
+      .with_dtype<T>()
+      .with_device<kDLCUDA>(device_)
+      .verify(v, "v");
+  TensorMatcher({cache_size, row})  //
+      .with_strides({kAnySize, 1})
+      .with_dtype<T>()
+      .with_device<kDLCUDA>(device_)
+      .verify(k_cache, "k_cache")
+      .verify(v_cache, "v_cache");
+  TensorMatcher({num_tokens})  //
+      .with_dtype<int32_t, int64_t>()
+      .with_device<kDLCUDA>(device_)
+      .verify(out_loc, "out_loc");
+  RuntimeCheck(v.size(2) <= 1 || v.stride(2) == 1, kOp, ": v must be contiguous in its last dimension, got stride ",
+               v.stride(2));
+  // The caches are written while q, k, v, the cos/sin cache and the indices are read.
+  const std::pair<const tvm::ffi::TensorView*, const char*> read[] = {
+      {&q, "q"}, {&k, "k"}, {&v, "v"}, {&cos_sin_cache, "cos_sin_cache"}, {&positions, "positions"}, {&out_loc, "out_loc"}};
+  for (const auto& [view, name] : read) {
+    verify_no_partial_overlap(k_cache, "k_cache", *view, name, /*allow_same=*/false);
+    verify_no_partial_overlap(v_cache, "v_cache", *view, name, /*allow_same=*/false);
+  }
+  verify_no_partial_overlap(k_cache, "k_cache", v_cache, "v_cache", /*allow_same=*/false);
+  verify_no_partial_overlap(v, "v", q, "q", /*allow_same=*/false);
+  verify_no_partial_overlap(v, "v", k, "k", /*allow_same=*/false);
+
+  p.v = data_ptr<const void>(v);
+  p.v_token_stride = v.stride(0);
+  p.v_head_stride = v.stride(1);
+  p.k_cache = data_ptr(k_cache);
+  p.v_cache = data_ptr(v_cache);
+  p.k_cache_stride = k_cache.stride(0);
+  p.v_cache_stride = v_cache.stride(0);
+  p.out_loc = data_ptr<const void>(out_loc);
+  p.out_loc_int64 = out_loc.dtype().bits == 64;
+  p.cache_size = cache_size.unwrap();
+  if (p.cache_size == 0 || p.k.num_heads == 0) {
+    p.k_cache = nullptr;  // nothing can be stored: a plain rotation
+  }
+  rope_dispatch<T, fp32_t>(p, is_neox, device, enable_pdl);
+}
+
+}  // namespace

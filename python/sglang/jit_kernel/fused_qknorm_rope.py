@@ -1,0 +1,210 @@
+"""fused_qk_norm_rope: per-head RMSNorm of q and k, then RoPE with frequencies computed on the fly
+(YaRN optional), in place on a packed qkv buffer, in one launch.
+
+Kernel: ``csrc/elementwise/fused_qknorm_rope.cuh``, compiled into the RoPE module of
+:mod:`sglang.jit_kernel.rope` (one module per dtype serves every RoPE op). Bytes moved (for
+bandwidth figures): ``2*N*(Hq+Hk)*D*s + 2*D*s + N*p`` (``s`` the element size, ``p`` the position
+size); v is neither read nor written.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from sglang.jit_kernel._validate import FLOAT_DTYPES, INDEX_DTYPES, check_scalar, check_tensor, fail
+from sglang.jit_kernel.registry import CheckCase, register_op
+from sglang.jit_kernel.rope import ROPE_MODULE, _load, _pdl_flag
+
+__all__ = ["fused_qk_norm_rope", "fused_qk_norm_rope_reference"]
+
+
+@torch.library.custom_op("sglang_jit_kernel::fused_qk_norm_rope", mutates_args=("qkv",), device_types="cuda")
+def _fused_qk_norm_rope_op(qkv: torch.Tensor, num_heads_q: int, num_heads_k: int, num_heads_v: int, head_dim: int,
+                           eps: float, q_weight: torch.Tensor, k_weight: torch.Tensor, base: float, is_neox: bool,
+                           position_ids: torch.Tensor, factor: float, low: float, high: float,
+                           attention_factor: float, rotary_dim: int, enable_pdl: int) -> None:
+    _load(qkv.dtype).fused_qk_norm_rope(qkv, num_heads_q, num_heads_k, num_heads_v, head_dim, eps, q_weight,
+                                        k_weight, base, is_neox, position_ids, factor, low, high, attention_factor,
+                                        rotary_dim, enable_pdl)
+
+
+@_fused_qk_norm_rope_op.register_fake
+def _(qkv, num_heads_q, num_heads_k, num_heads_v, head_dim, eps, q_weight, k_weight, base, is_neox, position_ids,
+      factor, low, high, attention_factor, rotary_dim, enable_pdl) -> None:
+    return None
+
+
+def fused_qk_norm_rope(
+    qkv: torch.Tensor,
+    num_heads_q: int,
+    num_heads_k: int,
+    num_heads_v: int,
+    head_dim: int,
+    eps: float,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    base: float,
+    is_neox: bool,
+    position_ids: torch.Tensor,
+    factor: float,
+    low: float,
+    high: float,
+    attention_factor: float,
+    rotary_dim: int | None = None,
+    *,
+    enable_pdl: bool | None = None,
+) -> None:
+    """RMSNorm each q and k head of a packed qkv buffer, then rotate it, in place (v untouched).
+
+    For each head ``x`` of q (weight ``q_weight``) and of k (``k_weight``), in fp32 with one rounding
+    at the end: ``y = x * rsqrt(mean(x**2) + eps) * w`` (the :func:`fused_inplace_qknorm` formula,
+    not rounded here), then RoPE of ``y[:R]`` (``R = rotary_dim``) with ``f_i = base**(-2i/R)``; when
+    ``factor != 1`` YaRN blends ``f_i`` with ``f_i / factor``: ``ramp = clamp((i - low) / (high -
+    low), 0, 1)`` (``high`` nudged by 0.001 when equal to ``low``), ``f_i <- (f_i / factor) * ramp +
+    f_i * (1 - ramp)``. ``c = cos(pos * f_i) * attention_factor``, ``s = sin(pos * f_i) *
+    attention_factor`` (``attention_factor`` applies whatever ``factor`` is; pass 1.0 for plain
+    RoPE); pairs rotate as in :func:`sglang.jit_kernel.rope.apply_rope_inplace`.
+
+    Parameters
+    ----------
+    qkv : torch.Tensor
+        ``[num_tokens, (num_heads_q + num_heads_k + num_heads_v) * head_dim]`` CUDA tensor, float16 /
+        bfloat16 / float32, last dim contiguous, token stride free. Modified in place (q and k
+        columns only).
+    num_heads_q, num_heads_k, num_heads_v : int
+        Head counts (>= 0).
+    head_dim : int
+        Elements per head (>= 1); up to 1024 (2-byte dtypes) / 512 (fp32) when rows, head_dim and R/2
+        allow 16-byte vectors, up to 128 otherwise.
+    eps : float
+        Added to the mean square (>= 0).
+    q_weight, k_weight : torch.Tensor
+        ``[head_dim]``, contiguous, the dtype and device of qkv.
+    base : float
+        RoPE base (> 0).
+    is_neox : bool
+        NeoX (halves) or GPT-J (interleaved pairs) style.
+    position_ids : torch.Tensor
+        ``[num_tokens]`` int32 or int64 (any value: nothing is indexed by it).
+    factor, low, high, attention_factor : float
+        YaRN scaling (``factor > 0``; ``factor == 1`` disables the blend) and the cos/sin multiplier.
+    rotary_dim : int, optional
+        ``R``: even, ``<= head_dim``; None (default) means ``head_dim``.
+    enable_pdl : bool, optional
+        Programmatic Dependent Launch; None means on for SM90+. Keyword-only.
+
+    Returns
+    -------
+    None
+
+    Raises
+    ------
+    TypeError
+        A tensor argument that is not a tensor, a count or ``rotary_dim`` not an int, a float
+        argument not a number, ``is_neox`` not a bool.
+    ValueError
+        Negative head counts or eps, ``head_dim < 1``, ``base <= 0`` or ``factor <= 0``, ``rotary_dim``
+        odd or above head_dim, a non-finite float.
+    RuntimeError
+        As ``fused_qk_norm_rope: <arg> <what>: expected X, got Y``: not on CUDA or another device,
+        unsupported or mismatched dtypes, qkv not ``[num_tokens, row]`` of the heads' row, a weight not
+        ``[head_dim]`` or not contiguous, position_ids not ``[num_tokens]``; from the launcher, qkv
+        sharing memory with a weight or position_ids, a head_dim the kernel does not take.
+    """
+    op = "fused_qk_norm_rope"
+    for name, value in (("num_heads_q", num_heads_q), ("num_heads_k", num_heads_k), ("num_heads_v", num_heads_v)):
+        check_scalar(op, name, value, int, minimum=0)
+    check_scalar(op, "head_dim", head_dim, int, minimum=1)
+    check_scalar(op, "eps", eps, float, minimum=0.0)
+    check_scalar(op, "base", base, float, minimum=0.0, exclusive_minimum=True)
+    check_scalar(op, "is_neox", is_neox, bool)
+    check_scalar(op, "factor", factor, float, minimum=0.0, exclusive_minimum=True)
+    for name, value in (("low", low), ("high", high), ("attention_factor", attention_factor)):
+        check_scalar(op, name, value, float)
+        if not math.isfinite(value):
+            fail(ValueError, op, name, "value", "a finite number", value)
+    check_scalar(op, "rotary_dim", rotary_dim, int, optional=True)
+    check_scalar(op, "enable_pdl", enable_pdl, bool, optional=True)
+    r = head_dim if rotary_dim is None else rotary_dim
+    if r <= 0 or r % 2 != 0 or r > head_dim:
+        fail(ValueError, op, "rotary_dim", "value", f"an even number in [2, head_dim={head_dim}]", r)
+    row = (num_heads_q + num_heads_k + num_heads_v) * head_dim
+    check_tensor(op, "qkv", qkv, dtypes=FLOAT_DTYPES, dims=[("num_tokens", None), ("row", row)],
+                 last_dim_contiguous=True)
+    check_tensor(op, "q_weight", q_weight, dtype_as=(qkv, "qkv"), dims=[("head_dim", head_dim)], contiguous=True)
+    check_tensor(op, "k_weight", k_weight, dtype_as=(qkv, "qkv"), dims=[("head_dim", head_dim)], contiguous=True)
+    check_tensor(op, "position_ids", position_ids, dtypes=INDEX_DTYPES, device_as=(qkv, "qkv"),
+                 dims=[("num_tokens", qkv.shape[0])])
+    position_ids = position_ids.contiguous()
+    if qkv.shape[0] == 0:
+        return
+    args = (qkv, num_heads_q, num_heads_k, num_heads_v, head_dim, float(eps), q_weight, k_weight, float(base),
+            is_neox, position_ids, float(factor), float(low), float(high), float(attention_factor), r,
+            _pdl_flag(enable_pdl))
+    if torch.compiler.is_compiling():
+        torch.ops.sglang_jit_kernel.fused_qk_norm_rope(*args)
+    else:
+        _load(qkv.dtype).fused_qk_norm_rope(*args)
+
+
+def fused_qk_norm_rope_reference(
+    qkv: torch.Tensor, num_heads_q: int, num_heads_k: int, head_dim: int, eps: float, q_weight: torch.Tensor,
+    k_weight: torch.Tensor, base: float, is_neox: bool, position_ids: torch.Tensor, factor: float, low: float,
+    high: float, attention_factor: float, rotary_dim: int | None = None,
+) -> torch.Tensor:
+    """The expected qkv (a new tensor) in fp32 from the same inputs, rounded once: norm, then RoPE
+    with the docstring's frequencies (computed in fp32 like the kernel)."""
+    n = qkv.shape[0]
+    r = rotary_dim or head_dim
+    out = qkv.clone()
+    i = torch.arange(r // 2, dtype=torch.float32, device=qkv.device)
+    freq = torch.pow(torch.tensor(base, dtype=torch.float32, device=qkv.device), -2.0 * i / r)
+    if factor != 1.0:
+        hi = high + 0.001 if high == low else high
+        ramp = ((i - low) / (hi - low)).clamp(0.0, 1.0)
+        freq = (freq / factor) * ramp + freq * (1.0 - ramp)
+    theta = position_ids.float()[:, None] * freq[None, :]
+    cos = (torch.cos(theta) * attention_factor)[:, None, :]
+    sin = (torch.sin(theta) * attention_factor)[:, None, :]
+    for first, count, weight in ((0, num_heads_q, q_weight), (num_heads_q, num_heads_k, k_weight)):
+        if count == 0:
+            continue
+        cols = slice(first * head_dim, (first + count) * head_dim)
+        x = qkv[:, cols].float().view(n, count, head_dim)
+        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+        if is_neox:
+            a, b = y[..., : r // 2].clone(), y[..., r // 2 : r].clone()
+            y[..., : r // 2], y[..., r // 2 : r] = a * cos - b * sin, a * sin + b * cos
+        else:
+            a, b = y[..., 0:r:2].clone(), y[..., 1:r:2].clone()
+            y[..., 0:r:2], y[..., 1:r:2] = a * cos - b * sin, a * sin + b * cos
+        out[:, cols] = y.view(n, count * head_dim).to(qkv.dtype)
+    return out
+
+
+def _check_cases() -> list[CheckCase]:
+    """Qwen3 shape: 16384 tokens, 32 + 8 + 8 heads x 128, bf16, NeoX, plain RoPE."""
+    n, hq, hk, hv, d = 16384, 32, 8, 8, 128
+
+    def make() -> tuple:
+        qkv = torch.randn(n, (hq + hk + hv) * d, dtype=torch.bfloat16, device="cuda")
+        qw = torch.randn(d, dtype=torch.bfloat16, device="cuda")
+        kw = torch.randn(d, dtype=torch.bfloat16, device="cuda")
+        # positions below 2048: the frequencies of kernel and reference (both fp32 powf) may differ by
+        # an ulp, an angle error of pos * ulp that check's one-ulp bf16 tolerance absorbs there
+        return qkv, qw, kw, torch.randint(0, 2048, (n,), device="cuda")
+
+    def call(qkv, qw, kw, pos) -> torch.Tensor:
+        fused_qk_norm_rope(qkv, hq, hk, hv, d, 1e-6, qw, kw, 1e6, True, pos, 1.0, 0.0, 0.0, 1.0)
+        return qkv
+
+    def reference(qkv, qw, kw, pos) -> torch.Tensor:
+        return fused_qk_norm_rope_reference(qkv, hq, hk, d, 1e-6, qw, kw, 1e6, True, pos, 1.0, 0.0, 0.0, 1.0)
+
+    nbytes = 2 * n * (hq + hk) * d * 2 + 2 * d * 2 + n * 8
+    return [CheckCase(f"[{n}, {hq}+{hk}+{hv}, {d}] bf16 neox", make, call, reference, nbytes, torch.bfloat16)]
+
+
+register_op("fused_qk_norm_rope", module=ROPE_MODULE, check_cases=_check_cases)

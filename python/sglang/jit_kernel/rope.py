@@ -1,0 +1,641 @@
+"""Rotary position embedding (RoPE): in place on q and k, optionally storing k and v into KV caches
+in the same launch, and vLLM's ``rotary_embedding``.
+
+With ``R = rope_dim`` and a cos/sin cache row ``cache[pos] = [cos_0 .. cos_{R/2-1}, sin_0 ..
+sin_{R/2-1}]``, each pair of a head becomes ``(x*c - y*s, x*s + y*c)`` in fp32, rounded once to the
+tensor dtype: the NeoX pairs ``(x[i], x[i + R/2])`` or the GPT-J pairs ``(x[2i], x[2i + 1])``.
+Elements ``[R, head_dim)`` of each head are untouched. Kernels: ``csrc/elementwise/rope.cuh`` (and
+``fused_qknorm_rope.cuh`` for :mod:`sglang.jit_kernel.fused_qknorm_rope`), one module per dtype.
+
+Bytes moved (the benchmark's count), ``s`` the element size, ``N`` tokens, ``Hq``/``Hk`` heads:
+``apply_rope_inplace`` ``2*N*(Hq+Hk)*R*s + N*R*4 + N*p`` (``p`` the position size: read + write of
+the rotated elements, the cache rows, the positions); ``apply_rope_inplace_with_kvcache`` adds
+``N*Hk*(2*D - R)*s`` read (the rest of k, all of v) and ``2*N*Hk*D*s`` written (both caches) and
+``N*p`` for ``out_loc``.
+
+A position outside ``[0, max_position)`` never reads out of bounds: that token's heads are left as
+they are (rotated by ``cos = 1, sin = 0``); with the KV store they are stored unrotated. An
+``out_loc`` outside ``[0, cache_size)`` stores nothing for its token. ``SGLANG_JIT_CHECK_INDICES=1``
+turns both into an ``IndexError`` naming the first bad entry (a host read: one sync per call).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Optional
+
+import torch
+
+from sglang.jit_kernel._validate import (
+    CHECK_INDICES_ENV,
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    check_indices,
+    check_scalar,
+    check_tensor,
+    fail,
+)
+from sglang.jit_kernel.registry import CheckCase, register_module, register_op
+from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
+
+if TYPE_CHECKING:
+    from tvm_ffi.module import Module
+
+__all__ = [
+    "FusedSetKVBufferArg",
+    "apply_rope_inplace",
+    "apply_rope_inplace_with_kvcache",
+    "apply_rope_with_cos_sin_cache_inplace",
+    "rotary_embedding",
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# Module: one per dtype, serving every RoPE op (is_neox and the vector width are compiled inside,
+# rope_dim and head counts are runtime).
+# ---------------------------------------------------------------------------------------------
+@cache_once
+def _jit_rope_module(dtype: torch.dtype) -> Module:
+    """Compile (first use) and cache the RoPE module for ``dtype``: ``apply_rope_inplace``,
+    ``apply_rope_inplace_with_kvcache``, ``rotary_embedding`` and ``fused_qk_norm_rope``."""
+    args = make_cpp_args(dtype)
+    return load_jit(
+        "rope",
+        *args,
+        cuda_files=["elementwise/rope.cuh", "elementwise/fused_qknorm_rope.cuh"],
+        cuda_wrappers=[
+            ("apply_rope_inplace", f"apply_rope_inplace<{args}>"),
+            ("apply_rope_inplace_with_kvcache", f"apply_rope_inplace_with_kvcache<{args}>"),
+            ("rotary_embedding", f"rotary_embedding<{args}>"),
+            ("fused_qk_norm_rope", f"fused_qk_norm_rope<{args}>"),
+        ],
+    )
+
+
+_ROPE_FNS: dict[torch.dtype, Callable[..., None]] = {}
+_ROPE_KV_FNS: dict[torch.dtype, Callable[..., None]] = {}
+
+
+def _load(dtype: torch.dtype) -> Module:
+    """The RoPE module of ``dtype`` (compiled on first use), its fast-path functions registered."""
+    module = _jit_rope_module(dtype)
+    _ROPE_FNS[dtype] = module.apply_rope_inplace
+    _ROPE_KV_FNS[dtype] = module.apply_rope_inplace_with_kvcache
+    return module
+
+
+def _pdl_flag(enable_pdl: bool | None) -> int:
+    """enable_pdl as the launchers take it: -1 auto (SM90+), 1 on, 0 off."""
+    return -1 if enable_pdl is None else int(enable_pdl)
+
+
+def _indices_checked() -> bool:
+    return os.environ.get(CHECK_INDICES_ENV, "") == "1"
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.library ops (used under torch.compile; eager calls go straight to the module)
+# ---------------------------------------------------------------------------------------------
+@torch.library.custom_op("sglang_jit_kernel::apply_rope_inplace", mutates_args=("q", "k"), device_types="cuda")
+def _rope_op(q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor, positions: torch.Tensor,
+             is_neox: bool, rope_dim: int, enable_pdl: int) -> None:
+    _load(q.dtype).apply_rope_inplace(q, k, cos_sin_cache, positions, is_neox, rope_dim, enable_pdl)
+
+
+@_rope_op.register_fake
+def _(q, k, cos_sin_cache, positions, is_neox, rope_dim, enable_pdl) -> None:
+    return None
+
+
+@torch.library.custom_op(
+    "sglang_jit_kernel::apply_rope_inplace_with_kvcache", mutates_args=("q", "k", "k_cache", "v_cache"),
+    device_types="cuda",
+)
+def _rope_kv_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                cos_sin_cache: torch.Tensor, positions: torch.Tensor, out_loc: torch.Tensor, is_neox: bool,
+                rope_dim: int, enable_pdl: int) -> None:
+    _load(q.dtype).apply_rope_inplace_with_kvcache(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc,
+                                                   is_neox, rope_dim, enable_pdl)
+
+
+@_rope_kv_op.register_fake
+def _(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox, rope_dim, enable_pdl) -> None:
+    return None
+
+
+@torch.library.custom_op("sglang_jit_kernel::rotary_embedding", mutates_args=("query", "key"), device_types="cuda")
+def _rotary_embedding_op(query: torch.Tensor, key: torch.Tensor, cos_sin_cache: torch.Tensor,
+                         positions: torch.Tensor, is_neox: bool) -> None:
+    _load(query.dtype).rotary_embedding(query, key, cos_sin_cache, positions, is_neox, -1)
+
+
+@_rotary_embedding_op.register_fake
+def _(query, key, cos_sin_cache, positions, is_neox) -> None:
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks shared by the ops
+# ---------------------------------------------------------------------------------------------
+def _check_rope_args(op: str, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor,
+                     positions: torch.Tensor, is_neox: bool, rope_dim: int) -> int:
+    """The checks of q, k, the fp32 cache, positions, is_neox and rope_dim; returns R."""
+    check_scalar(op, "is_neox", is_neox, bool)
+    check_scalar(op, "rope_dim", rope_dim, int, minimum=0)
+    check_tensor(op, "q", q, dtypes=FLOAT_DTYPES,
+                 dims=[("num_tokens", None), ("num_q_heads", None), ("head_dim", None)], last_dim_contiguous=True)
+    num_tokens, _, head_dim = q.shape
+    check_tensor(op, "k", k, dtype_as=(q, "q"),
+                 dims=[("num_tokens", num_tokens), ("num_kv_heads", None), ("head_dim", head_dim)],
+                 last_dim_contiguous=True)
+    check_tensor(op, "cos_sin_cache", cos_sin_cache, dtypes=(torch.float32,), device_as=(q, "q"),
+                 dims=[("max_position", None), ("rope_dim", None)], last_dim_contiguous=True)
+    check_tensor(op, "positions", positions, dtypes=INDEX_DTYPES, device_as=(q, "q"),
+                 dims=[("num_tokens", num_tokens)])
+    width = cos_sin_cache.shape[1]
+    r = width if rope_dim == 0 else rope_dim
+    if r % 2 != 0 or r == 0:
+        fail(ValueError, op, "rope_dim", "value", "an even number > 0 (0: cos_sin_cache.size(1))", r)
+    if r > head_dim:
+        fail(ValueError, op, "rope_dim", "value", f"<= head_dim ({head_dim})", r)
+    if r > width:
+        fail(ValueError, op, "rope_dim", "value", f"<= cos_sin_cache.size(1) ({width})", r)
+    check_indices(op, "positions", positions, cos_sin_cache.shape[0], skip_value=None, dim_name="max_position")
+    return r
+
+
+# ---------------------------------------------------------------------------------------------
+# Public ops
+# ---------------------------------------------------------------------------------------------
+def apply_rope_inplace(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor,
+    *,
+    is_neox: bool,
+    rope_dim: int = 0,
+    enable_pdl: bool | None = None,
+) -> None:
+    """Rotate the first ``R`` elements of every head of q and k in place by their token's position.
+
+    ``c = cos_sin_cache[pos, :R/2]``, ``s = cos_sin_cache[pos, R/2:R]`` (``pos = positions[t]``);
+    each pair ``(x, y)`` becomes ``(x*c_i - y*s_i, x*s_i + y*c_i)`` in fp32 and is rounded once to
+    the dtype. NeoX (``is_neox=True``) pairs ``(x[i], x[i + R/2])``, GPT-J pairs ``(x[2i], x[2i+1])``,
+    ``i < R/2``. Elements ``[R, head_dim)`` are not touched.
+
+    Parameters
+    ----------
+    q : torch.Tensor
+        ``[num_tokens, num_q_heads, head_dim]`` CUDA tensor, float16 / bfloat16 / float32, last dim
+        contiguous, token and head strides free (a view of a fused qkv buffer, or ``q[..., :R]`` of
+        a wider head). Modified in place.
+    k : torch.Tensor
+        ``[num_tokens, num_kv_heads, head_dim]``, same dtype and device, its own strides (they may
+        differ from q's); must not share memory with q. Modified in place.
+    cos_sin_cache : torch.Tensor
+        ``[max_position, width]`` float32, rows contiguous, cos in ``[:R/2]`` and sin in
+        ``[R/2:R]`` of each row. Not modified.
+    positions : torch.Tensor
+        ``[num_tokens]`` int32 or int64. A position outside ``[0, max_position)`` leaves its token's
+        heads unchanged (no out-of-bounds read); ``SGLANG_JIT_CHECK_INDICES=1`` raises instead.
+    is_neox : bool
+        NeoX (rotate halves) or GPT-J (rotate interleaved pairs) style. Keyword-only.
+    rope_dim : int
+        ``R``: 0 (default) means ``cos_sin_cache.size(1)``; otherwise an even ``R`` with
+        ``R <= head_dim`` and ``R <= cos_sin_cache.size(1)``.
+    enable_pdl : bool, optional
+        Programmatic Dependent Launch; None means on for SM90+. Results do not depend on it.
+
+    Returns
+    -------
+    None
+
+    Raises
+    ------
+    TypeError
+        A tensor argument that is not a tensor; ``is_neox`` not a bool; ``rope_dim`` not an int;
+        ``enable_pdl`` not None/bool.
+    ValueError
+        ``rope_dim`` negative, odd, above head_dim or above the cache width.
+    RuntimeError
+        Before any launch, as ``apply_rope_inplace: <arg> <what>: expected X, got Y``: a tensor not
+        on CUDA or on another device, q not float16/bfloat16/float32, k of another dtype, a cache not
+        float32, positions not int32/int64, q or k not 3-D, mismatched num_tokens or head_dim, a
+        last dim that is not contiguous. From the launcher, naming the tensors: q and k sharing
+        memory, or either sharing memory with the cache or positions, or heads that overlap.
+    IndexError
+        With ``SGLANG_JIT_CHECK_INDICES=1``: a position outside ``[0, max_position)``.
+    """
+    if not torch.compiler.is_compiling():
+        try:
+            fn = _ROPE_FNS.get(q.dtype)
+        except AttributeError:  # not a tensor: the checked path raises TypeError
+            fn = None
+        if (fn is not None and (is_neox is True or is_neox is False) and type(rope_dim) is int
+                and (enable_pdl is None or enable_pdl is True or enable_pdl is False) and not _indices_checked()):
+            try:
+                fn(q, k, cos_sin_cache, positions, is_neox, rope_dim, -1 if enable_pdl is None else enable_pdl)
+                return
+            except (TypeError, RuntimeError):  # refused before any launch: the checked path explains
+                pass
+    op = "apply_rope_inplace"
+    check_scalar(op, "enable_pdl", enable_pdl, bool, optional=True)
+    _check_rope_args(op, q, k, cos_sin_cache, positions, is_neox, rope_dim)
+    positions = positions.contiguous()  # read only: a strided index tensor is copied
+    pdl = _pdl_flag(enable_pdl)
+    if torch.compiler.is_compiling():
+        torch.ops.sglang_jit_kernel.apply_rope_inplace(q, k, cos_sin_cache, positions, is_neox, rope_dim, pdl)
+    else:
+        _load(q.dtype).apply_rope_inplace(q, k, cos_sin_cache, positions, is_neox, rope_dim, pdl)
+
+
+def _cache_rows(op: str, arg: str, cache: torch.Tensor, row: int) -> torch.Tensor:
+    """``[cache_size, num_kv_heads, head_dim]`` or ``[cache_size, num_kv_heads * head_dim]`` -> the 2-D
+    view (rows contiguous, row stride free)."""
+    if cache.dim() == 3:
+        try:
+            cache = cache.view(cache.shape[0], -1)
+        except RuntimeError:
+            fail(RuntimeError, op, arg, "layout", "rows of contiguous elements (dims after the first flatten "
+                 "into one contiguous row)", f"shape {tuple(cache.shape)} with strides {cache.stride()}")
+    check_tensor(op, arg, cache, dims=[("cache_size", None), ("num_kv_heads * head_dim", row)],
+                 last_dim_contiguous=True)
+    return cache
+
+
+def apply_rope_inplace_with_kvcache(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor,
+    out_loc: torch.Tensor,
+    *,
+    is_neox: bool,
+    rope_dim: int = 0,
+    enable_pdl: bool | None = None,
+) -> None:
+    """:func:`apply_rope_inplace`, then store the rotated k and the untouched v by slot, in one launch.
+
+    After the rotation (same formula and roundings), ``k_cache[out_loc[t]] = k[t]`` (rotated, all
+    ``head_dim`` elements of every kv head) and ``v_cache[out_loc[t]] = v[t]`` bit for bit.
+
+    Parameters
+    ----------
+    q, k, cos_sin_cache, positions, is_neox, rope_dim, enable_pdl
+        As in :func:`apply_rope_inplace`; q and k are rotated in place.
+    v : torch.Tensor
+        ``[num_tokens, num_kv_heads, head_dim]`` (k's shape), the dtype of q, its own strides, last dim
+        contiguous. Not modified.
+    k_cache, v_cache : torch.Tensor
+        ``[cache_size, num_kv_heads * head_dim]`` (or ``[cache_size, num_kv_heads, head_dim]`` with
+        contiguous rows), the dtype of q, row stride free; must not share memory with any other
+        argument. Written in the rows ``out_loc`` names only.
+    out_loc : torch.Tensor
+        ``[num_tokens]`` int32 or int64: the cache row of each token. An entry outside
+        ``[0, cache_size)`` stores nothing for its token (q and k are still rotated); with
+        ``SGLANG_JIT_CHECK_INDICES=1`` it raises instead. Two tokens with one row: one of them wins.
+
+    Returns
+    -------
+    None
+
+    Raises
+    ------
+    TypeError, ValueError, IndexError
+        As :func:`apply_rope_inplace` (IndexError also for ``out_loc``).
+    RuntimeError
+        As :func:`apply_rope_inplace`, and: v not of k's shape or dtype, a cache of another dtype, row
+        size or slot count, out_loc not int32/int64 or not ``[num_tokens]``; from the launcher, a
+        cache sharing memory with another argument.
+    """
+    if not torch.compiler.is_compiling():
+        try:
+            fn = _ROPE_KV_FNS.get(q.dtype) if k_cache.dim() == 2 and v_cache.dim() == 2 else None
+        except AttributeError:
+            fn = None
+        if (fn is not None and (is_neox is True or is_neox is False) and type(rope_dim) is int
+                and (enable_pdl is None or enable_pdl is True or enable_pdl is False) and not _indices_checked()):
+            try:
+                fn(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox, rope_dim,
+                   -1 if enable_pdl is None else enable_pdl)
+                return
+            except (TypeError, RuntimeError):
+                pass
+    op = "apply_rope_inplace_with_kvcache"
+    check_scalar(op, "enable_pdl", enable_pdl, bool, optional=True)
+    _check_rope_args(op, q, k, cos_sin_cache, positions, is_neox, rope_dim)
+    num_tokens, num_kv_heads, head_dim = k.shape
+    check_tensor(op, "v", v, dtype_as=(q, "q"), dims=[("num_tokens", num_tokens), ("num_kv_heads", num_kv_heads),
+                                                      ("head_dim", head_dim)], last_dim_contiguous=True)
+    check_tensor(op, "k_cache", k_cache, dtype_as=(q, "q"))
+    check_tensor(op, "v_cache", v_cache, dtype_as=(q, "q"))
+    k_cache = _cache_rows(op, "k_cache", k_cache, num_kv_heads * head_dim)
+    v_cache = _cache_rows(op, "v_cache", v_cache, num_kv_heads * head_dim)
+    if v_cache.shape[0] != k_cache.shape[0]:
+        fail(RuntimeError, op, "v_cache", "shape", f"[cache_size={k_cache.shape[0]}, "
+             f"num_kv_heads * head_dim={num_kv_heads * head_dim}] (the slots of k_cache)", tuple(v_cache.shape))
+    check_tensor(op, "out_loc", out_loc, dtypes=INDEX_DTYPES, device_as=(q, "q"), dims=[("num_tokens", num_tokens)])
+    check_indices(op, "out_loc", out_loc, k_cache.shape[0], skip_value=None, dim_name="cache_size")
+    positions, out_loc = positions.contiguous(), out_loc.contiguous()  # read only: strided indices are copied
+    pdl = _pdl_flag(enable_pdl)
+    if torch.compiler.is_compiling():
+        torch.ops.sglang_jit_kernel.apply_rope_inplace_with_kvcache(q, k, v, k_cache, v_cache, cos_sin_cache,
+                                                                    positions, out_loc, is_neox, rope_dim, pdl)
+    else:
+        _load(q.dtype).apply_rope_inplace_with_kvcache(q, k, v, k_cache, v_cache, cos_sin_cache, positions,
+                                                       out_loc, is_neox, rope_dim, pdl)
+
+
+@dataclass
+class FusedSetKVBufferArg:
+    """Where :func:`apply_rope_with_cos_sin_cache_inplace` stores k and v after the rotation.
+
+    Attributes
+    ----------
+    value : torch.Tensor
+        v, ``[num_tokens, num_kv_heads, head_dim]`` (or ``[num_tokens, num_kv_heads * head_dim]``).
+    k_buffer, v_buffer : torch.Tensor
+        The caches, ``[cache_size, num_kv_heads * head_dim]`` (or 3-D with contiguous rows).
+    cache_loc : torch.Tensor
+        ``[num_tokens]`` int32 / int64 cache rows.
+    """
+
+    value: torch.Tensor
+    k_buffer: torch.Tensor
+    v_buffer: torch.Tensor
+    cache_loc: torch.Tensor
+
+
+def apply_rope_with_cos_sin_cache_inplace(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor,
+    *,
+    is_neox: bool,
+    rope_dim: int = 0,
+    fused_args: Optional[FusedSetKVBufferArg] = None,
+    enable_pdl: bool | None = None,
+) -> None:
+    """RoPE in place, and with ``fused_args`` the KV store: :func:`apply_rope_inplace` when
+    ``fused_args`` is None, else :func:`apply_rope_inplace_with_kvcache` with ``v = value``,
+    ``k_cache = k_buffer``, ``v_cache = v_buffer``, ``out_loc = cache_loc`` (a 2-D value
+    ``[num_tokens, num_kv_heads * head_dim]`` is viewed as k's shape). Same parameters, results and
+    errors as those two; ``fused_args`` of another type raises TypeError."""
+    if fused_args is None:
+        return apply_rope_inplace(q, k, cos_sin_cache, positions, is_neox=is_neox, rope_dim=rope_dim,
+                                  enable_pdl=enable_pdl)
+    if not isinstance(fused_args, FusedSetKVBufferArg):
+        fail(TypeError, "apply_rope_with_cos_sin_cache_inplace", "fused_args", "type",
+             "a FusedSetKVBufferArg or None", type(fused_args).__name__)
+    value = fused_args.value
+    if isinstance(value, torch.Tensor) and isinstance(k, torch.Tensor) and value.dim() == 2 and k.dim() == 3:
+        value = value.view(value.shape[0], k.shape[1], k.shape[2]) if value.shape[1] == k.shape[1] * k.shape[2] \
+            else value
+    return apply_rope_inplace_with_kvcache(q, k, value, fused_args.k_buffer, fused_args.v_buffer, cos_sin_cache,
+                                           positions, fused_args.cache_loc, is_neox=is_neox, rope_dim=rope_dim,
+                                           enable_pdl=enable_pdl)
+
+
+def _heads_view(op: str, arg: str, tensor: torch.Tensor, lead_shape: tuple, head_size: int) -> torch.Tensor:
+    """vLLM's ``[*lead, H * head_size]`` or ``[*lead, H, head_size]`` (``lead`` the shape of positions:
+    ``[num_tokens]`` or ``[batch, seq]``) -> a ``[num_tokens, H, head_size]`` view (no copy: the op
+    writes in place)."""
+    check_tensor(op, arg, tensor, dtypes=FLOAT_DTYPES, last_dim_contiguous=True)
+    lead = len(lead_shape)
+    expected = (f"[{', '.join(str(n) for n in lead_shape)}, num_heads * head_size] or "
+                f"[{', '.join(str(n) for n in lead_shape)}, num_heads, head_size] (the leading dims of positions, "
+                f"head_size={head_size})")
+    shape = tuple(tensor.shape)
+    if tensor.dim() not in (lead + 1, lead + 2) or shape[:lead] != tuple(lead_shape):
+        fail(RuntimeError, op, arg, "shape", expected, shape)
+    if tensor.dim() == lead + 2 and shape[-1] != head_size or shape[-1] % head_size != 0:
+        fail(RuntimeError, op, arg, "shape", expected, shape)
+    num_tokens = 1
+    for n in lead_shape:
+        num_tokens *= n
+    inner = 1
+    for n in shape[lead:]:
+        inner *= n
+    try:
+        return tensor.view(num_tokens, inner // head_size, head_size)
+    except RuntimeError:
+        fail(RuntimeError, op, arg, "layout", "tokens and heads that flatten to [num_tokens, num_heads, head_size] "
+             "without a copy", f"shape {shape} with strides {tensor.stride()}")
+
+
+def rotary_embedding(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: Optional[torch.Tensor],
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool = True,
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """vLLM's rotary embedding, in place: the first ``rot_dim = cos_sin_cache.size(-1)`` elements of
+    each head of query and key rotated as in :func:`apply_rope_inplace` with ``R = rot_dim``.
+
+    The cache is in the query's dtype (fp32 arithmetic, one rounding); NeoX or GPT-J style.
+
+    Parameters
+    ----------
+    positions : torch.Tensor
+        ``[num_tokens]`` or ``[batch, seq]``, int32 or int64. Out-of-range entries leave their token
+        unchanged (``SGLANG_JIT_CHECK_INDICES=1``: IndexError).
+    query : torch.Tensor
+        ``[num_tokens, num_heads * head_size]``, ``[num_tokens, num_heads, head_size]`` or with
+        ``[batch, seq]`` leading dims; float16 / bfloat16 / float32; token and head layout must
+        flatten to ``[num_tokens, num_heads, head_size]`` without a copy (token stride free).
+        Rotated in place.
+    key : torch.Tensor or None
+        Like ``query`` (its own head count and strides), the same dtype; or None.
+    head_size : int
+        Elements per head (``>= rot_dim``).
+    cos_sin_cache : torch.Tensor
+        ``[max_position, rot_dim]``, the dtype of query, rows contiguous; cos then sin halves.
+    is_neox : bool
+        NeoX (default) or GPT-J style.
+
+    Returns
+    -------
+    (torch.Tensor, torch.Tensor or None)
+        ``(query, key)``, the same tensors, rotated.
+
+    Raises
+    ------
+    TypeError
+        A tensor argument that is not a tensor (key may be None), ``head_size`` not an int,
+        ``is_neox`` not a bool.
+    ValueError
+        ``head_size`` < 1, ``rot_dim`` odd or above head_size.
+    RuntimeError
+        As ``rotary_embedding: <arg> <what>: expected X, got Y``: not on CUDA or another device,
+        unsupported or mismatched dtypes (the cache in another dtype than query), shapes that do
+        not split into ``num_tokens`` tokens of whole heads, layouts that do not flatten without a
+        copy; from the launcher, query and key sharing memory.
+    IndexError
+        With ``SGLANG_JIT_CHECK_INDICES=1``: a position outside ``[0, max_position)``.
+    """
+    op = "rotary_embedding"
+    check_scalar(op, "head_size", head_size, int, minimum=1)
+    check_scalar(op, "is_neox", is_neox, bool)
+    check_tensor(op, "positions", positions, dtypes=INDEX_DTYPES)
+    if positions.dim() not in (1, 2):
+        fail(RuntimeError, op, "positions", "shape", "[num_tokens] or [batch, seq]", tuple(positions.shape))
+    num_tokens = positions.numel()
+    q = _heads_view(op, "query", query, tuple(positions.shape), head_size)
+    if key is None:
+        # no key: k with 0 heads. Eager: a view of q (no allocation); traced: a tensor of its own, so
+        # that the op's two mutated arguments never alias
+        k = q.new_empty((num_tokens, 0, head_size)) if torch.compiler.is_compiling() else q[:, :0]
+    else:
+        check_tensor(op, "key", key, dtype_as=(query, "query"))
+        k = _heads_view(op, "key", key, tuple(positions.shape), head_size)
+    check_tensor(op, "cos_sin_cache", cos_sin_cache, dtype_as=(query, "query"),
+                 dims=[("max_position", None), ("rot_dim", None)], last_dim_contiguous=True)
+    rot_dim = cos_sin_cache.shape[1]
+    if rot_dim % 2 != 0 or rot_dim == 0:
+        fail(ValueError, op, "cos_sin_cache", "rot_dim", "an even number > 0 (cos_sin_cache.size(-1))", rot_dim)
+    if rot_dim > head_size:
+        fail(ValueError, op, "cos_sin_cache", "rot_dim", f"<= head_size ({head_size})", rot_dim)
+    pos = positions.reshape(-1).contiguous()
+    check_indices(op, "positions", pos, cos_sin_cache.shape[0], skip_value=None, dim_name="max_position")
+    if num_tokens > 0:
+        if torch.compiler.is_compiling():
+            torch.ops.sglang_jit_kernel.rotary_embedding(q, k, cos_sin_cache, pos, is_neox)
+        else:
+            _load(query.dtype).rotary_embedding(q, k, cos_sin_cache, pos, is_neox, -1)
+    return query, key
+
+
+# ---------------------------------------------------------------------------------------------
+# References (fp32, from the same low-precision inputs) and registration
+# ---------------------------------------------------------------------------------------------
+def rope_reference(x: torch.Tensor, cos_sin_cache: torch.Tensor, positions: torch.Tensor, is_neox: bool,
+                   rope_dim: int = 0) -> torch.Tensor:
+    """The rotated ``x [num_tokens, num_heads, head_dim]`` in fp32, rounded once to x's dtype (a
+    position outside the cache leaves its token unchanged). NeoX and GPT-J written apart."""
+    r = rope_dim or cos_sin_cache.shape[1]
+    half = r // 2
+    out = x.float().clone()
+    pos = positions.long()
+    valid = (pos >= 0) & (pos < cos_sin_cache.shape[0])
+    row = cos_sin_cache.float()[pos.clamp(0, cos_sin_cache.shape[0] - 1)]
+    cos = torch.where(valid[:, None], row[:, :half], 1.0)[:, None, :]
+    sin = torch.where(valid[:, None], row[:, half:r], 0.0)[:, None, :]
+    if is_neox:
+        a, b = out[..., :half].clone(), out[..., half:r].clone()
+        out[..., :half] = a * cos - b * sin
+        out[..., half:r] = a * sin + b * cos
+    else:
+        a, b = out[..., 0:r:2].clone(), out[..., 1:r:2].clone()
+        out[..., 0:r:2] = a * cos - b * sin
+        out[..., 1:r:2] = a * sin + b * cos
+    return out.to(x.dtype)
+
+
+def make_cos_sin_cache(max_position: int, rope_dim: int, base: float = 10000.0, device: str = "cuda",
+                       dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``[max_position, rope_dim]``: cos then sin of ``pos * base^(-2i/rope_dim)``, computed in fp64."""
+    inv_freq = base ** (-torch.arange(0, rope_dim, 2, dtype=torch.float64, device=device) / rope_dim)
+    freqs = torch.arange(max_position, dtype=torch.float64, device=device)[:, None] * inv_freq[None, :]
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(dtype)
+
+
+_CHECK_N, _CHECK_HQ, _CHECK_HK, _CHECK_D = 16384, 32, 8, 128
+
+
+def _rope_bytes(n: int, hq: int, hk: int, r: int, kv_d: int = 0) -> int:
+    """Bytes an op must move (bf16 q/k, fp32 cache rows, int64 positions); kv_d > 0 adds the KV store."""
+    total = 2 * n * (hq + hk) * r * 2 + n * r * 4 + n * 8
+    if kv_d:
+        total += n * hk * (2 * kv_d - r) * 2 + 2 * n * hk * kv_d * 2 + n * 8
+    return total
+
+
+def _rope_cases() -> list[CheckCase]:
+    n, hq, hk, d = _CHECK_N, _CHECK_HQ, _CHECK_HK, _CHECK_D
+
+    def make() -> tuple:
+        qkv = torch.randn(n, (hq + 2 * hk) * d, dtype=torch.bfloat16, device="cuda")
+        cache = make_cos_sin_cache(8192, d)
+        positions = torch.randint(0, 8192, (n,), device="cuda")
+        return qkv, cache, positions
+
+    def views(qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return qkv[:, : hq * d].view(n, hq, d), qkv[:, hq * d : (hq + hk) * d].view(n, hk, d)
+
+    def call(qkv: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        apply_rope_inplace(*views(qkv), cache, positions, is_neox=True)
+        return qkv
+
+    def reference(qkv: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        q, k = views(qkv)
+        expected = qkv.clone()
+        expected[:, : hq * d] = rope_reference(q, cache, positions, True).view(n, hq * d)
+        expected[:, hq * d : (hq + hk) * d] = rope_reference(k, cache, positions, True).view(n, hk * d)
+        return expected
+
+    return [CheckCase(f"[{n}, {hq}+{hk}, {d}] bf16 neox", make, call, reference, _rope_bytes(n, hq, hk, d),
+                      torch.bfloat16)]
+
+
+def _rope_kv_cases() -> list[CheckCase]:
+    n, hq, hk, d = _CHECK_N, _CHECK_HQ, _CHECK_HK, _CHECK_D
+    slots = 2 * n
+
+    def make() -> tuple:
+        q = torch.randn(n, hq, d, dtype=torch.bfloat16, device="cuda")
+        k = torch.randn(n, hk, d, dtype=torch.bfloat16, device="cuda")
+        v = torch.randn(n, hk, d, dtype=torch.bfloat16, device="cuda")
+        cache = make_cos_sin_cache(8192, d)
+        positions = torch.randint(0, 8192, (n,), device="cuda")
+        loc = torch.randperm(slots, device="cuda")[:n]
+        kv = torch.zeros(2, slots, hk * d, dtype=torch.bfloat16, device="cuda")
+        return q, k, v, kv, cache, positions, loc
+
+    def call(q, k, v, kv, cache, positions, loc) -> torch.Tensor:
+        apply_rope_inplace_with_kvcache(q, k, v, kv[0], kv[1], cache, positions, loc, is_neox=True)
+        return torch.cat([q.view(-1), kv.view(-1)])
+
+    def reference(q, k, v, kv, cache, positions, loc) -> torch.Tensor:
+        k_rot = rope_reference(k, cache, positions, True)
+        expected = kv.clone()
+        expected[0, loc] = k_rot.view(n, -1)
+        expected[1, loc] = v.view(n, -1)
+        return torch.cat([rope_reference(q, cache, positions, True).view(-1), expected.view(-1)])
+
+    return [CheckCase(f"[{n}, {hq}+{hk}, {d}] bf16 neox", make, call, reference, _rope_bytes(n, hq, hk, d, d),
+                      torch.bfloat16)]
+
+
+def _rotary_embedding_cases() -> list[CheckCase]:
+    n, hq, hk, d = _CHECK_N, _CHECK_HQ, _CHECK_HK, _CHECK_D
+
+    def make() -> tuple:
+        query = torch.randn(n, hq * d, dtype=torch.bfloat16, device="cuda")
+        key = torch.randn(n, hk * d, dtype=torch.bfloat16, device="cuda")
+        return query, key, make_cos_sin_cache(8192, d, dtype=torch.bfloat16), torch.randint(0, 8192, (n,), device="cuda")
+
+    def call(query, key, cache, positions) -> torch.Tensor:
+        rotary_embedding(positions, query, key, d, cache, True)
+        return torch.cat([query.view(-1), key.view(-1)])
+
+    def reference(query, key, cache, positions) -> torch.Tensor:
+        q = rope_reference(query.view(n, hq, d), cache, positions, True)
+        k = rope_reference(key.view(n, hk, d), cache, positions, True)
+        return torch.cat([q.view(-1), k.view(-1)])
+
+    nbytes = 2 * n * (hq + hk) * d * 2 + n * d * 2 + n * 8
+    return [CheckCase(f"[{n}, {hq}+{hk}, {d}] bf16 neox", make, call, reference, nbytes, torch.bfloat16)]
+
+
+ROPE_MODULE = register_module("rope", _jit_rope_module, [(d,) for d in FLOAT_DTYPES])
+register_op("apply_rope_inplace", module=ROPE_MODULE, check_cases=_rope_cases)
+register_op("apply_rope_inplace_with_kvcache", module=ROPE_MODULE, check_cases=_rope_kv_cases)
+register_op("rotary_embedding", module=ROPE_MODULE, check_cases=_rotary_embedding_cases)
