@@ -489,6 +489,7 @@ def rotary_embedding(
         fail(RuntimeError, op, "positions", "shape", "[num_tokens] or [batch, seq]", tuple(positions.shape))
     num_tokens = positions.numel()
     q = _heads_view(op, "query", query, tuple(positions.shape), head_size)
+    check_tensor(op, "positions", positions, device_as=(query, "query"))
     if key is None:
         # no key: k with 0 heads. Eager: a view of q (no allocation); traced: a tensor of its own, so
         # that the op's two mutated arguments never alias
