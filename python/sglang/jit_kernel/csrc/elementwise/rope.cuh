@@ -15,7 +15,9 @@
 // of q then k (one grid for both, each with its own token and head strides), threadIdx.z the tokens
 // of the CTA. A thread loads its cos/sin vectors once per (token, chunk) and reuses them for every
 // head it rotates (the rows are tiny next to q and k: R * 4 bytes per token against
-// (Hq + Hk) * head_dim * sizeof(T) * 2). The first head's q/k vectors are loaded before the position,
+// (Hq + Hk) * head_dim * sizeof(T) * 2). A thread loads two heads' vectors before it stores any
+// (RopeConfig::kHeadsPerThread: 64 bytes in flight per thread at 16-byte vectors, against 32 with
+// one head; the occupancy is bounded by 64 registers). The first heads' vectors are loaded before the position,
 // so that at one token the two dependent loads (position, then its cache row) overlap the data
 // load. Offsets are 64-bit. Vectors are 16 bytes when every pointer, stride and R/2 allow it,
 // narrower otherwise (down to one element), so no access is ever misaligned.
@@ -53,6 +55,7 @@ struct RopeConfig {
   static constexpr uint32_t kMinBlocks = 2;
   static constexpr int64_t kTargetThreads = 256;     // tokens are packed into a CTA up to this many threads
   static constexpr int64_t kMaxLanes = 512;          // lanes per head (chunks beyond: lanes loop)
+  static constexpr int kHeadsPerThread = 2;          // heads a thread loads before it stores (when there are 2+)
   static constexpr int64_t kL2HintMinBytes = 1 << 20;  // in-place launches at least this large use the L2 hint
 };
 
@@ -257,15 +260,29 @@ __global__ void __launch_bounds__(RopeConfig::kMaxThreads, RopeConfig::kMinBlock
   int64_t loc = -1;  // cache row of this token (-1: no store)
   bool first_load = true;
   int64_t pos = 0;
+  constexpr int kHeads = RopeConfig::kHeadsPerThread;
+  const int64_t step = blockDim.y;
   for (int64_t chunk = threadIdx.x; chunk < num_chunks; chunk += blockDim.x) {
     int64_t off_a, off_b;
     chunk_offsets<kVecN, kNeox>(chunk, p.half, off_a, off_b);
-    int64_t head = threadIdx.y;
-    if (head >= num_heads) break;
-    vec_t a, b;
-    T* ptr = head_at<T>(p, token, head);
-    access.load(a, ptr + off_a);  // before the position: overlaps the position -> cache row chain
-    access.load(b, ptr + off_b);
+    // A thread rotates kHeads heads (first, first + step, ...) per iteration, all loaded before any
+    // is stored: the bytes in flight per thread at large sizes.
+    int64_t first = threadIdx.y;
+    if (first >= num_heads) break;
+    vec_t a[kHeads], b[kHeads];
+    T* ptr[kHeads];
+    const auto load_heads = [&]() {
+#pragma unroll
+      for (int i = 0; i < kHeads; ++i) {
+        const int64_t head = first + i * step;
+        if (head < num_heads) {
+          ptr[i] = head_at<T>(p, token, head);
+          access.load(a[i], ptr[i] + off_a);
+          access.load(b[i], ptr[i] + off_b);
+        }
+      }
+    };
+    load_heads();  // before the position: overlaps the position -> cache row chain
     if (first_load) {
       pos = load_index(p.positions, p.positions_int64, token);
       if (kv_store) {
@@ -277,20 +294,23 @@ __global__ void __launch_bounds__(RopeConfig::kMaxThreads, RopeConfig::kMinBlock
     float c[kVecN], s[kVecN];
     load_cos_sin<CacheT, kVecN>(p, pos, chunk, c, s);
     while (true) {
-      rotate_pairs<T, kVecN, kNeox>(a, b, c, s);
-      access.store(a, ptr + off_a);
-      access.store(b, ptr + off_b);
-      if (loc >= 0 && head >= p.q.num_heads) {
-        const int64_t kv_head = head - p.q.num_heads;
-        T* kc = static_cast<T*>(p.k_cache) + loc * p.k_cache_stride + kv_head * p.head_dim;
-        a.store(kc + off_a);
-        b.store(kc + off_b);
+#pragma unroll
+      for (int i = 0; i < kHeads; ++i) {
+        const int64_t head = first + i * step;
+        if (head >= num_heads) continue;
+        rotate_pairs<T, kVecN, kNeox>(a[i], b[i], c, s);
+        access.store(a[i], ptr[i] + off_a);
+        access.store(b[i], ptr[i] + off_b);
+        if (loc >= 0 && head >= p.q.num_heads) {
+          const int64_t kv_head = head - p.q.num_heads;
+          T* kc = static_cast<T*>(p.k_cache) + loc * p.k_cache_stride + kv_head * p.head_dim;
+          a[i].store(kc + off_a);
+          b[i].store(kc + off_b);
+        }
       }
-      head += blockDim.y;
-      if (head >= num_heads) break;
-      ptr = head_at<T>(p, token, head);
-      access.load(a, ptr + off_a);
-      access.load(b, ptr + off_b);
+      first += kHeads * step;
+      if (first >= num_heads) break;
+      load_heads();
     }
   }
 
@@ -333,13 +353,14 @@ inline bool rope_resolve_pdl(int64_t enable_pdl, const DLDevice& device) {
 }
 
 /// Block (lanes, heads, tokens) of a launch with `num_chunks` chunks per head.
-/// Lanes: every chunk of a head (up to kMaxLanes); heads: all of them when the CTA stays within
-/// kMaxThreads (else split into equal passes); tokens: packed until kTargetThreads.
+/// Lanes: every chunk of a head (up to kMaxLanes); heads: kHeadsPerThread per thread when there are
+/// that many, more passes when the CTA would exceed kMaxThreads; tokens: packed until kTargetThreads.
 inline dim3 rope_block(int64_t num_chunks, int64_t num_heads, int64_t num_tokens) {
   const int64_t lanes = std::clamp<int64_t>(num_chunks, 1, RopeConfig::kMaxLanes);
   const int64_t heads_total = std::max<int64_t>(num_heads, 1);
   const int64_t max_heads = std::max<int64_t>(1, RopeConfig::kMaxThreads / lanes);
-  const int64_t passes = host::div_ceil(heads_total, max_heads);
+  const int64_t passes =
+      std::max<int64_t>(host::div_ceil(heads_total, max_heads), std::min<int64_t>(heads_total, RopeConfig::kHeadsPerThread));
   const int64_t heads = host::div_ceil(heads_total, passes);
   const int64_t per_token = lanes * heads;
   // blockDim.z is at most 64 (a CUDA limit)
