@@ -24,7 +24,8 @@ Usage in a wrapper::
 from __future__ import annotations
 
 import os
-from typing import NoReturn, Sequence
+import contextlib
+from typing import Iterator, NoReturn, Sequence
 
 import torch
 
@@ -45,6 +46,7 @@ __all__ = [
     "check_tensor",
     "dtype_name",
     "fail",
+    "launcher_errors",
     "prepare_elementwise_out",
 ]
 
@@ -312,3 +314,21 @@ def check_indices(
         position = first
     allowed = f"entries in [0, {size}) ({dim_name})" + (f" or {skip_value} (skipped)" if skip_value is not None else "")
     fail(IndexError, op, arg, "value", allowed, f"{value} at position {position}")
+
+
+@contextlib.contextmanager
+def launcher_errors(op: str) -> Iterator[None]:
+    """Prefix ``<op>: `` to a RuntimeError the C++ launcher raises inside the block.
+
+    The launcher's checks that Python does not repeat (exact memory overlap of interleaved views,
+    expanded outputs) name the argument (``out overlaps input in memory (partially); ...``); under
+    this block the message starts like every other error of the op (``rmsnorm: out overlaps ...``).
+    Those checks run before any launch.
+    """
+    try:
+        yield
+    except RuntimeError as exc:
+        text = str(exc)
+        if text.startswith(f"{op}: "):
+            raise
+        raise RuntimeError(f"{op}: {text}") from None

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from sglang.jit_kernel._validate import FLOAT_DTYPES, check_scalar, check_tensor, fail
+from sglang.jit_kernel._validate import FLOAT_DTYPES, check_scalar, check_tensor, fail, launcher_errors
 from sglang.jit_kernel.registry import CheckCase, register_module, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
 
@@ -233,15 +233,16 @@ def _rmsnorm_checked(
     if torch.compiler.is_compiling():
         torch.ops.sglang_jit_kernel.rmsnorm_out(out, input, weight, eps, weight_offset, cast_x_before_out_mul, pdl)
     else:
-        _load(input.dtype).rmsnorm(
-            _as_rows(op, "out", out),
-            _as_rows(op, "input", input, copy_ok=True),
-            weight,
-            eps,
-            weight_offset,
-            cast_x_before_out_mul,
-            pdl,
-        )
+        with launcher_errors(op):  # the exact overlap and aliasing checks are the launcher's
+            _load(input.dtype).rmsnorm(
+                _as_rows(op, "out", out),
+                _as_rows(op, "input", input, copy_ok=True),
+                weight,
+                eps,
+                weight_offset,
+                cast_x_before_out_mul,
+                pdl,
+            )
     return out
 
 
@@ -452,9 +453,10 @@ def _fused_add_rmsnorm(
     if torch.compiler.is_compiling():
         torch.ops.sglang_jit_kernel.fused_add_rmsnorm_inplace(input, residual, weight, eps, weight_offset, pdl)
     else:
-        _load(input.dtype).fused_add_rmsnorm(
-            _as_rows(op, "input", input), _as_rows(op, "residual", residual), weight, eps, weight_offset, pdl
-        )
+        with launcher_errors(op):
+            _load(input.dtype).fused_add_rmsnorm(
+                _as_rows(op, "input", input), _as_rows(op, "residual", residual), weight, eps, weight_offset, pdl
+            )
 
 
 def fused_add_rmsnorm(
@@ -610,7 +612,8 @@ def fused_inplace_qknorm(
     if torch.compiler.is_compiling():
         torch.ops.sglang_jit_kernel.qknorm_inplace(q, k, q_weight, k_weight, eps, pdl, False)
     else:
-        _load(q.dtype).fused_inplace_qknorm(q, k, q_weight, k_weight, eps, pdl)
+        with launcher_errors(op):
+            _load(q.dtype).fused_inplace_qknorm(q, k, q_weight, k_weight, eps, pdl)
 
 
 def can_use_fused_inplace_qknorm(head_dim: int, dtype: torch.dtype) -> bool:
@@ -698,7 +701,8 @@ def fused_inplace_qknorm_across_heads(
     if torch.compiler.is_compiling():
         torch.ops.sglang_jit_kernel.qknorm_inplace(q, k, q_weight, k_weight, eps, pdl, True)
     else:
-        _load(q.dtype).fused_inplace_qknorm_across_heads(q, k, q_weight, k_weight, eps, pdl)
+        with launcher_errors(op):
+            _load(q.dtype).fused_inplace_qknorm_across_heads(q, k, q_weight, k_weight, eps, pdl)
 
 
 # ---------------------------------------------------------------------------------------------

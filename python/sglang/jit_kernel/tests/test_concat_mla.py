@@ -257,7 +257,7 @@ def test_concat_mla_ffi_rejects_mismatch_from_cpp():
         module.concat_mla(k[:, :, :160], k_nope, k_rope[:, :, :32])
     with pytest.raises(RuntimeError, match="k_nope|a"):
         module.concat_mla(k, k_nope.half(), k_rope)
-    with pytest.raises(RuntimeError, match="overlaps"):
+    with pytest.raises(RuntimeError, match="overlaps|share memory"):  # refused either as shared or as undecidable
         module.concat_mla(k, k[:, :, :128], k_rope)
 
 
