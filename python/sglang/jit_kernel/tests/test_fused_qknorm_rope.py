@@ -28,12 +28,12 @@ YARN = get_ci_test_range(full_range=[(1.0, 0.0, 0.0, 1.0), (4.0, 8.0, 40.0, 1.2)
 
 
 def assert_rope_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
-    """Per-dtype tolerance plus the angle error: kernel and reference each compute the frequencies
-    with fp32 powf (up to 2 ulps apart), so angles may differ by pos * 2^-22 rad and an element of
-    magnitude |y| <= 8 (normalised times a randn weight) by 8 * MAX_POS * 2^-22."""
+    """Per-dtype tolerance plus the angle error: the YaRN blend may contract into an FMA in the kernel
+    (one fp32 ulp of a frequency <= 1), so angles may differ by pos * 2^-23 rad and an element
+    of magnitude |y| <= 16 (normalised, times a randn weight) by 16 * MAX_POS * 2^-23 (0.0078)."""
     rtol, atol = TOLERANCE[actual.dtype]
     torch.testing.assert_close(actual.float(), expected.float(), rtol=max(rtol, 2e-3),
-                               atol=atol + 8 * MAX_POS * 2.0**-22)
+                               atol=atol + 16 * MAX_POS * 2.0**-23)
 
 
 def make(n, hq, hk, hv, d, dtype, pos_dtype=torch.int64):
@@ -66,8 +66,8 @@ def test_fused_qk_norm_rope(dtype, is_neox, d, rotary_dim, hq, hk, hv, n, yarn):
 @requires_cuda
 @pytest.mark.parametrize("is_neox", [True, False])
 def test_against_unfused_qknorm_then_rope(is_neox):
-    """The unfused ops round between the norm and the rotation (the fused op does not): two roundings
-    against one, so the comparison allows two ulps of bf16."""
+    """The unfused ops (fused_inplace_qknorm, then apply_rope_inplace with a cache of the same fp32
+    angles) round between the norm and the rotation; the fused op does not."""
     from sglang.jit_kernel.norm import fused_inplace_qknorm
     from sglang.jit_kernel.rope import apply_rope_inplace
 
@@ -82,7 +82,12 @@ def test_against_unfused_qknorm_then_rope(is_neox):
     cache = torch.cat([theta.cos(), theta.sin()], dim=-1)
     apply_rope_inplace(q, k, cache, positions, is_neox=is_neox)
     fused_qk_norm_rope(qkv, hq, hk, hv, d, 1e-6, qw, kw, base, is_neox, positions, 1.0, 0.0, 0.0, 1.0)
-    torch.testing.assert_close(qkv.float(), unfused.float(), rtol=2 * 2.0**-7, atol=8 * MAX_POS * 2.0**-22 + 1e-3)
+    # The unfused path rounds y before the rotation, so an output may be off by about one bf16 ulp of
+    # the larger element of its pair (2^-8 * max|y|), plus the final rounding: bound by 2^-7 * max|y|.
+    diff = (qkv.float() - unfused.float()).abs()
+    scale = unfused.float().abs().max()
+    assert diff.max() <= 2.0**-7 * scale, f"max diff {diff.max():.4g} vs max |y| {scale:.4g}"
+    assert diff.mean() <= 2.0**-9 * scale, f"mean diff {diff.mean():.4g} vs max |y| {scale:.4g}"
 
 
 @requires_cuda
