@@ -277,6 +277,8 @@ def resolve_cuda_archs(archs: Sequence[str] | str | None = None) -> tuple[str, .
     source = "the requested architectures"  # where the targets came from, for check_target_arch
     if archs is None:
         archs = arch_override.get()
+        if archs is not None:
+            source = "override_jit_cuda_arch"
     if archs is None:
         env = os.environ.get(ENV_CUDA_ARCH, "").strip()
         if env:
