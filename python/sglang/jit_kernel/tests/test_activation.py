@@ -193,13 +193,40 @@ def test_forced_geometries_agree(dtype, threads, vec_bytes):
     module = _jit_activation_module(dtype)
     for num_tokens, hidden_size in [(1, 14336), (129, 64), (4097, 4), (7, 1234)]:
         x = make_input((num_tokens, 2 * hidden_size), dtype)
-        expected = gelu_tanh_and_mul(x)
-        module._set_launch_override(threads, vec_bytes)
-        try:
-            got = gelu_tanh_and_mul(x)
-        finally:
-            module._set_launch_override(0, 0)
-        assert torch.equal(got, expected), (num_tokens, hidden_size)
+        for op in (gelu_tanh_and_mul, silu_and_mul):
+            expected = op(x)
+            module._set_launch_override(threads, vec_bytes)
+            try:
+                got = op(x)
+            finally:
+                module._set_launch_override(0, 0)
+            assert torch.equal(got, expected), (op.__name__, num_tokens, hidden_size)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_silu_every_16_bit_gate(dtype):
+    """silu's branch-free division equals __fdiv_rn for every 16-bit gate: the 65536 bit patterns in
+    a fixed shuffle, so that at 16-byte vectors almost every vector holds one gate outside the fast
+    range and is recomputed through __fdiv_rn, while forced 2-byte vectors (one gate each) take the
+    fast sequence wherever the gate allows; both must give the same bits, and match the reference."""
+    from sglang.jit_kernel.activation import _jit_activation_module
+
+    bits = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
+    order = torch.randperm(bits.numel(), generator=torch.Generator().manual_seed(15))
+    gate = bits[order].view(dtype).cuda()
+    x = torch.cat([gate, torch.full_like(gate, 1.5)]).view(1, -1)
+    module = _jit_activation_module(dtype)
+    wide = silu_and_mul(x)
+    module._set_launch_override(0, 2)
+    try:
+        narrow = silu_and_mul(x)
+    finally:
+        module._set_launch_override(0, 0)
+    assert torch.equal(wide.view(torch.int16), narrow.view(torch.int16))
+    finite = torch.isfinite(x[:, :gate.numel()])
+    assert_matches_reference("silu", wide[finite].view(1, -1), torch.cat([x[:, :gate.numel()][finite],
+                             x[:, gate.numel():][finite]]).view(1, -1))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,8 +16,9 @@
 // pointer, row stride and H * sizeof(T) allow it, else 8 / 4 / 2 bytes down to one element, so no
 // access is misaligned and no row needs a tail), threadIdx.y the rows. The grid is (column chunks
 // of a row, row groups): one CTA per chunk, so a few long rows (decode: one token, 2 x 14336) still
-// spread over tens of SMs instead of one CTA per row. gridDim.y is capped at 65535; CTAs then
-// stride over row groups. Offsets are 64-bit throughout (any element count).
+// spread over tens of SMs instead of one CTA per row. Large launches give each thread two rows
+// (half the row groups; both rows' loads issued before either is computed). gridDim.y is capped at
+// 65535; CTAs then stride over row groups. Offsets are 64-bit throughout (any element count).
 //
 // Expert filter (MoE): with expert_ids, row t is computed only if expert_ids[t / expert_step] !=
 // -1; a filtered row reads its id and nothing else, and its out row is not written.
@@ -72,6 +73,8 @@ struct GatedActConfig {
   static constexpr int64_t kMinCtasPerSm = 2;       // decode rule: narrower vectors until the launch has
                                                     // this many kMinThreads CTAs per SM
   static constexpr int64_t kMaxGridY = 65535;       // CUDA's limit on gridDim.y
+  static constexpr int64_t kThreadsPerSm = 2048;    // resident threads per SM (SM80 / SM90)
+  static constexpr int64_t kPairRowsMinWaves = 4;   // two rows per thread from this many full waves
   static constexpr int64_t kMinDecodeVecBytes = 4;  // narrowest vector the decode rule picks
 };
 
@@ -92,26 +95,75 @@ SGL_DEVICE float activate(float g) {
   }
 }
 
+/// silu(g) = g / (1 + exp(-g)) by the instruction sequence __fdiv_rn runs on its fast path (an
+/// approximate reciprocal, one Newton step, the quotient and one remainder correction: the correctly
+/// rounded quotient), without its per-element range check and branch: those made every element one
+/// dependent chain behind a convergence barrier (and a call that clobbered registers), so a
+/// thread's elements could not overlap. in_range is cleared when g lies outside [-64, 2^100] or |g| < 2^-24 (zeros,
+/// tiny values, NaN, infinities): there 1 + exp(-g) may exceed 2^93 or the remainder may leave the
+/// normal range, and the caller recomputes with __fdiv_rn. Inside, the denominator is in [1, 2^93)
+/// and the quotient in [2^-88, 2^100], where the sequence is exact as written (the division test
+/// checks every 16-bit gate against __fdiv_rn).
+SGL_DEVICE float silu_fast_division(float g, bool& in_range) {
+  const float d = __fadd_rn(1.0f, expf(-g));
+  in_range &= (g >= -64.0f) & (g <= 0x1p100f) & (fabsf(g) >= 0x1p-24f);
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
+  r = __fmaf_rn(r, __fmaf_rn(-d, r, 1.0f), r);
+  const float q = __fmaf_rn(g, r, 0.0f);
+  return __fmaf_rn(r, __fmaf_rn(-d, q, g), q);
+}
+
+/// act(g[i]) in fp32 for the N gates of one vector, each bit-identical to activate<kAct>(g[i]). silu
+/// takes silu_fast_division for all N and redoes the vector through activate only when one gate is
+/// out of its range (one branch per vector, rare on real activations).
+template <GatedActivation kAct, std::size_t N>
+SGL_DEVICE void activate_vector(const float (&g)[N], float (&act)[N]) {
+  if constexpr (kAct == GatedActivation::kSilu) {
+    bool in_range = true;
+#pragma unroll
+    for (std::size_t i = 0; i < N; ++i) act[i] = silu_fast_division(g[i], in_range);
+    if (!in_range) {
+#pragma unroll
+      for (std::size_t i = 0; i < N; ++i) act[i] = activate<kAct>(g[i]);
+    }
+  } else {
+#pragma unroll
+    for (std::size_t i = 0; i < N; ++i) act[i] = activate<kAct>(g[i]);
+  }
+}
+
 /// out[i] = round(float(round(act(float(gate[i])))) * float(up[i])) for the N elements of one vector.
 /// 16-bit types convert pairs (one packed conversion instruction per two elements).
 template <GatedActivation kAct, typename T, std::size_t N>
 SGL_DEVICE device::AlignedVector<T, N> act_and_mul(const device::AlignedVector<T, N>& gate,
                                                    const device::AlignedVector<T, N>& up) {
   device::AlignedVector<T, N> out;
+  float g[N], act[N];
   if constexpr (std::is_same_v<T, fp32_t>) {
 #pragma unroll
-    for (std::size_t i = 0; i < N; ++i) out[i] = __fmul_rn(activate<kAct>(gate[i]), up[i]);
+    for (std::size_t i = 0; i < N; ++i) g[i] = gate[i];
+    activate_vector<kAct>(g, act);
+#pragma unroll
+    for (std::size_t i = 0; i < N; ++i) out[i] = __fmul_rn(act[i], up[i]);
   } else if constexpr (N == 1) {
-    const T act = dtype_trait<T>::from(activate<kAct>(dtype_trait<fp32_t>::from(gate[0])));
-    out[0] = dtype_trait<T>::from(__fmul_rn(dtype_trait<fp32_t>::from(act), dtype_trait<fp32_t>::from(up[0])));
+    g[0] = dtype_trait<fp32_t>::from(gate[0]);
+    activate_vector<kAct>(g, act);
+    const T rounded = dtype_trait<T>::from(act[0]);
+    out[0] = dtype_trait<T>::from(__fmul_rn(dtype_trait<fp32_t>::from(rounded), dtype_trait<fp32_t>::from(up[0])));
   } else {
     using P = packed_t<T>;  // two elements
 #pragma unroll
     for (std::size_t i = 0; i < N; i += 2) {
-      const fp32x2_t g = dtype_trait<fp32x2_t>::from(P{gate[i], gate[i + 1]});
+      const fp32x2_t pair = dtype_trait<fp32x2_t>::from(P{gate[i], gate[i + 1]});
+      g[i] = pair.x;
+      g[i + 1] = pair.y;
+    }
+    activate_vector<kAct>(g, act);
+#pragma unroll
+    for (std::size_t i = 0; i < N; i += 2) {
       const fp32x2_t u = dtype_trait<fp32x2_t>::from(P{up[i], up[i + 1]});
-      const P act = dtype_trait<P>::from(fp32x2_t{activate<kAct>(g.x), activate<kAct>(g.y)});
-      const fp32x2_t a = dtype_trait<fp32x2_t>::from(act);
+      const fp32x2_t a = dtype_trait<fp32x2_t>::from(dtype_trait<P>::from(fp32x2_t{act[i], act[i + 1]}));
       const P result = dtype_trait<P>::from(fp32x2_t{__fmul_rn(a.x, u.x), __fmul_rn(a.y, u.y)});
       out[i] = result.x;
       out[i + 1] = result.y;
@@ -120,8 +172,19 @@ SGL_DEVICE device::AlignedVector<T, N> act_and_mul(const device::AlignedVector<T
   return out;
 }
 
-/// One thread: vector threadIdx.x of column chunk blockIdx.x, for rows threadIdx.y + k * rows per
-/// grid column, starting at row group blockIdx.y. Threads past the row's last vector idle.
+/// Whether row of the launch is computed: inside num_tokens and kept by the expert filter.
+SGL_DEVICE bool gated_act_row_kept(const GatedActParams& params, int64_t row) {
+  if (row >= params.num_tokens) return false;
+  if (params.expert_ids == nullptr) return true;
+  const int64_t id_index = params.expert_step == 1 ? row : row / params.expert_step;
+  return params.expert_ids[id_index] != -1;
+}
+
+/// One thread: vector threadIdx.x of column chunk blockIdx.x, for the row pairs (row, row + rows per
+/// grid column), row = threadIdx.y + blockIdx.y * blockDim.y + k * 2 * rows per grid column. Both
+/// rows' loads are issued before either row is computed (64 bytes in flight per thread at 16-byte
+/// vectors); a launch whose grid covers every row in its first rows leaves the second row of each
+/// pair past num_tokens (one row per thread). Threads past the row's last vector idle.
 template <typename T, int kVecN, GatedActivation kAct>
 __global__ void __launch_bounds__(GatedActConfig::kMaxThreads) gated_act_and_mul_kernel(const GatedActParams params) {
   using vec_t = device::AlignedVector<T, kVecN>;
@@ -132,16 +195,21 @@ __global__ void __launch_bounds__(GatedActConfig::kMaxThreads) gated_act_and_mul
   if (vec >= params.vecs_per_row) return;
   const auto* input = static_cast<const T*>(params.input);
   auto* out = static_cast<T*>(params.out);
-  for (int64_t row = int64_t{blockIdx.y} * blockDim.y + threadIdx.y; row < params.num_tokens; row += row_step) {
-    if (params.expert_ids != nullptr) {
-      const int64_t id_index = params.expert_step == 1 ? row : row / params.expert_step;
-      if (params.expert_ids[id_index] == -1) continue;
+  for (int64_t row = int64_t{blockIdx.y} * blockDim.y + threadIdx.y; row < params.num_tokens; row += 2 * row_step) {
+    const int64_t next = row + row_step;
+    const bool keep = gated_act_row_kept(params, row);
+    const bool keep_next = gated_act_row_kept(params, next);
+    vec_t gate, up, next_gate, next_up;
+    if (keep) {
+      gate.load(input + row * params.input_stride, vec);
+      up.load(input + row * params.input_stride + params.hidden_size, vec);
     }
-    const T* gate_row = input + row * params.input_stride;
-    vec_t gate, up;
-    gate.load(gate_row, vec);
-    up.load(gate_row + params.hidden_size, vec);
-    act_and_mul<kAct>(gate, up).store(out + row * params.out_stride, vec);
+    if (keep_next) {
+      next_gate.load(input + next * params.input_stride, vec);
+      next_up.load(input + next * params.input_stride + params.hidden_size, vec);
+    }
+    if (keep) act_and_mul<kAct>(gate, up).store(out + row * params.out_stride, vec);
+    if (keep_next) act_and_mul<kAct>(next_gate, next_up).store(out + next * params.out_stride, vec);
   }
 }
 
@@ -163,13 +231,15 @@ struct GatedActGeometry {
 };
 
 /// threads threads per CTA, as few row lanes as the row needs (a power of two >= its vectors, at
-/// most threads) times the rest in rows.
-inline GatedActGeometry gated_act_geometry(int64_t num_tokens, int64_t vecs_per_row, uint32_t threads) {
+/// most threads) times the rest in rows; rows_per_thread (1 or 2) rows of each thread in the grid's
+/// first pass (the kernel's row pairs).
+inline GatedActGeometry
+gated_act_geometry(int64_t num_tokens, int64_t vecs_per_row, uint32_t threads, int64_t rows_per_thread = 1) {
   const auto row_lanes =
       static_cast<uint32_t>(std::min<uint64_t>(threads, std::bit_ceil(static_cast<uint64_t>(vecs_per_row))));
   const uint32_t rows_per_cta = threads / row_lanes;
   const int64_t chunks = host::div_ceil(vecs_per_row, int64_t{row_lanes});
-  const int64_t row_groups = host::div_ceil(num_tokens, int64_t{rows_per_cta});
+  const int64_t row_groups = host::div_ceil(num_tokens, int64_t{rows_per_cta} * rows_per_thread);
   return {dim3(row_lanes, rows_per_cta),
           dim3(static_cast<uint32_t>(chunks), static_cast<uint32_t>(std::min(row_groups, GatedActConfig::kMaxGridY)))};
 }
@@ -182,13 +252,13 @@ void launch_gated_act(GatedActParams params, DLDevice device, bool pdl) {
   // gridDim.x holds a row's chunks: at most 2^31 - 1 (32-thread chunks: hidden_size < 2^36 elements).
   RuntimeCheck(div_ceil(params.vecs_per_row, int64_t{32}) < (int64_t{1} << 31),
                "input: hidden_size must be < 2^36 elements, got ", params.hidden_size);
+  const int64_t num_sms = runtime::get_sm_count(device.device_id);
   uint32_t threads = static_cast<uint32_t>(gated_act_override().threads);
   if (threads == 0) {
     // The CTA size (kDefaultThreads down to kMinThreads) that puts the fewest threads on the busiest
     // SM, CTAs dealt out evenly: ceil(ctas / SMs) * threads; a smaller CTA must win by more than
     // 1/16. Decode sizes get small CTAs on many SMs ([1, 2 x 14336]: 64 threads), 64 rows 128
     // (7 CTAs per SM rather than 3 or 4 of 256), large launches 256.
-    const int64_t num_sms = runtime::get_sm_count(device.device_id);
     int64_t best_load = 0;
     for (uint32_t t = Config::kDefaultThreads; t >= Config::kMinThreads; t /= 2) {
       const GatedActGeometry g = gated_act_geometry(params.num_tokens, params.vecs_per_row, t);
@@ -199,7 +269,15 @@ void launch_gated_act(GatedActParams params, DLDevice device, bool pdl) {
       }
     }
   }
-  const GatedActGeometry geometry = gated_act_geometry(params.num_tokens, params.vecs_per_row, threads);
+  // Two rows per thread (half the row groups) once the one-row grid is kPairRowsMinWaves waves of
+  // full SMs or more: each thread then has both rows' loads in flight before it computes, and half
+  // as many CTAs start and drain. Smaller launches keep one row per thread: with a wave or two, the
+  // finer grid balances the SMs better and the rows in flight are the same.
+  const GatedActGeometry one_row = gated_act_geometry(params.num_tokens, params.vecs_per_row, threads);
+  const int64_t full_wave = num_sms * (Config::kThreadsPerSm / threads);
+  const bool pair_rows = int64_t{one_row.grid.x} * one_row.grid.y >= Config::kPairRowsMinWaves * full_wave;
+  const GatedActGeometry geometry =
+      pair_rows ? gated_act_geometry(params.num_tokens, params.vecs_per_row, threads, 2) : one_row;
   LaunchKernel(geometry.grid, geometry.block, device).enable_pdl(pdl)(gated_act_and_mul_kernel<T, kVecN, kAct>,
                                                                        params);
 }
