@@ -65,6 +65,8 @@ def mla_set(t: int) -> tuple:
 def store_cache_rows() -> list[BenchRow]:
     providers = {
         "jit": store_cache,
+        # The warp kernel, up to 4 vectors per lane (the auto choice before the flat kernel): an A/B row.
+        "jit num_split=1": lambda *a: store_cache(*a, num_split=1),
         "torch index_copy_": torch_store,
         "torch.compile": lambda *a: compiled_once("store", torch_store)(*a),
     }

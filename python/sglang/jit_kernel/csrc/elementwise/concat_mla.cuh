@@ -9,11 +9,15 @@
 // heads * row / (kThreads * kVecBytes) blocks (128 heads x 384 bytes: 12 blocks). The b row of a
 // broadcast (head stride 0) is read by every head and comes from L1/L2 after the first.
 // Moves num_tokens * heads * (2 * (kABytes + kBBytes)) bytes (b once per token when broadcast).
+//
+// PDL: the kernel waits for the previous kernel (griddepcontrol.wait) before its first global load
+// (a and b may be its output; out may be what it reads) and then releases the next kernel at once,
+// so the next launch overlaps this one (rmsnorm.cuh's pdl_wait_then_release says why in that order).
 #pragma once
 
 #include <sgl_kernel/tensor.h>   // For TensorMatcher, Symbolic{Size,DType,Device}, verify_no_partial_overlap
 #include <sgl_kernel/utils.h>    // For RuntimeCheck, div_ceil
-#include <sgl_kernel/utils.cuh>  // For LaunchKernel, device::pointer::offset
+#include <sgl_kernel/utils.cuh>  // For LaunchKernel, device::pointer::offset, device::pdl_*
 #include <sgl_kernel/vec.cuh>    // For AlignedVector
 
 #include <dlpack/dlpack.h>
@@ -49,6 +53,8 @@ __global__ void __launch_bounds__(ConcatMlaConfig::kThreads) concat_mla_kernel(c
   constexpr uint32_t kAVecs = kABytes / kVecBytes;
   constexpr uint32_t kRowVecs = (kABytes + kBBytes) / kVecBytes;
   const uint32_t token_vecs = params.num_heads * kRowVecs;  // < 2^32, checked by the launcher
+  device::pdl_wait_primary();  // before the first global load (see the file comment)
+  device::pdl_launch_dependents();
 
   for (int64_t n = blockIdx.x; n < params.num_tokens; n += gridDim.x) {
     for (uint32_t i = blockIdx.y * ConcatMlaConfig::kThreads + threadIdx.x; i < token_vecs;
@@ -75,7 +81,7 @@ void launch_concat_mla(const ConcatMlaParams& params, DLDevice device) {
   const int64_t head_blocks = div_ceil(int64_t{params.num_heads} * kRowVecs, int64_t{Config::kThreads});
   const dim3 grid(static_cast<uint32_t>(std::min(params.num_tokens, Config::kMaxTokenBlocks)),
                   static_cast<uint32_t>(std::min(head_blocks, Config::kMaxHeadBlocks)));
-  LaunchKernel(grid, Config::kThreads, device)(concat_mla_kernel<kABytes, kBBytes, kVecBytes>, params);
+  LaunchKernel(grid, Config::kThreads, device).enable_pdl()(concat_mla_kernel<kABytes, kBBytes, kVecBytes>, params);
 }
 
 /// concat_mla<kABytes, kBBytes>(out, a, b): out[n, h] = cat(a[n, h], b[n, h]) (b[n, 0] when b has

@@ -8,16 +8,25 @@
 // Indices outside [0, num_slots) (the -1 of CUDA-graph padding rows, any other stray value) copy
 // nothing: no write lands outside the destination or in another slot, and there is no device trap.
 //
-// Work unit: one warp copies one chunk of one part of one row (a row part is split into num_split
-// chunks; lanes move consecutive kVecBytes vectors, so a warp's accesses are contiguous). A warp
-// issues its source loads before it knows the slot (the source address does not depend on it), so
-// the index load and the data loads are in flight together: a decode step pays one memory latency,
-// not two. Offsets are 64-bit (row * stride may exceed 2^32 bytes).
+// Two kernels. The default (auto) one is flat: thread g moves vector g of the rows laid end to end,
+// each row being part 0's vectors followed by part 1's, so no lane idles on a short part (a 128-byte
+// rope beside a 1024-byte nope kept 3 of 4 lanes of its warp idle in the per-part warps) and
+// consecutive threads touch consecutive bytes; the row of g comes from a multiply-shift (RowDivider)
+// instead of a 64-bit division. The warp kernel (an explicit num_split) has one warp copy one chunk
+// of one part of one row, up to kUnroll vectors per lane in flight. Both issue the source loads
+// before they know the slot (the source address does not depend on it), so the index load and the
+// data loads are in flight together: a decode step pays one memory latency, not two. Offsets are
+// 64-bit (row * stride may exceed 2^32 bytes).
+//
+// PDL: both kernels wait for the previous kernel (griddepcontrol.wait) before their first global
+// load (indices and sources may be its output; the slots written may be what it reads) and then
+// release the next kernel at once, so its launch overlaps this one (see rmsnorm.cuh's
+// pdl_wait_then_release for why the release follows the wait).
 #pragma once
 
 #include <sgl_kernel/runtime.cuh>  // For runtime::get_sm_count
 #include <sgl_kernel/utils.h>      // For div_ceil, RuntimeCheck
-#include <sgl_kernel/utils.cuh>    // For LaunchKernel, SGL_DEVICE, device::kWarpThreads, device::pointer::offset
+#include <sgl_kernel/utils.cuh>    // For LaunchKernel, SGL_DEVICE, device::kWarpThreads, device::pointer::offset, device::pdl_*
 #include <sgl_kernel/vec.cuh>      // For AlignedVector
 
 #include <dlpack/dlpack.h>
@@ -37,6 +46,25 @@ struct RowPart {
   int64_t chunk_vecs;  // vectors per warp chunk: div_ceil(num_vecs, num_split)
 };
 
+/// The quotient n / d of 0 <= n < 2^31 by a divisor 1 <= d < 2^31 fixed at launch, as one 64-bit
+/// multiply and a shift: multiplier = floor(2^shift / d) + 1 with shift = 31 + ceil(log2 d). Exact:
+/// the multiplier exceeds 2^shift / d by at most 1, so n * multiplier / 2^shift exceeds n / d by
+/// less than n * d / 2^shift < 1 / d, which never reaches the next integer (n / d's fraction is at
+/// most 1 - 1 / d). Example: d = 72 gives shift 38, multiplier 3817748708; n = 143 -> 1, 144 -> 2.
+struct RowDivider {
+  uint64_t multiplier;  // floor(2^shift / d) + 1, at most 2^32
+  uint32_t shift;       // 31 + ceil(log2 d)
+
+  static RowDivider make(uint32_t d) {
+    uint32_t log2_ceil = 0;
+    while ((uint64_t{1} << log2_ceil) < d) ++log2_ceil;
+    const uint32_t shift = 31 + log2_ceil;
+    return RowDivider{.multiplier = (uint64_t{1} << shift) / d + 1, .shift = shift};
+  }
+
+  SGL_DEVICE uint32_t divide(uint32_t n) const { return static_cast<uint32_t>((uint64_t{n} * multiplier) >> shift); }
+};
+
 /// Kernel arguments of row_scatter.
 struct RowScatterParams {
   RowPart part0;
@@ -45,7 +73,9 @@ struct RowScatterParams {
   int64_t index_stride;  // elements between indices
   int64_t num_rows;      // rows to copy (entries of indices)
   int64_t num_slots;     // valid slots: [0, num_slots)
-  int64_t num_split;     // chunks (warps) per row part, >= 1
+  int64_t num_split;     // warp kernel: chunks (warps) per row part, >= 1
+  uint32_t row_vecs;     // flat kernel: part0.num_vecs + part1.num_vecs; num_rows * row_vecs < 2^31
+  RowDivider row_divider;  // flat kernel: divides by row_vecs
 };
 
 /// Launch facts of row_scatter.
@@ -55,6 +85,7 @@ struct RowScatterConfig {
   static constexpr int kUnroll = 4;                                         // vectors in flight per lane
   static constexpr int64_t kMaxBlocks = 1 << 20;                            // grid cap; warps loop
   static constexpr int64_t kFullWarps = 64;                                 // resident warps per SM (H100/H200)
+  static constexpr int64_t kMaxFlatVecs = int64_t{1} << 31;                 // flat kernel: 32-bit vector ids
 };
 
 /// Copies vectors [begin, end) of one row part from `src` to `dst` (both already at the row) with
@@ -80,9 +111,75 @@ SGL_DEVICE void copy_row_chunk(const void* src, void* dst, int64_t begin, int64_
   }
 }
 
-/// Warp w of the grid takes units w, w + num_warps, ...; unit = (row, part, chunk), chunk fastest.
+/// Loads vector `i` of `src` (kVecBytes bytes, aligned) with ld.relaxed.gpu: a strong load, which
+/// the compiler issues where the code has it. A plain (weak) load whose value only a conditional
+/// store uses is sunk under the condition by ptxas, so the source load waits for the index load:
+/// two memory latencies instead of one (seen in the flat kernel's SASS; an empty volatile asm, a
+/// "memory" clobber and .nc/.cg/.cs/L1::no_allocate/L2::cache_hint loads were all sunk). The data
+/// is read once, so skipping L1 (strong loads are served by L2) costs nothing here.
+template <int kVecBytes>
+SGL_DEVICE device::AlignedVector<uint8_t, kVecBytes> load_issued_here(const void* src, uint32_t i) {
+  using vec_t = device::AlignedVector<uint8_t, kVecBytes>;
+  using storage_t = typename vec_t::storage_type;
+  const storage_t* p = static_cast<const storage_t*>(src) + i;
+  storage_t raw;
+  if constexpr (kVecBytes == 16) {
+    asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
+                 : "l"(p));
+  } else if constexpr (kVecBytes == 8) {
+    asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];" : "=r"(raw.x), "=r"(raw.y) : "l"(p));
+  } else if constexpr (kVecBytes == 4) {
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(raw) : "l"(p));
+  } else {
+    uint32_t word;  // 1 and 2 bytes: zero-extended into a 32-bit register
+    if constexpr (kVecBytes == 2) {
+      asm volatile("ld.relaxed.gpu.global.u16 %0, [%1];" : "=r"(word) : "l"(p));
+    } else {
+      asm volatile("ld.relaxed.gpu.global.u8 %0, [%1];" : "=r"(word) : "l"(p));
+    }
+    raw = static_cast<storage_t>(word);
+  }
+  vec_t v;
+  *reinterpret_cast<storage_t*>(&v) = raw;
+  return v;
+}
+
+/// Flat kernel: thread g of the grid moves vectors g, g + num_threads, ... of the rows laid end to end
+/// (row = g / row_vecs; within a row part 0's vectors come first). One vector per thread and pass:
+/// the index and source loads are issued together, then the store.
+template <typename IndexT, int kVecBytes>
+__global__ void __launch_bounds__(RowScatterConfig::kThreads) row_scatter_flat_kernel(const RowScatterParams params) {
+  using vec_t = device::AlignedVector<uint8_t, kVecBytes>;
+  device::pdl_wait_primary();  // before the first global load (see the file comment)
+  device::pdl_launch_dependents();
+  const auto* indices = static_cast<const IndexT*>(params.indices);
+  const uint32_t part0_vecs = static_cast<uint32_t>(params.part0.num_vecs);
+  const uint32_t row_vecs = params.row_vecs;
+  const uint32_t total = static_cast<uint32_t>(params.num_rows) * row_vecs;  // < 2^31 (launcher)
+  const uint32_t step = gridDim.x * blockDim.x;                               // <= 2^28: g + step < 2^32
+  for (uint32_t g = blockIdx.x * blockDim.x + threadIdx.x; g < total; g += step) {
+    const uint32_t row = params.row_divider.divide(g);
+    const uint32_t col = g - row * row_vecs;
+    const bool second = col >= part0_vecs;
+    // Field by field (not a reference to one of the two parts): keeps the params in constant space.
+    const void* src = second ? params.part1.src : params.part0.src;
+    void* dst = second ? params.part1.dst : params.part0.dst;
+    const int64_t src_stride = second ? params.part1.src_stride : params.part0.src_stride;
+    const int64_t dst_stride = second ? params.part1.dst_stride : params.part0.dst_stride;
+    const uint32_t vec = second ? col - part0_vecs : col;
+    const int64_t slot = static_cast<int64_t>(indices[int64_t{row} * params.index_stride]);
+    const vec_t v = load_issued_here<kVecBytes>(device::pointer::offset(src, int64_t{row} * src_stride), vec);
+    if (slot >= 0 && slot < params.num_slots) v.store(device::pointer::offset(dst, slot * dst_stride), vec);
+  }
+}
+
+/// Warp kernel: warp w of the grid takes units w, w + num_warps, ...; unit = (row, part, chunk),
+/// chunk fastest.
 template <typename IndexT, int kVecBytes>
 __global__ void __launch_bounds__(RowScatterConfig::kThreads) row_scatter_kernel(const RowScatterParams params) {
+  device::pdl_wait_primary();  // before the first global load (see the file comment)
+  device::pdl_launch_dependents();
   const uint32_t lane = threadIdx.x % device::kWarpThreads;
   const int64_t warp = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / device::kWarpThreads;
   const int64_t num_warps = int64_t{gridDim.x} * blockDim.x / device::kWarpThreads;
@@ -126,16 +223,30 @@ inline int64_t row_scatter_element_bytes(DLDataType dtype, const char* name) {
   return int64_t{dtype.bits} / 8 * dtype.lanes;
 }
 
-/// Chooses num_split (when `requested` is 0) and the grid, then launches. `params.part*.num_vecs`
-/// must be set for `vec_bytes`; chunk_vecs and num_split are filled here. `params.num_rows` > 0.
+/// Chooses the kernel, num_split (when `requested` is 0) and the grid, then launches.
+/// `params.part*.num_vecs` must be set for `vec_bytes`; the rest of the launch fields are filled
+/// here. `params.num_rows` > 0.
 ///
-/// Auto split: while the whole copy, one vector per lane, fits in one wave of resident warps, each
-/// lane moves one vector (many short warps: latency-bound decode sizes); beyond that each lane
-/// moves up to kUnroll vectors per chunk, so fewer, longer warps keep as many bytes in flight.
+/// Auto (`requested` 0): the flat kernel whenever its 32-bit vector ids cover the copy (below 2^31
+/// vectors, 32 GiB at 16-byte vectors), one thread per vector (cf. docs/perf_notes.md session 6: a
+/// flat copy with one 16-byte vector per thread measured 99.4 % of the copy roof, four per thread
+/// 96.1 %). Beyond that, and for an explicit num_split, the warp kernel: in auto, while the whole
+/// copy, one vector per lane, fits in one wave of resident warps, each lane moves one vector;
+/// beyond that up to kUnroll vectors per chunk.
 template <typename IndexT, int kVecBytes>
 void launch_row_scatter(RowScatterParams params, int64_t requested_split, DLDevice device) {
   using namespace host;
   using Config = RowScatterConfig;
+  const int64_t row_vecs = params.part0.num_vecs + params.part1.num_vecs;
+  if (requested_split <= 0 && row_vecs > 0 && params.num_rows < Config::kMaxFlatVecs / row_vecs) {
+    params.row_vecs = static_cast<uint32_t>(row_vecs);
+    params.row_divider = RowDivider::make(params.row_vecs);
+    const int64_t blocks =
+        std::clamp<int64_t>(div_ceil(params.num_rows * row_vecs, int64_t{Config::kThreads}), 1, Config::kMaxBlocks);
+    LaunchKernel(static_cast<uint32_t>(blocks), Config::kThreads, device)
+        .enable_pdl()(row_scatter_flat_kernel<IndexT, kVecBytes>, params);
+    return;
+  }
   const int64_t max_vecs = std::max<int64_t>({params.part0.num_vecs, params.part1.num_vecs, 1});
   int64_t split = requested_split;
   if (split <= 0) {
@@ -149,7 +260,8 @@ void launch_row_scatter(RowScatterParams params, int64_t requested_split, DLDevi
   params.part1.chunk_vecs = div_ceil(params.part1.num_vecs, params.num_split);
   const int64_t warps = params.num_rows * 2 * params.num_split;
   const int64_t blocks = std::clamp<int64_t>(div_ceil(warps, int64_t{Config::kWarps}), 1, Config::kMaxBlocks);
-  LaunchKernel(static_cast<uint32_t>(blocks), Config::kThreads, device)(row_scatter_kernel<IndexT, kVecBytes>, params);
+  LaunchKernel(static_cast<uint32_t>(blocks), Config::kThreads, device)
+      .enable_pdl()(row_scatter_kernel<IndexT, kVecBytes>, params);
 }
 
 /// Launches row_scatter for int32 (`int32_indices`) or int64 indices and `vec_bytes` (from
