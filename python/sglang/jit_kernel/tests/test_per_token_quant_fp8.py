@@ -15,9 +15,11 @@ register_cuda_ci(est_time=120, suite="nightly-kernel-1-gpu", nightly=True)
 
 FLT_MIN = 2.0**-126
 SHAPES = get_ci_test_range(
-    full_range=[(1, 1), (1, 4096), (7, 7), (129, 129), (33, 4097), (5, 7168), (2048, 4096), (3, 16384), (2, 40000)],
-    ci_range=[(1, 1), (1, 4096), (7, 7), (129, 129), (33, 4097), (2, 40000)],
+    full_range=[(1, 1), (1, 4096), (7, 7), (129, 129), (33, 4097), (5, 7168), (2048, 4096), (3, 16384), (2, 40000),
+                (600, 1000), (300, 129)],
+    ci_range=[(1, 1), (1, 4096), (7, 7), (129, 129), (33, 4097), (2, 40000), (600, 1000), (300, 129)],
 )
+# Rows >= 2 per SM (600 and 300 on a 132-SM H200) take the warp-per-row kernel, fewer the block-per-row one.
 
 
 def fp64_reference(x: torch.Tensor, eps: float = 1e-10):
@@ -83,8 +85,8 @@ def test_zero_tiny_inf_nan_rows(dtype):
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("offset", [0, 1, 5])
 @pytest.mark.parametrize("k", [129, 4096])
-def test_strided_offset_views_with_poisoned_outputs(dtype, offset, k):
-    m = 37
+@pytest.mark.parametrize("m", [37, 600])  # block per row, warp per row
+def test_strided_offset_views_with_poisoned_outputs(dtype, offset, k, m):
     wide = torch.randn(m, k + 16, dtype=dtype, device="cuda")
     x = wide[:, offset : offset + k]
     q_buffer = torch.full((m, k + 20), 0x7F, dtype=torch.uint8, device="cuda").view(FP8)

@@ -5,17 +5,22 @@
 // The input is [num_rows, num_cols] rows (the wrapper passes a contiguous tensor as one row):
 //   - small dynamic inputs (one row of at most kFusedMaxThreads * kVecsPerThread chunks): one block
 //     reads the row into registers, reduces, writes scale and bytes: a single pass, one launch;
-//   - otherwise two launches over a grid of (chunk blocks of a row, rows): absmax (a block maximum,
-//     one atomic max per block into output_s), then quantize. The second walks the blocks in reverse
-//     order, so it starts on the input the first read last, which is still in L2.
-// 64-bit offsets, any row strides.
+//   - otherwise two launches: absmax over a grid of at most one block per SM that strides over
+//     tiles of kAbsmaxItems chunks per thread (all loads of a tile in flight, then the maximum) and
+//     max-reduces its block maximum into output_s with one atomic per block: every atomic on the one
+//     address is serialized in L2, so their count, not the bytes, bounded a grid of a block per 512
+//     chunks; then quantize over a grid of (chunk blocks of a row, rows), walking the blocks in
+//     reverse order, so it starts on the input the first pass read last, which is still in L2.
+// 64-bit offsets, any row strides. Every kernel is launched with PDL and waits for the previous
+// kernel (the quantize pass for the absmax pass) before its first access.
 #pragma once
 
 #include <sgl_kernel/atomic.cuh>  // For atomic::max
 #include <sgl_kernel/cta.cuh>     // For cta::reduce_max
+#include <sgl_kernel/runtime.cuh>  // For runtime::get_sm_count
 #include <sgl_kernel/tensor.h>    // For TensorMatcher, SymbolicSize, SymbolicDevice, data_ptr
 #include <sgl_kernel/utils.h>     // For div_ceil
-#include <sgl_kernel/utils.cuh>   // For LaunchKernel, SGL_DEVICE, kWarpThreads, fp8_e4m3_t
+#include <sgl_kernel/utils.cuh>   // For LaunchKernel, SGL_DEVICE, kWarpThreads, fp8_e4m3_t, pdl_wait_primary
 
 #include <dlpack/dlpack.h>
 #include <tvm/ffi/container/tensor.h>
@@ -37,6 +42,7 @@ struct TensorQuantParams {
   int64_t num_cols;          // elements per row
   int64_t input_row_stride;  // elements of TIn
   int64_t q_row_stride;      // bytes (fp8)
+  int64_t tiles_per_row;     // absmax: ceil(chunks per row / (blockDim.x * kAbsmaxItems))
   float eps;                 // floor of the tensor maximum (dynamic)
   bool reverse;              // quantize: walk the blocks in reverse order
 };
@@ -48,20 +54,24 @@ struct TensorQuantConfig {
   static constexpr int kVecsPerThread = 2;
   static constexpr int64_t kFusedMaxThreads = 1024;
   static constexpr int64_t kMaxRowBlocks = 65535;  // gridDim.y limit; rows past it are looped over
+  static constexpr uint32_t kAbsmaxThreads = 1024;  // absmax: a block per SM at most
+  static constexpr uint32_t kAbsmaxSmallThreads = 256;  // absmax blocks when fewer than one per SM
+  static constexpr int kAbsmaxItems = 8;            // absmax: 128 bytes in flight per thread
 };
 
 /// Loads this thread's kVecs chunks (chunk first + c * blockDim.x) of a row; returns their |x| max.
 template <int kVecs, typename TIn, int kVecN, bool kAligned>
 SGL_DEVICE float load_chunks(device::quant::Chunk<TIn, kVecN, kAligned> (&x)[kVecs], const TIn* src, int64_t first,
                              int64_t num_chunks, int64_t num_cols) {
-  float amax = 0.0f;
 #pragma unroll
   for (int c = 0; c < kVecs; ++c) {
     const int64_t index = first + int64_t{c} * blockDim.x;
-    if (index < num_chunks) {
-      device::quant::load_row_chunk(x[c], src, index, num_cols);
-      amax = device::quant::chunk_absmax(x[c], amax);
-    }
+    if (index < num_chunks) device::quant::load_row_chunk(x[c], src, index, num_cols);
+  }
+  float amax = 0.0f;
+#pragma unroll
+  for (int c = 0; c < kVecs; ++c) {
+    if (first + int64_t{c} * blockDim.x < num_chunks) amax = device::quant::chunk_absmax(x[c], amax);
   }
   return amax;
 }
@@ -75,8 +85,9 @@ SGL_DEVICE void store_chunks(const device::quant::Chunk<TIn, kVecN, kAligned> (&
   for (int c = 0; c < kVecs; ++c) {
     const int64_t index = first + int64_t{c} * blockDim.x;
     if (index < num_chunks) {
-      device::quant::store_row_chunk(device::quant::quantize_chunk<fp8_e4m3_t>(x[c], inv_scale, -kQMax, kQMax), dst,
-                                     index, num_cols);
+      // -448..448 are the conversion's own saturation bounds: no clamp (quantize_values)
+      const auto q = device::quant::quantize_chunk<fp8_e4m3_t, /*kClamp=*/false>(x[c], inv_scale, -kQMax, kQMax);
+      device::quant::store_row_chunk(q, dst, index, num_cols);
     }
   }
 }
@@ -96,6 +107,8 @@ __global__ void __launch_bounds__(TensorQuantConfig::kFusedMaxThreads)
   const int64_t num_chunks = (p.num_cols + kVecN - 1) / kVecN;
   device::quant::Chunk<TIn, kVecN, kAligned> x[kVecs];
   const auto* src = static_cast<const TIn*>(p.input);
+  device::pdl_wait_primary();  // the input, and output_s zeroed by the caller, may be earlier kernels' work
+  device::pdl_launch_dependents();
   const float amax = load_chunks<kVecs>(x, src, threadIdx.x, num_chunks, p.num_cols);
   device::cta::reduce_max(amax, smem, 0.0f);
   __syncthreads();
@@ -107,19 +120,25 @@ __global__ void __launch_bounds__(TensorQuantConfig::kFusedMaxThreads)
   if (threadIdx.x == 0) *p.output_s = scale;
 }
 
-/// Pass 1 of the dynamic path: each block's maximum, max-reduced into output_s as a scale.
+/// Pass 1 of the dynamic path: each block's maximum over the tiles it strides over, max-reduced
+/// into output_s as a scale (one atomic per block).
 template <typename TIn, bool kAligned>
-__global__ void __launch_bounds__(TensorQuantConfig::kThreads) per_tensor_absmax_kernel(const TensorQuantParams p) {
+__global__ void __launch_bounds__(TensorQuantConfig::kAbsmaxThreads)
+    per_tensor_absmax_kernel(const TensorQuantParams p) {
   constexpr int kVecN = 16 / sizeof(TIn);
-  constexpr int kVecs = TensorQuantConfig::kVecsPerThread;
-  __shared__ float smem[TensorQuantConfig::kThreads / device::kWarpThreads];
+  constexpr int kItems = TensorQuantConfig::kAbsmaxItems;
+  __shared__ float smem[TensorQuantConfig::kAbsmaxThreads / device::kWarpThreads];
   const int64_t num_chunks = (p.num_cols + kVecN - 1) / kVecN;
-  const int64_t first = int64_t{blockIdx.x} * blockDim.x * kVecs + threadIdx.x;
+  const int64_t num_tiles = p.num_rows * p.tiles_per_row;
+  device::pdl_wait_primary();  // the input, and output_s zeroed by the caller, may be earlier kernels' work
+  device::pdl_launch_dependents();
   float amax = 0.0f;
-  for (int64_t row = blockIdx.y; row < p.num_rows; row += gridDim.y) {
-    device::quant::Chunk<TIn, kVecN, kAligned> x[kVecs];
+  for (int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+    const int64_t row = tile / p.tiles_per_row;
+    const int64_t first = (tile - row * p.tiles_per_row) * blockDim.x * kItems + threadIdx.x;
+    device::quant::Chunk<TIn, kVecN, kAligned> x[kItems];
     const TIn* src = static_cast<const TIn*>(p.input) + row * p.input_row_stride;
-    amax = fmaxf(amax, load_chunks<kVecs>(x, src, first, num_chunks, p.num_cols));
+    amax = fmaxf(amax, load_chunks<kItems>(x, src, first, num_chunks, p.num_cols));
   }
   device::cta::reduce_max(amax, smem, 0.0f);
   __syncthreads();
@@ -137,6 +156,8 @@ __global__ void __launch_bounds__(TensorQuantConfig::kThreads) per_tensor_quant_
   const int64_t num_chunks = (p.num_cols + kVecN - 1) / kVecN;
   const int64_t block_x = p.reverse ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
   const int64_t first = block_x * blockDim.x * kVecs + threadIdx.x;
+  device::pdl_wait_primary();  // output_s (the absmax pass, or the caller's static scale) and the input
+  device::pdl_launch_dependents();
   const float inv_scale = inverse_scale(*p.output_s);
   for (int64_t y = blockIdx.y; y < p.num_rows; y += gridDim.y) {
     const int64_t row = p.reverse ? p.num_rows - 1 - y : y;
@@ -195,6 +216,7 @@ void per_tensor_quant_fp8(tvm::ffi::TensorView input, tvm::ffi::TensorView outpu
       .num_cols = num_cols.unwrap(),
       .input_row_stride = input_row_stride.unwrap(),
       .q_row_stride = q_row_stride.unwrap(),
+      .tiles_per_row = 0,
       .eps = static_cast<float>(eps),
       .reverse = false,
   };
@@ -219,16 +241,24 @@ void per_tensor_quant_fp8(tvm::ffi::TensorView input, tvm::ffi::TensorView outpu
                                                 TensorQuantConfig::kFusedMaxThreads);
     const auto kernel =
         aligned ? per_tensor_quant_fp8_fused_kernel<TIn, true> : per_tensor_quant_fp8_fused_kernel<TIn, false>;
-    LaunchKernel(1, static_cast<uint32_t>(threads), device)(kernel, params);
+    LaunchKernel(1, static_cast<uint32_t>(threads), device).enable_pdl(true)(kernel, params);
     return;
   }
   if (!is_static) {
+    // A block per SM of kAbsmaxThreads, or smaller blocks when that would leave most SMs idle.
+    const int64_t num_sms = runtime::get_sm_count(device.device_id);
+    const int64_t big_tiles = params.num_rows * div_ceil(num_chunks, int64_t{TensorQuantConfig::kAbsmaxThreads} *
+                                                                           TensorQuantConfig::kAbsmaxItems);
+    const uint32_t threads =
+        2 * big_tiles >= num_sms ? TensorQuantConfig::kAbsmaxThreads : TensorQuantConfig::kAbsmaxSmallThreads;
+    params.tiles_per_row = div_ceil(num_chunks, int64_t{threads} * TensorQuantConfig::kAbsmaxItems);
+    const auto blocks = static_cast<uint32_t>(std::min<int64_t>(params.num_rows * params.tiles_per_row, num_sms));
     const auto absmax = aligned ? per_tensor_absmax_kernel<TIn, true> : per_tensor_absmax_kernel<TIn, false>;
-    LaunchKernel(grid, TensorQuantConfig::kThreads, device)(absmax, params);
+    LaunchKernel(blocks, threads, device).enable_pdl(true)(absmax, params);
     params.reverse = true;
   }
   const auto quant = aligned ? per_tensor_quant_kernel<TIn, true> : per_tensor_quant_kernel<TIn, false>;
-  LaunchKernel(grid, TensorQuantConfig::kThreads, device)(quant, params);
+  LaunchKernel(grid, TensorQuantConfig::kThreads, device).enable_pdl(true)(quant, params);
 }
 
 }  // namespace

@@ -12,7 +12,7 @@
 // give NaN (fp8) or 0 (int8) in their own position.
 #pragma once
 
-#include <sgl_kernel/utils.cuh>  // For SGL_DEVICE, fp8_e4m3_t, fp32_t
+#include <sgl_kernel/utils.cuh>  // For SGL_DEVICE, fp8_e4m3_t, bf16_t, fp32_t
 #include <sgl_kernel/vec.cuh>    // For AlignedVector
 
 #include <cfloat>
@@ -106,22 +106,88 @@ struct Chunk {
   SGL_DEVICE const T& operator[](int i) const { return vec[i]; }
 };
 
-/// Largest |x| of a chunk in fp32 (NaN-ignoring, like fmaxf).
+/// The elements of a chunk in fp32 (exact). bf16 pairs are unpacked from their 32-bit word with
+/// one shift or mask each (static_cast takes a byte permute and a multiply for the high half).
 template <typename T, int kN, bool kAligned>
-SGL_DEVICE float chunk_absmax(const Chunk<T, kN, kAligned>& chunk, float amax) {
+SGL_DEVICE void chunk_to_float(const Chunk<T, kN, kAligned>& chunk, float (&f)[kN]) {
+  if constexpr (std::is_same_v<T, bf16_t> && kN % 2 == 0) {
 #pragma unroll
-  for (int i = 0; i < kN; ++i) amax = fmaxf(amax, fabsf(static_cast<float>(chunk[i])));
+    for (int i = 0; i < kN; i += 2) {
+      uint32_t word;
+      __builtin_memcpy(&word, &chunk.vec.data[i], sizeof(word));
+      f[i] = __uint_as_float(word << 16);
+      f[i + 1] = __uint_as_float(word & 0xffff0000u);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) f[i] = static_cast<float>(chunk[i]);
+  }
+}
+
+/// Largest |x| of fp32 values (NaN-ignoring, like fmaxf).
+template <int kN>
+SGL_DEVICE float values_absmax(const float (&f)[kN], float amax) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) amax = fmaxf(amax, fabsf(f[i]));
   return amax;
 }
 
-/// Quantizes a chunk of T into a chunk of TOut (see quantize).
-template <typename TOut, typename T, int kN, bool kAligned>
+/// Largest |x| of a chunk in fp32 (NaN-ignoring, like fmaxf).
+template <typename T, int kN, bool kAligned>
+SGL_DEVICE float chunk_absmax(const Chunk<T, kN, kAligned>& chunk, float amax) {
+  float f[kN];
+  chunk_to_float(chunk, f);
+  return values_absmax(f, amax);
+}
+
+/// Four fp32 values rounded to fp8 e4m3 (round to nearest even, satfinite: the conversion of
+/// fp8_e4m3_t(float)), packed little-endian: v0 in the lowest byte.
+SGL_DEVICE uint32_t fp8x4_satfinite(float v0, float v1, float v2, float v3) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t word;
+  // cvt's first source goes to the upper byte of its pair; mov packs the two pairs without masks.
+  asm("{\n .reg .b16 lo, hi;\n cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+      " mov.b32 %0, {lo, hi};\n}"
+      : "=r"(word)
+      : "f"(v0), "f"(v1), "f"(v2), "f"(v3));
+  return word;
+#else
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v0, v1), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v2, v3), __NV_SATFINITE, __NV_E4M3);
+  return lo | (hi << 16);
+#endif
+}
+
+/// Quantizes kN fp32 values into a chunk of TOut (see quantize). kClamp false is allowed only for
+/// fp8 with q_min <= -448 and q_max >= 448: the satfinite conversion then gives the clamp's result
+/// for every input (|y| > 448 and +-inf -> +-448, NaN -> NaN, -0 -> -0), so the values are only
+/// scaled and converted in pairs (one cvt.rn.satfinite.e4m3x2 per two values).
+template <typename TOut, bool kClamp, int kN, bool kAligned>
+SGL_DEVICE Chunk<TOut, kN, kAligned> quantize_values(const float (&f)[kN], float inv_scale, float q_min, float q_max) {
+  Chunk<TOut, kN, kAligned> out;
+  if constexpr (!kClamp) {
+    static_assert(std::is_same_v<TOut, fp8_e4m3_t> && kN % 4 == 0, "quantize_values: the unclamped path is fp8");
+#pragma unroll
+    for (int i = 0; i < kN; i += 4) {
+      // One 32-bit write per four bytes (a byte-wise copy costs a mask and shift per byte).
+      reinterpret_cast<uint32_t*>(out.vec.data)[i / 4] =
+          fp8x4_satfinite(__fmul_rn(f[i], inv_scale), __fmul_rn(f[i + 1], inv_scale), __fmul_rn(f[i + 2], inv_scale),
+                          __fmul_rn(f[i + 3], inv_scale));
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) out[i] = quantize<TOut>(f[i], inv_scale, q_min, q_max);
+  }
+  return out;
+}
+
+/// Quantizes a chunk of T into a chunk of TOut (see quantize and quantize_values).
+template <typename TOut, bool kClamp = true, typename T, int kN, bool kAligned>
 SGL_DEVICE Chunk<TOut, kN, kAligned> quantize_chunk(const Chunk<T, kN, kAligned>& chunk, float inv_scale, float q_min,
                                                     float q_max) {
-  Chunk<TOut, kN, kAligned> out;
-#pragma unroll
-  for (int i = 0; i < kN; ++i) out[i] = quantize<TOut>(static_cast<float>(chunk[i]), inv_scale, q_min, q_max);
-  return out;
+  float f[kN];
+  chunk_to_float(chunk, f);
+  return quantize_values<TOut, kClamp, kN, kAligned>(f, inv_scale, q_min, q_max);
 }
 
 /// Chunk `index` of a row of `num_cols` elements: a full chunk when kAligned (the row length is then a
