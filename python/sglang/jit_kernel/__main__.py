@@ -88,9 +88,15 @@ def build_variants(names: list[str] | None, jobs: int, quiet: bool = False,
             print(f"{module.name}: {len(module.variants)} variant(s), serves {served}", flush=True)
     failures: dict[str, list[str]] = {}  # error text -> variant names it failed
 
+    def emit(line: str) -> None:
+        # One write per line: `started` runs on the build threads, and print() writes the text and its
+        # newline separately, so lines of two threads could interleave.
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
     def started(name: str) -> None:
         if not quiet:
-            print(f"  start  {name}", flush=True)
+            emit(f"  start  {name}")
 
     def report(result: VariantResult, done: int, total: int) -> None:
         bar = "#" * (20 * done // total)
@@ -100,7 +106,7 @@ def build_variants(names: list[str] | None, jobs: int, quiet: bool = False,
             status = f"FAILED {result.seconds:6.1f} s"
             failures.setdefault(_error_body(result.name, result.error), []).append(result.name)
         if not quiet or result.error is not None:
-            print(f"[{bar:<20}] {done}/{total} {result.name:<40} {status}", flush=True)
+            emit(f"[{bar:<20}] {done}/{total} {result.name:<40} {status}")
 
     start = time.perf_counter()
     try:
