@@ -24,6 +24,7 @@ from sglang.jit_kernel.benchmark.utils import (  # noqa: E402
     num_rotating_sets,
 )
 from sglang.jit_kernel.grouped_topk import grouped_topk  # noqa: E402
+from sglang.jit_kernel.moe_align import moe_align_block_size  # noqa: E402
 from sglang.jit_kernel.moe_topk_sigmoid import topk_sigmoid  # noqa: E402
 from sglang.jit_kernel.moe_sum_reduce import moe_sum_reduce  # noqa: E402
 from sglang.jit_kernel.moe_topk_softmax import topk_softmax  # noqa: E402
@@ -142,7 +143,58 @@ def sum_reduce_rows() -> list[BenchRow]:
     return rows
 
 
+ALIGN_TOKENS = get_benchmark_range(full_range=[1, 64, 4096], ci_range=[1, 4096])
+
+
+def torch_align(ids, sorted_ids, expert_ids, total, cumsum, num_experts, block_size):
+    """moe_align_block_size in static-shape torch (capturable: no bincount / repeat_interleave sync)."""
+    flat = ids.view(-1).long()
+    counts = torch.zeros(num_experts, dtype=torch.long, device=ids.device).scatter_add_(0, flat, torch.ones_like(flat))
+    order = torch.sort(flat, stable=True).indices
+    padded = (counts + block_size - 1) // block_size * block_size
+    ends = padded.cumsum(0)
+    experts = flat[order]
+    slot = (ends - padded)[experts] + torch.arange(flat.numel(), device=ids.device) - (counts.cumsum(0) - counts)[experts]
+    sorted_ids.fill_(flat.numel()).scatter_(0, slot, order.int())
+    blocks = torch.arange(expert_ids.numel(), device=ids.device) * block_size
+    expert_ids.copy_(torch.searchsorted(ends, blocks, right=True).clamp_max(num_experts - 1))
+    total.copy_(ends[-1:])
+    cumsum[0] = 0
+    cumsum[1 : num_experts + 1] = ends
+
+
+def align_rows() -> list[BenchRow]:
+    """moe_align_block_size as sglang calls it: 256 experts passed as 257, block 64, padded. Bytes:
+    read the ids, write every sorted slot and every block expert."""
+    rows = []
+    num_experts, block_size = 257, 64
+    compiled = torch.compile(torch_align)
+    providers = {
+        "jit": lambda *a: moe_align_block_size(*a[:1], num_experts, block_size, *a[1:], True),
+        "torch": lambda *a: torch_align(*a, num_experts, block_size),
+        "torch.compile": lambda *a: compiled(*a, num_experts, block_size),
+    }
+    if sgl_kernel is not None and hasattr(sgl_kernel, "moe_align_block_size"):
+        providers["sgl_kernel"] = lambda *a: sgl_kernel.moe_align_block_size(*a[:1], num_experts, block_size,
+                                                                              *a[1:], True)
+    for t in ALIGN_TOKENS:
+        numel = t * TOPK
+        sorted_len = numel + num_experts * (block_size - 1)
+        blocks = -(-sorted_len // block_size)
+
+        def make(n, t=t, sorted_len=sorted_len, blocks=blocks):
+            return [(torch.rand(t, 256, device="cuda").topk(TOPK, dim=-1).indices.int(),
+                     torch.empty(sorted_len, dtype=torch.int32, device="cuda"),
+                     torch.empty(blocks, dtype=torch.int32, device="cuda"),
+                     torch.empty(1, dtype=torch.int32, device="cuda"),
+                     torch.empty(num_experts + 1, dtype=torch.int32, device="cuda")) for _ in range(n)]
+
+        time_providers("moe_align_block_size", f"[{t}, {TOPK}] E256(+1) block{block_size}", providers, make,
+                       4 * (numel + sorted_len + blocks), rows)
+    return rows
+
+
 if __name__ == "__main__":
     exit_unless_gpu("bench_moe.py")
     roof = copy_roof_gbps()
-    print(format_rows(routing_rows() + sum_reduce_rows(), roof))
+    print(format_rows(routing_rows() + sum_reduce_rows() + align_rows(), roof))

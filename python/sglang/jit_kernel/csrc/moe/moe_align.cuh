@@ -1,0 +1,349 @@
+// moe_align_block_size: group the flattened topk_ids by expert (a stable counting sort), each
+// expert's segment padded up to a multiple of block_size, for the block-sparse expert GEMMs.
+//
+// One CTA of 1024 threads, one launch, everything in shared memory:
+//   1. "sorting" warps each own a contiguous range of the flat ids (32 ids a step, 16 steps of ids
+//      held in registers) and count them into their own row of a [sort_warps, num_experts] table;
+//   2. per expert, the rows become exclusive prefixes over the warps (the rank of a warp's first id
+//      inside the segment), the counts are padded and scanned into the segment starts;
+//   3. the sorting warps re-walk their ranges: __match_any_sync groups a step's lanes by expert, a
+//      lane's slot is start + its warp's running rank + its rank among the lower lanes. So a
+//      segment holds its flat indices in ascending order, the same bits every run. Meanwhile every
+//      thread writes expert_ids, the padding, cumsum_buffer and num_tokens_post_pad.
+// No atomics decide an order; no host sync (CUDA-graph safe). Ids outside [0, num_experts) are
+// skipped: not counted, their flat index written nowhere.
+#pragma once
+
+#include <sgl_kernel/tensor.h>   // For TensorMatcher, SymbolicSize, SymbolicDevice, data_ptr, verify_no_partial_overlap
+#include <sgl_kernel/utils.h>    // For RuntimeCheck, div_ceil
+#include <sgl_kernel/utils.cuh>  // For LaunchKernel, SGL_DEVICE, kWarpThreads, RuntimeDeviceCheck, detail::cached_device_attribute
+
+#include <dlpack/dlpack.h>
+#include <tvm/ffi/container/tensor.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <source_location>
+
+namespace {
+
+/// Kernel arguments of moe_align_block_size. The host proves numel + min(numel, num_experts) *
+/// (block_size - 1) <= INT32_MAX, so every slot, block and flat index fits in int32.
+template <typename T>
+struct MoeAlignParams {
+  const T* topk_ids;             // [numel], flat (row-major) routed expert of each (token, k)
+  int32_t* sorted_token_ids;     // [sorted_len >= max padded total]
+  int32_t* expert_ids;           // [expert_ids_len >= max padded total / block_size]
+  int32_t* num_tokens_post_pad;  // [1]
+  int32_t* cumsum_buffer;        // [>= num_experts + 1]
+  int32_t numel;
+  int32_t num_experts;
+  int64_t sorted_len;
+  int64_t expert_ids_len;
+  int32_t block_size;            // a power of two
+  int32_t sort_warps;            // warps 0 .. sort_warps-1 own ranges of ids_per_warp ids
+  int32_t ids_per_warp;          // a multiple of 32
+  bool pad_sorted_token_ids;
+};
+
+/// Launch facts: one CTA of kThreads; a sorting lane holds kItems ids (one tile) in registers.
+struct MoeAlignConfig {
+  static constexpr uint32_t kThreads = 1024;
+  static constexpr int32_t kWarps = kThreads / device::kWarpThreads;
+  static constexpr int32_t kItems = 16;
+  static constexpr int32_t kTile = kItems * device::kWarpThreads;  // ids a warp walks per tile
+  static constexpr int64_t kMinIdsPerWarp = 4 * device::kWarpThreads;  // fewer ids: fewer sorting warps
+  static constexpr int64_t kMaxExperts = 8192;   // table + starts fit the smallest sm80+ opt-in smem
+  static constexpr int64_t kMaxBlockSize = 1024;
+  static constexpr int64_t kDefaultSmemBytes = 48 * 1024;  // above: opt in per launch
+};
+
+constexpr uint32_t kFullMask = 0xffffffffu;
+
+/// Loads the tile of `warp_begin`'s range starting at flat index `tile`: lane `lane` gets the ids
+/// at tile + u * 32 + lane (u < kItems) as expert numbers, -1 for an id outside [0, num_experts)
+/// or a position at or past `warp_end`. Coalesced: a step reads 32 consecutive ids.
+template <typename T>
+SGL_DEVICE void load_tile(const MoeAlignParams<T>& p, int32_t tile, int32_t warp_end, int32_t lane,
+                          int32_t (&expert)[MoeAlignConfig::kItems]) {
+#pragma unroll
+  for (int32_t u = 0; u < MoeAlignConfig::kItems; ++u) {
+    const int32_t i = tile + u * device::kWarpThreads + lane;
+    expert[u] = -1;
+    if (i < warp_end) {
+      const T v = p.topk_ids[i];
+      if (v >= 0 && v < static_cast<T>(p.num_experts)) expert[u] = static_cast<int32_t>(v);
+    }
+  }
+}
+
+/// In-place exclusive prefix sum of data[0, n) by the whole CTA; data[n] gets the total. Thread
+/// `tid` scans the contiguous chunk [tid * per, (tid + 1) * per). Ends with a __syncthreads().
+SGL_DEVICE void cta_exclusive_scan(int32_t* data, int32_t n, int32_t* warp_sums, int32_t tid) {
+  constexpr int32_t kThreads = MoeAlignConfig::kThreads;
+  const int32_t lane = tid % device::kWarpThreads, warp = tid / device::kWarpThreads;
+  const int32_t per = (n + kThreads - 1) / kThreads;
+  const int32_t lo = std::min(tid * per, n), hi = std::min(lo + per, n);
+  int32_t local = 0;
+  for (int32_t i = lo; i < hi; ++i) local += data[i];
+  int32_t inclusive = local;
+#pragma unroll
+  for (int32_t offset = 1; offset < device::kWarpThreads; offset <<= 1) {
+    const int32_t v = __shfl_up_sync(kFullMask, inclusive, offset);
+    if (lane >= offset) inclusive += v;
+  }
+  if (lane == device::kWarpThreads - 1) warp_sums[warp] = inclusive;
+  __syncthreads();
+  if (warp == 0) {  // kWarps == 32: one lane per warp total
+    int32_t w = warp_sums[lane];
+#pragma unroll
+    for (int32_t offset = 1; offset < device::kWarpThreads; offset <<= 1) {
+      const int32_t v = __shfl_up_sync(kFullMask, w, offset);
+      if (lane >= offset) w += v;
+    }
+    warp_sums[lane] = w;  // inclusive over warps
+  }
+  __syncthreads();
+  int32_t run = inclusive - local + (warp > 0 ? warp_sums[warp - 1] : 0);
+  for (int32_t i = lo; i < hi; ++i) {
+    const int32_t v = data[i];
+    data[i] = run;
+    run += v;
+  }
+  if (tid == kThreads - 1) data[n] = run;
+  __syncthreads();
+}
+
+/// value into ptr[begin, end) by the whole CTA: 16-byte stores on the aligned middle.
+SGL_DEVICE void cta_fill(int32_t* ptr, int64_t begin, int64_t end, int32_t value, int32_t tid) {
+  constexpr int64_t kThreads = MoeAlignConfig::kThreads;
+  if (begin >= end) return;
+  const auto misalign = static_cast<int64_t>((reinterpret_cast<std::uintptr_t>(ptr + begin) / sizeof(int32_t)) % 4);
+  const int64_t head_end = std::min(end, begin + (4 - misalign) % 4);
+  const int64_t num_vec = (end - head_end) / 4;
+  const int64_t tail_begin = head_end + num_vec * 4;
+  if (tid < head_end - begin) ptr[begin + tid] = value;
+  if (tid < end - tail_begin) ptr[tail_begin + tid] = value;
+  int4* vec = reinterpret_cast<int4*>(ptr + head_end);
+  const int4 v4 = make_int4(value, value, value, value);
+  for (int64_t i = tid; i < num_vec; i += kThreads) vec[i] = v4;
+}
+
+/// Dynamic shared memory: rank [sort_warps, num_experts] | counts [num_experts] | starts [num_experts + 1].
+template <typename T>
+__global__ void __launch_bounds__(MoeAlignConfig::kThreads) moe_align_kernel(const MoeAlignParams<T> p) {
+  using Config = MoeAlignConfig;
+  extern __shared__ int32_t smem[];
+  __shared__ int32_t warp_sums[Config::kWarps];
+  const int32_t num_experts = p.num_experts;
+  int32_t* rank = smem;                                  // [sort_warps, num_experts]
+  int32_t* counts = smem + p.sort_warps * num_experts;   // [num_experts]
+  int32_t* starts = counts + num_experts;                // [num_experts + 1]
+
+  const auto tid = static_cast<int32_t>(threadIdx.x);
+  const int32_t lane = tid % device::kWarpThreads, warp = tid / device::kWarpThreads;
+  const bool sorter = warp < p.sort_warps;
+  // The host picks ids_per_warp so that every sorting warp's range is non-empty.
+  const int32_t warp_begin = warp * p.ids_per_warp;
+  const int32_t warp_end = sorter ? std::min(warp_begin + p.ids_per_warp, p.numel) : 0;
+  int32_t* my_rank = rank + warp * num_experts;  // [num_experts], this warp's row
+
+  int32_t expert[Config::kItems];
+  if (sorter) load_tile(p, warp_begin, warp_end, lane, expert);  // in flight while the table clears
+  for (int32_t i = tid; i < p.sort_warps * num_experts; i += Config::kThreads) rank[i] = 0;
+  __syncthreads();
+
+  // 1. Histogram: each sorting warp counts its range into its own row (order-free, so atomics).
+  if (sorter) {
+    for (int32_t tile = warp_begin; tile < warp_end; tile += Config::kTile) {
+      if (tile != warp_begin) load_tile(p, tile, warp_end, lane, expert);
+#pragma unroll
+      for (int32_t u = 0; u < Config::kItems; ++u) {
+        if (tile + u * device::kWarpThreads >= warp_end) break;  // warp-uniform
+        if (expert[u] >= 0) atomicAdd(&my_rank[expert[u]], 1);
+      }
+    }
+  }
+  __syncthreads();
+
+  // 2a. Per expert: the rows become exclusive prefixes over the warps; counts; padded sizes.
+  for (int32_t e = tid; e < num_experts; e += Config::kThreads) {
+    int32_t run = 0;
+    for (int32_t w = 0; w < p.sort_warps; ++w) {
+      const int32_t c = rank[w * num_experts + e];
+      rank[w * num_experts + e] = run;
+      run += c;
+    }
+    counts[e] = run;
+    starts[e] = (run + p.block_size - 1) & ~(p.block_size - 1);
+  }
+  __syncthreads();
+  // 2b. Segment starts (starts[num_experts] = the padded total).
+  cta_exclusive_scan(starts, num_experts, warp_sums, tid);
+  const int32_t total = starts[num_experts];
+
+  // 3. Scatter, in ascending flat index within each segment.
+  if (sorter) {
+    const uint32_t lower_lanes = (1u << lane) - 1u;
+    const bool one_tile = warp_end - warp_begin <= Config::kTile;  // registers still hold it
+    for (int32_t tile = warp_begin; tile < warp_end; tile += Config::kTile) {
+      if (!one_tile) load_tile(p, tile, warp_end, lane, expert);
+#pragma unroll
+      for (int32_t u = 0; u < Config::kItems; ++u) {
+        if (tile + u * device::kWarpThreads >= warp_end) break;  // warp-uniform: no lane is left in a sync
+        const int32_t e = expert[u];
+        const uint32_t peers = __match_any_sync(kFullMask, e);
+        const int32_t leader = __ffs(peers) - 1;
+        int32_t base = 0;
+        if (lane == leader && e >= 0) {
+          base = starts[e] + my_rank[e];
+          my_rank[e] += __popc(peers);
+        }
+        base = __shfl_sync(kFullMask, base, leader);
+        const int32_t slot = base + __popc(peers & lower_lanes);
+        if (e >= 0 && slot < p.sorted_len) p.sorted_token_ids[slot] = tile + u * device::kWarpThreads + lane;
+        __syncwarp();  // this step's rank update is seen by the next step's leader
+      }
+    }
+  }
+
+  // 3'. Block experts: block b belongs to the last expert whose segment starts at or before it.
+  const int64_t num_blocks = std::min<int64_t>(total / p.block_size, p.expert_ids_len);
+  for (int32_t b = tid; b < num_blocks; b += Config::kThreads) {
+    const int32_t slot = b * p.block_size;
+    int32_t lo = 0, hi = num_experts - 1;  // starts[0] = 0 <= slot
+    while (lo < hi) {
+      const int32_t mid = (lo + hi + 1) / 2;
+      if (starts[mid] <= slot) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    p.expert_ids[b] = lo;
+  }
+  // 3''. Padding: a warp per expert fills its last block's free slots; the CTA fills the tail.
+  if (p.pad_sorted_token_ids) {
+    for (int32_t e = warp; e < num_experts; e += Config::kWarps) {
+      const int32_t end = starts[e + 1];
+      for (int32_t s = starts[e] + counts[e] + lane; s < end; s += device::kWarpThreads) {
+        p.sorted_token_ids[s] = p.numel;
+      }
+    }
+    cta_fill(p.sorted_token_ids, total, p.sorted_len, p.numel, tid);
+  }
+  for (int32_t e = tid; e <= num_experts; e += Config::kThreads) p.cumsum_buffer[e] = starts[e];
+  if (tid == 0) *p.num_tokens_post_pad = total;
+}
+
+/// Lets `kernel` use `bytes` of dynamic shared memory on CUDA device `device_id` (its own setting
+/// per device), as FlashInfer does before its launches; a host call, allowed during graph capture.
+template <typename Kernel>
+void allow_dynamic_smem(Kernel kernel, int64_t bytes, int device_id, const std::source_location& loc) {
+  int previous = -1;
+  host::RuntimeDeviceCheck(cudaGetDevice(&previous), loc);
+  if (previous != device_id) host::RuntimeDeviceCheck(cudaSetDevice(device_id), loc);
+  const cudaError_t error =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (previous != device_id) (void)cudaSetDevice(previous);
+  host::RuntimeDeviceCheck(error, loc);
+}
+
+/// Groups topk_ids [numel] (T = int32_t | int64_t, contiguous) by expert into sorted_token_ids
+/// [sorted_len] int32, the expert of each block into expert_ids [expert_ids_len] int32, the padded
+/// total into num_tokens_post_pad [1] int32 and the segment starts into cumsum_buffer[0 ..
+/// num_experts] (int32, >= num_experts + 1). Requires 1 <= num_experts <= 8192, block_size a power
+/// of two <= 1024, sorted_len >= numel + min(numel, num_experts) * (block_size - 1) <= INT32_MAX
+/// and expert_ids_len >= that / block_size; all on one CUDA device, disjoint. Throws PanicError
+/// (Python RuntimeError) otherwise. numel == 0 returns without a launch and writes nothing.
+template <typename T>
+void moe_align_block_size(tvm::ffi::TensorView topk_ids, int64_t num_experts, int64_t block_size,
+                          tvm::ffi::TensorView sorted_token_ids, tvm::ffi::TensorView expert_ids,
+                          tvm::ffi::TensorView num_tokens_post_pad, tvm::ffi::TensorView cumsum_buffer,
+                          bool pad_sorted_token_ids) {
+  using namespace host;
+  using Config = MoeAlignConfig;
+  const auto loc = std::source_location::current();
+
+  // Validate
+  SymbolicSize numel{"numel"};
+  SymbolicSize sorted_len{"sorted_len"};
+  SymbolicSize expert_ids_len{"expert_ids_len"};
+  SymbolicSize cumsum_len{"cumsum_len"};
+  SymbolicDevice device_;
+  device_.set_options<kDLCUDA>();
+  TensorMatcher({numel}).with_dtype<T>().with_device<kDLCUDA>(device_).verify(topk_ids, "topk_ids");
+  TensorMatcher({sorted_len}).with_dtype<int32_t>().with_device<kDLCUDA>(device_).verify(sorted_token_ids,
+                                                                                          "sorted_token_ids");
+  TensorMatcher({expert_ids_len}).with_dtype<int32_t>().with_device<kDLCUDA>(device_).verify(expert_ids, "expert_ids");
+  TensorMatcher({1}).with_dtype<int32_t>().with_device<kDLCUDA>(device_).verify(num_tokens_post_pad,
+                                                                                "num_tokens_post_pad");
+  TensorMatcher({cumsum_len}).with_dtype<int32_t>().with_device<kDLCUDA>(device_).verify(cumsum_buffer,
+                                                                                         "cumsum_buffer");
+  RuntimeCheck(num_experts >= 1 && num_experts <= Config::kMaxExperts, "num_experts must be in [1, ",
+               Config::kMaxExperts, "], got ", num_experts);
+  RuntimeCheck(block_size >= 1 && block_size <= Config::kMaxBlockSize && (block_size & (block_size - 1)) == 0,
+               "block_size must be a power of two in [1, ", Config::kMaxBlockSize, "], got ", block_size);
+  const int64_t n = numel.unwrap();
+  const int64_t max_padded = n + std::min(n, num_experts) * (block_size - 1);
+  RuntimeCheck(max_padded <= std::numeric_limits<int32_t>::max(), "topk_ids: numel + min(numel, num_experts) * ",
+               "(block_size - 1) must fit in int32, got ", max_padded);
+  RuntimeCheck(sorted_len.unwrap() >= max_padded, "sorted_token_ids: expected at least ", max_padded,
+               " slots (the worst case), got ", sorted_len.unwrap());
+  RuntimeCheck(expert_ids_len.unwrap() >= max_padded / block_size, "expert_ids: expected at least ",
+               max_padded / block_size, " blocks (the worst case), got ", expert_ids_len.unwrap());
+  RuntimeCheck(cumsum_len.unwrap() >= num_experts + 1, "cumsum_buffer: expected at least ", num_experts + 1,
+               " entries, got ", cumsum_len.unwrap());
+  const tvm::ffi::TensorView* views[] = {&topk_ids, &sorted_token_ids, &expert_ids, &num_tokens_post_pad,
+                                         &cumsum_buffer};
+  const char* names[] = {"topk_ids", "sorted_token_ids", "expert_ids", "num_tokens_post_pad", "cumsum_buffer"};
+  for (int a = 1; a < 5; ++a) {
+    for (int b = 0; b < a; ++b) verify_no_partial_overlap(*views[a], names[a], *views[b], names[b], false);
+  }
+
+  // Unwrap
+  const DLDevice device = device_.unwrap();
+  if (n == 0) return;
+  MoeAlignParams<T> params{
+      .topk_ids = data_ptr<const T>(topk_ids),
+      .sorted_token_ids = data_ptr<int32_t>(sorted_token_ids),
+      .expert_ids = data_ptr<int32_t>(expert_ids),
+      .num_tokens_post_pad = data_ptr<int32_t>(num_tokens_post_pad),
+      .cumsum_buffer = data_ptr<int32_t>(cumsum_buffer),
+      .numel = static_cast<int32_t>(n),
+      .num_experts = static_cast<int32_t>(num_experts),
+      .sorted_len = sorted_len.unwrap(),
+      .expert_ids_len = expert_ids_len.unwrap(),
+      .block_size = static_cast<int32_t>(block_size),
+      .sort_warps = 1,
+      .ids_per_warp = 0,
+      .pad_sorted_token_ids = pad_sorted_token_ids,
+  };
+
+  // Configure: as many sorting warps as have >= kMinIdsPerWarp ids and a table row in shared memory
+  const int64_t smem_limit =
+      detail::cached_device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device.device_id, loc);
+  const int64_t static_bytes = int64_t{Config::kWarps} * sizeof(int32_t);
+  const int64_t fixed_ints = 2 * num_experts + 1;  // counts + starts
+  const int64_t rows_fit = ((smem_limit - static_bytes) / int64_t{sizeof(int32_t)} - fixed_ints) / num_experts;
+  RuntimeCheck(rows_fit >= 1, "num_experts = ", num_experts, " needs more shared memory than the device's ",
+               smem_limit, " bytes");
+  const int64_t wanted = std::clamp<int64_t>(div_ceil(n, Config::kMinIdsPerWarp), 1, Config::kWarps);
+  const int64_t sort_warps_max = std::min(wanted, rows_fit);
+  const int64_t ids_per_warp = div_ceil(div_ceil(n, sort_warps_max), int64_t{device::kWarpThreads}) *
+                               device::kWarpThreads;
+  const int64_t sort_warps = div_ceil(n, ids_per_warp);  // every sorting warp has ids
+  params.sort_warps = static_cast<int32_t>(sort_warps);
+  params.ids_per_warp = static_cast<int32_t>(ids_per_warp);
+  const int64_t smem_bytes = (sort_warps * num_experts + fixed_ints) * int64_t{sizeof(int32_t)};
+
+  // Launch
+  const auto kernel = moe_align_kernel<T>;
+  if (smem_bytes + static_bytes > Config::kDefaultSmemBytes) {
+    allow_dynamic_smem(kernel, smem_bytes, device.device_id, loc);
+  }
+  LaunchKernel(1, Config::kThreads, device, static_cast<std::size_t>(smem_bytes))(kernel, params);
+}
+
+}  // namespace
