@@ -162,7 +162,7 @@ def _copy_with_new_op(tmp_path: Path) -> Path:
 def _run(root: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     env = {
         **os.environ,
-        "PYTHONPATH": str(root / "python"),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(root / "python"), os.environ.get("PYTHONPATH")])),
         "SGLANG_JIT_CACHE_DIR": str(tmp_path / "cache"),
         "SGLANG_JIT_CUDA_ARCH": "9.0",
         "CUDA_VISIBLE_DEVICES": "",  # `check` takes its compile-only path
@@ -195,7 +195,7 @@ def test_new_op_in_four_files_shows_up_in_build_check_and_ci(tmp_path: Path):
 
     listing = subprocess.run(
         [sys.executable, "run_suite.py", "--hw", "cuda", "--suite", "stage-b-kernel-unit-1-gpu-large", "--list"],
-        cwd=root / "test", env={**os.environ, "PYTHONPATH": str(root / "python")},
+        cwd=root / "test", env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root / "python"), os.environ.get("PYTHONPATH")]))},
         capture_output=True, text=True, timeout=120, check=False,
     )
     assert listing.returncode == 0, listing.stderr
