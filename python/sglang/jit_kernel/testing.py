@@ -106,8 +106,9 @@ def sentinel_filled(shape: tuple[int, ...], dtype: torch.dtype, device: str | to
 
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
     """The raw bytes of ``t`` as uint8, last dim scaled by the element size (a view when ``t`` is
-    contiguous, else of a contiguous copy)."""
-    return t.contiguous().view(torch.uint8)
+    contiguous, else of a contiguous copy; a 0-d tensor is read as 1-d)."""
+    t = t.contiguous()
+    return (t.reshape(1) if t.dim() == 0 else t).view(torch.uint8)
 
 
 def assert_bits_equal(actual: torch.Tensor, expected: torch.Tensor) -> None:

@@ -623,7 +623,9 @@ def test_rmsnorm_hf(dtype, num_tokens, hidden_size):
     assert torch.equal(x, before), "rmsnorm_hf modified its input"
     given, buffer = strided_view(num_tokens, hidden_size, dtype, 3, 1)
     assert rmsnorm_hf(x, w, 1e-6, out=given) is given
-    assert torch.equal(given, out)
+    # Not bit-equal to `out`: an unaligned out takes narrower vectors, another summation order, and
+    # the intermediate rounding of x * rstd can flip on a near-tie (see test_rmsnorm_hf_order).
+    assert_hf_matches(given, x, w, 1e-6)
     assert_outside_untouched(buffer, 1, hidden_size)
     assert torch.equal(out, rmsnorm(x, w, 1e-6, cast_x_before_out_mul=True))
 
