@@ -3,6 +3,8 @@ kernels), and the comparison their tests share. Imported by tests/test_moe_*.py.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 # Key agreement between a kernel's fp32 scores and the fp64 reference: a few fp32 ulps of the
@@ -91,17 +93,24 @@ def assert_routing_matches(weights, ids, keys, weights_all, ref_ids, renormalize
     torch.testing.assert_close(weights.double().cpu(), expected, rtol=WEIGHT_RTOL, atol=WEIGHT_ATOL, equal_nan=True)
 
 
-def grouped_reference(scores, bias, num_groups, topk_group, topk):
-    """(keys, weights_all, ids, ambiguous) of grouped_topk in fp64: keys = sigmoid + bias with the
-    experts of dropped groups at -inf; ``ambiguous`` marks rows whose kept groups are a near tie
-    (the topk_group-th and next group scores within tolerance), where fp32 may keep either."""
+def _grouped_scores(scores, bias, num_groups):
+    """(p, s, group_scores) in fp64: sigmoids, biased scores (NaN as -inf), group top-2 sums."""
     p = torch.sigmoid(read_logits(scores))
     s = p + bias.double() if bias is not None else p
     s = torch.where(torch.isnan(s), float("-inf"), s)
     t, e = s.shape
     g = e // num_groups
-    per_group = s.view(t, num_groups, g)
-    group_scores = per_group.topk(min(2, g), dim=-1).values.sum(dim=-1)
+    group_scores = s.view(t, num_groups, g).topk(min(2, g), dim=-1).values.sum(dim=-1)
+    return p, s, group_scores
+
+
+def grouped_reference(scores, bias, num_groups, topk_group, topk):
+    """(keys, weights_all, ids, ambiguous) of grouped_topk in fp64: keys = sigmoid + bias with the
+    experts of dropped groups at -inf; ``ambiguous`` marks rows whose kept groups are a near tie
+    (the topk_group-th and next group scores within tolerance), where fp32 may keep either."""
+    p, s, group_scores = _grouped_scores(scores, bias, num_groups)
+    t, e = s.shape
+    g = e // num_groups
     kept = select_topk(group_scores, topk_group)
     ordered = torch.sort(group_scores, dim=-1, descending=True).values
     if topk_group < num_groups:
@@ -112,3 +121,32 @@ def grouped_reference(scores, bias, num_groups, topk_group, topk):
     mask = torch.zeros(t, num_groups, dtype=torch.bool, device=s.device).scatter_(1, kept, True)
     keys = torch.where(mask.repeat_interleave(g, dim=1), s, float("-inf"))
     return keys, p, select_topk(keys, topk), ambiguous
+
+
+def resolve_grouped_ambiguity(scores, bias, num_groups, topk_group, topk, ids, keys, ref_ids, ambiguous):
+    """(keys, ref_ids) with every ``ambiguous`` row re-derived from the kept-group set the kernel's
+    ``ids`` agree with: the groups clearly above the topk_group-th group score, plus any choice
+    among the groups within tolerance of it (each a valid fp32 outcome). A row no such set explains
+    keeps the plain reference (and so fails assert_routing_matches unless it is a near tie)."""
+    keys, ref_ids = keys.clone().cpu(), ref_ids.clone().cpu()
+    _, s, group_scores = _grouped_scores(scores.cpu(), bias.cpu() if bias is not None else None, num_groups)
+    g = s.shape[1] // num_groups
+    ids64 = ids.long().cpu()
+    for r in ambiguous.cpu().nonzero()[:, 0].tolist():
+        row = group_scores[r]
+        boundary = row.sort(descending=True).values[topk_group - 1]
+        tol = KEY_ATOL + KEY_RTOL * boundary.abs()
+        certain = (row > boundary + tol).nonzero()[:, 0].tolist()
+        near = ((row - boundary).abs() <= tol).nonzero()[:, 0].tolist()
+        best = None
+        for combo in itertools.combinations(near, topk_group - len(certain)):
+            mask = torch.zeros(num_groups, dtype=torch.bool)
+            mask[certain + list(combo)] = True
+            row_keys = torch.where(mask.repeat_interleave(g), s[r], float("-inf"))
+            row_ids = select_topk(row_keys[None], topk)[0]
+            overlap = len(set(row_ids.tolist()) & set(ids64[r].tolist()))
+            if best is None or overlap > best[0]:
+                best = (overlap, row_keys, row_ids)
+        if best is not None:
+            keys[r], ref_ids[r] = best[1], best[2]
+    return keys, ref_ids

@@ -5,7 +5,7 @@ ties, NaN, empty, determinism, graphs, compile, errors."""
 import pytest
 import torch
 
-from moe_reference import assert_routing_matches, grid_logits, grouped_reference
+from moe_reference import assert_routing_matches, grid_logits, grouped_reference, resolve_grouped_ambiguity
 from sglang.jit_kernel.grouped_topk import grouped_topk
 from sglang.jit_kernel.testing import FLOAT_DTYPES, requires_cuda
 from sglang.jit_kernel.utils import get_ci_test_range
@@ -29,10 +29,11 @@ def check(scores, bias, groups, topk_group, topk, renormalize=True, factor=1.0):
     assert values.shape == (scores.shape[0], topk) and values.dtype == torch.float32
     assert indices.shape == (scores.shape[0], topk) and indices.dtype == torch.int32
     keys, weights_all, ref_ids, ambiguous = grouped_reference(scores, bias, groups, topk_group, topk)
-    rows = (~ambiguous).nonzero()[:, 0]
-    assert rows.numel() >= scores.shape[0] - max(2, scores.shape[0] // 50)
-    assert_routing_matches(values[rows], indices[rows], keys[rows], weights_all[rows], ref_ids[rows], renormalize,
-                           eps=EPS, scale=factor)
+    # Rows whose kept groups are a near tie (frequent on the grid: top-2 sums such as s(a) + s(b) vs
+    # 2 s((a + b) / 2) differ by ~4e-6) are checked against the kept-group set the kernel agrees with.
+    keys, ref_ids = resolve_grouped_ambiguity(scores, bias, groups, topk_group, topk, indices, keys, ref_ids,
+                                              ambiguous)
+    assert_routing_matches(values, indices, keys, weights_all, ref_ids, renormalize, eps=EPS, scale=factor)
     return values, indices
 
 
