@@ -1,5 +1,6 @@
 """moe_sum_reduce: fp64 reference (within the fp32-summation bound) and the documented fp32 order
-bit for bit, k in {1, 2, 8, 9}, awkward hidden sizes, strided and unaligned views, poisoned outputs, empty, determinism, graphs, compile, errors."""
+bit for bit, k in {1, 2, 8, 9}, awkward hidden sizes, strided and unaligned views, poisoned outputs,
+empty, determinism, graphs, compile, errors."""
 
 import pytest
 import torch
