@@ -26,8 +26,10 @@ SHAPES = get_ci_test_range(
     ci_range=[(1, 128), (7, 256), (129, 512), (33, 7168)],
 )
 GROUP_SIZES = get_ci_test_range(full_range=[16, 32, 64, 128, 256, 512], ci_range=[16, 64, 128, 256])
-#: Share of quantized values allowed one step off the fp64 reference on the 8-bit grid (the issue's bound).
-MAX_OFF_BY_ONE_SHARE = 0.005
+#: A value may sit one 8-bit step off the fp64 reference only where the fp64 quotient lies within this
+#: relative distance of the midpoint between the two (the kernel's fp32 s, 1 / s and x * (1 / s) are
+#: three roundings of at most 2^-24 each, so its quotient is within 3 * 2^-24 of the fp64 one).
+TIE_RTOL = 2.0**-21
 
 
 def ordinal(q: torch.Tensor) -> torch.Tensor:
@@ -41,29 +43,40 @@ def ordinal(q: torch.Tensor) -> torch.Tensor:
 
 
 def fp64_reference(x: torch.Tensor, group_size: int, dtype: torch.dtype, eps: float = EPS):
-    """``(q, s)`` from fp64 arithmetic on the same inputs: s = clamp(max(amax, eps) / q_type_max),
-    q = clamp(x / s) rounded once to ``dtype``."""
+    """``(q, s, y)`` from fp64 arithmetic on the same inputs: s = clamp(max(amax, eps) / q_type_max),
+    y = clamp(x / s) and q = y rounded once to ``dtype``."""
     m, k = x.shape
     groups = x.double().reshape(m, k // group_size, group_size)
     s = (groups.abs().amax(-1).clamp_min(eps) / TYPE_MAX[dtype]).clamp(FLT_MIN, torch.finfo(torch.float32).max)
     lo, hi = BOUNDS[dtype]
     y = (groups / s.unsqueeze(-1)).clamp(lo, hi).reshape(m, k)
     q = y.round().to(torch.int8) if dtype == torch.int8 else y.float().to(dtype)
-    return q, s
+    return q, s, y
 
 
-def assert_on_grid(q: torch.Tensor, q_ref: torch.Tensor) -> None:
-    """q within one 8-bit step of the fp64 reference, and off by one for at most 0.5 % of values.
+def assert_on_grid(q: torch.Tensor, q_ref: torch.Tensor, y: torch.Tensor) -> None:
+    """q equals the fp64 reference ``q_ref`` (``y``, the fp64 quotient x / s clamped, rounded once),
+    except one 8-bit step off where ``y`` is a rounding midpoint up to the fp32 error.
 
-    Why one step: the kernel divides in fp32 (s = amax / q_max, then x * (1 / s): three roundings of
-    2^-24 each), the reference in fp64; where x / s lies within those few fp32 ulps of a midpoint
-    between two 8-bit values, the two round to neighbours. That is rare (fp8 steps are 2^-3 relative),
-    so the share is bounded too.
+    Why: the kernel divides in fp32 (s = amax / q_max, then x * (1 / s): three roundings of 2^-24
+    each), the reference in fp64; only where x / s lies within those few fp32 ulps of a midpoint
+    between two 8-bit values can the two round to neighbours. Such ties are not rare for fp16 / bf16
+    inputs: with 8 or 11 significant bits, x / s hits a midpoint exactly for whole classes of x when
+    the maximum has certain mantissas (x = amax / 2 is 63.5 for int8; a bf16 tensor maximum of 34.5
+    puts 0.7 % of the fp8 values on midpoints), so their share is data-dependent and not bounded
+    here; every off-by-one must be such a tie instead.
     """
+    if not q.numel():
+        return
     diff = (ordinal(q) - ordinal(q_ref)).abs()
-    assert int(diff.max()) <= 1 if diff.numel() else True, f"max grid distance {int(diff.max())}"
-    share = float((diff == 1).double().mean()) if diff.numel() else 0.0
-    assert share <= MAX_OFF_BY_ONE_SHARE, f"{share:.4%} of values one step off"
+    assert int(diff.max()) <= 1, f"max grid distance {int(diff.max())}"
+    off = diff == 1
+    if bool(off.any()):
+        y_off = y.double()[off]
+        midpoint = (q.double()[off] + q_ref.double()[off]) / 2
+        distance = ((y_off - midpoint).abs() / y_off.abs()).max()
+        assert float(distance) <= TIE_RTOL, (
+            f"{int(off.sum())} values one step off, one of them {float(distance):.3g} (relative) from the midpoint")
 
 
 def assert_bitwise(q, s, q_ref, s_ref) -> None:
@@ -78,10 +91,18 @@ def column_major(rows: int, cols: int, dtype: torch.dtype = torch.float32, devic
     return torch.full((cols, padded_rows), -7, dtype=dtype, device=device).T[:rows]
 
 
+def packed_bytes(packed: torch.Tensor) -> torch.Tensor:
+    """int32 [M, W] (any strides) -> its uint8 [M, 4 * W], the bytes of each row in order. A row-major
+    copy first: ``contiguous()`` keeps a column-major [M, 1]'s strides (1, M_pad), which ``view`` of
+    a smaller dtype rejects."""
+    rows = torch.empty(packed.shape, dtype=packed.dtype, device=packed.device).copy_(packed)
+    return rows.view(torch.uint8).view(packed.shape[0], -1)
+
+
 def decode_ue8m0(packed: torch.Tensor, num_groups: int) -> torch.Tensor:
     """int32 [M, ceil(G / 4)] of exponent bytes (group g at byte g % 4) -> fp32 scales [M, G]."""
     m = packed.shape[0]
-    exponent_bytes = packed.contiguous().view(torch.uint8).view(m, -1)
+    exponent_bytes = packed_bytes(packed)
     return torch.pow(2.0, exponent_bytes[:, :num_groups].double() - 127).float()
 
 
@@ -115,9 +136,9 @@ def test_values_against_fp64_and_fp32_arithmetic(in_dtype, out_dtype, shape, gro
     before = x.clone()
     q, s = run(x, group_size, out_dtype)
     assert torch.equal(x, before), "the op modified its input"
-    q64, s64 = fp64_reference(x, group_size, out_dtype)
+    q64, s64, y64 = fp64_reference(x, group_size, out_dtype)
     torch.testing.assert_close(s.double(), s64, rtol=1e-5, atol=0)
-    assert_on_grid(q, q64)
+    assert_on_grid(q, q64, y64)
     assert_bitwise(q, s, *reference(x, group_size, EPS, *BOUNDS[out_dtype], out_dtype))
 
 
@@ -157,11 +178,11 @@ def test_ue8m0_packing(in_dtype, num_groups, layout):
     # Each power-of-two scale is the smallest one >= the plain scale.
     plain = reference(x, g, EPS, -448.0, 448.0, FP8)[1]
     assert (scales >= plain).all() and (scales / 2 < plain).all()
-    tail = packed.contiguous().view(torch.uint8).view(m, -1)[:, num_groups:]
+    tail = packed_bytes(packed)[:, num_groups:]
     assert (tail == 0).all(), "bytes past the last group must be 0"
     # Against fp64: q within one step of x / s for the stored power-of-two s.
     y = (x.double().view(m, num_groups, g) / scales.double().unsqueeze(-1)).clamp(-448, 448).view(m, -1)
-    assert_on_grid(q, y.float().to(FP8))
+    assert_on_grid(q, y.float().to(FP8), y)
 
 
 # ---- special values: never NaN in a scale ----

@@ -185,6 +185,8 @@ void per_token_group_quant_8bit(tvm::ffi::TensorView input, tvm::ffi::TensorView
   RuntimeCheck(group_size >= 16 && group_size <= kMaxGroupSize && (group_size & (group_size - 1)) == 0,
                "per_token_group_quant_8bit: group_size must be a power of two in [16, ", kMaxGroupSize, "], got ",
                group_size);
+  RuntimeCheck(!scale_ue8m0 || output_q.dtype().code != kDLInt,
+               "per_token_group_quant_8bit: output_q dtype: expected float8_e4m3fn (scale_ue8m0 is for fp8), got int8");
   RuntimeCheck(hidden_size.unwrap() % group_size == 0, "per_token_group_quant_8bit: hidden_size (",
                hidden_size.unwrap(), ") must be a multiple of group_size (", group_size, ")");
   const int64_t num_groups = hidden_size.unwrap() / group_size;
