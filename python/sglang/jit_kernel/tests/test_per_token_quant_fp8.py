@@ -23,10 +23,12 @@ SHAPES = get_ci_test_range(
 
 
 def fp64_reference(x: torch.Tensor, eps: float = 1e-10):
-    """fp64 arithmetic on the same inputs: s = max(amax, eps) / 448, q = clamp(x / s) rounded once."""
+    """fp64 arithmetic on the same inputs: s = max(amax, eps) / 448, y = clamp(x / s), q = y rounded
+    once; returns ``(q, s, y)``."""
     x64 = x.double()
     s = (x64.abs().amax(-1).clamp_min(eps) / 448.0).clamp_min(FLT_MIN)
-    return (x64 / s.unsqueeze(-1)).clamp(-448, 448).float().to(FP8), s
+    y = (x64 / s.unsqueeze(-1)).clamp(-448, 448)
+    return y.float().to(FP8), s, y
 
 
 def assert_bitwise(q, s, x):
@@ -53,9 +55,9 @@ def test_values_against_fp64_and_fp32_arithmetic(dtype, shape, scale_shape):
     before = x.clone()
     q, s = run(x, scale_shape)
     assert torch.equal(x, before)
-    q64, s64 = fp64_reference(x)
+    q64, s64, y64 = fp64_reference(x)
     torch.testing.assert_close(s.reshape(-1).double(), s64, rtol=1e-5, atol=0)
-    assert_on_grid(q, q64)
+    assert_on_grid(q, q64, y64)
     assert_bitwise(q, s, x)
 
 
