@@ -57,11 +57,16 @@ def write_clangd(output: Path, arch: str, overwrite: bool) -> int:
 # ---------------------------------------------------------------------------------------------
 # build
 # ---------------------------------------------------------------------------------------------
-def _error_body(name: str, error: str) -> str:
-    """A variant's error with its own variant name blanked, so that one error failing several dtypes
-    of a module compares equal across them."""
-    module = name.split("[", 1)[0]
-    return re.sub(r"-[0-9a-f]{12,}", "-<key>", re.sub(rf"{re.escape(module)}_\w+", module, error))
+_DTYPE_WORDS = re.compile(
+    r"(?<![A-Za-z0-9])(?:(?:fp16|bf16|fp32|fp64|fp8_e4m3|fp8_e5m2|u?int\d+)_t|b?float\d+|half)(?![A-Za-z0-9])"
+)
+
+
+def _error_key(error: str) -> str:
+    """A variant's error with its dtype names and cache keys blanked: the key under which one error
+    failing several dtypes of a module is reported once. Only a grouping key: the printed error is
+    the first variant's own text."""
+    return re.sub(r"-[0-9a-f]{12,}", "-<key>", _DTYPE_WORDS.sub("<T>", error))
 
 
 def build_variants(names: list[str] | None, jobs: int, quiet: bool = False,
@@ -86,7 +91,7 @@ def build_variants(names: list[str] | None, jobs: int, quiet: bool = False,
         for module in modules:
             served = ", ".join(module.ops)
             print(f"{module.name}: {len(module.variants)} variant(s), serves {served}", flush=True)
-    failures: dict[str, list[str]] = {}  # error text -> variant names it failed
+    failures: dict[str, list[tuple[str, str]]] = {}  # grouping key -> (variant name, its error)
 
     def emit(line: str) -> None:
         # One write per line: `started` runs on the build threads, and print() writes the text and its
@@ -104,7 +109,7 @@ def build_variants(names: list[str] | None, jobs: int, quiet: bool = False,
             status = "cached" if result.cached else f"built {result.seconds:6.1f} s"
         else:
             status = f"FAILED {result.seconds:6.1f} s"
-            failures.setdefault(_error_body(result.name, result.error), []).append(result.name)
+            failures.setdefault(_error_key(result.error), []).append((result.name, result.error))
         if not quiet or result.error is not None:
             emit(f"[{bar:<20}] {done}/{total} {result.name:<40} {status}")
 
@@ -114,9 +119,10 @@ def build_variants(names: list[str] | None, jobs: int, quiet: bool = False,
     except (ValueError, RuntimeError) as exc:  # bad arch, no target architecture
         print(exc, file=sys.stderr)
         return 1
-    for error, failed in failures.items():
-        also = f" (also for {', '.join(n[n.index('[') + 1:-1] for n in failed[1:])})" if len(failed) > 1 else ""
-        print(f"{failed[0]}{also}:\n  {error}", file=sys.stderr)
+    for failed in failures.values():
+        (first, error), others = failed[0], [name for name, _ in failed[1:]]
+        also = f" (also for {', '.join(n[n.index('[') + 1:-1] for n in others)})" if others else ""
+        print(f"{first}{also}:\n  {error}", file=sys.stderr)
     count = sum(len(v) for v in failures.values())
     cached = sum(1 for r in results if r.cached)
     print(f"built {len(results) - count}/{len(results)} variants ({cached} cached) in "
@@ -139,7 +145,7 @@ def cache_command(action: str, days: float) -> int:
         info = cache.cache_info()
         print(f"cache root: {root}")
         print(f"entries: {info.entries}  size: {info.total_bytes / 2**20:.1f} MiB  staging leftovers: {info.staging}")
-        for entry in info.items:
+        for entry in sorted(info.items, key=lambda e: e.name):
             print(f"  {entry.name:<48} {entry.size_bytes / 2**20:7.2f} MiB  last used {entry.age_days:6.1f} days ago")
         return 0
     if action == "clear":
@@ -178,9 +184,13 @@ def check(jobs: int) -> int:
         )
     failures = build_variants(None, jobs)
     if not has_gpu:
-        print(f"{'op':<26} {'module':<14} {'cases':>5}  status")
-        for entry in all_ops().values():
-            print(f"{entry.name:<26} {entry.module.name:<14} {len(_case_labels(entry)):>5}  compiled; not run (no GPU)")
+        ops = all_ops()
+        width = max(len(name) for name in ops) + 1
+        mwidth = max(len(e.module.name) for e in ops.values()) + 1
+        print(f"{'op':<{width}} {'module':<{mwidth}} {'cases':>5}  status")
+        for entry in ops.values():
+            print(f"{entry.name:<{width}} {entry.module.name:<{mwidth}} {len(_case_labels(entry)):>5}  "
+                  "compiled; not run (no GPU)")
         print(f"compile-only check: {'all variants compiled' if failures == 0 else f'{failures} failed'}; "
               "no op was run (no GPU)")
         return 1 if failures else 0
@@ -195,9 +205,11 @@ def check(jobs: int) -> int:
 
     roof = copy_roof_gbps()
     print(f"# {torch.cuda.get_device_name()}; copy roof {roof:.0f} GB/s (1 GiB bf16 device copy)")
-    print(f"{'op':<26} {'case':<28} {'correct':<8} {'max err':>9} {'us':>9} {'GB/s':>8} {'%copy':>6}")
+    ops = all_ops()
+    width = max(len(name) for name in ops) + 1
+    print(f"{'op':<{width}} {'case':<36} {'correct':<8} {'max err':>9} {'us':>9} {'GB/s':>8} {'%copy':>6}")
     bad = failures
-    for entry in all_ops().values():
+    for entry in ops.values():
         for case in entry.check_cases():
             inputs = case.make_inputs()
             expected = case.reference(*inputs)
@@ -216,7 +228,7 @@ def check(jobs: int) -> int:
             row = BenchRow(entry.name, case.label, "jit", median, case.bytes_moved)
             bad += 0 if ok else 1
             print(
-                f"{entry.name:<26} {case.label:<28} {'yes' if ok else 'NO':<8} {max_err:>9.2e} "
+                f"{entry.name:<{width}} {case.label:<36} {'yes' if ok else 'NO':<8} {max_err:>9.2e} "
                 f"{median:>9.2f} {row.gbps:>8.0f} {100 * row.gbps / roof:>6.1f}",
                 flush=True,
             )
@@ -277,6 +289,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "build":
         if not args.all and not args.ops:
             bld.error("name ops to build, or pass --all")
+        if args.ops and not args.all:
+            from sglang.jit_kernel.registry import all_modules
+
+            try:
+                all_modules(args.ops)  # an unknown name is answered before anything else
+            except ValueError as exc:
+                print(exc, file=sys.stderr)
+                return 1
         archs = args.arch
         if not archs and not os.environ.get("SGLANG_JIT_CUDA_ARCH"):
             import torch
@@ -289,4 +309,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # `... | head` closed the pipe: not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)

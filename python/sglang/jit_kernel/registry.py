@@ -273,9 +273,15 @@ def all_modules(ops: Sequence[str] | None = None) -> list[JitModule]:
 def unknown_op_message(unknown: Sequence[str], registry: dict[str, OpEntry] | None = None) -> str:
     """The error for op names nobody registered: the known ops, the wrapper modules that register
     none, and how an op registers."""
+    import difflib  # noqa: PLC0415
+
     silent = _import_wrappers()
     known = registry if registry is not None else all_ops()
-    message = f"unknown op(s): {', '.join(unknown)}; known ops: {', '.join(known) or 'none'}"
+    near = {m for name in unknown for m in difflib.get_close_matches(name, list(known), n=3, cutoff=0.45)}
+    message = f"unknown op(s): {', '.join(unknown)}"
+    if near:
+        message += f" (did you mean {', '.join(sorted(near))}?)"
+    message += f"; known ops: {', '.join(sorted(known)) or 'none'}"
     if silent:
         message += f"; wrapper modules registering no op: {', '.join(silent)}"
     return f"{message}. {HOW_TO_REGISTER[0].upper()}{HOW_TO_REGISTER[1:]}"

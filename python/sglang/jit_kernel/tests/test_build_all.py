@@ -161,6 +161,28 @@ def test_build_cli_reports_one_error_for_every_dtype_once(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert err.count("error: boom") == 1, err
     assert "scale[float16] (also for bfloat16, float32):" in err
+    assert "JIT module 'scale_float16_t' failed" in err  # the first variant's own text, not the key
+
+
+def test_build_cli_keeps_the_error_text_of_a_variant(monkeypatch, capsys):
+    """Grouping blanks dtype names only in the key: identifiers that start with the module's name
+    (a misspelt kernel) and the log path's key are printed as the compiler wrote them."""
+    import sglang.jit_kernel.cache as cache
+    from sglang.jit_kernel.__main__ import build_variants
+
+    error = ("JITCompileError: JIT module 'scale_fp16_t' failed to compile:\nscale.cuh:9: error: identifier "
+             '"scale_kernell" is undefined\nFull log: /c/.logs/scale_fp16_t-0123456789abcdef0123.log')
+
+    def failing(names, on_done=None, on_start=None, **kwargs):
+        result = cache.VariantResult("scale[float16]", error, 1.0)
+        on_done(result, 1, 1)
+        return [result]
+
+    monkeypatch.setattr(cache, "build_variants", failing)
+    assert build_variants(["scale"], jobs=1) == 1
+    err = capsys.readouterr().err
+    assert 'identifier "scale_kernell" is undefined' in err
+    assert "scale_fp16_t-0123456789abcdef0123.log" in err
 
 
 def test_unknown_op_lists_the_known_ones_and_how_to_register(capsys):
