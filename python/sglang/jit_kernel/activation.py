@@ -191,7 +191,7 @@ _DOC_COMMON = """
         out[..., i] = round(float(round(act(float(g)))) * float(u)),   H = input.shape[-1] // 2
 
     (torch's ``act(x[..., :H]) * x[..., H:]`` on tensors of the dtype). The fp32 arithmetic is done
-    operation by operation as written below, without fused multiply-adds. Moves
+    operation by operation as written in the summary line above, without fused multiply-adds. Moves
     ``3 * num_tokens * H * element_size`` bytes; a row skipped by the expert filter only its id.
 
     Parameters
@@ -212,7 +212,8 @@ _DOC_COMMON = """
         ``expert_step`` divides ``num_tokens``). Row ``t`` is computed only when
         ``expert_ids[t // expert_step] != -1``; otherwise ``out[t]`` is left untouched.
     expert_step : int
-        Rows per expert id, ``>= 1``. Default 1.
+        Rows per expert id, ``>= 1``. Default 1. Only used with ``expert_ids`` (still type- and
+        range-checked without it).
     enable_pdl : bool, optional
         Keyword-only. Programmatic Dependent Launch; None means on when the GPU is SM90+. Results do
         not depend on it.
@@ -220,7 +221,8 @@ _DOC_COMMON = """
     Returns
     -------
     torch.Tensor
-        ``out`` (the same object when given). With 0 rows nothing is launched.
+        ``out`` (the same object when given), shape ``[..., H]``, the dtype of ``input``. With 0 rows
+        nothing is launched.
 
     Raises
     ------

@@ -48,16 +48,18 @@ def add_constant(src: torch.Tensor, constant: int, out: torch.Tensor | None = No
     ----------
     src : torch.Tensor
         int32 CUDA tensor of any shape on any device index; a non-contiguous ``src`` is copied to a
-        contiguous tensor first.
+        contiguous tensor first. Not modified (unless it is also ``out``).
     constant : int
         In [-2**31, 2**31 - 1].
     out : torch.Tensor, optional
-        Contiguous int32 tensor of the shape and device of ``src``; may be ``src`` (in place).
+        Contiguous int32 tensor of the shape and device of ``src``; may be ``src`` (in place), must
+        not partially overlap it. Allocated when omitted.
 
     Returns
     -------
     torch.Tensor
-        ``out``.
+        ``out`` (the same object when given; else a new contiguous int32 tensor like ``src``). With 0
+        elements nothing is launched.
 
     Raises
     ------

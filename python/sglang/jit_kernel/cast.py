@@ -170,10 +170,16 @@ def downcast_fp8(
     k_scale, v_scale : torch.Tensor
         ``[1]`` (or 0-d) float32 on the device of ``k``: the dequantisation scales. Not modified.
     loc : torch.Tensor
-        ``[num_tokens]`` int64 or int32, any stride.
+        ``[num_tokens]`` int64 or int32 on the device of ``k``, any stride. Not modified.
     mult, offset : int, optional
         The destination row of token ``i`` is ``loc[i] * mult + offset`` (defaults 1 and 0); any
         int64 values.
+
+    Returns
+    -------
+    None
+        ``k_out`` and ``v_out`` are written in place (addressed rows only); with 0 tokens nothing is
+        launched.
 
     Raises
     ------

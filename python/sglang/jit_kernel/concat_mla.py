@@ -112,12 +112,18 @@ def concat_mla_k(k: torch.Tensor, k_nope: torch.Tensor, k_rope: torch.Tensor) ->
     ----------
     k : torch.Tensor
         ``[num_tokens, num_heads, nope + rope]`` on a CUDA device, any dtype; token and head strides
-        free, last dim contiguous; may not be 16-byte aligned (narrower vectors). Written.
+        free, last dim contiguous; may not be 16-byte aligned (narrower vectors); must share no memory
+        with ``k_nope`` or ``k_rope``. Written in place (every element).
     k_nope : torch.Tensor
         ``[num_tokens, num_heads, nope]``, the dtype of ``k``, strides likewise. Not modified.
     k_rope : torch.Tensor
         ``[num_tokens, 1, rope]`` (broadcast over the heads) or ``[num_tokens, num_heads, rope]``,
         likewise. Not modified.
+
+    Returns
+    -------
+    None
+        ``k`` is written in place; with 0 elements nothing is launched.
 
     Raises
     ------
@@ -186,7 +192,8 @@ def concat_mla_absorb_q(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     Returns
     -------
     torch.Tensor
-        ``[d0, d1, A + B]``, contiguous, newly allocated.
+        ``[d0, d1, A + B]``, the dtype and device of ``a``, contiguous, newly allocated (no launch when
+        it is empty).
 
     Raises
     ------

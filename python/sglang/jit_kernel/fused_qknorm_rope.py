@@ -59,13 +59,14 @@ def fused_qk_norm_rope(
     """RMSNorm each q and k head of a packed qkv buffer, then rotate it, in place (v untouched).
 
     For each head ``x`` of q (weight ``q_weight``) and of k (``k_weight``), in fp32 with one rounding
-    at the end: ``y = x * rsqrt(mean(x**2) + eps) * w`` (the :func:`fused_inplace_qknorm` formula,
-    not rounded here), then RoPE of ``y[:R]`` (``R = rotary_dim``) with ``f_i = base**(-2i/R)``; when
-    ``factor != 1`` YaRN blends ``f_i`` with ``f_i / factor``: ``ramp = clamp((i - low) / (high -
-    low), 0, 1)`` (``high`` nudged by 0.001 when equal to ``low``), ``f_i <- (f_i / factor) * ramp +
-    f_i * (1 - ramp)``. ``c = cos(pos * f_i) * attention_factor``, ``s = sin(pos * f_i) *
-    attention_factor`` (``attention_factor`` applies whatever ``factor`` is; pass 1.0 for plain
-    RoPE); pairs rotate as in :func:`sglang.jit_kernel.rope.apply_rope_inplace`.
+    at the end: ``y = x * rsqrt(mean(x**2) + eps) * w`` (the
+    :func:`sglang.jit_kernel.norm.fused_inplace_qknorm` formula, not rounded here), then RoPE of
+    ``y[:R]`` (``R = rotary_dim``) with ``f_i = base**(-2i/R)``; when ``factor != 1`` YaRN blends
+    ``f_i`` with ``f_i / factor``: ``ramp = clamp((i - low) / (high - low), 0, 1)`` (``high`` nudged
+    by 0.001 when equal to ``low``), ``f_i <- (f_i / factor) * ramp + f_i * (1 - ramp)``.
+    ``c = cos(pos * f_i) * attention_factor``, ``s = sin(pos * f_i) * attention_factor``
+    (``attention_factor`` applies whatever ``factor`` is; pass 1.0 for plain RoPE); pairs rotate as in
+    :func:`sglang.jit_kernel.rope.apply_rope_inplace`.
 
     Parameters
     ----------
@@ -87,9 +88,11 @@ def fused_qk_norm_rope(
     is_neox : bool
         NeoX (halves) or GPT-J (interleaved pairs) style.
     position_ids : torch.Tensor
-        ``[num_tokens]`` int32 or int64 (any value: nothing is indexed by it).
+        ``[num_tokens]`` int32 or int64 on qkv's device, any stride (copied if strided); any value:
+        nothing is indexed by it. Not modified.
     factor, low, high, attention_factor : float
-        YaRN scaling (``factor > 0``; ``factor == 1`` disables the blend) and the cos/sin multiplier.
+        YaRN scaling (``factor > 0``; ``factor == 1`` disables the blend; ``low``, ``high`` in units of
+        the pair index ``i``, finite) and the cos/sin multiplier (finite).
     rotary_dim : int, optional
         ``R``: even, ``<= head_dim``; None (default) means ``head_dim``.
     enable_pdl : bool, optional
@@ -98,6 +101,7 @@ def fused_qk_norm_rope(
     Returns
     -------
     None
+        qkv is written in place; with 0 tokens nothing is launched.
 
     Raises
     ------
@@ -105,8 +109,10 @@ def fused_qk_norm_rope(
         A tensor argument that is not a tensor, a count or ``rotary_dim`` not an int, a float
         argument not a number, ``is_neox`` not a bool.
     ValueError
-        Negative head counts or eps, ``head_dim < 1``, ``base <= 0`` or ``factor <= 0``, ``rotary_dim``
-        odd or above head_dim, a non-finite float.
+        Negative head counts or eps, ``head_dim < 1``, ``base <= 0`` or ``factor <= 0`` (NaN fails
+        these ranges too), ``rotary_dim`` not even in ``[2, head_dim]``, ``low``, ``high`` or
+        ``attention_factor`` not finite (``fused_qk_norm_rope: low value: expected a finite number,
+        got nan``).
     RuntimeError
         As ``fused_qk_norm_rope: <arg> <what>: expected X, got Y``: not on CUDA or another device,
         unsupported or mismatched dtypes, qkv not ``[num_tokens, row]`` of the heads' row, a weight not
@@ -154,8 +160,23 @@ def fused_qk_norm_rope_reference(
     k_weight: torch.Tensor, base: float, is_neox: bool, position_ids: torch.Tensor, factor: float, low: float,
     high: float, attention_factor: float, rotary_dim: int | None = None,
 ) -> torch.Tensor:
-    """The expected qkv (a new tensor) in fp32 from the same inputs, rounded once: norm, then RoPE
-    with the docstring's frequencies (computed in fp32 like the kernel)."""
+    """The expected qkv of :func:`fused_qk_norm_rope` (a new tensor), in fp32 from the same inputs.
+
+    Norm, then RoPE with the op's frequencies (computed in fp32 like the kernel), rounded once to the
+    dtype of qkv; the v columns (and any after ``num_heads_q + num_heads_k`` heads) are copied unchanged.
+
+    Parameters
+    ----------
+    qkv, num_heads_q, num_heads_k, head_dim, eps, q_weight, k_weight, base, is_neox, position_ids, ...
+        ``factor``, ``low``, ``high``, ``attention_factor`` and ``rotary_dim`` too: as for
+        :func:`fused_qk_norm_rope` (no ``num_heads_v``: it is implied by the width of qkv). Not
+        checked; ``rotary_dim`` None or 0 means ``head_dim``.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[num_tokens, row]``, the dtype and device of qkv. qkv is not modified.
+    """
     n = qkv.shape[0]
     r = rotary_dim or head_dim
     out = qkv.clone()

@@ -57,9 +57,11 @@ def grouped_topk(
     Parameters
     ----------
     scores : torch.Tensor
-        ``[num_tokens, num_experts]`` float16 / bfloat16 / float32 router logits, last dim contiguous.
+        ``[num_tokens, num_experts]`` float16 / bfloat16 / float32 router logits, last dim contiguous
+        (any row stride). Not modified.
     bias : torch.Tensor or None
-        ``[num_experts]`` correction bias (used as fp32), or None for none.
+        ``[num_experts]`` float16 / bfloat16 / float32 correction bias on the device of ``scores``,
+        any stride (converted to contiguous fp32 first), or None for none.
     num_expert_group : int
         Groups, in ``[1, 32]``, dividing ``num_experts``.
     topk_group : int
@@ -69,12 +71,13 @@ def grouped_topk(
     renormalize : bool
         Divide the chosen weights by their sum (+1e-20).
     scaling_factor : float
-        Multiplies every weight (the routed scaling factor).
+        Multiplies every weight (the routed scaling factor), finite. Default 1.0.
 
     Returns
     -------
     (topk_values, topk_indices) : tuple of torch.Tensor
-        New float32 and int32 ``[num_tokens, topk]`` tensors.
+        New contiguous float32 and int32 ``[num_tokens, topk]`` tensors on the device of ``scores``
+        (nothing launched with 0 tokens).
 
     Raises
     ------
@@ -82,7 +85,9 @@ def grouped_topk(
         ``scores`` / ``bias`` not tensors, or a scalar of the wrong type (ints for the counts, a bool
         for ``renormalize``, a real number for ``scaling_factor``).
     ValueError
-        ``num_expert_group``, ``topk_group`` or ``topk`` out of range, or ``scaling_factor`` NaN/inf.
+        ``num_expert_group``, ``topk_group`` or ``topk`` out of range (``num_expert_group`` not a divisor
+        of ``num_experts`` included: ``grouped_topk: num_expert_group value: expected a divisor of
+        num_experts = 256, got 7``), or ``scaling_factor`` NaN/inf.
     RuntimeError
         ``scores`` or ``bias`` off CUDA, on different devices, of a wrong dtype or shape, or a
         non-contiguous last dim of ``scores``; raised before any launch as

@@ -181,6 +181,11 @@ def store_cache(
         Tuning knob: warps per row part (each copies a ``1/num_split`` chunk of a row); 0 (default)
         chooses from the sizes. Values above the vectors per row act as that many.
 
+    Returns
+    -------
+    None
+        ``k_cache`` and ``v_cache`` are written in place; with 0 indices nothing is launched.
+
     Raises
     ------
     TypeError
@@ -239,6 +244,16 @@ def can_use_store_cache(size: int) -> bool:
     """Whether :func:`store_cache` takes rows of ``size`` bytes: True for every ``size >= 1`` (any row
     size, not only multiples of 4 bytes; unaligned sizes use narrower vectors), False otherwise.
     For a True answer it compiles (first use) or loads the module, so the kernel is then ready.
+
+    Parameters
+    ----------
+    size : int
+        Row size in bytes (``k_row * k.element_size()``).
+
+    Returns
+    -------
+    bool
+        ``size >= 1``.
 
     Raises
     ------
@@ -310,6 +325,11 @@ def set_mla_kv_buffer(
         contiguous, token stride free. Not modified.
     cache_k_rope : torch.Tensor
         ``[num_tokens, rope]`` or ``[num_tokens, 1, rope]``, likewise. Not modified.
+
+    Returns
+    -------
+    None
+        ``kv_buffer`` is written in place; with 0 tokens nothing is launched.
 
     Raises
     ------

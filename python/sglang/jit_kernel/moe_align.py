@@ -44,7 +44,23 @@ def _jit_moe_align_module() -> Module:
 
 def max_num_tokens_padded(numel: int, num_experts: int, block_size: int) -> int:
     """The worst-case padded total: ``numel + min(numel, num_experts) * (block_size - 1)`` (every
-    non-empty expert wastes at most ``block_size - 1`` slots)."""
+    non-empty expert wastes at most ``block_size - 1`` slots).
+
+    Parameters
+    ----------
+    numel : int
+        ``topk_ids.numel()`` (routed (token, k) pairs, ``>= 0``).
+    num_experts : int
+        Segments, as passed to :func:`moe_align_block_size`.
+    block_size : int
+        As passed to :func:`moe_align_block_size`.
+
+    Returns
+    -------
+    int
+        The length ``sorted_token_ids`` needs; ``// block_size`` gives the length of ``expert_ids``.
+        Plain integer arithmetic: the arguments are not checked (no exception of its own).
+    """
     return numel + min(numel, num_experts) * (block_size - 1)
 
 
@@ -123,8 +139,8 @@ def moe_align_block_size(
     Parameters
     ----------
     topk_ids : torch.Tensor
-        int32 / int64, any shape (``[num_tokens, topk]`` usually); read only. A non-contiguous view
-        is copied first.
+        int32 / int64 on a CUDA device, any shape (``[num_tokens, topk]`` usually); read only. A view
+        that does not flatten is copied first.
     num_experts : int
         Segments, in ``[1, 8192]``.
     block_size : int
@@ -142,7 +158,12 @@ def moe_align_block_size(
     cumsum_buffer : torch.Tensor
         int32 ``[>= num_experts + 1]``, contiguous; written (scratch).
     pad_sorted_token_ids : bool
-        Fill the slots that hold no token with ``numel``.
+        Fill the slots that hold no token with ``numel``. Default False.
+
+    Returns
+    -------
+    None
+        The four buffers are written in place (``expert_ids`` and ``sorted_token_ids`` only as above).
 
     Raises
     ------

@@ -58,10 +58,15 @@ def moe_sum_reduce(input: torch.Tensor, output: torch.Tensor, routed_scaling_fac
         ``[num_tokens, topk, hidden_size]`` float16 / bfloat16 / float32, last dim contiguous (any
         other strides); read only.
     output : torch.Tensor
-        ``[num_tokens, hidden_size]`` of the dtype of ``input``, last dim contiguous; written. May not
-        share memory with ``input``.
+        ``[num_tokens, hidden_size]`` of the dtype and device of ``input``, last dim contiguous (row
+        stride free); written. May not share memory with ``input``.
     routed_scaling_factor : float
-        The finite multiplier.
+        The finite multiplier (an int or float). Default 1.0.
+
+    Returns
+    -------
+    None
+        ``output`` is written in place; with 0 elements nothing is launched.
 
     Raises
     ------

@@ -44,16 +44,23 @@ def topk_sigmoid(
     Parameters
     ----------
     topk_weights : torch.Tensor
-        float32 ``[num_tokens, topk]``, last dim contiguous (any row stride); written.
+        float32 ``[num_tokens, topk]`` (its width sets ``topk``, ``1 <= topk <= num_experts``), last dim
+        contiguous (any row stride); written.
     topk_ids : torch.Tensor
         int32 ``[num_tokens, topk]``, last dim contiguous (any row stride); written.
     gating_output : torch.Tensor
-        ``[num_tokens, num_experts]`` float16 / bfloat16 / float32 logits, last dim contiguous; any
-        ``num_experts >= topk``; read only.
+        ``[num_tokens, num_experts]`` float16 / bfloat16 / float32 logits, last dim contiguous (any
+        row stride); any ``num_experts >= topk`` (and ``>= 1``); read only.
     renormalize : bool
-        Divide the chosen weights by their sum (+1e-20).
+        Divide the chosen weights by their sum (+1e-20). Default False.
     correction_bias : torch.Tensor, optional
-        ``[num_experts]``, added to ``p`` for the choice only (used as fp32).
+        ``[num_experts]`` float16 / bfloat16 / float32 on the device of ``gating_output``, any stride,
+        added to ``p`` for the choice only (converted to contiguous fp32 first). Default None.
+
+    Returns
+    -------
+    None
+        ``topk_weights`` and ``topk_ids`` are written in place; with 0 tokens nothing is launched.
 
     Raises
     ------

@@ -257,8 +257,10 @@ def rmsnorm(
 ) -> torch.Tensor:
     """Root-mean-square normalisation over the last dimension.
 
-    ``out = x * rsqrt(mean(x**2) + eps) * w``, per row, in fp32 with one rounding to the dtype.
-    With ``cast_x_before_out_mul=True`` (Hugging Face's order, also :func:`rmsnorm_hf`)
+    ``out = x * rsqrt(mean(x**2) + eps) * w``, per row, in fp32 with one rounding to the dtype:
+    ``rstd = rsqrt(sum(x**2) * (1 / hidden_size) + eps)`` (an fp32 reduction), then
+    ``out = round(x * (w * rstd))`` (the product ``w * rstd`` formed first; the kernel's
+    ``x * fma(w, rstd, 0)``). With ``cast_x_before_out_mul=True`` (Hugging Face's order, also :func:`rmsnorm_hf`)
     ``x * rsqrt(...)`` is rounded to the dtype first and then multiplied by ``w`` in fp32 and rounded
     again: ``out = round(float(round(x * rsqrt(mean(x**2) + eps))) * w)``.
     Moves ``2 * num_tokens * hidden_size * s + hidden_size * s`` bytes (``s`` the element size).
@@ -279,15 +281,15 @@ def rmsnorm(
         strides; may be ``input`` itself (in place), must not partially overlap it nor share
         memory with ``weight``. Allocated when omitted (contiguous).
     cast_x_before_out_mul : bool
-        Round ``x * rsqrt(...)`` to the dtype before the weight multiply. Default False.
+        Keyword-only. Round ``x * rsqrt(...)`` to the dtype before the weight multiply. Default False.
     enable_pdl : bool, optional
-        Programmatic Dependent Launch; None means on when the GPU is SM90+. Results do not depend
-        on it.
+        Keyword-only. Programmatic Dependent Launch; None means on when the GPU is SM90+. Results do
+        not depend on it.
 
     Returns
     -------
     torch.Tensor
-        ``out``.
+        ``out`` (the same object when given), the shape and dtype of ``input``.
 
     Raises
     ------
@@ -379,12 +381,12 @@ def rmsnorm_hf(
         As in :func:`rmsnorm`: the shape, dtype and device of ``input``, last dim contiguous, may be
         ``input`` (in place). Allocated (contiguous) when omitted.
     enable_pdl : bool, optional
-        Programmatic Dependent Launch; None means on when the GPU is SM90+.
+        Keyword-only. Programmatic Dependent Launch; None means on when the GPU is SM90+.
 
     Returns
     -------
     torch.Tensor
-        ``out``.
+        ``out`` (the same object when given), the shape and dtype of ``input``.
 
     Raises
     ------
@@ -395,9 +397,19 @@ def rmsnorm_hf(
 
 
 def is_supported_rmsnorm_hf_hidden_size(hidden_size: int) -> bool:
-    """Whether :func:`rmsnorm_hf` takes rows of ``hidden_size`` elements: every ``1 <= hidden_size <
-    2**30`` (any size, vectorised when the rows allow it, for every dtype); False for anything else
-    (including non-integers and bools)."""
+    """Whether :func:`rmsnorm_hf` takes rows of ``hidden_size`` elements.
+
+    Parameters
+    ----------
+    hidden_size : int
+        Elements per row.
+
+    Returns
+    -------
+    bool
+        True for every ``1 <= hidden_size < 2**30`` (any size, vectorised when the rows allow it, for
+        every dtype); False for anything else (including non-integers and bools). Never raises.
+    """
     return type(hidden_size) is int and 1 <= hidden_size < _MAX_ROW
 
 
@@ -409,15 +421,29 @@ def gemma_rmsnorm(
     *,
     enable_pdl: bool | None = None,
 ) -> torch.Tensor:
-    """Gemma's RMSNorm: ``out = x * rsqrt(mean(x**2) + eps) * (1 + w)``, the ``1 + w`` in fp32.
+    """Gemma's RMSNorm: ``out = x * rsqrt(mean(x**2) + eps) * (1 + w)``, in fp32.
 
-    Same arguments, layout rules, bytes moved and errors as :func:`rmsnorm` (fp32 arithmetic, one
-    rounding to the dtype).
+    fp32 arithmetic, one rounding to the dtype: ``rstd`` as in :func:`rmsnorm`, then
+    ``out = round(x * fma(w, rstd, rstd))`` (``(1 + w) * rstd`` formed with one rounding, then the
+    product with ``x``). Same layout rules and bytes moved as :func:`rmsnorm`.
+
+    Parameters
+    ----------
+    input, weight, eps, out, enable_pdl
+        As in :func:`rmsnorm` (``enable_pdl`` keyword-only; no ``cast_x_before_out_mul``): ``input``
+        ``[..., hidden_size]`` float16 / bfloat16 / float32, last dim contiguous; ``weight``
+        ``[hidden_size]`` contiguous (the Gemma weight ``w``, without the ``+ 1``); ``eps >= 0``
+        (default 1e-6); ``out`` optional, may be ``input``.
 
     Returns
     -------
     torch.Tensor
-        ``out``.
+        ``out`` (the same object when given), the shape and dtype of ``input``.
+
+    Raises
+    ------
+    TypeError, ValueError, RuntimeError
+        As :func:`rmsnorm` (messages start ``gemma_rmsnorm:``).
     """
     return _rmsnorm("gemma_rmsnorm", input, weight, eps, out, 1.0, False, enable_pdl)
 
@@ -470,7 +496,8 @@ def fused_add_rmsnorm(
     """Residual add then RMSNorm, both in place.
 
     ``residual <- round(input + residual)`` (fp32 add, one rounding to the dtype), then
-    ``input <- round(r * rsqrt(mean(r**2) + eps) * w)`` where ``r`` is the ROUNDED sum, i.e. exactly
+    ``input <- round(r * rsqrt(mean(r**2) + eps) * w)`` (evaluated as in :func:`rmsnorm`,
+    ``r * (w * rstd)``, one rounding) where ``r`` is the ROUNDED sum, i.e. exactly
     the values now stored in ``residual``: the variance and the normalised output are those of the
     residual stream as the next layer sees it.
     Moves ``4 * num_tokens * hidden_size * s + hidden_size * s`` bytes.
@@ -489,16 +516,18 @@ def fused_add_rmsnorm(
     eps : float
         Added to the mean square (>= 0). Default 1e-6.
     enable_pdl : bool, optional
-        Programmatic Dependent Launch; None means on when the GPU is SM90+.
+        Keyword-only. Programmatic Dependent Launch; None means on when the GPU is SM90+.
 
     Returns
     -------
     None
+        ``input`` and ``residual`` are written in place.
 
     Raises
     ------
     TypeError, ValueError, RuntimeError
-        As :func:`rmsnorm`, for ``input``, ``residual`` and ``weight``, before any launch; also
+        As :func:`rmsnorm`, for ``input``, ``residual`` and ``weight``, before any launch (``residual``
+        of another shape: ``fused_add_rmsnorm: residual shape: expected ... (the shape of input)``); also
         RuntimeError (from the launcher) if ``residual`` overlaps ``input`` in memory (including
         being the same tensor), either shares memory with ``weight``, or either is expanded
         (stride 0).
@@ -516,9 +545,24 @@ def gemma_fused_add_rmsnorm(
 ) -> None:
     """Gemma's fused add + RMSNorm: as :func:`fused_add_rmsnorm` with ``(1 + w)`` (in fp32).
 
+    ``residual <- round(input + residual)``, then ``input <- round(r * fma(w, rstd, rstd))`` with ``r``
+    the rounded sum and ``rstd = rsqrt(mean(r**2) + eps)`` (fp32; as :func:`gemma_rmsnorm`).
+
+    Parameters
+    ----------
+    input, residual, weight, eps, enable_pdl
+        As in :func:`fused_add_rmsnorm` (``weight`` the Gemma ``w``, without the ``+ 1``); ``input``
+        and ``residual`` are overwritten.
+
     Returns
     -------
     None
+        ``input`` and ``residual`` are written in place.
+
+    Raises
+    ------
+    TypeError, ValueError, RuntimeError
+        As :func:`fused_add_rmsnorm` (messages start ``gemma_fused_add_rmsnorm:``).
     """
     _fused_add_rmsnorm("gemma_fused_add_rmsnorm", input, residual, weight, eps, 1.0, enable_pdl)
 
@@ -553,14 +597,15 @@ def fused_inplace_qknorm(
     eps : float
         Added to the mean square (>= 0). Default 1e-6.
     head_dim : int
-        0 (the default: ``q.shape[-1]``) or ``q.shape[-1]`` itself (the original package compiled
-        one kernel per head_dim; here any head_dim runs the same module).
+        Keyword-only. 0 (the default: ``q.shape[-1]``) or ``q.shape[-1]`` itself (the original package
+        compiled one kernel per head_dim; here any head_dim runs the same module).
     enable_pdl : bool, optional
-        Programmatic Dependent Launch; None means on when the GPU is SM90+.
+        Keyword-only. Programmatic Dependent Launch; None means on when the GPU is SM90+.
 
     Returns
     -------
     None
+        ``q`` and ``k`` are written in place.
 
     Raises
     ------
@@ -617,10 +662,22 @@ def fused_inplace_qknorm(
 
 
 def can_use_fused_inplace_qknorm(head_dim: int, dtype: torch.dtype) -> bool:
-    """Whether :func:`fused_inplace_qknorm` takes heads of ``head_dim`` elements of ``dtype``:
-    every ``1 <= head_dim < 2**30`` for float16, bfloat16 and float32 (any head_dim runs one module
-    per dtype, vectorised when the heads allow it); False for other dtypes and for anything else
-    as ``head_dim`` (including non-integers and bools)."""
+    """Whether :func:`fused_inplace_qknorm` takes heads of ``head_dim`` elements of ``dtype``.
+
+    Parameters
+    ----------
+    head_dim : int
+        Elements per head.
+    dtype : torch.dtype
+        The dtype of q and k.
+
+    Returns
+    -------
+    bool
+        True for every ``1 <= head_dim < 2**30`` with float16, bfloat16 or float32 (any head_dim runs
+        one module per dtype, vectorised when the heads allow it); False for other dtypes and for
+        anything else as ``head_dim`` (including non-integers and bools). Never raises.
+    """
     return type(head_dim) is int and 1 <= head_dim < _MAX_ROW and dtype in FLOAT_DTYPES
 
 
@@ -657,11 +714,12 @@ def fused_inplace_qknorm_across_heads(
     eps : float
         Added to the mean square (>= 0). Default 1e-6.
     enable_pdl : bool, optional
-        Programmatic Dependent Launch; None means on when the GPU is SM90+.
+        Keyword-only. Programmatic Dependent Launch; None means on when the GPU is SM90+.
 
     Returns
     -------
     None
+        ``q`` and ``k`` are written in place.
 
     Raises
     ------

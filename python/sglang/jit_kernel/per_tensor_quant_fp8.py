@@ -104,8 +104,8 @@ def per_tensor_quant_fp8(
     output_q : torch.Tensor
         Written: ``torch.float8_e4m3fn``, the shape of ``input``, last dim contiguous.
     output_s : torch.Tensor
-        ``float32``, one element (``[1]`` or ``[]``). Dynamic: written (max-reduced into, zero it
-        first); static: read.
+        ``float32``, one element (``[1]`` or ``[]``), on the device of ``input``. Dynamic: written
+        (max-reduced into, zero it first); static: read.
     is_static : bool
         Use the scale in ``output_s`` instead of computing it. Default False.
     eps : float, keyword-only
@@ -114,6 +114,8 @@ def per_tensor_quant_fp8(
     Returns
     -------
     None
+        ``output_q`` is written in place, and ``output_s`` in dynamic mode; with 0 elements nothing is
+        launched (``output_s`` is left as it is).
 
     Raises
     ------
@@ -123,7 +125,8 @@ def per_tensor_quant_fp8(
         ``eps`` negative or NaN.
     RuntimeError
         Before any launch, naming the argument: not on CUDA or on another device than ``input``, an
-        unsupported dtype, a shape mismatch (``output_s`` not one element), ``output_q`` with a
+        unsupported dtype (``output_q`` not float8_e4m3fn, ``output_s`` not float32), ``input`` 0-d, a
+        shape mismatch (``output_s`` not one element), ``output_q`` with a
         strided last dim or leading dims that do not flatten, outputs overlapping ``input`` or each other.
     """
     if not torch.compiler.is_compiling():

@@ -182,20 +182,24 @@ def per_token_group_quant_8bit(
     Returns
     -------
     (torch.Tensor, torch.Tensor)
-        ``(output_q, output_s)``.
+        ``(output_q, output_s)``, the same objects, written in place; with 0 elements nothing is
+        launched.
 
     Raises
     ------
     TypeError
         A tensor argument that is not a tensor, or a scalar of the wrong type.
     ValueError
-        ``group_size`` not a power of two in range, ``eps`` negative or NaN, ``fp8_min >= fp8_max``.
+        ``group_size`` not a power of two in range, ``eps`` negative or NaN, ``fp8_min >= fp8_max``
+        (or either NaN), e.g. ``per_token_group_quant_8bit: group_size value: expected a power of two,
+        got 48``.
     RuntimeError
         Before any launch, naming the argument: a tensor not on CUDA or on another device than
         ``input``, an unsupported dtype (``output_q`` not fp8 e4m3 / int8, ``output_s`` not float32 /
-        int32 for ue8m0), ``hidden_size % group_size != 0``, a shape mismatch, ``output_q`` with a
-        strided last dim or leading dims that do not flatten, ``output_s`` with a stride 0, outputs
-        overlapping ``input`` or each other.
+        int32 for ue8m0, ``output_q`` not float8_e4m3fn with ``scale_ue8m0``), ``input`` 0-d,
+        ``hidden_size % group_size != 0``, a shape mismatch, ``output_q`` with a strided last dim or
+        leading dims that do not flatten, ``output_s`` with a stride 0 or leading dims that do not
+        flatten, outputs overlapping ``input`` or each other.
     """
     if not torch.compiler.is_compiling():
         try:  # the launcher checks shapes, dtypes, devices, layouts, overlaps, group_size, the bounds

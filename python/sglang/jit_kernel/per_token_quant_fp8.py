@@ -94,9 +94,9 @@ def per_token_quant_fp8(
         s = clamp(max(max|x|, eps) / 448, FLT_MIN, FLT_MAX)
         q = round(clamp(x * (1 / s), -448, 448))       # round-to-nearest-even to fp8 e4m3
 
-    An all-zero or tiny row gets ``s = eps / 448`` (> 0) and zeros, never NaN; a row holding inf gets
-    ``s = FLT_MAX``; NaN inputs are ignored by the maximum and quantize to NaN. Moves
-    ``M*K*s_in + M*K + 4*M`` bytes.
+    An all-zero or tiny row gets ``s = eps / 448`` (FLT_MIN when that is smaller; > 0) and zeros,
+    never NaN; a row holding inf gets ``s = FLT_MAX``; NaN inputs are ignored by the maximum and
+    quantize to NaN. Moves ``M*K*s_in + M*K + 4*M`` bytes.
 
     Parameters
     ----------
@@ -109,13 +109,15 @@ def per_token_quant_fp8(
         Written: ``torch.float8_e4m3fn``, the shape of ``input``, last dim contiguous, any row stride.
     output_s : torch.Tensor
         Written: ``float32 [...]`` (the leading dims of ``input``, e.g. ``[num_tokens]``) or
-        ``[..., 1]``, any stride.
+        ``[..., 1]``, on the device of ``input``; any stride as long as its dims flatten to one
+        stride (a view as ``[num_tokens]``; any 1-D stride qualifies).
     eps : float, keyword-only
         Floor of each row's maximum (>= 0). Default 1e-10 (the original had none: a zero row gave NaN).
 
     Returns
     -------
     None
+        ``output_q`` and ``output_s`` are written in place; with 0 rows nothing is launched.
 
     Raises
     ------
@@ -125,8 +127,10 @@ def per_token_quant_fp8(
         ``eps`` negative or NaN.
     RuntimeError
         Before any launch, naming the argument: not on CUDA or on another device than ``input``, an
-        unsupported dtype, a shape mismatch, ``output_q`` with a strided last dim or leading dims that
-        do not flatten, outputs overlapping ``input`` or each other.
+        unsupported dtype (``output_q`` not float8_e4m3fn, ``output_s`` not float32), ``input`` 0-d, a
+        shape mismatch, ``output_q`` with a strided last dim or leading dims that do not flatten,
+        ``output_s`` whose dims do not flatten to one stride, outputs overlapping ``input`` or each
+        other (``per_token_quant_fp8: output_q shape: expected (4, 64) (the shape of input), got ...``).
     """
     if not torch.compiler.is_compiling():
         try:  # the launcher checks shapes, dtypes, devices, layouts and overlaps

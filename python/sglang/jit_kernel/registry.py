@@ -184,7 +184,8 @@ def register_op(
     build : callable, optional
         The op's own ``@cache_once`` module builder: a module named ``name`` is registered for it.
     variants : sequence of tuple
-        With ``build``: the build arguments of each shipped variant.
+        With ``build``: the build arguments of each shipped variant. Default none. Ignored with
+        ``module`` (the module's own variants apply).
     check_cases : callable, optional
         ``() -> list[CheckCase]``: the cases ``check`` runs (fresh random inputs, an fp32 reference,
         bytes moved). None: the op is built by ``check`` but not run.
@@ -192,11 +193,14 @@ def register_op(
     Returns
     -------
     OpEntry
+        The registered entry (re-registering from the same wrapper module replaces it).
 
     Raises
     ------
     TypeError
-        If neither or both of ``module`` and ``build`` are given.
+        If neither or both of ``module`` and ``build`` are given (``register_op: <name> module/build:
+        expected exactly one of module= or build=, got both``), or, with ``build``, a variant is not a
+        tuple.
     ValueError
         If another wrapper module already registered ``name``.
     """
@@ -244,6 +248,17 @@ def all_ops() -> dict[str, OpEntry]:
     """Every registered op by name, in the order of the wrapper modules (sorted) and of registration.
 
     Imports every wrapper module of the package first (cheap: no compile, no GPU query).
+
+    Returns
+    -------
+    dict of str to OpEntry
+        A new dict; op name -> its entry.
+
+    Raises
+    ------
+    Exception
+        Whatever importing a wrapper module raises (e.g. ``ImportError``, or the ``ValueError`` of a
+        name registered twice) propagates unchanged.
     """
     _import_wrappers()
     order = {name: i for i, name in enumerate(wrapper_module_names())}
@@ -253,6 +268,16 @@ def all_ops() -> dict[str, OpEntry]:
 
 def all_modules(ops: Sequence[str] | None = None) -> list[JitModule]:
     """The modules serving ``ops`` (every op if None), each once, in op order.
+
+    Parameters
+    ----------
+    ops : sequence of str, optional
+        Op names; None (default) means every registered op, an empty sequence none.
+
+    Returns
+    -------
+    list of JitModule
+        One entry per distinct module, in the order of the first op it serves.
 
     Raises
     ------
@@ -272,7 +297,21 @@ def all_modules(ops: Sequence[str] | None = None) -> list[JitModule]:
 
 def unknown_op_message(unknown: Sequence[str], registry: dict[str, OpEntry] | None = None) -> str:
     """The error for op names nobody registered: the known ops, the wrapper modules that register
-    none, and how an op registers."""
+    none, and how an op registers.
+
+    Parameters
+    ----------
+    unknown : sequence of str
+        The names not found.
+    registry : dict of str to OpEntry, optional
+        The known ops; None (default) means :func:`all_ops`.
+
+    Returns
+    -------
+    str
+        ``"unknown op(s): a, b (did you mean ...?); known ops: ...; ... An op registers itself ..."``
+        (the close matches only when there are some). Raises only what importing the wrappers raises.
+    """
     import difflib  # noqa: PLC0415
 
     silent = _import_wrappers()

@@ -195,22 +195,25 @@ def apply_rope_inplace(
         ``[num_tokens, num_kv_heads, head_dim]``, same dtype and device, its own strides (they may
         differ from q's); must not share memory with q. Modified in place.
     cos_sin_cache : torch.Tensor
-        ``[max_position, width]`` float32, rows contiguous, cos in ``[:R/2]`` and sin in
-        ``[R/2:R]`` of each row. Not modified.
+        ``[max_position, width]`` float32 on q's device, last dim contiguous (row stride free), cos in
+        ``[:R/2]`` and sin in ``[R/2:R]`` of each row. Not modified.
     positions : torch.Tensor
-        ``[num_tokens]`` int32 or int64. A position outside ``[0, max_position)`` leaves its token's
-        heads unchanged (no out-of-bounds read); ``SGLANG_JIT_CHECK_INDICES=1`` raises instead.
+        ``[num_tokens]`` int32 or int64 on q's device, any stride (a strided tensor is copied). A
+        position outside ``[0, max_position)`` leaves its token's heads unchanged (no out-of-bounds
+        read); ``SGLANG_JIT_CHECK_INDICES=1`` raises instead.
     is_neox : bool
         NeoX (rotate halves) or GPT-J (rotate interleaved pairs) style. Keyword-only.
     rope_dim : int
         ``R``: 0 (default) means ``cos_sin_cache.size(1)``; otherwise an even ``R`` with
         ``R <= head_dim`` and ``R <= cos_sin_cache.size(1)``.
     enable_pdl : bool, optional
-        Programmatic Dependent Launch; None means on for SM90+. Results do not depend on it.
+        Keyword-only. Programmatic Dependent Launch; None means on for SM90+. Results do not depend
+        on it.
 
     Returns
     -------
     None
+        q and k are rotated in place.
 
     Raises
     ------
@@ -218,7 +221,8 @@ def apply_rope_inplace(
         A tensor argument that is not a tensor; ``is_neox`` not a bool; ``rope_dim`` not an int;
         ``enable_pdl`` not None/bool.
     ValueError
-        ``rope_dim`` negative, odd, above head_dim or above the cache width.
+        ``rope_dim`` negative, odd, above head_dim or above the cache width; with ``rope_dim = 0``, a
+        cache width that is odd or 0 (``<op>: rope_dim value: expected an even number > 0 ...``).
     RuntimeError
         Before any launch, as ``apply_rope_inplace: <arg> <what>: expected X, got Y``: a tensor not
         on CUDA or on another device, q not float16/bfloat16/float32, k of another dtype, a cache not
@@ -296,13 +300,15 @@ def apply_rope_inplace_with_kvcache(
         contiguous rows), the dtype of q, row stride free; must not share memory with any other
         argument. Written in the rows ``out_loc`` names only.
     out_loc : torch.Tensor
-        ``[num_tokens]`` int32 or int64: the cache row of each token. An entry outside
+        ``[num_tokens]`` int32 or int64, any stride (copied if strided): the cache row of each
+        token. An entry outside
         ``[0, cache_size)`` stores nothing for its token (q and k are still rotated); with
         ``SGLANG_JIT_CHECK_INDICES=1`` it raises instead. Two tokens with one row: one of them wins.
 
     Returns
     -------
     None
+        q and k rotated in place; ``k_cache`` and ``v_cache`` written in the rows ``out_loc`` names.
 
     Raises
     ------
@@ -382,11 +388,35 @@ def apply_rope_with_cos_sin_cache_inplace(
     fused_args: Optional[FusedSetKVBufferArg] = None,
     enable_pdl: bool | None = None,
 ) -> None:
-    """RoPE in place, and with ``fused_args`` the KV store: :func:`apply_rope_inplace` when
-    ``fused_args`` is None, else :func:`apply_rope_inplace_with_kvcache` with ``v = value``,
-    ``k_cache = k_buffer``, ``v_cache = v_buffer``, ``out_loc = cache_loc`` (a 2-D value
-    ``[num_tokens, num_kv_heads * head_dim]`` is viewed as k's shape). Same parameters, results and
-    errors as those two; ``fused_args`` of another type raises TypeError."""
+    """RoPE in place, and with ``fused_args`` the KV store in the same launch.
+
+    :func:`apply_rope_inplace` when ``fused_args`` is None, else :func:`apply_rope_inplace_with_kvcache`
+    with ``v = value``, ``k_cache = k_buffer``, ``v_cache = v_buffer``, ``out_loc = cache_loc`` (a 2-D
+    value ``[num_tokens, num_kv_heads * head_dim]`` is viewed as k's shape). Same formula and
+    roundings: each pair ``(x, y)`` becomes ``(x*c - y*s, x*s + y*c)`` in fp32, rounded once.
+
+    Parameters
+    ----------
+    q, k, cos_sin_cache, positions, is_neox, rope_dim, enable_pdl
+        As in :func:`apply_rope_inplace` (``is_neox``, ``rope_dim``, ``fused_args`` and ``enable_pdl``
+        keyword-only); q and k are rotated in place.
+    fused_args : FusedSetKVBufferArg, optional
+        The KV store (see :class:`FusedSetKVBufferArg`); None (default): rotation only.
+
+    Returns
+    -------
+    None
+
+    Raises
+    ------
+    TypeError
+        ``fused_args`` neither None nor a ``FusedSetKVBufferArg``
+        (``apply_rope_with_cos_sin_cache_inplace: fused_args type: expected a FusedSetKVBufferArg or None,
+        got dict``); otherwise as the op called.
+    ValueError, RuntimeError, IndexError
+        As :func:`apply_rope_inplace` / :func:`apply_rope_inplace_with_kvcache`, the message naming
+        that op (``apply_rope_inplace_with_kvcache: v shape: ...``).
+    """
     if fused_args is None:
         return apply_rope_inplace(q, k, cos_sin_cache, positions, is_neox=is_neox, rope_dim=rope_dim,
                                   enable_pdl=enable_pdl)
@@ -440,13 +470,15 @@ def rotary_embedding(
     """vLLM's rotary embedding, in place: the first ``rot_dim = cos_sin_cache.size(-1)`` elements of
     each head of query and key rotated as in :func:`apply_rope_inplace` with ``R = rot_dim``.
 
-    The cache is in the query's dtype (fp32 arithmetic, one rounding); NeoX or GPT-J style.
+    The cache is in the query's dtype; each pair ``(x, y)`` becomes ``(x*c - y*s, x*s + y*c)`` in fp32
+    from the dtype values of x, y, c, s and is rounded once to the dtype; NeoX or GPT-J style.
 
     Parameters
     ----------
     positions : torch.Tensor
-        ``[num_tokens]`` or ``[batch, seq]``, int32 or int64. Out-of-range entries leave their token
-        unchanged (``SGLANG_JIT_CHECK_INDICES=1``: IndexError).
+        ``[num_tokens]`` or ``[batch, seq]``, int32 or int64, on query's device, any stride (copied
+        if strided). Out-of-range entries leave their token unchanged (``SGLANG_JIT_CHECK_INDICES=1``:
+        IndexError).
     query : torch.Tensor
         ``[num_tokens, num_heads * head_size]``, ``[num_tokens, num_heads, head_size]`` or with
         ``[batch, seq]`` leading dims; float16 / bfloat16 / float32; token and head layout must
@@ -464,7 +496,8 @@ def rotary_embedding(
     Returns
     -------
     (torch.Tensor, torch.Tensor or None)
-        ``(query, key)``, the same tensors, rotated.
+        ``(query, key)``, the same tensor objects, rotated in place (``key`` None when given None).
+        With 0 tokens nothing is launched.
 
     Raises
     ------
@@ -472,7 +505,8 @@ def rotary_embedding(
         A tensor argument that is not a tensor (key may be None), ``head_size`` not an int,
         ``is_neox`` not a bool.
     ValueError
-        ``head_size`` < 1, ``rot_dim`` odd or above head_size.
+        ``head_size`` < 1; ``rot_dim`` 0, odd or above head_size (``rotary_embedding: cos_sin_cache
+        rot_dim: expected <= head_size (64), got 128``).
     RuntimeError
         As ``rotary_embedding: <arg> <what>: expected X, got Y``: not on CUDA or another device,
         unsupported or mismatched dtypes (the cache in another dtype than query), shapes that do

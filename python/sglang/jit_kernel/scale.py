@@ -60,7 +60,8 @@ def scale(src: torch.Tensor, factor: float, out: torch.Tensor | None = None) -> 
         non-contiguous ``src`` is first copied to a contiguous tensor. Not modified (unless it is
         also ``out``).
     factor : float
-        The multiplier, used as fp32.
+        The multiplier (an int or float; bools refused), rounded to fp32 before use (a value beyond
+        the fp32 range becomes +-inf).
     out : torch.Tensor, optional
         Where to write the result: contiguous, the shape, dtype and device of ``src``; may be
         ``src`` itself (in place). Allocated when omitted.
@@ -68,14 +69,15 @@ def scale(src: torch.Tensor, factor: float, out: torch.Tensor | None = None) -> 
     Returns
     -------
     torch.Tensor
-        ``out``.
+        ``out`` (the same object when given; else a new contiguous tensor like ``src``). With 0
+        elements nothing is launched.
 
     Raises
     ------
     TypeError
         If ``src`` or ``out`` is not a tensor, or ``factor`` is not an int or float.
     RuntimeError
-        If ``src`` is not on a CUDA device, has another dtype, or ``out`` differs from ``src`` in
+        If ``src`` is not on a CUDA device or not float16 / bfloat16 / float32, or ``out`` differs from ``src`` in
         shape, dtype or device, is not contiguous, or partially overlaps ``src`` in memory (``out``
         may be ``src`` itself). Raised before any launch, as ``scale: <arg> <what>: expected X, got Y``.
     """

@@ -59,6 +59,22 @@ def cache_once(fn: F) -> F:
 
     Unlike ``functools.lru_cache`` the wrapper is an ordinary Python function over a dict, which
     ``torch.compile`` can trace through. ``wrapper.cache_clear()`` empties the cache.
+
+    Parameters
+    ----------
+    fn : callable
+        The function to memoize; its positional and keyword arguments form the key.
+
+    Returns
+    -------
+    callable
+        The wrapper (``functools.wraps(fn)``), with ``cache_clear`` and ``cache`` attributes.
+
+    Raises
+    ------
+    TypeError
+        From the wrapper, when called with an unhashable argument (the dict lookup); whatever ``fn``
+        raises is not cached.
     """
     cache: dict[Any, Any] = {}
 
@@ -139,10 +155,21 @@ def make_cpp_args(*values: Any) -> CPPArgList:
     → ``fp8_e4m3_t``...), bools to ``true``/``false``, ints to decimal literals, floats to ``float``
     literals (``0.5f``), strings pass through.
 
+    Parameters
+    ----------
+    *values : torch.dtype | bool | int | float | str
+        The template arguments, in order.
+
+    Returns
+    -------
+    CPPArgList
+        One string per value; ``str()`` joins them with ``", "``.
+
     Raises
     ------
     TypeError
-        Naming the value, for any other type or an unsupported dtype.
+        Naming the value, for any other type, an unsupported dtype, or a float inf / NaN (no C++
+        literal).
     """
     return CPPArgList(_cpp_arg(v) for v in values)
 
@@ -335,7 +362,8 @@ def override_jit_cuda_arch(major: int, minor: int, suffix: str = "") -> Iterator
     ------
     ValueError
         If ``major`` is not a non-negative int, ``minor`` not an int in 0..9, or ``suffix`` not ``""``,
-        ``"a"`` or ``"f"``.
+        ``"a"`` or ``"f"`` (a ValueError also for a wrong type, e.g. a bool or float ``major``):
+        ``override_jit_cuda_arch: minor must be an int in 0..9, got 10``.
     """
     for label, value, top in (("major", major, None), ("minor", minor, 9)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (top is not None and value > top):
@@ -351,12 +379,24 @@ def override_jit_cuda_arch(major: int, minor: int, suffix: str = "") -> Iterator
 
 
 def is_hip_runtime() -> bool:
-    """True when torch is a ROCm (HIP) build (``torch.version.hip`` is set), else False."""
+    """Whether torch is a ROCm (HIP) build.
+
+    Returns
+    -------
+    bool
+        True when ``torch.version.hip`` is set, else False. Never raises.
+    """
     return bool(getattr(torch.version, "hip", None))
 
 
 def should_run_full_tests() -> bool:
-    """True when ``SGLANG_JIT_KERNEL_RUN_FULL_TESTS`` is 1/true/yes (any case): nightly-size grids."""
+    """Whether the tests run their full (nightly-size) grids.
+
+    Returns
+    -------
+    bool
+        True when ``SGLANG_JIT_KERNEL_RUN_FULL_TESTS`` is 1/true/yes (any case), else False.
+    """
     return env_flag("SGLANG_JIT_KERNEL_RUN_FULL_TESTS")
 
 
@@ -364,12 +404,40 @@ T = TypeVar("T")
 
 
 def get_ci_test_range(full_range: Sequence[T], ci_range: Sequence[T]) -> list[T]:
-    """``full_range`` when ``should_run_full_tests()``, else the smaller ``ci_range``."""
+    """``full_range`` when ``should_run_full_tests()``, else the smaller ``ci_range``.
+
+    Parameters
+    ----------
+    full_range, ci_range : sequence
+        The full grid and the CI subset.
+
+    Returns
+    -------
+    list
+        A new list of the chosen sequence's items.
+    """
     return list(full_range if should_run_full_tests() else ci_range)
 
 
 def is_arch_support_pdl(device: torch.device | int | None = None) -> bool:
-    """True when the GPU (default: the current one) supports Programmatic Dependent Launch (SM90+)."""
+    """Whether a GPU supports Programmatic Dependent Launch (SM90+).
+
+    Parameters
+    ----------
+    device : torch.device, int or None
+        The CUDA device (a ``torch.device`` without an index, or None, means the current one).
+
+    Returns
+    -------
+    bool
+        True for compute capability major >= 9; False when CUDA is not available. The capability is
+        cached per device index.
+
+    Raises
+    ------
+    RuntimeError, AssertionError
+        From ``torch.cuda.get_device_capability`` for an index that names no device.
+    """
     if not torch.cuda.is_available():
         return False
     if isinstance(device, torch.device):
