@@ -316,7 +316,12 @@ def unknown_op_message(unknown: Sequence[str], registry: dict[str, OpEntry] | No
 
     silent = _import_wrappers()
     known = registry if registry is not None else all_ops()
-    near = {m for name in unknown for m in difflib.get_close_matches(name, list(known), n=3, cutoff=0.45)}
+    near = set()
+    for name in unknown:  # close spellings (rmsnrom), and names that start with its stem (silu2 -> silu_and_mul)
+        near.update(difflib.get_close_matches(name, list(known), n=3, cutoff=0.6))
+        stem = name.rstrip("0123456789_")
+        if len(stem) >= 3:
+            near.update(k for k in known if k.startswith(stem))
     message = f"unknown op(s): {', '.join(unknown)}"
     if near:
         message += f" (did you mean {', '.join(sorted(near))}?)"

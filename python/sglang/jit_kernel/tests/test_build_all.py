@@ -192,6 +192,10 @@ def test_unknown_op_lists_the_known_ones_and_how_to_register(capsys):
     err = capsys.readouterr().err
     assert "unknown op(s): no_such_op; known ops: " in err and "scale" in err and "rmsnorm" in err
     assert "register_op(" in err and "python/sglang/jit_kernel/<op>.py" in err
+    assert main(["build", "silu2", "--arch", "9.0"]) == 1
+    assert "unknown op(s): silu2 (did you mean silu_and_mul?); known ops: " in capsys.readouterr().err
+    assert main(["build", "rmsnrom", "--arch", "9.0"]) == 1
+    assert "did you mean " in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command", ["build", "check"])
