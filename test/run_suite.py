@@ -25,9 +25,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
 
 #: Root of the repository this script lives in.
 SCRIPT_REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -72,7 +72,7 @@ CIRegistration = ci_register.CIRegistration
 # ---------------------------------------------------------------------------
 # Discovery and selection.
 # ---------------------------------------------------------------------------
-def _walk(base: Path, pattern: str) -> List[Path]:
+def _walk(base: Path, pattern: str) -> list[Path]:
     """Files under ``base`` matching ``pattern``, minus caches and __init__."""
     if not base.is_dir():
         return []
@@ -83,7 +83,7 @@ def _walk(base: Path, pattern: str) -> List[Path]:
     ]
 
 
-def discover_files(root: Path) -> List[Path]:
+def discover_files(root: Path) -> list[Path]:
     """Find every file that must carry a CI registration.
 
     Parameters
@@ -115,7 +115,7 @@ def _rel(path: Path, root: Path) -> str:
 
 def collect_all(
     root: Path, files: Sequence[Path]
-) -> Tuple[List["CIRegistration"], List[str]]:
+) -> tuple[list[CIRegistration], list[str]]:
     """Collect registrations of all files, gathering every error.
 
     Parameters
@@ -132,8 +132,8 @@ def collect_all(
         messages; a registration with a suite unknown to its backend is an
         error.
     """
-    regs: List[CIRegistration] = []
-    errors: List[str] = []
+    regs: list[CIRegistration] = []
+    errors: list[str] = []
     for path in files:
         rel = _rel(path, root)
         try:
@@ -155,8 +155,8 @@ def collect_all(
 
 
 def select(
-    regs: Sequence["CIRegistration"], hw: str, suite: str, nightly: bool
-) -> Tuple[List["CIRegistration"], List["CIRegistration"]]:
+    regs: Sequence[CIRegistration], hw: str, suite: str, nightly: bool
+) -> tuple[list[CIRegistration], list[CIRegistration]]:
     """Pick the registrations of one backend, suite and run kind.
 
     Parameters
@@ -186,8 +186,8 @@ def select(
 
 
 def partition(
-    regs: Sequence["CIRegistration"], size: int
-) -> List[List["CIRegistration"]]:
+    regs: Sequence[CIRegistration], size: int
+) -> list[list[CIRegistration]]:
     """Split registrations into ``size`` partitions of balanced est_time.
 
     Longest-first greedy: files sorted by descending ``est_time`` (ties by
@@ -209,7 +209,7 @@ def partition(
     """
     if size < 1:
         raise ValueError(f"partition size must be >= 1, got {size}")
-    parts: List[List[CIRegistration]] = [[] for _ in range(size)]
+    parts: list[list[CIRegistration]] = [[] for _ in range(size)]
     loads = [0.0] * size
     for reg in sorted(regs, key=lambda r: (-r.est_time, r.filename)):
         i = min(range(size), key=lambda k: (loads[k], k))
@@ -229,7 +229,7 @@ class FileResult:
     status: str
     elapsed: float
     est_time: float
-    returncode: Optional[int] = None
+    returncode: int | None = None
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -248,7 +248,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def run_file(
-    path: Path, reg: "CIRegistration", timeout: float, env: Dict[str, str]
+    path: Path, reg: CIRegistration, timeout: float, env: dict[str, str]
 ) -> FileResult:
     """Run one file as ``[sys.executable, path]`` in its own process group.
 
@@ -288,7 +288,7 @@ def run_file(
     return FileResult(reg.filename, status, elapsed, reg.est_time, rc)
 
 
-def _child_env(nightly: bool) -> Dict[str, str]:
+def _child_env(nightly: bool) -> dict[str, str]:
     """Environment for the child processes."""
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -411,7 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Entry point.
 
     Parameters
@@ -489,7 +489,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if no_gpu:
         print(NO_GPU_NOTE, flush=True)
     env = _child_env(args.nightly)
-    results: List[FileResult] = []
+    results: list[FileResult] = []
     stop = False
     for i, reg in enumerate(enabled, 1):
         if stop:

@@ -14,6 +14,10 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sglang.jit_kernel.registry import OpEntry
 
 DEFAULT_ARCH = "9.0"
 
@@ -160,7 +164,7 @@ def cache_command(action: str, days: float) -> int:
 # ---------------------------------------------------------------------------------------------
 # check
 # ---------------------------------------------------------------------------------------------
-def _case_labels(entry) -> list[str]:
+def _case_labels(entry: OpEntry) -> list[str]:
     """The labels of an op's check cases, without a GPU: the cases are built lazily by their
     ``check_cases`` function, which allocates nothing until ``make_inputs`` runs."""
     try:

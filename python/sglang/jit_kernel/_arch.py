@@ -10,7 +10,7 @@ after the first call), so the checks cost nothing per call.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 #: The oldest compute capability any op supports (A100).
 MIN_CAPABILITY = (8, 0)

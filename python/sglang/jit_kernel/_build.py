@@ -33,8 +33,9 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any
 
 from sglang.jit_kernel._arch import check_target_arch, visible_device_archs
 from sglang.jit_kernel._dependencies import resolve_dependencies
@@ -95,7 +96,7 @@ def env_flag(name: str) -> bool:
 _memo: dict[str, object] = {}
 
 
-def _memoized(key: str, compute):
+def _memoized(key: str, compute: Callable[[], object]) -> object:
     try:
         return _memo[key]
     except KeyError:
@@ -939,7 +940,7 @@ def build_artifact(spec: BuildSpec, root: Path, key: str, force: bool = False) -
         lock.release()
 
 
-_loaded: dict[Path, "JITModule"] = {}
+_loaded: dict[Path, JITModule] = {}
 #: Artifacts rebuilt under SGLANG_JIT_FORCE_RECOMPILE by this process: each is forced once per process,
 #: not on every ``load_jit`` call (``dlopen`` would hand back the first copy of the path anyway).
 _forced: set[Path] = set()
@@ -1007,7 +1008,7 @@ def stamped_key(spec: BuildSpec, root: Path) -> str:
     return key
 
 
-def load_artifact(spec: BuildSpec, build_directory: str | None = None) -> "JITModule":
+def load_artifact(spec: BuildSpec, build_directory: str | None = None) -> JITModule:
     """Return the module for ``spec``: from this process, from the cache, or by compiling it."""
     import tvm_ffi  # noqa: PLC0415
 
@@ -1068,12 +1069,12 @@ class JITModule:
 
     __slots__ = ("__dict__", "_jit_module_", "_jit_artifact_", "_jit_functions_")
 
-    def __init__(self, module: "Module", artifact: Path) -> None:
+    def __init__(self, module: Module, artifact: Path) -> None:
         self._jit_module_ = module
         self._jit_artifact_ = artifact
         self._jit_functions_: list[str] | None = None
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         if name.startswith(("__", "_jit_")):  # protocol probes (copy, pickle...) and unset slots
             raise AttributeError(name)
         try:

@@ -19,8 +19,8 @@ import importlib.metadata
 import importlib.util
 import os
 import re
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 #: pip's name of the package that ships the built-in dependencies' headers.
 FLASHINFER_DIST = "flashinfer-python"

@@ -23,9 +23,10 @@ Usage in a wrapper::
 
 from __future__ import annotations
 
-import os
 import contextlib
-from typing import Iterator, NoReturn, Sequence
+import os
+from collections.abc import Iterator, Sequence
+from typing import NoReturn
 
 import torch
 

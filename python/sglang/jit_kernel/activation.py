@@ -10,11 +10,19 @@ row); a row skipped by the expert filter moves only its 4-byte id.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Optional
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
-from sglang.jit_kernel._validate import FLOAT_DTYPES, check_no_partial_overlap, check_scalar, check_shape, check_tensor, fail
+from sglang.jit_kernel._validate import (
+    FLOAT_DTYPES,
+    check_no_partial_overlap,
+    check_scalar,
+    check_shape,
+    check_tensor,
+    fail,
+)
 from sglang.jit_kernel.registry import CheckCase, register_module, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
 
@@ -88,7 +96,7 @@ def _out_rows(op: str, out: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _launch(op: str, out: torch.Tensor, input: torch.Tensor, expert_ids: Optional[torch.Tensor],
+def _launch(op: str, out: torch.Tensor, input: torch.Tensor, expert_ids: torch.Tensor | None,
             expert_step: int, enable_pdl: int) -> None:
     getattr(_load(input.dtype), op)(_out_rows(op, out), _input_rows(input), expert_ids, expert_step, enable_pdl)
 
@@ -98,12 +106,13 @@ def _launch(op: str, out: torch.Tensor, input: torch.Tensor, expert_ids: Optiona
 # ---------------------------------------------------------------------------------------------
 def _define_library_op(op: str) -> None:
     @torch.library.custom_op(f"sglang_jit_kernel::{op}_out", mutates_args=("out",), device_types="cuda")
-    def library_op(out: torch.Tensor, input: torch.Tensor, expert_ids: Optional[torch.Tensor], expert_step: int,
+    def library_op(out: torch.Tensor, input: torch.Tensor, expert_ids: torch.Tensor | None, expert_step: int,
                    enable_pdl: int) -> None:
         _launch(op, out, input, expert_ids, expert_step, enable_pdl)
 
     @library_op.register_fake
-    def _(out, input, expert_ids, expert_step, enable_pdl) -> None:
+    def _(out: torch.Tensor, input: torch.Tensor, expert_ids: torch.Tensor | None, expert_step: int,
+          enable_pdl: int) -> None:
         return None
 
 

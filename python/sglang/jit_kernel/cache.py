@@ -24,9 +24,9 @@ import re
 import shutil
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any, Callable, Sequence
 
 from sglang.jit_kernel._build import ENV_CUDA_ARCH, cache_root, resolve_cuda_archs
 

@@ -9,7 +9,8 @@ and v, write one byte per element of each, read loc).
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -107,7 +108,8 @@ def _check_destinations(loc: torch.Tensor, mult: int, offset: int, num_slots: in
          "or -1 (skipped)", f"{value} (row {value * mult + offset}) at position {first}")
 
 
-def _run(k, v, k_out, v_out, k_scale, v_scale, loc, mult: int, offset: int) -> None:
+def _run(k: torch.Tensor, v: torch.Tensor, k_out: torch.Tensor, v_out: torch.Tensor, k_scale: torch.Tensor,
+         v_scale: torch.Tensor, loc: torch.Tensor, mult: int, offset: int) -> None:
     """The checked call: the optional host index check, then the launcher."""
     _check_destinations(loc, mult, offset, k_out.shape[0])
     _load(k.dtype)(k, v, k_out, v_out, k_scale, v_scale, loc, mult, offset)
@@ -123,7 +125,7 @@ def _downcast_fp8_op(
 
 
 @_downcast_fp8_op.register_fake
-def _(k, v, k_out, v_out, k_scale, v_scale, loc, mult, offset) -> None:
+def _(k: torch.Tensor, v: torch.Tensor, k_out: torch.Tensor, v_out: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor, loc: torch.Tensor, mult: int, offset: int) -> None:
     return None
 
 
@@ -260,11 +262,11 @@ def _check_cases() -> list[CheckCase]:
         scales = torch.tensor([0.37, 1.7], device="cuda")
         return k, v, caches, scales, torch.randperm(slots, device="cuda")[:t]
 
-    def call(k, v, caches, scales, loc) -> torch.Tensor:
+    def call(k: torch.Tensor, v: torch.Tensor, caches: torch.Tensor, scales: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
         downcast_fp8(k, v, caches[0], caches[1], scales[0:1], scales[1:2], loc)
         return caches
 
-    def reference(k, v, caches, scales, loc) -> torch.Tensor:
+    def reference(k: torch.Tensor, v: torch.Tensor, caches: torch.Tensor, scales: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
         expected = caches.clone()
         expected[0, loc] = reference_downcast_fp8(k, scales[0])
         expected[1, loc] = reference_downcast_fp8(v, scales[1])

@@ -6,7 +6,8 @@ A launch-latency op (a decode batch is a few hundred entries): bytes moved ``2 *
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 

@@ -11,7 +11,8 @@ concat_mla_absorb_q ``2 * d0*d1*(A + B)*s``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -96,7 +97,7 @@ def _concat_mla_k_op(k: torch.Tensor, k_nope: torch.Tensor, k_rope: torch.Tensor
 
 
 @_concat_mla_k_op.register_fake
-def _(k, k_nope, k_rope) -> None:
+def _(k: torch.Tensor, k_nope: torch.Tensor, k_rope: torch.Tensor) -> None:
     return None
 
 
@@ -171,7 +172,7 @@ def _concat_mla_absorb_q_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor)
 
 
 @_concat_mla_absorb_q_op.register_fake
-def _(out, a, b) -> None:
+def _(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     return None
 
 
@@ -246,11 +247,11 @@ def _k_cases() -> list[CheckCase]:
         return (k, torch.randn(n, h, nope, dtype=torch.bfloat16, device="cuda"),
                 torch.randn(n, 1, rope, dtype=torch.bfloat16, device="cuda"))
 
-    def call(k, k_nope, k_rope) -> torch.Tensor:
+    def call(k: torch.Tensor, k_nope: torch.Tensor, k_rope: torch.Tensor) -> torch.Tensor:
         concat_mla_k(k, k_nope, k_rope)
         return k
 
-    def reference(k, k_nope, k_rope) -> torch.Tensor:
+    def reference(k: torch.Tensor, k_nope: torch.Tensor, k_rope: torch.Tensor) -> torch.Tensor:
         return torch.cat([k_nope, k_rope.expand(-1, h, -1)], dim=-1)
 
     return [CheckCase(f"[{n}, {h}, {nope}+{rope}] bf16", make, call, reference,

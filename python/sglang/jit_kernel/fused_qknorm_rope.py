@@ -31,8 +31,7 @@ def _fused_qk_norm_rope_op(qkv: torch.Tensor, num_heads_q: int, num_heads_k: int
 
 
 @_fused_qk_norm_rope_op.register_fake
-def _(qkv, num_heads_q, num_heads_k, num_heads_v, head_dim, eps, q_weight, k_weight, base, is_neox, position_ids,
-      factor, low, high, attention_factor, rotary_dim, enable_pdl) -> None:
+def _(qkv: torch.Tensor, num_heads_q: int, num_heads_k: int, num_heads_v: int, head_dim: int, eps: float, q_weight: torch.Tensor, k_weight: torch.Tensor, base: float, is_neox: bool, position_ids: torch.Tensor, factor: float, low: float, high: float, attention_factor: float, rotary_dim: int, enable_pdl: int) -> None:
     return None
 
 
@@ -217,11 +216,11 @@ def _check_cases() -> list[CheckCase]:
         # an ulp, an angle error of pos * ulp that check's one-ulp bf16 tolerance absorbs there
         return qkv, qw, kw, torch.randint(0, 2048, (n,), device="cuda")
 
-    def call(qkv, qw, kw, pos) -> torch.Tensor:
+    def call(qkv: torch.Tensor, qw: torch.Tensor, kw: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         fused_qk_norm_rope(qkv, hq, hk, hv, d, 1e-6, qw, kw, 1e6, True, pos, 1.0, 0.0, 0.0, 1.0)
         return qkv
 
-    def reference(qkv, qw, kw, pos) -> torch.Tensor:
+    def reference(qkv: torch.Tensor, qw: torch.Tensor, kw: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         return fused_qk_norm_rope_reference(qkv, hq, hk, d, 1e-6, qw, kw, 1e6, True, pos, 1.0, 0.0, 0.0, 1.0)
 
     nbytes = 2 * n * (hq + hk) * d * 2 + 2 * d * 2 + n * 8

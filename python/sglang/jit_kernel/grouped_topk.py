@@ -29,7 +29,7 @@ def _grouped_topk_op(scores: torch.Tensor, bias: torch.Tensor, num_expert_group:
 
 
 @_grouped_topk_op.register_fake
-def _(scores, bias, num_expert_group, topk_group, topk, renormalize, scaling_factor):
+def _(scores: torch.Tensor, bias: torch.Tensor, num_expert_group: int, topk_group: int, topk: int, renormalize: bool, scaling_factor: float):
     return (scores.new_empty(scores.shape[0], topk, dtype=torch.float32),
             scores.new_empty(scores.shape[0], topk, dtype=torch.int32))
 
@@ -136,10 +136,10 @@ def _check_cases() -> list[CheckCase]:
         bias = torch.randint(-8, 8, (num_experts,), device="cuda").float() / 8
         return logits, bias
 
-    def call(logits, bias):
+    def call(logits: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         return grouped_topk(logits, bias, groups, topk_group, topk, True, factor)[0]
 
-    def reference(logits, bias):
+    def reference(logits: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         p = torch.sigmoid(logits)
         s = p + bias
         group_scores = s.view(num_tokens, groups, -1).topk(2, dim=-1).values.sum(dim=-1)

@@ -18,7 +18,8 @@ size`` for ``n`` indices; set_mla_kv_buffer ``2 * n * (nope + rope) * element_si
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -135,7 +136,7 @@ def _store_cache_op(
 
 
 @_store_cache_op.register_fake
-def _(k, v, k_cache, v_cache, indices, num_split) -> None:
+def _(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, indices: torch.Tensor, num_split: int) -> None:
     return None
 
 
@@ -285,7 +286,8 @@ def _run_set_mla_kv_buffer(kv: torch.Tensor, loc: torch.Tensor, nope: torch.Tens
     _load().set_mla_kv_buffer(kv, loc, nope, rope)
 
 
-def _mla_views(kv_buffer, cache_k_nope, cache_k_rope):
+def _mla_views(kv_buffer: torch.Tensor, cache_k_nope: torch.Tensor,
+               cache_k_rope: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     op = "set_mla_kv_buffer"
     return (_head_rows(op, "kv_buffer", kv_buffer, "num_slots", "nope + rope"),
             _head_rows(op, "cache_k_nope", cache_k_nope, "num_tokens", "nope"),
@@ -301,7 +303,7 @@ def _set_mla_kv_buffer_op(
 
 
 @_set_mla_kv_buffer_op.register_fake
-def _(kv_buffer, loc, cache_k_nope, cache_k_rope) -> None:
+def _(kv_buffer: torch.Tensor, loc: torch.Tensor, cache_k_nope: torch.Tensor, cache_k_rope: torch.Tensor) -> None:
     return None
 
 
@@ -389,11 +391,11 @@ def _store_cache_cases() -> list[CheckCase]:
         indices = torch.randperm(slots, device="cuda")[:t]
         return k, v, caches, indices
 
-    def call(k, v, caches, indices) -> torch.Tensor:
+    def call(k: torch.Tensor, v: torch.Tensor, caches: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
         store_cache(k, v, caches[0], caches[1], indices)
         return caches
 
-    def reference(k, v, caches, indices) -> torch.Tensor:
+    def reference(k: torch.Tensor, v: torch.Tensor, caches: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
         expected = caches.clone()
         expected[0, indices] = k
         expected[1, indices] = v
@@ -414,11 +416,11 @@ def _set_mla_kv_buffer_cases() -> list[CheckCase]:
         k_rope = torch.randn(t, 1, rope, dtype=torch.bfloat16, device="cuda")
         return kv, loc, k_nope, k_rope
 
-    def call(kv, loc, k_nope, k_rope) -> torch.Tensor:
+    def call(kv: torch.Tensor, loc: torch.Tensor, k_nope: torch.Tensor, k_rope: torch.Tensor) -> torch.Tensor:
         set_mla_kv_buffer(kv, loc, k_nope, k_rope)
         return kv
 
-    def reference(kv, loc, k_nope, k_rope) -> torch.Tensor:
+    def reference(kv: torch.Tensor, loc: torch.Tensor, k_nope: torch.Tensor, k_rope: torch.Tensor) -> torch.Tensor:
         expected = kv.clone()
         expected[loc] = torch.cat([k_nope, k_rope], dim=-1)
         return expected

@@ -92,8 +92,7 @@ def _moe_align_block_size_op(topk_ids: torch.Tensor, num_experts: int, block_siz
 
 
 @_moe_align_block_size_op.register_fake
-def _(topk_ids, num_experts, block_size, sorted_token_ids, expert_ids, num_tokens_post_pad, cumsum_buffer,
-      pad_sorted_token_ids) -> None:
+def _(topk_ids: torch.Tensor, num_experts: int, block_size: int, sorted_token_ids: torch.Tensor, expert_ids: torch.Tensor, num_tokens_post_pad: torch.Tensor, cumsum_buffer: torch.Tensor, pad_sorted_token_ids: bool) -> None:
     return None
 
 
@@ -260,11 +259,11 @@ def _check_cases() -> list[CheckCase]:
                 torch.empty(1, dtype=torch.int32, device="cuda"),
                 torch.empty(num_experts + 1, dtype=torch.int32, device="cuda"))
 
-    def call(ids, sorted_ids, expert_ids, total, cumsum):
+    def call(ids: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor, total: torch.Tensor, cumsum: torch.Tensor) -> torch.Tensor:
         moe_align_block_size(ids, num_experts, block_size, sorted_ids, expert_ids, total, cumsum, True)
         return torch.cat([total, cumsum, expert_ids, sorted_ids])
 
-    def reference(ids, sorted_ids, expert_ids, total, cumsum):
+    def reference(ids: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor, total: torch.Tensor, cumsum: torch.Tensor) -> torch.Tensor:
         t, c, blocks, s = align_reference(ids, num_experts, block_size, sorted_len)
         tail = torch.full((max_blocks - blocks.numel(),), -1, dtype=torch.int32, device="cuda")
         return torch.cat([t, c, blocks, tail, s])

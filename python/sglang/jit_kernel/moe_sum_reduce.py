@@ -41,7 +41,7 @@ def _moe_sum_reduce_op(input: torch.Tensor, output: torch.Tensor, routed_scaling
 
 
 @_moe_sum_reduce_op.register_fake
-def _(input, output, routed_scaling_factor) -> None:
+def _(input: torch.Tensor, output: torch.Tensor, routed_scaling_factor: float) -> None:
     return None
 
 
@@ -105,7 +105,7 @@ def _check_cases() -> list[CheckCase]:
         x = torch.randn(t, k, h, dtype=torch.bfloat16, device="cuda")
         return x, torch.empty(t, h, dtype=torch.bfloat16, device="cuda")
 
-    def call(x, out):
+    def call(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         moe_sum_reduce(x, out, factor)
         return out
 

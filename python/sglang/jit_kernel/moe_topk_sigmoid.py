@@ -21,7 +21,7 @@ def _topk_sigmoid_op(topk_weights: torch.Tensor, topk_ids: torch.Tensor, gating_
 
 
 @_topk_sigmoid_op.register_fake
-def _(topk_weights, topk_ids, gating_output, correction_bias, renormalize) -> None:
+def _(topk_weights: torch.Tensor, topk_ids: torch.Tensor, gating_output: torch.Tensor, correction_bias: torch.Tensor, renormalize: bool) -> None:
     return None
 
 
@@ -90,11 +90,11 @@ def _check_cases() -> list[CheckCase]:
     def make() -> tuple:
         return routing_check_inputs(num_tokens, num_experts, topk)
 
-    def call(logits, weights, ids):
+    def call(logits: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         topk_sigmoid(weights, ids, logits, renormalize=True)
         return weights
 
-    def reference(logits, weights, ids):
+    def reference(logits: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         values = torch.sigmoid(logits).topk(topk, dim=-1).values
         return values / (values.sum(dim=-1, keepdim=True) + 1e-20)
 

@@ -21,7 +21,7 @@ def _topk_softmax_op(topk_weights: torch.Tensor, topk_ids: torch.Tensor, gating_
 
 
 @_topk_softmax_op.register_fake
-def _(topk_weights, topk_ids, gating_output, correction_bias, renormalize, moe_softcapping) -> None:
+def _(topk_weights: torch.Tensor, topk_ids: torch.Tensor, gating_output: torch.Tensor, correction_bias: torch.Tensor, renormalize: bool, moe_softcapping: float) -> None:
     return None
 
 
@@ -103,11 +103,11 @@ def _check_cases() -> list[CheckCase]:
     def make() -> tuple:
         return routing_check_inputs(num_tokens, num_experts, topk)
 
-    def call(logits, weights, ids):
+    def call(logits: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         topk_softmax(weights, ids, logits)
         return weights
 
-    def reference(logits, weights, ids):
+    def reference(logits: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         return torch.softmax(logits, dim=-1).topk(topk, dim=-1).values
 
     return [CheckCase(f"[{num_tokens}, {num_experts}] fp32 top{topk}", make, call, reference,

@@ -18,7 +18,8 @@ exactly ("k overlaps q in memory (partially); they must be disjoint").
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -147,7 +148,7 @@ def _rmsnorm_out_op(
 
 
 @_rmsnorm_out_op.register_fake
-def _(out, input, weight, eps, weight_offset, cast_x_before_out_mul, enable_pdl) -> None:
+def _(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float, cast_x_before_out_mul: bool, enable_pdl: int) -> None:
     return None
 
 
@@ -173,7 +174,7 @@ def _fused_add_rmsnorm_op(
 
 
 @_fused_add_rmsnorm_op.register_fake
-def _(input, residual, weight, eps, weight_offset, enable_pdl) -> None:
+def _(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float, enable_pdl: int) -> None:
     return None
 
 
@@ -194,7 +195,7 @@ def _qknorm_op(
 
 
 @_qknorm_op.register_fake
-def _(q, k, q_weight, k_weight, eps, enable_pdl, across_heads) -> None:
+def _(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float, enable_pdl: int, across_heads: bool) -> None:
     return None
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -43,7 +43,7 @@ def _per_tensor_quant_fp8_op(
 
 
 @_per_tensor_quant_fp8_op.register_fake
-def _(input, output_q, output_s, is_static, eps) -> None:
+def _(input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor, is_static: bool, eps: float) -> None:
     return None
 
 
@@ -60,7 +60,8 @@ def _launch(input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor,
     _fn(input.dtype)(rows_in, rows_q, output_s.view(1), is_static, eps)
 
 
-def _check(input, output_q, output_s, is_static, eps) -> torch.Tensor:
+def _check(input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor, is_static: bool,
+           eps: float) -> torch.Tensor:
     check_tensor(_OP, "input", input, dtypes=FLOAT_DTYPES)
     if input.dim() == 0:
         fail(RuntimeError, _OP, "input", "dims", "at least 1 ([..., hidden_size])", "a 0-d tensor")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -65,11 +65,12 @@ def _per_token_group_quant_8bit_op(
 
 
 @_per_token_group_quant_8bit_op.register_fake
-def _(input, output_q, output_s, group_size, eps, fp8_min, fp8_max, scale_ue8m0) -> None:
+def _(input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor, group_size: int, eps: float, fp8_min: float, fp8_max: float, scale_ue8m0: bool) -> None:
     return None
 
 
-def _launch(input, output_q, output_s, group_size, eps, fp8_min, fp8_max, scale_ue8m0) -> None:
+def _launch(input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor, group_size: int, eps: float, fp8_min: float,
+    fp8_max: float, scale_ue8m0: bool) -> None:
     hidden_size = input.shape[-1]
     num_tokens = input.numel() // hidden_size
     _fn(input.dtype)(
@@ -84,7 +85,8 @@ def _launch(input, output_q, output_s, group_size, eps, fp8_min, fp8_max, scale_
     )
 
 
-def _check(input, output_q, output_s, group_size, eps, fp8_min, fp8_max, scale_ue8m0) -> torch.Tensor:
+def _check(input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor, group_size: int, eps: float, fp8_min: float,
+    fp8_max: float, scale_ue8m0: bool) -> torch.Tensor:
     """Every check of the op, in argument order; returns ``input`` laid out for the kernel (last dim
     contiguous: a copy if it was not)."""
     check_tensor(_OP, "input", input, dtypes=FLOAT_DTYPES)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -41,7 +41,7 @@ def _per_token_quant_fp8_op(input: torch.Tensor, output_q: torch.Tensor, output_
 
 
 @_per_token_quant_fp8_op.register_fake
-def _(input, output_q, output_s, eps) -> None:
+def _(input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor, eps: float) -> None:
     return None
 
 
@@ -60,7 +60,7 @@ def _launch(input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor,
     )
 
 
-def _check(input, output_q, output_s, eps) -> torch.Tensor:
+def _check(input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor, eps: float) -> torch.Tensor:
     check_tensor(_OP, "input", input, dtypes=FLOAT_DTYPES)
     if input.dim() == 0:
         fail(RuntimeError, _OP, "input", "dims", "at least 1 ([..., hidden_size])", "a 0-d tensor")

@@ -22,8 +22,9 @@ turns both into an ``IndexError`` naming the first bad entry (a host read: one s
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -104,7 +105,7 @@ def _rope_op(q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor, posi
 
 
 @_rope_op.register_fake
-def _(q, k, cos_sin_cache, positions, is_neox, rope_dim, enable_pdl) -> None:
+def _(q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor, positions: torch.Tensor, is_neox: bool, rope_dim: int, enable_pdl: int) -> None:
     return None
 
 
@@ -120,7 +121,7 @@ def _rope_kv_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torc
 
 
 @_rope_kv_op.register_fake
-def _(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox, rope_dim, enable_pdl) -> None:
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cos_sin_cache: torch.Tensor, positions: torch.Tensor, out_loc: torch.Tensor, is_neox: bool, rope_dim: int, enable_pdl: int) -> None:
     return None
 
 
@@ -131,7 +132,7 @@ def _rotary_embedding_op(query: torch.Tensor, key: torch.Tensor, cos_sin_cache: 
 
 
 @_rotary_embedding_op.register_fake
-def _(query, key, cos_sin_cache, positions, is_neox) -> None:
+def _(query: torch.Tensor, key: torch.Tensor, cos_sin_cache: torch.Tensor, positions: torch.Tensor, is_neox: bool) -> None:
     return None
 
 
@@ -385,7 +386,7 @@ def apply_rope_with_cos_sin_cache_inplace(
     *,
     is_neox: bool,
     rope_dim: int = 0,
-    fused_args: Optional[FusedSetKVBufferArg] = None,
+    fused_args: FusedSetKVBufferArg | None = None,
     enable_pdl: bool | None = None,
 ) -> None:
     """RoPE in place, and with ``fused_args`` the KV store in the same launch.
@@ -462,11 +463,11 @@ def _heads_view(op: str, arg: str, tensor: torch.Tensor, lead_shape: tuple, head
 def rotary_embedding(
     positions: torch.Tensor,
     query: torch.Tensor,
-    key: Optional[torch.Tensor],
+    key: torch.Tensor | None,
     head_size: int,
     cos_sin_cache: torch.Tensor,
     is_neox: bool = True,
-) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """vLLM's rotary embedding, in place: the first ``rot_dim = cos_sin_cache.size(-1)`` elements of
     each head of query and key rotated as in :func:`apply_rope_inplace` with ``R = rot_dim``.
 
@@ -634,11 +635,11 @@ def _rope_kv_cases() -> list[CheckCase]:
         kv = torch.zeros(2, slots, hk * d, dtype=torch.bfloat16, device="cuda")
         return q, k, v, kv, cache, positions, loc
 
-    def call(q, k, v, kv, cache, positions, loc) -> torch.Tensor:
+    def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
         apply_rope_inplace_with_kvcache(q, k, v, kv[0], kv[1], cache, positions, loc, is_neox=True)
         return torch.cat([q.view(-1), kv.view(-1)])
 
-    def reference(q, k, v, kv, cache, positions, loc) -> torch.Tensor:
+    def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
         k_rot = rope_reference(k, cache, positions, True)
         expected = kv.clone()
         expected[0, loc] = k_rot.view(n, -1)
@@ -657,11 +658,11 @@ def _rotary_embedding_cases() -> list[CheckCase]:
         key = torch.randn(n, hk * d, dtype=torch.bfloat16, device="cuda")
         return query, key, make_cos_sin_cache(8192, d, dtype=torch.bfloat16), torch.randint(0, 8192, (n,), device="cuda")
 
-    def call(query, key, cache, positions) -> torch.Tensor:
+    def call(query: torch.Tensor, key: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         rotary_embedding(positions, query, key, d, cache, True)
         return torch.cat([query.view(-1), key.view(-1)])
 
-    def reference(query, key, cache, positions) -> torch.Tensor:
+    def reference(query: torch.Tensor, key: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         q = rope_reference(query.view(n, hq, d), cache, positions, True)
         k = rope_reference(key.view(n, hk, d), cache, positions, True)
         return torch.cat([q.view(-1), k.view(-1)])

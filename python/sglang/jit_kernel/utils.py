@@ -16,7 +16,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
-from typing import Any, Callable, Iterator, NamedTuple, Sequence, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 

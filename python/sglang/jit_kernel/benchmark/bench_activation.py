@@ -15,7 +15,7 @@ heuristic's choice (the launch hook ``_set_launch_override``).
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

@@ -9,7 +9,13 @@ from __future__ import annotations
 
 import torch
 
-from sglang.jit_kernel.benchmark.utils import compiled_once, eager_wall_us, exit_unless_gpu, get_benchmark_range, run_benchmark
+from sglang.jit_kernel.benchmark.utils import (
+    compiled_once,
+    eager_wall_us,
+    exit_unless_gpu,
+    get_benchmark_range,
+    run_benchmark,
+)
 from sglang.jit_kernel.clamp_position import clamp_position_cuda
 from sglang.test.ci.ci_register import register_cuda_ci
 

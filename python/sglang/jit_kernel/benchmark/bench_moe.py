@@ -25,8 +25,8 @@ from sglang.jit_kernel.benchmark.utils import (  # noqa: E402
 )
 from sglang.jit_kernel.grouped_topk import grouped_topk  # noqa: E402
 from sglang.jit_kernel.moe_align import moe_align_block_size  # noqa: E402
-from sglang.jit_kernel.moe_topk_sigmoid import topk_sigmoid  # noqa: E402
 from sglang.jit_kernel.moe_sum_reduce import moe_sum_reduce  # noqa: E402
+from sglang.jit_kernel.moe_topk_sigmoid import topk_sigmoid  # noqa: E402
 from sglang.jit_kernel.moe_topk_softmax import topk_softmax  # noqa: E402
 from sglang.test.ci.ci_register import register_cuda_ci  # noqa: E402
 
@@ -97,7 +97,7 @@ def routing_rows() -> list[BenchRow]:
             for num_tokens in TOKENS:
                 providers = {"jit": lambda w, i, g, f=jit: f(w, i, g), "torch": eager, "torch.compile": compiled}
                 if sgl_kernel is not None and hasattr(sgl_kernel, op):
-                    providers["sgl_kernel"] = lambda w, i, g, f=getattr(sgl_kernel, op): f(w, i, g)
+                    providers["sgl_kernel"] = lambda w, i, g, f=getattr(sgl_kernel, op): f(w, i, g)  # noqa: B008 (binds this op)
                 nbytes = num_tokens * (num_experts * 4 + TOPK * 8)
                 time_providers(op, f"[{num_tokens}, {num_experts}] fp32 top{TOPK}", providers,
                                lambda n: routing_sets(num_tokens, num_experts, dtype, n), nbytes, rows)

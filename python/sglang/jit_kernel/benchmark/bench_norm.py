@@ -23,20 +23,20 @@ the large sizes, and PDL on/off at decode sizes.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from sglang.jit_kernel.benchmark.utils import (
-    eager_wall_us,
-    run_benchmark,
     BenchRow,
     bench_rotating,
     copy_roof_gbps,
+    eager_wall_us,
     exit_unless_gpu,
     format_rows,
     num_rotating_sets,
+    run_benchmark,
 )
 from sglang.jit_kernel.norm import (
     fused_add_rmsnorm,
@@ -234,7 +234,7 @@ def method_rows() -> list[BenchRow]:
         out = torch.empty(n, h, dtype=DTYPE, device="cuda")
         call = lambda x, w=w, out=out: rmsnorm(x, w, EPS, out=out)
         rows.append(BenchRow("rmsnorm", f"[{n}, {h}]", "jit cold L2", bench_rotating(call, sets)[0], nbytes))
-        rows.append(BenchRow("rmsnorm", f"[{n}, {h}]", "jit one input", run_benchmark(lambda: call(*sets[0]))[0], nbytes))
+        rows.append(BenchRow("rmsnorm", f"[{n}, {h}]", "jit one input", run_benchmark(lambda first=sets[0]: call(*first))[0], nbytes))
         if n == 16384:
             x, r = sets[0][0], torch.randn(n, h, dtype=DTYPE, device="cuda")
             median = run_benchmark(lambda: fused_add_rmsnorm(x, r, w, EPS))[0]

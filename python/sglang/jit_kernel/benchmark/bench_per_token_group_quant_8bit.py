@@ -7,7 +7,8 @@ Bytes moved per call: read T*K bf16 + write T*K fp8 + T*K/128 fp32 scales.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

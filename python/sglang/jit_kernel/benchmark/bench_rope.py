@@ -107,7 +107,7 @@ def rope_rows(cache: torch.Tensor) -> list[BenchRow]:
         for name, call in providers.items():
             rows.append(BenchRow("apply_rope_inplace", case, name, bench_rotating(call, sets)[0], nbytes))
         rows.append(BenchRow("apply_rope_inplace", case, "jit one input",
-                             run_benchmark(lambda: providers["jit"](*sets[0]))[0], nbytes))
+                             run_benchmark(lambda first=sets[0]: providers["jit"](*first))[0], nbytes))
         del sets
         torch.cuda.empty_cache()
     return rows
@@ -134,7 +134,7 @@ def rope_kv_rows(cache: torch.Tensor) -> list[BenchRow]:
         for name, call in providers.items():
             rows.append(BenchRow("rope_with_kvcache", case, name, bench_rotating(call, sets)[0], nbytes))
         rows.append(BenchRow("rope_with_kvcache", case, "jit one input",
-                             run_benchmark(lambda: providers["jit"](*sets[0]))[0], nbytes))
+                             run_benchmark(lambda first=sets[0]: providers["jit"](*first))[0], nbytes))
         del sets
         torch.cuda.empty_cache()
     return rows
@@ -161,7 +161,7 @@ def qknorm_rope_rows() -> list[BenchRow]:
         for name, call in providers.items():
             rows.append(BenchRow("fused_qk_norm_rope", case, name, bench_rotating(call, sets)[0], nbytes))
         rows.append(BenchRow("fused_qk_norm_rope", case, "jit one input",
-                             run_benchmark(lambda: providers["jit"](*sets[0]))[0], nbytes))
+                             run_benchmark(lambda first=sets[0]: providers["jit"](*first))[0], nbytes))
         del sets
         torch.cuda.empty_cache()
     return rows
@@ -177,7 +177,7 @@ def rotary_rows(cache: torch.Tensor) -> list[BenchRow]:
         call = lambda pos, query, key: rotary_embedding(pos, query, key, D, cache_t, True)  # noqa: E731
         case = f"[{n}, {HQ}+{HK}, {D}]"
         rows.append(BenchRow("rotary_embedding", case, "jit", bench_rotating(call, sets)[0], nbytes))
-        rows.append(BenchRow("rotary_embedding", case, "jit one input", run_benchmark(lambda: call(*sets[0]))[0],
+        rows.append(BenchRow("rotary_embedding", case, "jit one input", run_benchmark(lambda first=sets[0]: call(*first))[0],
                              nbytes))
         del sets
         torch.cuda.empty_cache()

@@ -16,13 +16,13 @@ import triton  # noqa: E402
 import triton.testing  # noqa: E402
 
 from sglang.jit_kernel.benchmark.utils import (  # noqa: E402
-    eager_wall_us,
     DEFAULT_DEVICE,
     DEFAULT_DTYPE,
     BenchRow,
     bench_rotating,
     bench_rotating_events,
     copy_roof_gbps,
+    eager_wall_us,
     format_rows,
     get_benchmark_range,
     num_rotating_sets,

@@ -13,7 +13,8 @@ H200 host, and ``scale(x, f, out=o)`` below ``torch.mul(x, f, out=o)`` at [4096]
 from __future__ import annotations
 
 import statistics
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

@@ -24,8 +24,9 @@ import collections
 import inspect
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
@@ -458,7 +459,7 @@ for _dtn in ("float16", "bfloat16", "float32"):
         for _src_off, _out_off in ((0, 0), (1, 0), (0, 1), (1, 3), (3, 5)):
 
             @case("scale", f"{_dtn}_n{_n}_srcoff{_src_off}_outoff{_out_off}")
-            def _(dtype=dtype_of(_dtn), n=_n, src_off=_src_off, out_off=_out_off) -> None:
+            def _(dtype=dtype_of(_dtn), n=_n, src_off=_src_off, out_off=_out_off) -> None:  # noqa: B008 (binds this case's dtype)
                 x = rnd(n, dtype=dtype, offset=src_off)
                 out = Poisoned((n,), dtype, offset=out_off)
 

@@ -4,8 +4,8 @@ ties, NaN, empty, determinism, graphs, compile, errors."""
 
 import pytest
 import torch
-
 from moe_reference import assert_routing_matches, grid_logits, grouped_reference, resolve_grouped_ambiguity
+
 from sglang.jit_kernel.grouped_topk import grouped_topk
 from sglang.jit_kernel.testing import FLOAT_DTYPES, requires_cuda
 from sglang.jit_kernel.utils import get_ci_test_range

@@ -611,7 +611,7 @@ def test_compile_prints_start_and_end_unless_quiet(cache_dir, answer_src, monkey
 
     assert module.answer() == 41 and "answer" in vars(module)  # a found function is an instance-dict hit
     with pytest.raises(AttributeError, match=r"^JIT module 'answer' has no function 'anwser' \(did you mean 'answer'\?\); its functions: answer$"):
-        module.anwser
+        module.anwser  # noqa: B018 (the attribute access is what raises)
     assert not hasattr(module, "nothing_like_it")
 
 if __name__ == "__main__":

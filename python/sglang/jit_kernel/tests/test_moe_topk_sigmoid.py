@@ -4,8 +4,8 @@ determinism, graphs, compile, errors."""
 
 import pytest
 import torch
-
 from moe_reference import assert_routing_matches, grid_logits, sigmoid_reference
+
 from sglang.jit_kernel.moe_topk_sigmoid import topk_sigmoid
 from sglang.jit_kernel.testing import FLOAT_DTYPES, poisoned, requires_cuda
 from sglang.jit_kernel.utils import get_ci_test_range

@@ -4,8 +4,8 @@ compile, second GPU, errors."""
 
 import pytest
 import torch
-
 from moe_reference import assert_routing_matches, grid_logits, softmax_reference
+
 from sglang.jit_kernel.moe_topk_softmax import topk_softmax
 from sglang.jit_kernel.testing import FLOAT_DTYPES, poisoned, requires_cuda, requires_two_gpus
 from sglang.jit_kernel.utils import get_ci_test_range

@@ -101,7 +101,6 @@ def packed_bytes(packed: torch.Tensor) -> torch.Tensor:
 
 def decode_ue8m0(packed: torch.Tensor, num_groups: int) -> torch.Tensor:
     """int32 [M, ceil(G / 4)] of exponent bytes (group g at byte g % 4) -> fp32 scales [M, G]."""
-    m = packed.shape[0]
     exponent_bytes = packed_bytes(packed)
     return torch.pow(2.0, exponent_bytes[:, :num_groups].double() - 127).float()
 

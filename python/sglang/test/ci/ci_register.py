@@ -21,8 +21,9 @@ from __future__ import annotations
 import ast
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple, Union, Callable
+from typing import Any
 
 __all__ = [
     "BACKENDS",
@@ -41,7 +42,7 @@ __all__ = [
 # Suites, per backend. ``True`` marks a nightly suite, ``False`` a per-commit
 # one. This is the single place where suite names are defined.
 # ---------------------------------------------------------------------------
-_GPU_SUITES: Dict[str, bool] = {
+_GPU_SUITES: dict[str, bool] = {
     # Kernel unit tests, one large GPU, every commit.
     "stage-b-kernel-unit-1-gpu-large": False,
     # Kernel benchmarks (smoke runs), one large GPU, every commit.
@@ -51,7 +52,7 @@ _GPU_SUITES: Dict[str, bool] = {
     "nightly-kernel-1-gpu": True,
 }
 
-SUITES: Dict[str, Dict[str, bool]] = {
+SUITES: dict[str, dict[str, bool]] = {
     "cuda": dict(_GPU_SUITES),
     "amd": dict(_GPU_SUITES),
     "cpu": {
@@ -61,14 +62,14 @@ SUITES: Dict[str, Dict[str, bool]] = {
 }
 
 #: Backends known to the registry and to ``test/run_suite.py --hw``.
-BACKENDS: Tuple[str, ...] = tuple(SUITES)
+BACKENDS: tuple[str, ...] = tuple(SUITES)
 
 #: Name of each registration function -> the backend it registers for.
-REGISTER_FUNCTIONS: Dict[str, str] = {f"register_{b}_ci": b for b in BACKENDS}
+REGISTER_FUNCTIONS: dict[str, str] = {f"register_{b}_ci": b for b in BACKENDS}
 
 # Parameters of every ``register_*_ci`` function, in positional order.
-_PARAMS: Tuple[str, ...] = ("est_time", "suite", "nightly", "disabled")
-_REQUIRED: Tuple[str, ...] = ("est_time", "suite")
+_PARAMS: tuple[str, ...] = ("est_time", "suite", "nightly", "disabled")
+_REQUIRED: tuple[str, ...] = ("est_time", "suite")
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ class CIRegistration:
     est_time: float
     suite: str
     nightly: bool
-    disabled: Optional[str]
+    disabled: str | None
     filename: str
 
 
@@ -128,10 +129,10 @@ def _make_register(backend: str, hardware: str) -> Callable[..., None]:
     """One runtime no-op per backend, named ``register_<backend>_ci`` (the collector's names)."""
 
     def register(
-        est_time: Union[int, float],
+        est_time: int | float,
         suite: str,
         nightly: bool = False,
-        disabled: Optional[str] = None,
+        disabled: str | None = None,
     ) -> None:
         return None
 
@@ -148,7 +149,7 @@ register_cpu_ci = _make_register("cpu", "a CPU-only (no GPU needed)")
 # ---------------------------------------------------------------------------
 # Suite helpers.
 # ---------------------------------------------------------------------------
-def known_suites(backend: str, nightly: Optional[bool] = None) -> List[str]:
+def known_suites(backend: str, nightly: bool | None = None) -> list[str]:
     """Return the suite names defined for a backend.
 
     Parameters
@@ -269,7 +270,7 @@ def _parse_call(call: ast.Call, backend: str, filename: str) -> CIRegistration:
     """Turn one ``register_*_ci(...)`` call node into a CIRegistration."""
     func_name = f"register_{backend}_ci"
     where = f"{filename}:{call.lineno}: {func_name}()"
-    nodes: Dict[str, ast.expr] = {}
+    nodes: dict[str, ast.expr] = {}
 
     for arg in call.args:
         if isinstance(arg, ast.Starred):
@@ -298,7 +299,7 @@ def _parse_call(call: ast.Call, backend: str, filename: str) -> CIRegistration:
         if name not in nodes:
             raise ValueError(f"{where}: missing required argument {name!r}")
 
-    values: Dict[str, Any] = {"nightly": False, "disabled": None}
+    values: dict[str, Any] = {"nightly": False, "disabled": None}
     for name, node in nodes.items():
         values[name] = _check_value(name, _literal(node, name, where), where)
 
@@ -313,8 +314,8 @@ def _parse_call(call: ast.Call, backend: str, filename: str) -> CIRegistration:
 
 
 def collect_registrations(
-    path: Union[str, "os.PathLike[str]"], source: Optional[str] = None
-) -> List[CIRegistration]:
+    path: str | os.PathLike[str], source: str | None = None
+) -> list[CIRegistration]:
     """Read the CI registrations of a file from its syntax tree.
 
     The file is parsed, never imported. Only module-level expression
@@ -355,8 +356,8 @@ def collect_registrations(
             f"{filename}: cannot parse file to read CI registrations: {e}"
         ) from None
 
-    registrations: List[CIRegistration] = []
-    seen: Dict[Tuple[str, str, bool], int] = {}
+    registrations: list[CIRegistration] = []
+    seen: dict[tuple[str, str, bool], int] = {}
     for stmt in tree.body:
         if not isinstance(stmt, ast.Expr) or not isinstance(stmt.value, ast.Call):
             continue

@@ -23,8 +23,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 INCLUDE_DIR = HERE.parents[1] / "include"  # python/sglang/jit_kernel/include
