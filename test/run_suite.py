@@ -76,11 +76,7 @@ def _walk(base: Path, pattern: str) -> list[Path]:
     """Files under ``base`` matching ``pattern``, minus caches and __init__."""
     if not base.is_dir():
         return []
-    return [
-        p
-        for p in base.rglob(pattern)
-        if p.is_file() and p.name != "__init__.py" and "__pycache__" not in p.parts
-    ]
+    return [p for p in base.rglob(pattern) if p.is_file() and p.name != "__init__.py" and "__pycache__" not in p.parts]
 
 
 def discover_files(root: Path) -> list[Path]:
@@ -113,9 +109,7 @@ def _rel(path: Path, root: Path) -> str:
         return str(path)
 
 
-def collect_all(
-    root: Path, files: Sequence[Path]
-) -> tuple[list[CIRegistration], list[str]]:
+def collect_all(root: Path, files: Sequence[Path]) -> tuple[list[CIRegistration], list[str]]:
     """Collect registrations of all files, gathering every error.
 
     Parameters
@@ -185,9 +179,7 @@ def select(
     return enabled, disabled
 
 
-def partition(
-    regs: Sequence[CIRegistration], size: int
-) -> list[list[CIRegistration]]:
+def partition(regs: Sequence[CIRegistration], size: int) -> list[list[CIRegistration]]:
     """Split registrations into ``size`` partitions of balanced est_time.
 
     Longest-first greedy: files sorted by descending ``est_time`` (ties by
@@ -247,9 +239,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def run_file(
-    path: Path, reg: CIRegistration, timeout: float, env: dict[str, str]
-) -> FileResult:
+def run_file(path: Path, reg: CIRegistration, timeout: float, env: dict[str, str]) -> FileResult:
     """Run one file as ``[sys.executable, path]`` in its own process group.
 
     Parameters
@@ -332,10 +322,7 @@ def _print_summary(results: Sequence[FileResult], header: str) -> int:
             continue
         label = {"passed": "PASSED", "failed": "FAILED", "timed out": "TIMED OUT"}[r.status]
         extra = f", exit code {r.returncode}" if r.status == "failed" else ""
-        print(
-            f"  {label:<10} {r.filename} "
-            f"(elapsed {r.elapsed:.1f}s, est {r.est_time:.0f}s{extra})"
-        )
+        print(f"  {label:<10} {r.filename} (elapsed {r.elapsed:.1f}s, est {r.est_time:.0f}s{extra})")
     print(f"{passed} passed, {failed} failed", flush=True)
     return 1 if failed else 0
 
@@ -351,9 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     argparse.ArgumentParser
         The parser of ``run_suite.py``.
     """
-    suites = "; ".join(
-        f"{b}: {', '.join(ci_register.known_suites(b))}" for b in ci_register.BACKENDS
-    )
+    suites = "; ".join(f"{b}: {', '.join(ci_register.known_suites(b))}" for b in ci_register.BACKENDS)
     parser = argparse.ArgumentParser(
         prog="run_suite.py",
         description=(
@@ -368,9 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
             f"{FULL_TESTS_ENV_VAR}=1 for every file."
         ),
     )
-    parser.add_argument(
-        "--hw", required=True, choices=list(ci_register.BACKENDS), help="hardware backend"
-    )
+    parser.add_argument("--hw", required=True, choices=list(ci_register.BACKENDS), help="hardware backend")
     parser.add_argument("--suite", required=True, help="suite name (see below)")
     parser.add_argument(
         "--nightly",
@@ -389,9 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="keep running after a failure (default: stop at the first one)",
     )
-    parser.add_argument(
-        "--auto-partition-id", type=int, default=None, help="index of this partition (0-based)"
-    )
+    parser.add_argument("--auto-partition-id", type=int, default=None, help="index of this partition (0-based)")
     parser.add_argument(
         "--auto-partition-size",
         type=int,
@@ -435,10 +416,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     known = ci_register.known_suites(args.hw)
     if args.suite not in known:
-        parser.error(
-            f"unknown suite {args.suite!r} for --hw {args.hw}; known suites: "
-            f"{', '.join(known)}"
-        )
+        parser.error(f"unknown suite {args.suite!r} for --hw {args.hw}; known suites: {', '.join(known)}")
     if ci_register.is_nightly_suite(args.hw, args.suite) != args.nightly:
         kind = "nightly" if args.nightly else "per-commit"
         print(
@@ -452,8 +430,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--auto-partition-id and --auto-partition-size go together")
     if psize is not None and (psize < 1 or not 0 <= pid < psize):
         parser.error(
-            f"need --auto-partition-size >= 1 and 0 <= --auto-partition-id < size "
-            f"(got id={pid}, size={psize})"
+            f"need --auto-partition-size >= 1 and 0 <= --auto-partition-id < size (got id={pid}, size={psize})"
         )
     if args.timeout_per_file <= 0:
         parser.error("--timeout-per-file must be positive")
@@ -499,8 +476,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = run_file(root / reg.filename, reg, args.timeout_per_file, env)
         results.append(result)
         print(
-            f"[{i}/{len(enabled)}] {reg.filename}: {result.status} "
-            f"in {result.elapsed:.1f}s",
+            f"[{i}/{len(enabled)}] {reg.filename}: {result.status} in {result.elapsed:.1f}s",
             flush=True,
         )
         if result.status != "passed" and not args.continue_on_error:

@@ -1,9 +1,9 @@
 """Command line of the JIT kernel system.
 
-    python -m sglang.jit_kernel [clangd] [--overwrite] [--arch 9.0]   write a .clangd for the headers
-    python -m sglang.jit_kernel check                                 build, verify and time every op
-    python -m sglang.jit_kernel build [--all | OP ...] [--arch 9.0 ...] [-j N]   prebuild variants
-    python -m sglang.jit_kernel cache info | clear | prune [--days N]
+python -m sglang.jit_kernel [clangd] [--overwrite] [--arch 9.0]   write a .clangd for the headers
+python -m sglang.jit_kernel check                                 build, verify and time every op
+python -m sglang.jit_kernel build [--all | OP ...] [--arch 9.0 ...] [-j N]   prebuild variants
+python -m sglang.jit_kernel cache info | clear | prune [--days N]
 """
 
 from __future__ import annotations
@@ -73,8 +73,7 @@ def _error_key(error: str) -> str:
     return re.sub(r"-[0-9a-f]{12,}", "-<key>", _DTYPE_WORDS.sub("<T>", error))
 
 
-def build_variants(names: list[str] | None, jobs: int, quiet: bool = False,
-                   archs: list[str] | None = None) -> int:
+def build_variants(names: list[str] | None, jobs: int, quiet: bool = False, archs: list[str] | None = None) -> int:
     """Compile every variant of the named ops (all ops if ``names`` is None) in parallel, through
     ``sglang.jit_kernel.cache.build_variants`` (the path of ``prebuild``).
 
@@ -125,12 +124,13 @@ def build_variants(names: list[str] | None, jobs: int, quiet: bool = False,
         return 1
     for failed in failures.values():
         (first, error), others = failed[0], [name for name, _ in failed[1:]]
-        also = f" (also for {', '.join(n[n.index('[') + 1:-1] for n in others)})" if others else ""
+        also = f" (also for {', '.join(n[n.index('[') + 1 : -1] for n in others)})" if others else ""
         print(f"{first}{also}:\n  {error}", file=sys.stderr)
     count = sum(len(v) for v in failures.values())
     cached = sum(1 for r in results if r.cached)
-    print(f"built {len(results) - count}/{len(results)} variants ({cached} cached) in "
-          f"{time.perf_counter() - start:.1f} s")
+    print(
+        f"built {len(results) - count}/{len(results)} variants ({cached} cached) in {time.perf_counter() - start:.1f} s"
+    )
     return count
 
 
@@ -193,10 +193,14 @@ def check(jobs: int) -> int:
         mwidth = max(len(e.module.name) for e in ops.values()) + 1
         print(f"{'op':<{width}} {'module':<{mwidth}} {'cases':>5}  status")
         for entry in ops.values():
-            print(f"{entry.name:<{width}} {entry.module.name:<{mwidth}} {len(_case_labels(entry)):>5}  "
-                  "compiled; not run (no GPU)")
-        print(f"compile-only check: {'all variants compiled' if failures == 0 else f'{failures} failed'}; "
-              "no op was run (no GPU)")
+            print(
+                f"{entry.name:<{width}} {entry.module.name:<{mwidth}} {len(_case_labels(entry)):>5}  "
+                "compiled; not run (no GPU)"
+            )
+        print(
+            f"compile-only check: {'all variants compiled' if failures == 0 else f'{failures} failed'}; "
+            "no op was run (no GPU)"
+        )
         return 1 if failures else 0
 
     from sglang.jit_kernel.benchmark.utils import (
@@ -251,8 +255,9 @@ def positive_int(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sglang.jit_kernel", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m sglang.jit_kernel", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing .clangd")
     parser.add_argument("--arch", default=DEFAULT_ARCH, help="GPU architecture for .clangd (default 9.0)")
@@ -264,17 +269,23 @@ def main(argv: list[str] | None = None) -> int:
     clangd.add_argument("--output", type=Path, default=None)
 
     chk = sub.add_parser("check", help="build every op, verify against fp32 references, time each")
-    chk.add_argument("-j", "--jobs", type=positive_int, default=os.cpu_count() or 1,
-                     help="parallel builds (default: the CPU count)")
+    chk.add_argument(
+        "-j", "--jobs", type=positive_int, default=os.cpu_count() or 1, help="parallel builds (default: the CPU count)"
+    )
 
     bld = sub.add_parser("build", help="prebuild op variants (works without a GPU)")
     bld.add_argument("ops", nargs="*", help="op names (default with --all: every op)")
     bld.add_argument("--all", action="store_true", help="every variant of every op")
-    bld.add_argument("--arch", action="append", default=None,
-                     help="target architecture, repeatable (default: SGLANG_JIT_CUDA_ARCH, else the visible "
-                     f"GPUs, else {DEFAULT_ARCH})")
-    bld.add_argument("-j", "--jobs", type=positive_int, default=os.cpu_count() or 1,
-                     help="parallel builds (default: the CPU count)")
+    bld.add_argument(
+        "--arch",
+        action="append",
+        default=None,
+        help="target architecture, repeatable (default: SGLANG_JIT_CUDA_ARCH, else the visible "
+        f"GPUs, else {DEFAULT_ARCH})",
+    )
+    bld.add_argument(
+        "-j", "--jobs", type=positive_int, default=os.cpu_count() or 1, help="parallel builds (default: the CPU count)"
+    )
 
     cch = sub.add_parser("cache", help="inspect or clean the JIT cache")
     cch.add_argument("action", choices=["info", "clear", "prune"])
@@ -306,7 +317,9 @@ def main(argv: list[str] | None = None) -> int:
             import torch
 
             if not torch.cuda.is_available():
-                print(f"No CUDA GPU visible and neither --arch nor SGLANG_JIT_CUDA_ARCH given: building for {DEFAULT_ARCH}")
+                print(
+                    f"No CUDA GPU visible and neither --arch nor SGLANG_JIT_CUDA_ARCH given: building for {DEFAULT_ARCH}"
+                )
                 archs = [DEFAULT_ARCH]
         return 1 if build_variants(None if args.all else args.ops, args.jobs, archs=archs) else 0
     return cache_command(args.action, args.days)

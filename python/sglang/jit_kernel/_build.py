@@ -157,9 +157,7 @@ def find_cuda_home() -> Path:
         default = Path("/usr/local/cuda")
         if _is_cuda_home(default):
             return default.resolve()
-        raise RuntimeError(
-            "Could not find the CUDA toolkit: set CUDA_HOME to the directory that holds bin/nvcc"
-        )
+        raise RuntimeError("Could not find the CUDA toolkit: set CUDA_HOME to the directory that holds bin/nvcc")
 
     return _memoized("cuda_home", compute)  # type: ignore[return-value]
 
@@ -948,11 +946,7 @@ _forced: set[Path] = set()
 
 def _refuse_compile(spec: BuildSpec, artifact: Path, force: bool) -> None:
     if env_flag(ENV_CRASH_ON_COMPILE):
-        why = (
-            f"{ENV_FORCE_RECOMPILE}=1 asks to rebuild it"
-            if force
-            else f"it is not in the cache ({artifact})"
-        )
+        why = f"{ENV_FORCE_RECOMPILE}=1 asks to rebuild it" if force else f"it is not in the cache ({artifact})"
         raise RuntimeError(
             f"JIT module '{spec.name}' would be compiled ({why}), but {ENV_CRASH_ON_COMPILE}=1 forbids "
             "compiling; prebuild it with `python -m sglang.jit_kernel build --all` (or `build OP ...`) "
@@ -1101,7 +1095,9 @@ def exported_functions(module: JITModule) -> list[str]:
             found = {m.decode() for m in _EXPORT_SYMBOL_RE.findall(module._jit_artifact_.read_bytes())}
         except OSError:
             found = set()
-        companions = {n for n in found for tag in ("_metadata_", "_doc_") if n.startswith(tag) and n[len(tag) :] in found}
+        companions = {
+            n for n in found for tag in ("_metadata_", "_doc_") if n.startswith(tag) and n[len(tag) :] in found
+        }
         inner = module._jit_module_
         module._jit_functions_ = sorted(n for n in found - companions if inner.implements_function(n))
     return module._jit_functions_

@@ -127,7 +127,9 @@ def _resolve(name: str) -> ResolvedDependency:
     try:
         paths = list(dependency.include_paths_fn())
     except ImportError as exc:
-        raise ModuleNotFoundError(f"load_jit: extra dependency {name!r} is not available: {exc}", name=exc.name) from exc
+        raise ModuleNotFoundError(
+            f"load_jit: extra dependency {name!r} is not available: {exc}", name=exc.name
+        ) from exc
     dirs = []
     for path in paths:
         directory = Path(path).resolve()

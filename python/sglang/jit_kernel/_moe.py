@@ -62,8 +62,14 @@ def check_routing_args(
 ) -> torch.Tensor:
     """The checks shared by the routing ops (see their Raises); returns the bias as the kernels take
     it: fp32 contiguous, or the empty "no bias"."""
-    check_tensor(op, gating_arg, gating, dtypes=FLOAT_DTYPES, dims=[("num_tokens", None), ("num_experts", None)],
-                 last_dim_contiguous=True)
+    check_tensor(
+        op,
+        gating_arg,
+        gating,
+        dtypes=FLOAT_DTYPES,
+        dims=[("num_tokens", None), ("num_experts", None)],
+        last_dim_contiguous=True,
+    )
     num_tokens, num_experts = gating.shape
     if num_experts == 0:
         fail(RuntimeError, op, gating_arg, "shape", "[num_tokens, num_experts >= 1]", tuple(gating.shape))
@@ -71,19 +77,38 @@ def check_routing_args(
     check_shape(op, weights_arg, topk_weights, [("num_tokens", num_tokens), ("topk", None)])
     topk = topk_weights.shape[1]
     if not 1 <= topk <= num_experts:
-        fail(RuntimeError, op, weights_arg, "shape", f"[num_tokens={num_tokens}, topk in [1, num_experts={num_experts}]]",
-             tuple(topk_weights.shape))
-    check_tensor(op, ids_arg, topk_ids, dtypes=(torch.int32,), device_as=(gating, gating_arg),
-                 dims=[("num_tokens", num_tokens), ("topk", topk)])
+        fail(
+            RuntimeError,
+            op,
+            weights_arg,
+            "shape",
+            f"[num_tokens={num_tokens}, topk in [1, num_experts={num_experts}]]",
+            tuple(topk_weights.shape),
+        )
+    check_tensor(
+        op,
+        ids_arg,
+        topk_ids,
+        dtypes=(torch.int32,),
+        device_as=(gating, gating_arg),
+        dims=[("num_tokens", num_tokens), ("topk", topk)],
+    )
     for arg, t in ((weights_arg, topk_weights), (ids_arg, topk_ids)):
         if t.stride(-1) != 1 and topk > 1:
-            fail(RuntimeError, op, arg, "last-dim stride", "1 (a contiguous last dim)",
-                 f"{t.stride(-1)} (shape {tuple(t.shape)} with strides {t.stride()})")
+            fail(
+                RuntimeError,
+                op,
+                arg,
+                "last-dim stride",
+                "1 (a contiguous last dim)",
+                f"{t.stride(-1)} (shape {tuple(t.shape)} with strides {t.stride()})",
+            )
     if bias is None:
         bias = no_bias(gating.device)
     else:
-        check_tensor(op, bias_arg, bias, dtypes=FLOAT_DTYPES, device_as=(gating, gating_arg),
-                     dims=[("num_experts", num_experts)])
+        check_tensor(
+            op, bias_arg, bias, dtypes=FLOAT_DTYPES, device_as=(gating, gating_arg), dims=[("num_experts", num_experts)]
+        )
         if bias.dtype != torch.float32 or not bias.is_contiguous():
             bias = bias.to(torch.float32).contiguous()
     if not torch.compiler.is_compiling():
@@ -97,5 +122,8 @@ def routing_check_inputs(num_tokens: int, num_experts: int, topk: int) -> tuple:
     """``check`` inputs of the routing ops: fp32 logits on a 1/64 grid (distinct experts differ in
     probability by > 1.5 %, so the choice is unambiguous in any precision) and empty outputs."""
     logits = torch.randint(-256, 256, (num_tokens, num_experts), device="cuda").float() / 64
-    return (logits, torch.empty(num_tokens, topk, dtype=torch.float32, device="cuda"),
-            torch.empty(num_tokens, topk, dtype=torch.int32, device="cuda"))
+    return (
+        logits,
+        torch.empty(num_tokens, topk, dtype=torch.float32, device="cuda"),
+        torch.empty(num_tokens, topk, dtype=torch.int32, device="cuda"),
+    )

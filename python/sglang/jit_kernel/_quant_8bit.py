@@ -61,8 +61,14 @@ def as_rows(op: str, arg: str, tensor: torch.Tensor, num_rows: int, copy_ok: boo
     except RuntimeError:
         if copy_ok:
             return tensor.reshape(num_rows, tensor.shape[-1])
-        fail(RuntimeError, op, arg, "layout", "leading dims that flatten to one stride (a view of [num_tokens, n])",
-             f"shape {tuple(tensor.shape)} with strides {tensor.stride()}")
+        fail(
+            RuntimeError,
+            op,
+            arg,
+            "layout",
+            "leading dims that flatten to one stride (a view of [num_tokens, n])",
+            f"shape {tuple(tensor.shape)} with strides {tensor.stride()}",
+        )
 
 
 def check_outputs_disjoint(op: str, input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor) -> None:

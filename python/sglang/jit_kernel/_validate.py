@@ -96,8 +96,14 @@ def check_dtype(op: str, arg: str, tensor: torch.Tensor, allowed: Sequence[torch
 def check_dtype_as(op: str, arg: str, tensor: torch.Tensor, ref: torch.Tensor, ref_arg: str) -> None:
     """RuntimeError unless ``tensor`` has the dtype of ``ref`` (the argument ``ref_arg``)."""
     if tensor.dtype != ref.dtype:
-        fail(RuntimeError, op, arg, "dtype", f"{dtype_name(ref.dtype)} (the dtype of {ref_arg})",
-             dtype_name(tensor.dtype))
+        fail(
+            RuntimeError,
+            op,
+            arg,
+            "dtype",
+            f"{dtype_name(ref.dtype)} (the dtype of {ref_arg})",
+            dtype_name(tensor.dtype),
+        )
 
 
 def check_same_device(op: str, arg: str, tensor: torch.Tensor, ref: torch.Tensor, ref_arg: str) -> None:
@@ -132,8 +138,14 @@ def check_last_dim_contiguous(op: str, arg: str, tensor: torch.Tensor) -> None:
     if tensor.dim() == 0:
         fail(RuntimeError, op, arg, "dims", "at least 1", "a 0-d tensor")
     if tensor.stride(-1) != 1 and tensor.shape[-1] > 1:
-        fail(RuntimeError, op, arg, "last-dim stride", "1 (a contiguous last dim)",
-             f"{tensor.stride(-1)} ({_layout(tensor)})")
+        fail(
+            RuntimeError,
+            op,
+            arg,
+            "last-dim stride",
+            "1 (a contiguous last dim)",
+            f"{tensor.stride(-1)} ({_layout(tensor)})",
+        )
 
 
 def check_contiguous(op: str, arg: str, tensor: torch.Tensor) -> None:

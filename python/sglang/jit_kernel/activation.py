@@ -91,13 +91,20 @@ def _out_rows(op: str, out: torch.Tensor) -> torch.Tensor:
         try:
             return out.view(-1, out.shape[-1])
         except RuntimeError:
-            fail(RuntimeError, op, "out", "layout", "leading dims that flatten to one row stride (a view as "
-                 "[num_tokens, hidden_size])", f"shape {tuple(out.shape)} with strides {out.stride()}")
+            fail(
+                RuntimeError,
+                op,
+                "out",
+                "layout",
+                "leading dims that flatten to one row stride (a view as [num_tokens, hidden_size])",
+                f"shape {tuple(out.shape)} with strides {out.stride()}",
+            )
     return out
 
 
-def _launch(op: str, out: torch.Tensor, input: torch.Tensor, expert_ids: torch.Tensor | None,
-            expert_step: int, enable_pdl: int) -> None:
+def _launch(
+    op: str, out: torch.Tensor, input: torch.Tensor, expert_ids: torch.Tensor | None, expert_step: int, enable_pdl: int
+) -> None:
     getattr(_load(input.dtype), op)(_out_rows(op, out), _input_rows(input), expert_ids, expert_step, enable_pdl)
 
 
@@ -106,13 +113,15 @@ def _launch(op: str, out: torch.Tensor, input: torch.Tensor, expert_ids: torch.T
 # ---------------------------------------------------------------------------------------------
 def _define_library_op(op: str) -> None:
     @torch.library.custom_op(f"sglang_jit_kernel::{op}_out", mutates_args=("out",), device_types="cuda")
-    def library_op(out: torch.Tensor, input: torch.Tensor, expert_ids: torch.Tensor | None, expert_step: int,
-                   enable_pdl: int) -> None:
+    def library_op(
+        out: torch.Tensor, input: torch.Tensor, expert_ids: torch.Tensor | None, expert_step: int, enable_pdl: int
+    ) -> None:
         _launch(op, out, input, expert_ids, expert_step, enable_pdl)
 
     @library_op.register_fake
-    def _(out: torch.Tensor, input: torch.Tensor, expert_ids: torch.Tensor | None, expert_step: int,
-          enable_pdl: int) -> None:
+    def _(
+        out: torch.Tensor, input: torch.Tensor, expert_ids: torch.Tensor | None, expert_step: int, enable_pdl: int
+    ) -> None:
         return None
 
 
@@ -130,16 +139,25 @@ _LIBRARY_OPS = {op: getattr(torch.ops.sglang_jit_kernel, f"{op}_out") for op, _ 
 # before any launch). Anything else (first call of a dtype, other ranks, torch.compile tracing, bad
 # input) takes the checked path: the same checks in Python, naming the argument, then the module or
 # the torch.library op.
-def _gated(op: str, input: torch.Tensor, out: torch.Tensor | None, expert_ids: torch.Tensor | None,
-           expert_step: int, enable_pdl: bool | None) -> torch.Tensor:
+def _gated(
+    op: str,
+    input: torch.Tensor,
+    out: torch.Tensor | None,
+    expert_ids: torch.Tensor | None,
+    expert_step: int,
+    enable_pdl: bool | None,
+) -> torch.Tensor:
     pdl = -1 if enable_pdl is None else int(enable_pdl is True)
     if not torch.compiler.is_compiling():
         try:
             fn = _FNS[op].get(input.dtype) if input.is_cuda and input.dim() == 2 else None
         except AttributeError:  # not a tensor: the checked path raises TypeError
             fn = None
-        if fn is not None and type(expert_step) is int and (enable_pdl is None or enable_pdl is True
-                                                             or enable_pdl is False):
+        if (
+            fn is not None
+            and type(expert_step) is int
+            and (enable_pdl is None or enable_pdl is True or enable_pdl is False)
+        ):
             result = input.new_empty((input.shape[0], input.shape[1] // 2)) if out is None else out
             try:
                 fn(result, input, expert_ids, expert_step, pdl)
@@ -149,8 +167,15 @@ def _gated(op: str, input: torch.Tensor, out: torch.Tensor | None, expert_ids: t
     return _gated_checked(op, input, out, expert_ids, expert_step, enable_pdl, pdl)
 
 
-def _gated_checked(op: str, input: torch.Tensor, out: torch.Tensor | None, expert_ids: torch.Tensor | None,
-                   expert_step: int, enable_pdl: bool | None, pdl: int) -> torch.Tensor:
+def _gated_checked(
+    op: str,
+    input: torch.Tensor,
+    out: torch.Tensor | None,
+    expert_ids: torch.Tensor | None,
+    expert_step: int,
+    enable_pdl: bool | None,
+    pdl: int,
+) -> torch.Tensor:
     compiling = torch.compiler.is_compiling()
     check_tensor(op, "input", input, dtypes=FLOAT_DTYPES, last_dim_contiguous=True)
     width = input.shape[-1]
@@ -165,8 +190,14 @@ def _gated_checked(op: str, input: torch.Tensor, out: torch.Tensor | None, exper
     else:
         check_tensor(op, "out", out, dtype_as=(input, "input"), last_dim_contiguous=True)
         if tuple(out.shape) != out_shape:
-            fail(RuntimeError, op, "out", "shape", f"{out_shape} (the shape of input with the last dim halved)",
-                 tuple(out.shape))
+            fail(
+                RuntimeError,
+                op,
+                "out",
+                "shape",
+                f"{out_shape} (the shape of input with the last dim halved)",
+                tuple(out.shape),
+            )
         if not compiling:  # data pointers do not exist while tracing; the launcher checks again
             check_no_partial_overlap(op, "out", out, input, "input", allow_same=False)
     num_tokens = out.numel() // hidden_size if hidden_size else 0
@@ -175,9 +206,14 @@ def _gated_checked(op: str, input: torch.Tensor, out: torch.Tensor | None, exper
         check_shape(op, "expert_ids", expert_ids, [("num_expert_ids", None)])
         needed = -(-num_tokens // expert_step)
         if expert_ids.shape[0] < needed:
-            fail(RuntimeError, op, "expert_ids", "length",
-                 f">= {needed} (ceil(num_tokens / expert_step) = ceil({num_tokens} / {expert_step}))",
-                 expert_ids.shape[0])
+            fail(
+                RuntimeError,
+                op,
+                "expert_ids",
+                "length",
+                f">= {needed} (ceil(num_tokens / expert_step) = ceil({num_tokens} / {expert_step}))",
+                expert_ids.shape[0],
+            )
         if not compiling:
             check_no_partial_overlap(op, "out", out, expert_ids, "expert_ids", allow_same=False)
     if num_tokens == 0:
@@ -187,8 +223,14 @@ def _gated_checked(op: str, input: torch.Tensor, out: torch.Tensor | None, exper
         return out
     rows = _out_rows(op, out)
     if num_tokens > 1 and abs(rows.stride(0)) < hidden_size:
-        fail(RuntimeError, op, "out", "row stride", f">= hidden_size = {hidden_size} (rows that do not overlap)",
-             rows.stride(0))
+        fail(
+            RuntimeError,
+            op,
+            "out",
+            "row stride",
+            f">= hidden_size = {hidden_size} (rows that do not overlap)",
+            rows.stride(0),
+        )
     _launch(op, out, input, expert_ids, expert_step, pdl)
     return out
 
@@ -249,18 +291,36 @@ _DOC_COMMON = """
 """
 
 
-def silu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None, expert_ids: torch.Tensor | None = None,
-                 expert_step: int = 1, *, enable_pdl: bool | None = None) -> torch.Tensor:
+def silu_and_mul(
+    input: torch.Tensor,
+    out: torch.Tensor | None = None,
+    expert_ids: torch.Tensor | None = None,
+    expert_step: int = 1,
+    *,
+    enable_pdl: bool | None = None,
+) -> torch.Tensor:
     return _gated("silu_and_mul", input, out, expert_ids, expert_step, enable_pdl)
 
 
-def gelu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None, expert_ids: torch.Tensor | None = None,
-                 expert_step: int = 1, *, enable_pdl: bool | None = None) -> torch.Tensor:
+def gelu_and_mul(
+    input: torch.Tensor,
+    out: torch.Tensor | None = None,
+    expert_ids: torch.Tensor | None = None,
+    expert_step: int = 1,
+    *,
+    enable_pdl: bool | None = None,
+) -> torch.Tensor:
     return _gated("gelu_and_mul", input, out, expert_ids, expert_step, enable_pdl)
 
 
-def gelu_tanh_and_mul(input: torch.Tensor, out: torch.Tensor | None = None, expert_ids: torch.Tensor | None = None,
-                      expert_step: int = 1, *, enable_pdl: bool | None = None) -> torch.Tensor:
+def gelu_tanh_and_mul(
+    input: torch.Tensor,
+    out: torch.Tensor | None = None,
+    expert_ids: torch.Tensor | None = None,
+    expert_step: int = 1,
+    *,
+    enable_pdl: bool | None = None,
+) -> torch.Tensor:
     return _gated("gelu_tanh_and_mul", input, out, expert_ids, expert_step, enable_pdl)
 
 
@@ -279,8 +339,15 @@ gelu_tanh_and_mul.__doc__ = (
 _BY_NAME = {"silu": silu_and_mul, "gelu": gelu_and_mul, "gelu_tanh": gelu_tanh_and_mul}
 
 
-def run_activation(op_name: str, input: torch.Tensor, out: torch.Tensor | None, expert_ids: torch.Tensor | None = None,
-                   expert_step: int = 1, *, enable_pdl: bool | None = None) -> torch.Tensor:
+def run_activation(
+    op_name: str,
+    input: torch.Tensor,
+    out: torch.Tensor | None,
+    expert_ids: torch.Tensor | None = None,
+    expert_step: int = 1,
+    *,
+    enable_pdl: bool | None = None,
+) -> torch.Tensor:
     """The gated activation named ``op_name`` (one of ``SUPPORTED_ACTIVATIONS``): ``silu`` ->
     :func:`silu_and_mul`, ``gelu`` -> :func:`gelu_and_mul`, ``gelu_tanh`` -> :func:`gelu_tanh_and_mul`.
 
@@ -304,8 +371,14 @@ def run_activation(op_name: str, input: torch.Tensor, out: torch.Tensor | None, 
     """
     fn = _BY_NAME.get(op_name) if isinstance(op_name, str) else None
     if fn is None:
-        fail(ValueError, "run_activation", "op_name", "value", f"one of {', '.join(sorted(SUPPORTED_ACTIVATIONS))}",
-             repr(op_name))
+        fail(
+            ValueError,
+            "run_activation",
+            "op_name",
+            "value",
+            f"one of {', '.join(sorted(SUPPORTED_ACTIVATIONS))}",
+            repr(op_name),
+        )
     return fn(input, out, expert_ids, expert_step, enable_pdl=enable_pdl)
 
 

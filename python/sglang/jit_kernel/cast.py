@@ -103,13 +103,28 @@ def _check_destinations(loc: torch.Tensor, mult: int, offset: int, num_slots: in
         return
     first = int(bad.nonzero()[0, 0])
     value = int(flat[first])
-    fail(IndexError, "downcast_fp8", "loc", "value",
-         f"entries with loc * mult + offset in [0, {num_slots}) (num_slots; mult={mult}, offset={offset}) "
-         "or -1 (skipped)", f"{value} (row {value * mult + offset}) at position {first}")
+    fail(
+        IndexError,
+        "downcast_fp8",
+        "loc",
+        "value",
+        f"entries with loc * mult + offset in [0, {num_slots}) (num_slots; mult={mult}, offset={offset}) "
+        "or -1 (skipped)",
+        f"{value} (row {value * mult + offset}) at position {first}",
+    )
 
 
-def _run(k: torch.Tensor, v: torch.Tensor, k_out: torch.Tensor, v_out: torch.Tensor, k_scale: torch.Tensor,
-         v_scale: torch.Tensor, loc: torch.Tensor, mult: int, offset: int) -> None:
+def _run(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_out: torch.Tensor,
+    v_out: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    loc: torch.Tensor,
+    mult: int,
+    offset: int,
+) -> None:
     """The checked call: the optional host index check, then the launcher."""
     _check_destinations(loc, mult, offset, k_out.shape[0])
     _load(k.dtype)(k, v, k_out, v_out, k_scale, v_scale, loc, mult, offset)
@@ -117,15 +132,41 @@ def _run(k: torch.Tensor, v: torch.Tensor, k_out: torch.Tensor, v_out: torch.Ten
 
 @torch.library.custom_op("sglang_jit_kernel::downcast_fp8", mutates_args=("k_out", "v_out"), device_types="cuda")
 def _downcast_fp8_op(
-    k: torch.Tensor, v: torch.Tensor, k_out: torch.Tensor, v_out: torch.Tensor, k_scale: torch.Tensor,
-    v_scale: torch.Tensor, loc: torch.Tensor, mult: int, offset: int,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_out: torch.Tensor,
+    v_out: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    loc: torch.Tensor,
+    mult: int,
+    offset: int,
 ) -> None:
-    _run(_last_dim_unit(k), _last_dim_unit(v), _last_dim_unit(k_out), _last_dim_unit(v_out), k_scale.reshape(1),
-         v_scale.reshape(1), loc, mult, offset)
+    _run(
+        _last_dim_unit(k),
+        _last_dim_unit(v),
+        _last_dim_unit(k_out),
+        _last_dim_unit(v_out),
+        k_scale.reshape(1),
+        v_scale.reshape(1),
+        loc,
+        mult,
+        offset,
+    )
 
 
 @_downcast_fp8_op.register_fake
-def _(k: torch.Tensor, v: torch.Tensor, k_out: torch.Tensor, v_out: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor, loc: torch.Tensor, mult: int, offset: int) -> None:
+def _(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_out: torch.Tensor,
+    v_out: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    loc: torch.Tensor,
+    mult: int,
+    offset: int,
+) -> None:
     return None
 
 
@@ -207,8 +248,9 @@ def downcast_fp8(
             except (TypeError, RuntimeError, ValueError, OverflowError):  # before any launch: explain
                 pass
     op = "downcast_fp8"
-    check_tensor(op, "k", k, dtypes=SOURCE_DTYPES, dims=[("num_tokens", None), ("num_kv_heads", None),
-                                                         ("head_dim", None)])
+    check_tensor(
+        op, "k", k, dtypes=SOURCE_DTYPES, dims=[("num_tokens", None), ("num_kv_heads", None), ("head_dim", None)]
+    )
     check_tensor(op, "v", v, dtype_as=(k, "k"), shape_as=(k, "k"))
     for arg, out in (("k_out", k_out), ("v_out", v_out)):
         check_tensor(op, arg, out, dtypes=OUT_DTYPES, device_as=(k, "k"))
@@ -225,8 +267,14 @@ def downcast_fp8(
     k, v, k_out, v_out = (_last_dim_unit(t) for t in (k, v, k_out, v_out))
     for arg, t in (("k", k), ("v", v), ("k_out", k_out), ("v_out", v_out)):
         if t.stride(-1) != 1 and t.shape[-1] > 1:
-            fail(RuntimeError, op, arg, "last-dim stride", "1 (a contiguous head_dim)",
-                 f"{t.stride(-1)} (shape {tuple(t.shape)} with strides {t.stride()})")
+            fail(
+                RuntimeError,
+                op,
+                arg,
+                "last-dim stride",
+                "1 (a contiguous head_dim)",
+                f"{t.stride(-1)} (shape {tuple(t.shape)} with strides {t.stride()})",
+            )
     for out_arg, out in (("k_out", k_out), ("v_out", v_out)):
         for arg, t in (("k", k), ("v", v), ("loc", loc), ("k_scale", k_scale), ("v_scale", v_scale)):
             check_no_partial_overlap(op, out_arg, out, t, arg, allow_same=False)
@@ -262,19 +310,30 @@ def _check_cases() -> list[CheckCase]:
         scales = torch.tensor([0.37, 1.7], device="cuda")
         return k, v, caches, scales, torch.randperm(slots, device="cuda")[:t]
 
-    def call(k: torch.Tensor, v: torch.Tensor, caches: torch.Tensor, scales: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
+    def call(
+        k: torch.Tensor, v: torch.Tensor, caches: torch.Tensor, scales: torch.Tensor, loc: torch.Tensor
+    ) -> torch.Tensor:
         downcast_fp8(k, v, caches[0], caches[1], scales[0:1], scales[1:2], loc)
         return caches
 
-    def reference(k: torch.Tensor, v: torch.Tensor, caches: torch.Tensor, scales: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
+    def reference(
+        k: torch.Tensor, v: torch.Tensor, caches: torch.Tensor, scales: torch.Tensor, loc: torch.Tensor
+    ) -> torch.Tensor:
         expected = caches.clone()
         expected[0, loc] = reference_downcast_fp8(k, scales[0])
         expected[1, loc] = reference_downcast_fp8(v, scales[1])
         return expected
 
-    return [CheckCase(f"[{t}, {h}, {d}] bf16 -> [{slots}, {h}, {d}] e4m3", make, call, reference,
-                      bytes_moved=2 * t * h * d * (2 + 1) + t * 8, dtype=torch.uint8)]
+    return [
+        CheckCase(
+            f"[{t}, {h}, {d}] bf16 -> [{slots}, {h}, {d}] e4m3",
+            make,
+            call,
+            reference,
+            bytes_moved=2 * t * h * d * (2 + 1) + t * 8,
+            dtype=torch.uint8,
+        )
+    ]
 
 
-register_op("downcast_fp8", build=_jit_cast_module, variants=[(d,) for d in SOURCE_DTYPES],
-            check_cases=_check_cases)
+register_op("downcast_fp8", build=_jit_cast_module, variants=[(d,) for d in SOURCE_DTYPES], check_cases=_check_cases)

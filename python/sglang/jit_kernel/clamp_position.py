@@ -106,8 +106,7 @@ def _check_cases() -> list[CheckCase]:
     def reference(seq_lens: torch.Tensor) -> torch.Tensor:
         return torch.where(seq_lens > 0, seq_lens - 1, torch.zeros_like(seq_lens))
 
-    return [CheckCase(f"[{n}] int64", make, clamp_position_cuda, reference, bytes_moved=2 * n * 8,
-                      dtype=torch.int64)]
+    return [CheckCase(f"[{n}] int64", make, clamp_position_cuda, reference, bytes_moved=2 * n * 8, dtype=torch.int64)]
 
 
 register_op("clamp_position", build=_jit_clamp_position_module, variants=[()], check_cases=_check_cases)

@@ -62,21 +62,32 @@ def _check_3d(op: str, arg: str, t: torch.Tensor, dims: str) -> None:
         fail(RuntimeError, op, arg, "shape", f"[{dims}] with a row of at least one element", tuple(t.shape))
 
 
-def _check_parts(op: str, out: tuple[str, torch.Tensor], a: tuple[str, torch.Tensor], b: tuple[str, torch.Tensor],
-                 b_heads_one_ok: bool) -> None:
+def _check_parts(
+    op: str,
+    out: tuple[str, torch.Tensor],
+    a: tuple[str, torch.Tensor],
+    b: tuple[str, torch.Tensor],
+    b_heads_one_ok: bool,
+) -> None:
     """Shapes of out [N, H, A + B], a [N, H, A], b [N, H (or 1), B]; out disjoint from both."""
     (out_arg, o), (a_arg, x), (b_arg, y) = out, a, b
     if x.shape[:2] != o.shape[:2]:
-        fail(RuntimeError, op, a_arg, "shape", f"{tuple(o.shape[:2])} leading dims (those of {out_arg})",
-             tuple(x.shape))
+        fail(
+            RuntimeError, op, a_arg, "shape", f"{tuple(o.shape[:2])} leading dims (those of {out_arg})", tuple(x.shape)
+        )
     heads_ok = y.shape[1] == o.shape[1] or (b_heads_one_ok and y.shape[1] == 1)
     if y.shape[0] != o.shape[0] or not heads_ok:
         heads = f"{o.shape[1]} or 1" if b_heads_one_ok else f"{o.shape[1]}"
         fail(RuntimeError, op, b_arg, "shape", f"[{o.shape[0]}, {heads}, rope]", tuple(y.shape))
     if x.shape[2] + y.shape[2] != o.shape[2]:
-        fail(RuntimeError, op, out_arg, "shape",
-             f"a last dim of {x.shape[2]} + {y.shape[2]} = {x.shape[2] + y.shape[2]} ({a_arg} + {b_arg})",
-             tuple(o.shape))
+        fail(
+            RuntimeError,
+            op,
+            out_arg,
+            "shape",
+            f"a last dim of {x.shape[2]} + {y.shape[2]} = {x.shape[2] + y.shape[2]} ({a_arg} + {b_arg})",
+            tuple(o.shape),
+        )
     if not torch.compiler.is_compiling():  # fake tensors have no data pointer; the launcher checks it
         check_no_partial_overlap(op, out_arg, o, x, a_arg, allow_same=False)
         check_no_partial_overlap(op, out_arg, o, y, b_arg, allow_same=False)
@@ -223,8 +234,7 @@ def concat_mla_absorb_q(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     _check_3d(op, "a", a, "d0, d1, A")
     _check_3d(op, "b", b, "d0, d1, B")
     if b.shape[:2] != a.shape[:2]:
-        fail(RuntimeError, op, "b", "shape", f"[{a.shape[0]}, {a.shape[1]}, B] (the leading dims of a)",
-             tuple(b.shape))
+        fail(RuntimeError, op, "b", "shape", f"[{a.shape[0]}, {a.shape[1]}, B] (the leading dims of a)", tuple(b.shape))
     out = a.new_empty(a.shape[0], a.shape[1], a.shape[2] + b.shape[2])
     if out.numel() == 0:
         return out
@@ -244,8 +254,11 @@ def _k_cases() -> list[CheckCase]:
 
     def make() -> tuple:
         k = torch.empty(n, h, nope + rope, dtype=torch.bfloat16, device="cuda")
-        return (k, torch.randn(n, h, nope, dtype=torch.bfloat16, device="cuda"),
-                torch.randn(n, 1, rope, dtype=torch.bfloat16, device="cuda"))
+        return (
+            k,
+            torch.randn(n, h, nope, dtype=torch.bfloat16, device="cuda"),
+            torch.randn(n, 1, rope, dtype=torch.bfloat16, device="cuda"),
+        )
 
     def call(k: torch.Tensor, k_nope: torch.Tensor, k_rope: torch.Tensor) -> torch.Tensor:
         concat_mla_k(k, k_nope, k_rope)
@@ -254,8 +267,16 @@ def _k_cases() -> list[CheckCase]:
     def reference(k: torch.Tensor, k_nope: torch.Tensor, k_rope: torch.Tensor) -> torch.Tensor:
         return torch.cat([k_nope, k_rope.expand(-1, h, -1)], dim=-1)
 
-    return [CheckCase(f"[{n}, {h}, {nope}+{rope}] bf16", make, call, reference,
-                      bytes_moved=n * h * (nope + rope) * 2 + n * h * nope * 2 + n * rope * 2, dtype=torch.bfloat16)]
+    return [
+        CheckCase(
+            f"[{n}, {h}, {nope}+{rope}] bf16",
+            make,
+            call,
+            reference,
+            bytes_moved=n * h * (nope + rope) * 2 + n * h * nope * 2 + n * rope * 2,
+            dtype=torch.bfloat16,
+        )
+    ]
 
 
 def _q_cases() -> list[CheckCase]:
@@ -263,12 +284,21 @@ def _q_cases() -> list[CheckCase]:
     d0, d1, a_dim, b_dim = 4096, 128, 512, 64
 
     def make() -> tuple:
-        return (torch.randn(d0, d1, a_dim, dtype=torch.bfloat16, device="cuda"),
-                torch.randn(d0, d1, b_dim, dtype=torch.bfloat16, device="cuda"))
+        return (
+            torch.randn(d0, d1, a_dim, dtype=torch.bfloat16, device="cuda"),
+            torch.randn(d0, d1, b_dim, dtype=torch.bfloat16, device="cuda"),
+        )
 
-    return [CheckCase(f"[{d0}, {d1}, {a_dim}+{b_dim}] bf16", make, concat_mla_absorb_q,
-                      lambda a, b: torch.cat([a, b], dim=-1), bytes_moved=2 * d0 * d1 * (a_dim + b_dim) * 2,
-                      dtype=torch.bfloat16)]
+    return [
+        CheckCase(
+            f"[{d0}, {d1}, {a_dim}+{b_dim}] bf16",
+            make,
+            concat_mla_absorb_q,
+            lambda a, b: torch.cat([a, b], dim=-1),
+            bytes_moved=2 * d0 * d1 * (a_dim + b_dim) * 2,
+            dtype=torch.bfloat16,
+        )
+    ]
 
 
 _CONCAT_MLA_MODULE = register_module("concat_mla", _jit_concat_mla_module, list(_PREBUILT))

@@ -21,17 +21,66 @@ __all__ = ["fused_qk_norm_rope", "fused_qk_norm_rope_reference"]
 
 
 @torch.library.custom_op("sglang_jit_kernel::fused_qk_norm_rope", mutates_args=("qkv",), device_types="cuda")
-def _fused_qk_norm_rope_op(qkv: torch.Tensor, num_heads_q: int, num_heads_k: int, num_heads_v: int, head_dim: int,
-                           eps: float, q_weight: torch.Tensor, k_weight: torch.Tensor, base: float, is_neox: bool,
-                           position_ids: torch.Tensor, factor: float, low: float, high: float,
-                           attention_factor: float, rotary_dim: int, enable_pdl: int) -> None:
-    _load(qkv.dtype).fused_qk_norm_rope(qkv, num_heads_q, num_heads_k, num_heads_v, head_dim, eps, q_weight,
-                                        k_weight, base, is_neox, position_ids, factor, low, high, attention_factor,
-                                        rotary_dim, enable_pdl)
+def _fused_qk_norm_rope_op(
+    qkv: torch.Tensor,
+    num_heads_q: int,
+    num_heads_k: int,
+    num_heads_v: int,
+    head_dim: int,
+    eps: float,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    base: float,
+    is_neox: bool,
+    position_ids: torch.Tensor,
+    factor: float,
+    low: float,
+    high: float,
+    attention_factor: float,
+    rotary_dim: int,
+    enable_pdl: int,
+) -> None:
+    _load(qkv.dtype).fused_qk_norm_rope(
+        qkv,
+        num_heads_q,
+        num_heads_k,
+        num_heads_v,
+        head_dim,
+        eps,
+        q_weight,
+        k_weight,
+        base,
+        is_neox,
+        position_ids,
+        factor,
+        low,
+        high,
+        attention_factor,
+        rotary_dim,
+        enable_pdl,
+    )
 
 
 @_fused_qk_norm_rope_op.register_fake
-def _(qkv: torch.Tensor, num_heads_q: int, num_heads_k: int, num_heads_v: int, head_dim: int, eps: float, q_weight: torch.Tensor, k_weight: torch.Tensor, base: float, is_neox: bool, position_ids: torch.Tensor, factor: float, low: float, high: float, attention_factor: float, rotary_dim: int, enable_pdl: int) -> None:
+def _(
+    qkv: torch.Tensor,
+    num_heads_q: int,
+    num_heads_k: int,
+    num_heads_v: int,
+    head_dim: int,
+    eps: float,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    base: float,
+    is_neox: bool,
+    position_ids: torch.Tensor,
+    factor: float,
+    low: float,
+    high: float,
+    attention_factor: float,
+    rotary_dim: int,
+    enable_pdl: int,
+) -> None:
     return None
 
 
@@ -136,18 +185,41 @@ def fused_qk_norm_rope(
     if r <= 0 or r % 2 != 0 or r > head_dim:
         fail(ValueError, op, "rotary_dim", "value", f"an even number in [2, head_dim={head_dim}]", r)
     row = (num_heads_q + num_heads_k + num_heads_v) * head_dim
-    check_tensor(op, "qkv", qkv, dtypes=FLOAT_DTYPES, dims=[("num_tokens", None), ("row", row)],
-                 last_dim_contiguous=True)
+    check_tensor(
+        op, "qkv", qkv, dtypes=FLOAT_DTYPES, dims=[("num_tokens", None), ("row", row)], last_dim_contiguous=True
+    )
     check_tensor(op, "q_weight", q_weight, dtype_as=(qkv, "qkv"), dims=[("head_dim", head_dim)], contiguous=True)
     check_tensor(op, "k_weight", k_weight, dtype_as=(qkv, "qkv"), dims=[("head_dim", head_dim)], contiguous=True)
-    check_tensor(op, "position_ids", position_ids, dtypes=INDEX_DTYPES, device_as=(qkv, "qkv"),
-                 dims=[("num_tokens", qkv.shape[0])])
+    check_tensor(
+        op,
+        "position_ids",
+        position_ids,
+        dtypes=INDEX_DTYPES,
+        device_as=(qkv, "qkv"),
+        dims=[("num_tokens", qkv.shape[0])],
+    )
     position_ids = position_ids.contiguous()
     if qkv.shape[0] == 0:
         return
-    args = (qkv, num_heads_q, num_heads_k, num_heads_v, head_dim, float(eps), q_weight, k_weight, float(base),
-            is_neox, position_ids, float(factor), float(low), float(high), float(attention_factor), r,
-            _pdl_flag(enable_pdl))
+    args = (
+        qkv,
+        num_heads_q,
+        num_heads_k,
+        num_heads_v,
+        head_dim,
+        float(eps),
+        q_weight,
+        k_weight,
+        float(base),
+        is_neox,
+        position_ids,
+        float(factor),
+        float(low),
+        float(high),
+        float(attention_factor),
+        r,
+        _pdl_flag(enable_pdl),
+    )
     if torch.compiler.is_compiling():
         torch.ops.sglang_jit_kernel.fused_qk_norm_rope(*args)
     else:
@@ -155,9 +227,21 @@ def fused_qk_norm_rope(
 
 
 def fused_qk_norm_rope_reference(
-    qkv: torch.Tensor, num_heads_q: int, num_heads_k: int, head_dim: int, eps: float, q_weight: torch.Tensor,
-    k_weight: torch.Tensor, base: float, is_neox: bool, position_ids: torch.Tensor, factor: float, low: float,
-    high: float, attention_factor: float, rotary_dim: int | None = None,
+    qkv: torch.Tensor,
+    num_heads_q: int,
+    num_heads_k: int,
+    head_dim: int,
+    eps: float,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    base: float,
+    is_neox: bool,
+    position_ids: torch.Tensor,
+    factor: float,
+    low: float,
+    high: float,
+    attention_factor: float,
+    rotary_dim: int | None = None,
 ) -> torch.Tensor:
     """The expected qkv of :func:`fused_qk_norm_rope` (a new tensor), in fp32 from the same inputs.
 

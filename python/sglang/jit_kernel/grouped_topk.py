@@ -18,20 +18,38 @@ MAX_GROUPS = 32
 
 
 @torch.library.custom_op("sglang_jit_kernel::grouped_topk", mutates_args=(), device_types="cuda")
-def _grouped_topk_op(scores: torch.Tensor, bias: torch.Tensor, num_expert_group: int, topk_group: int, topk: int,
-                     renormalize: bool, scaling_factor: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _grouped_topk_op(
+    scores: torch.Tensor,
+    bias: torch.Tensor,
+    num_expert_group: int,
+    topk_group: int,
+    topk: int,
+    renormalize: bool,
+    scaling_factor: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
     values = torch.empty(scores.shape[0], topk, dtype=torch.float32, device=scores.device)
     indices = torch.empty(scores.shape[0], topk, dtype=torch.int32, device=scores.device)
     if scores.shape[0] > 0:
-        jit_moe_routing_module(scores.dtype).grouped_topk(values, indices, scores, bias, num_expert_group, topk_group,
-                                                          renormalize, scaling_factor)
+        jit_moe_routing_module(scores.dtype).grouped_topk(
+            values, indices, scores, bias, num_expert_group, topk_group, renormalize, scaling_factor
+        )
     return values, indices
 
 
 @_grouped_topk_op.register_fake
-def _(scores: torch.Tensor, bias: torch.Tensor, num_expert_group: int, topk_group: int, topk: int, renormalize: bool, scaling_factor: float):
-    return (scores.new_empty(scores.shape[0], topk, dtype=torch.float32),
-            scores.new_empty(scores.shape[0], topk, dtype=torch.int32))
+def _(
+    scores: torch.Tensor,
+    bias: torch.Tensor,
+    num_expert_group: int,
+    topk_group: int,
+    topk: int,
+    renormalize: bool,
+    scaling_factor: float,
+):
+    return (
+        scores.new_empty(scores.shape[0], topk, dtype=torch.float32),
+        scores.new_empty(scores.shape[0], topk, dtype=torch.int32),
+    )
 
 
 def grouped_topk(
@@ -93,8 +111,14 @@ def grouped_topk(
         non-contiguous last dim of ``scores``; raised before any launch as
         ``grouped_topk: <arg> <what>: expected X, got Y``.
     """
-    check_tensor(_OP, "scores", scores, dtypes=FLOAT_DTYPES, dims=[("num_tokens", None), ("num_experts", None)],
-                 last_dim_contiguous=True)
+    check_tensor(
+        _OP,
+        "scores",
+        scores,
+        dtypes=FLOAT_DTYPES,
+        dims=[("num_tokens", None), ("num_experts", None)],
+        last_dim_contiguous=True,
+    )
     check_scalar(_OP, "num_expert_group", num_expert_group, int, minimum=1, maximum=MAX_GROUPS)
     check_scalar(_OP, "topk_group", topk_group, int, minimum=1, maximum=num_expert_group)
     check_scalar(_OP, "topk", topk, int, minimum=1)
@@ -104,26 +128,37 @@ def grouped_topk(
         fail(ValueError, _OP, "scaling_factor", "value", "a finite number", scaling_factor)
     num_tokens, num_experts = scores.shape
     if num_experts % num_expert_group != 0:
-        fail(ValueError, _OP, "num_expert_group", "value", f"a divisor of num_experts = {num_experts}", num_expert_group)
+        fail(
+            ValueError, _OP, "num_expert_group", "value", f"a divisor of num_experts = {num_experts}", num_expert_group
+        )
     group_size = num_experts // num_expert_group
     if topk > topk_group * group_size:
-        fail(ValueError, _OP, "topk", "value",
-             f"<= topk_group * group_size = {topk_group} * {group_size} = {topk_group * group_size}", topk)
+        fail(
+            ValueError,
+            _OP,
+            "topk",
+            "value",
+            f"<= topk_group * group_size = {topk_group} * {group_size} = {topk_group * group_size}",
+            topk,
+        )
     if bias is None:
         bias = no_bias(scores.device)
     else:
-        check_tensor(_OP, "bias", bias, dtypes=FLOAT_DTYPES, device_as=(scores, "scores"),
-                     dims=[("num_experts", num_experts)])
+        check_tensor(
+            _OP, "bias", bias, dtypes=FLOAT_DTYPES, device_as=(scores, "scores"), dims=[("num_experts", num_experts)]
+        )
         if bias.dtype != torch.float32 or not bias.is_contiguous():
             bias = bias.to(torch.float32).contiguous()
     if torch.compiler.is_compiling():
-        return torch.ops.sglang_jit_kernel.grouped_topk(scores, bias, num_expert_group, topk_group, topk, renormalize,
-                                                        float(scaling_factor))
+        return torch.ops.sglang_jit_kernel.grouped_topk(
+            scores, bias, num_expert_group, topk_group, topk, renormalize, float(scaling_factor)
+        )
     values = torch.empty(num_tokens, topk, dtype=torch.float32, device=scores.device)
     indices = torch.empty(num_tokens, topk, dtype=torch.int32, device=scores.device)
     if num_tokens > 0:
-        jit_moe_routing_module(scores.dtype).grouped_topk(values, indices, scores, bias, num_expert_group, topk_group,
-                                                          renormalize, float(scaling_factor))
+        jit_moe_routing_module(scores.dtype).grouped_topk(
+            values, indices, scores, bias, num_expert_group, topk_group, renormalize, float(scaling_factor)
+        )
     return values, indices
 
 
@@ -148,8 +183,16 @@ def _check_cases() -> list[CheckCase]:
         w = p.gather(1, masked.topk(topk, dim=-1).indices)
         return w / (w.sum(dim=-1, keepdim=True) + 1e-20) * factor
 
-    return [CheckCase(f"[{num_tokens}, {num_experts}] fp32 g{groups} tg{topk_group} top{topk}", make, call, reference,
-                      bytes_moved=num_tokens * (num_experts * 4 + topk * 8), dtype=torch.float32)]
+    return [
+        CheckCase(
+            f"[{num_tokens}, {num_experts}] fp32 g{groups} tg{topk_group} top{topk}",
+            make,
+            call,
+            reference,
+            bytes_moved=num_tokens * (num_experts * 4 + topk * 8),
+            dtype=torch.float32,
+        )
+    ]
 
 
 register_op(_OP, module=MOE_ROUTING_MODULE, check_cases=_check_cases)

@@ -82,13 +82,25 @@ def _rows(op: str, arg: str, tensor: torch.Tensor, dim_name: str) -> torch.Tenso
         try:
             tensor = tensor.view(tensor.shape[0], -1)
         except RuntimeError:
-            fail(RuntimeError, op, arg, "layout", "rows of contiguous elements (the dims after the first "
-                 "flatten into one contiguous row)", f"shape {tuple(tensor.shape)} with strides {tensor.stride()}")
+            fail(
+                RuntimeError,
+                op,
+                arg,
+                "layout",
+                "rows of contiguous elements (the dims after the first flatten into one contiguous row)",
+                f"shape {tuple(tensor.shape)} with strides {tensor.stride()}",
+            )
     if tensor.shape[1] == 1 and tensor.stride(1) != 1:
         tensor = tensor.as_strided(tensor.shape, (tensor.stride(0), 1))
     if tensor.stride(1) != 1 and tensor.shape[1] > 1:
-        fail(RuntimeError, op, arg, "last-dim stride", "1 (a contiguous row)",
-             f"{tensor.stride(1)} (shape {tuple(tensor.shape)} with strides {tensor.stride()})")
+        fail(
+            RuntimeError,
+            op,
+            arg,
+            "last-dim stride",
+            "1 (a contiguous row)",
+            f"{tensor.stride(1)} (shape {tuple(tensor.shape)} with strides {tensor.stride()})",
+        )
     return tensor
 
 
@@ -98,8 +110,14 @@ def _row_bytes(t: torch.Tensor) -> int:
 
 def _check_row(op: str, arg: str, tensor: torch.Tensor, ref: torch.Tensor, ref_arg: str) -> None:
     if _row_bytes(tensor) != _row_bytes(ref):
-        fail(RuntimeError, op, arg, "row size", f"{_row_bytes(ref)} bytes (the row of {ref_arg})",
-             f"{_row_bytes(tensor)} bytes (shape {tuple(tensor.shape)})")
+        fail(
+            RuntimeError,
+            op,
+            arg,
+            "row size",
+            f"{_row_bytes(ref)} bytes (the row of {ref_arg})",
+            f"{_row_bytes(tensor)} bytes (shape {tuple(tensor.shape)})",
+        )
 
 
 def _check_disjoint(op: str, cache_args: dict[str, torch.Tensor], source_args: dict[str, torch.Tensor]) -> None:
@@ -114,7 +132,11 @@ def _check_disjoint(op: str, cache_args: dict[str, torch.Tensor], source_args: d
 # store_cache
 # ---------------------------------------------------------------------------------------------
 def _run_store_cache(
-    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, indices: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    indices: torch.Tensor,
     num_split: int,
 ) -> None:
     """The checked call on 2-D views: the optional host index check, then the launcher."""
@@ -122,21 +144,35 @@ def _run_store_cache(
     _load().store_cache(k, v, k_cache, v_cache, indices, 0, num_split)
 
 
-@torch.library.custom_op(
-    "sglang_jit_kernel::store_cache", mutates_args=("k_cache", "v_cache"), device_types="cuda"
-)
+@torch.library.custom_op("sglang_jit_kernel::store_cache", mutates_args=("k_cache", "v_cache"), device_types="cuda")
 def _store_cache_op(
-    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, indices: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    indices: torch.Tensor,
     num_split: int,
 ) -> None:
     op = "store_cache"
-    _run_store_cache(_rows(op, "k", k, "num_tokens"), _rows(op, "v", v, "num_tokens"),
-                     _rows(op, "k_cache", k_cache, "num_slots"), _rows(op, "v_cache", v_cache, "num_slots"),
-                     indices, num_split)
+    _run_store_cache(
+        _rows(op, "k", k, "num_tokens"),
+        _rows(op, "v", v, "num_tokens"),
+        _rows(op, "k_cache", k_cache, "num_slots"),
+        _rows(op, "v_cache", v_cache, "num_slots"),
+        indices,
+        num_split,
+    )
 
 
 @_store_cache_op.register_fake
-def _(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, indices: torch.Tensor, num_split: int) -> None:
+def _(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    indices: torch.Tensor,
+    num_split: int,
+) -> None:
     return None
 
 
@@ -223,11 +259,23 @@ def store_cache(
     if v2.shape[0] != k2.shape[0]:
         fail(RuntimeError, op, "v", "shape", f"{k2.shape[0]} tokens (the rows of k)", f"{v2.shape[0]}")
     if indices.shape[0] > k2.shape[0]:
-        fail(RuntimeError, op, "indices", "shape", f"at most {k2.shape[0]} entries (the rows of k)",
-             f"{indices.shape[0]}")
+        fail(
+            RuntimeError,
+            op,
+            "indices",
+            "shape",
+            f"at most {k2.shape[0]} entries (the rows of k)",
+            f"{indices.shape[0]}",
+        )
     if v_cache2.shape[0] != k_cache2.shape[0]:
-        fail(RuntimeError, op, "v_cache", "shape", f"{k_cache2.shape[0]} slots (the slots of k_cache)",
-             f"{v_cache2.shape[0]}")
+        fail(
+            RuntimeError,
+            op,
+            "v_cache",
+            "shape",
+            f"{k_cache2.shape[0]} slots (the slots of k_cache)",
+            f"{v_cache2.shape[0]}",
+        )
     _check_row(op, "k_cache", k_cache2, k2, "k")
     _check_row(op, "v_cache", v_cache2, v2, "v")
     if row_bytes not in (0, _row_bytes(k2)):
@@ -276,8 +324,14 @@ def _head_rows(op: str, arg: str, tensor: torch.Tensor, dim_name: str, row_name:
     if tensor.dim() == 3 and tensor.shape[1] == 1:
         tensor = tensor.select(1, 0)
     if tensor.dim() != 2:
-        fail(RuntimeError, op, arg, "shape", f"[{dim_name}, {row_name}] or [{dim_name}, 1, {row_name}]",
-             tuple(tensor.shape))
+        fail(
+            RuntimeError,
+            op,
+            arg,
+            "shape",
+            f"[{dim_name}, {row_name}] or [{dim_name}, 1, {row_name}]",
+            tuple(tensor.shape),
+        )
     return _rows(op, arg, tensor, dim_name)
 
 
@@ -286,12 +340,15 @@ def _run_set_mla_kv_buffer(kv: torch.Tensor, loc: torch.Tensor, nope: torch.Tens
     _load().set_mla_kv_buffer(kv, loc, nope, rope)
 
 
-def _mla_views(kv_buffer: torch.Tensor, cache_k_nope: torch.Tensor,
-               cache_k_rope: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _mla_views(
+    kv_buffer: torch.Tensor, cache_k_nope: torch.Tensor, cache_k_rope: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     op = "set_mla_kv_buffer"
-    return (_head_rows(op, "kv_buffer", kv_buffer, "num_slots", "nope + rope"),
-            _head_rows(op, "cache_k_nope", cache_k_nope, "num_tokens", "nope"),
-            _head_rows(op, "cache_k_rope", cache_k_rope, "num_tokens", "rope"))
+    return (
+        _head_rows(op, "kv_buffer", kv_buffer, "num_slots", "nope + rope"),
+        _head_rows(op, "cache_k_nope", cache_k_nope, "num_tokens", "nope"),
+        _head_rows(op, "cache_k_rope", cache_k_rope, "num_tokens", "rope"),
+    )
 
 
 @torch.library.custom_op("sglang_jit_kernel::set_mla_kv_buffer", mutates_args=("kv_buffer",), device_types="cuda")
@@ -363,11 +420,17 @@ def set_mla_kv_buffer(
         if t.shape[0] != loc.shape[0]:
             fail(RuntimeError, op, arg, "shape", f"{loc.shape[0]} tokens (the entries of loc)", f"{t.shape[0]}")
     if nope.shape[1] + rope.shape[1] != kv.shape[1]:
-        fail(RuntimeError, op, "kv_buffer", "row size",
-             f"nope + rope = {nope.shape[1]} + {rope.shape[1]} = {nope.shape[1] + rope.shape[1]} elements",
-             f"{kv.shape[1]}")
-    _check_disjoint(op, {"kv_buffer": kv_buffer},
-                    {"cache_k_nope": cache_k_nope, "cache_k_rope": cache_k_rope, "loc": loc})
+        fail(
+            RuntimeError,
+            op,
+            "kv_buffer",
+            "row size",
+            f"nope + rope = {nope.shape[1]} + {rope.shape[1]} = {nope.shape[1] + rope.shape[1]} elements",
+            f"{kv.shape[1]}",
+        )
+    _check_disjoint(
+        op, {"kv_buffer": kv_buffer}, {"cache_k_nope": cache_k_nope, "cache_k_rope": cache_k_rope, "loc": loc}
+    )
     if loc.shape[0] == 0:
         return
     if torch.compiler.is_compiling():
@@ -401,8 +464,16 @@ def _store_cache_cases() -> list[CheckCase]:
         expected[1, indices] = v
         return expected
 
-    return [CheckCase(f"[{t}, {row}] bf16 -> [{slots}, {row}]", make, call, reference,
-                      bytes_moved=2 * 2 * t * row * 2 + t * 8, dtype=torch.bfloat16)]
+    return [
+        CheckCase(
+            f"[{t}, {row}] bf16 -> [{slots}, {row}]",
+            make,
+            call,
+            reference,
+            bytes_moved=2 * 2 * t * row * 2 + t * 8,
+            dtype=torch.bfloat16,
+        )
+    ]
 
 
 def _set_mla_kv_buffer_cases() -> list[CheckCase]:
@@ -425,8 +496,16 @@ def _set_mla_kv_buffer_cases() -> list[CheckCase]:
         expected[loc] = torch.cat([k_nope, k_rope], dim=-1)
         return expected
 
-    return [CheckCase(f"[{t}, {nope}+{rope}] bf16 -> [{slots}, {nope + rope}]", make, call, reference,
-                      bytes_moved=2 * t * (nope + rope) * 2 + t * 8, dtype=torch.bfloat16)]
+    return [
+        CheckCase(
+            f"[{t}, {nope}+{rope}] bf16 -> [{slots}, {nope + rope}]",
+            make,
+            call,
+            reference,
+            bytes_moved=2 * t * (nope + rope) * 2 + t * 8,
+            dtype=torch.bfloat16,
+        )
+    ]
 
 
 _KVCACHE_MODULE = register_module("kvcache", _jit_kvcache_module, [()])

@@ -64,9 +64,16 @@ def max_num_tokens_padded(numel: int, num_experts: int, block_size: int) -> int:
     return numel + min(numel, num_experts) * (block_size - 1)
 
 
-def _launch(topk_ids: torch.Tensor, num_experts: int, block_size: int, sorted_token_ids: torch.Tensor,
-            expert_ids: torch.Tensor, num_tokens_post_pad: torch.Tensor, cumsum_buffer: torch.Tensor,
-            pad_sorted_token_ids: bool) -> None:
+def _launch(
+    topk_ids: torch.Tensor,
+    num_experts: int,
+    block_size: int,
+    sorted_token_ids: torch.Tensor,
+    expert_ids: torch.Tensor,
+    num_tokens_post_pad: torch.Tensor,
+    cumsum_buffer: torch.Tensor,
+    pad_sorted_token_ids: bool,
+) -> None:
     if topk_ids.numel() == 0:  # no kernel: the outputs of an empty routing, written by torch
         num_tokens_post_pad.zero_()
         cumsum_buffer[: num_experts + 1].zero_()
@@ -74,8 +81,15 @@ def _launch(topk_ids: torch.Tensor, num_experts: int, block_size: int, sorted_to
             sorted_token_ids.zero_()  # the padding value numel() is 0
         return
     getattr(_jit_moe_align_module(), f"moe_align_block_size_{_SUFFIX[topk_ids.dtype][0]}")(
-        topk_ids, num_experts, block_size, sorted_token_ids, expert_ids, num_tokens_post_pad, cumsum_buffer,
-        pad_sorted_token_ids)
+        topk_ids,
+        num_experts,
+        block_size,
+        sorted_token_ids,
+        expert_ids,
+        num_tokens_post_pad,
+        cumsum_buffer,
+        pad_sorted_token_ids,
+    )
 
 
 @torch.library.custom_op(
@@ -83,16 +97,39 @@ def _launch(topk_ids: torch.Tensor, num_experts: int, block_size: int, sorted_to
     mutates_args=("sorted_token_ids", "expert_ids", "num_tokens_post_pad", "cumsum_buffer"),
     device_types="cuda",
 )
-def _moe_align_block_size_op(topk_ids: torch.Tensor, num_experts: int, block_size: int,
-                             sorted_token_ids: torch.Tensor, expert_ids: torch.Tensor,
-                             num_tokens_post_pad: torch.Tensor, cumsum_buffer: torch.Tensor,
-                             pad_sorted_token_ids: bool) -> None:
-    _launch(topk_ids, num_experts, block_size, sorted_token_ids, expert_ids, num_tokens_post_pad, cumsum_buffer,
-            pad_sorted_token_ids)
+def _moe_align_block_size_op(
+    topk_ids: torch.Tensor,
+    num_experts: int,
+    block_size: int,
+    sorted_token_ids: torch.Tensor,
+    expert_ids: torch.Tensor,
+    num_tokens_post_pad: torch.Tensor,
+    cumsum_buffer: torch.Tensor,
+    pad_sorted_token_ids: bool,
+) -> None:
+    _launch(
+        topk_ids,
+        num_experts,
+        block_size,
+        sorted_token_ids,
+        expert_ids,
+        num_tokens_post_pad,
+        cumsum_buffer,
+        pad_sorted_token_ids,
+    )
 
 
 @_moe_align_block_size_op.register_fake
-def _(topk_ids: torch.Tensor, num_experts: int, block_size: int, sorted_token_ids: torch.Tensor, expert_ids: torch.Tensor, num_tokens_post_pad: torch.Tensor, cumsum_buffer: torch.Tensor, pad_sorted_token_ids: bool) -> None:
+def _(
+    topk_ids: torch.Tensor,
+    num_experts: int,
+    block_size: int,
+    sorted_token_ids: torch.Tensor,
+    expert_ids: torch.Tensor,
+    num_tokens_post_pad: torch.Tensor,
+    cumsum_buffer: torch.Tensor,
+    pad_sorted_token_ids: bool,
+) -> None:
     return None
 
 
@@ -187,44 +224,81 @@ def moe_align_block_size(
     numel = topk_ids.numel()
     max_padded = max_num_tokens_padded(numel, num_experts, block_size)
     if max_padded > _INT32_MAX:
-        fail(RuntimeError, _OP, "topk_ids", "numel",
-             f"numel + min(numel, num_experts) * (block_size - 1) <= {_INT32_MAX} (int32 slots)",
-             f"{numel} (worst case {max_padded})")
+        fail(
+            RuntimeError,
+            _OP,
+            "topk_ids",
+            "numel",
+            f"numel + min(numel, num_experts) * (block_size - 1) <= {_INT32_MAX} (int32 slots)",
+            f"{numel} (worst case {max_padded})",
+        )
     needs = (
-        ("sorted_token_ids", sorted_token_ids, "max_num_tokens_padded", max_padded,
-         "numel + min(numel, num_experts) * (block_size - 1), the worst case"),
-        ("expert_ids", expert_ids, "max_num_blocks", max_padded // block_size,
-         "max_num_tokens_padded // block_size, the worst case"),
+        (
+            "sorted_token_ids",
+            sorted_token_ids,
+            "max_num_tokens_padded",
+            max_padded,
+            "numel + min(numel, num_experts) * (block_size - 1), the worst case",
+        ),
+        (
+            "expert_ids",
+            expert_ids,
+            "max_num_blocks",
+            max_padded // block_size,
+            "max_num_tokens_padded // block_size, the worst case",
+        ),
         ("cumsum_buffer", cumsum_buffer, "num_experts_plus_1", num_experts + 1, "num_experts + 1"),
     )
     for arg, t, dim, need, why in needs:
-        check_tensor(_OP, arg, t, dtypes=(torch.int32,), device_as=(topk_ids, "topk_ids"), dims=[(dim, None)],
-                     contiguous=True)
+        check_tensor(
+            _OP, arg, t, dtypes=(torch.int32,), device_as=(topk_ids, "topk_ids"), dims=[(dim, None)], contiguous=True
+        )
         if t.numel() < need:
             fail(RuntimeError, _OP, arg, "size", f"at least {need} ({why})", t.numel())
-    check_tensor(_OP, "num_tokens_post_pad", num_tokens_post_pad, dtypes=(torch.int32,),
-                 device_as=(topk_ids, "topk_ids"))
+    check_tensor(
+        _OP, "num_tokens_post_pad", num_tokens_post_pad, dtypes=(torch.int32,), device_as=(topk_ids, "topk_ids")
+    )
     if tuple(num_tokens_post_pad.shape) != (1,):
         fail(RuntimeError, _OP, "num_tokens_post_pad", "shape", "(1,)", tuple(num_tokens_post_pad.shape))
     flat = topk_ids.reshape(-1)  # a view when it can be, else a contiguous copy
     if not torch.compiler.is_compiling():
-        outputs = (("sorted_token_ids", sorted_token_ids), ("expert_ids", expert_ids),
-                   ("num_tokens_post_pad", num_tokens_post_pad), ("cumsum_buffer", cumsum_buffer))
+        outputs = (
+            ("sorted_token_ids", sorted_token_ids),
+            ("expert_ids", expert_ids),
+            ("num_tokens_post_pad", num_tokens_post_pad),
+            ("cumsum_buffer", cumsum_buffer),
+        )
         for i, (arg, t) in enumerate(outputs):
             check_no_partial_overlap(_OP, arg, t, topk_ids, "topk_ids", allow_same=False)
             for other_arg, other in outputs[:i]:
                 check_no_partial_overlap(_OP, arg, t, other, other_arg, allow_same=False)
         check_indices(_OP, "topk_ids", topk_ids, num_experts, skip_value=-1, dim_name="num_experts")
-        _launch(flat, num_experts, block_size, sorted_token_ids, expert_ids, num_tokens_post_pad, cumsum_buffer,
-                pad_sorted_token_ids)
+        _launch(
+            flat,
+            num_experts,
+            block_size,
+            sorted_token_ids,
+            expert_ids,
+            num_tokens_post_pad,
+            cumsum_buffer,
+            pad_sorted_token_ids,
+        )
     else:
-        torch.ops.sglang_jit_kernel.moe_align_block_size(flat, num_experts, block_size, sorted_token_ids,
-                                                         expert_ids, num_tokens_post_pad, cumsum_buffer,
-                                                         pad_sorted_token_ids)
+        torch.ops.sglang_jit_kernel.moe_align_block_size(
+            flat,
+            num_experts,
+            block_size,
+            sorted_token_ids,
+            expert_ids,
+            num_tokens_post_pad,
+            cumsum_buffer,
+            pad_sorted_token_ids,
+        )
 
 
-def align_reference(topk_ids: torch.Tensor, num_experts: int, block_size: int,
-                    sorted_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def align_reference(
+    topk_ids: torch.Tensor, num_experts: int, block_size: int, sorted_len: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The padded outputs of the definition, from a plain torch stable sort (``check``'s reference):
     ``(num_tokens_post_pad [1], cumsum [num_experts + 1], expert_ids [num_blocks],
     sorted_token_ids [sorted_len])``, padding and tail holding ``numel``."""
@@ -241,8 +315,7 @@ def align_reference(topk_ids: torch.Tensor, num_experts: int, block_size: int,
     sorted_ids = torch.full((sorted_len,), numel, dtype=torch.int32, device=flat.device)
     sorted_ids[cumsum[experts] + rank] = order.int()
     block_experts = torch.repeat_interleave(torch.arange(num_experts, device=flat.device), padded // block_size)
-    return (torch.tensor([total], dtype=torch.int32, device=flat.device), cumsum.int(), block_experts.int(),
-            sorted_ids)
+    return (torch.tensor([total], dtype=torch.int32, device=flat.device), cumsum.int(), block_experts.int(), sorted_ids)
 
 
 def _check_cases() -> list[CheckCase]:
@@ -254,22 +327,37 @@ def _check_cases() -> list[CheckCase]:
 
     def make() -> tuple:
         ids = torch.randint(0, num_experts, (num_tokens, topk), dtype=torch.int32, device="cuda")
-        return (ids, torch.empty(sorted_len, dtype=torch.int32, device="cuda"),
-                torch.full((max_blocks,), -1, dtype=torch.int32, device="cuda"),
-                torch.empty(1, dtype=torch.int32, device="cuda"),
-                torch.empty(num_experts + 1, dtype=torch.int32, device="cuda"))
+        return (
+            ids,
+            torch.empty(sorted_len, dtype=torch.int32, device="cuda"),
+            torch.full((max_blocks,), -1, dtype=torch.int32, device="cuda"),
+            torch.empty(1, dtype=torch.int32, device="cuda"),
+            torch.empty(num_experts + 1, dtype=torch.int32, device="cuda"),
+        )
 
-    def call(ids: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor, total: torch.Tensor, cumsum: torch.Tensor) -> torch.Tensor:
+    def call(
+        ids: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor, total: torch.Tensor, cumsum: torch.Tensor
+    ) -> torch.Tensor:
         moe_align_block_size(ids, num_experts, block_size, sorted_ids, expert_ids, total, cumsum, True)
         return torch.cat([total, cumsum, expert_ids, sorted_ids])
 
-    def reference(ids: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor, total: torch.Tensor, cumsum: torch.Tensor) -> torch.Tensor:
+    def reference(
+        ids: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor, total: torch.Tensor, cumsum: torch.Tensor
+    ) -> torch.Tensor:
         t, c, blocks, s = align_reference(ids, num_experts, block_size, sorted_len)
         tail = torch.full((max_blocks - blocks.numel(),), -1, dtype=torch.int32, device="cuda")
         return torch.cat([t, c, blocks, tail, s])
 
-    return [CheckCase(f"[{num_tokens}, {topk}] int32 E{num_experts} block{block_size}", make, call, reference,
-                      bytes_moved=4 * (num_tokens * topk + sorted_len + max_blocks), dtype=torch.int32)]
+    return [
+        CheckCase(
+            f"[{num_tokens}, {topk}] int32 E{num_experts} block{block_size}",
+            make,
+            call,
+            reference,
+            bytes_moved=4 * (num_tokens * topk + sorted_len + max_blocks),
+            dtype=torch.int32,
+        )
+    ]
 
 
 register_op(_OP, build=_jit_moe_align_module, variants=[()], check_cases=_check_cases)

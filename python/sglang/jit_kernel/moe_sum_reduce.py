@@ -31,8 +31,9 @@ def _jit_moe_sum_reduce_module() -> Module:
 
 
 def _launch(input: torch.Tensor, output: torch.Tensor, routed_scaling_factor: float) -> None:
-    getattr(_jit_moe_sum_reduce_module(), f"moe_sum_reduce_{_SUFFIX[input.dtype]}")(input, output,
-                                                                                    routed_scaling_factor)
+    getattr(_jit_moe_sum_reduce_module(), f"moe_sum_reduce_{_SUFFIX[input.dtype]}")(
+        input, output, routed_scaling_factor
+    )
 
 
 @torch.library.custom_op("sglang_jit_kernel::moe_sum_reduce", mutates_args=("output",), device_types="cuda")
@@ -79,11 +80,23 @@ def moe_sum_reduce(input: torch.Tensor, output: torch.Tensor, routed_scaling_fac
         dim, or overlapping tensors; raised before any launch as
         ``moe_sum_reduce: <arg> <what>: expected X, got Y``.
     """
-    check_tensor(_OP, "input", input, dtypes=FLOAT_DTYPES,
-                 dims=[("num_tokens", None), ("topk", None), ("hidden_size", None)], last_dim_contiguous=True)
+    check_tensor(
+        _OP,
+        "input",
+        input,
+        dtypes=FLOAT_DTYPES,
+        dims=[("num_tokens", None), ("topk", None), ("hidden_size", None)],
+        last_dim_contiguous=True,
+    )
     num_tokens, _, hidden_size = input.shape
-    check_tensor(_OP, "output", output, dtype_as=(input, "input"),
-                 dims=[("num_tokens", num_tokens), ("hidden_size", hidden_size)], last_dim_contiguous=True)
+    check_tensor(
+        _OP,
+        "output",
+        output,
+        dtype_as=(input, "input"),
+        dims=[("num_tokens", num_tokens), ("hidden_size", hidden_size)],
+        last_dim_contiguous=True,
+    )
     check_scalar(_OP, "routed_scaling_factor", routed_scaling_factor, float)
     if not math.isfinite(routed_scaling_factor):
         fail(ValueError, _OP, "routed_scaling_factor", "value", "a finite number", routed_scaling_factor)
@@ -109,9 +122,16 @@ def _check_cases() -> list[CheckCase]:
         moe_sum_reduce(x, out, factor)
         return out
 
-    return [CheckCase(f"[{t}, {k}, {h}] bf16", make, call,
-                      lambda x, out: (x.float().sum(dim=1) * factor).to(torch.bfloat16),
-                      bytes_moved=(k + 1) * t * h * 2, dtype=torch.bfloat16)]
+    return [
+        CheckCase(
+            f"[{t}, {k}, {h}] bf16",
+            make,
+            call,
+            lambda x, out: (x.float().sum(dim=1) * factor).to(torch.bfloat16),
+            bytes_moved=(k + 1) * t * h * 2,
+            dtype=torch.bfloat16,
+        )
+    ]
 
 
 register_op(_OP, build=_jit_moe_sum_reduce_module, variants=[()], check_cases=_check_cases)

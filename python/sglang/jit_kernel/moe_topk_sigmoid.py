@@ -13,15 +13,29 @@ __all__ = ["topk_sigmoid"]
 _OP = "topk_sigmoid"
 
 
-@torch.library.custom_op("sglang_jit_kernel::topk_sigmoid", mutates_args=("topk_weights", "topk_ids"), device_types="cuda")
-def _topk_sigmoid_op(topk_weights: torch.Tensor, topk_ids: torch.Tensor, gating_output: torch.Tensor,
-                     correction_bias: torch.Tensor, renormalize: bool) -> None:
+@torch.library.custom_op(
+    "sglang_jit_kernel::topk_sigmoid", mutates_args=("topk_weights", "topk_ids"), device_types="cuda"
+)
+def _topk_sigmoid_op(
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    gating_output: torch.Tensor,
+    correction_bias: torch.Tensor,
+    renormalize: bool,
+) -> None:
     jit_moe_routing_module(gating_output.dtype).topk_sigmoid(
-        topk_weights, topk_ids, gating_output, correction_bias, renormalize)
+        topk_weights, topk_ids, gating_output, correction_bias, renormalize
+    )
 
 
 @_topk_sigmoid_op.register_fake
-def _(topk_weights: torch.Tensor, topk_ids: torch.Tensor, gating_output: torch.Tensor, correction_bias: torch.Tensor, renormalize: bool) -> None:
+def _(
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    gating_output: torch.Tensor,
+    correction_bias: torch.Tensor,
+    renormalize: bool,
+) -> None:
     return None
 
 
@@ -79,8 +93,9 @@ def topk_sigmoid(
     if torch.compiler.is_compiling():
         torch.ops.sglang_jit_kernel.topk_sigmoid(topk_weights, topk_ids, gating_output, bias, renormalize)
     else:
-        jit_moe_routing_module(gating_output.dtype).topk_sigmoid(topk_weights, topk_ids, gating_output, bias,
-                                                                 renormalize)
+        jit_moe_routing_module(gating_output.dtype).topk_sigmoid(
+            topk_weights, topk_ids, gating_output, bias, renormalize
+        )
 
 
 def _check_cases() -> list[CheckCase]:
@@ -98,8 +113,16 @@ def _check_cases() -> list[CheckCase]:
         values = torch.sigmoid(logits).topk(topk, dim=-1).values
         return values / (values.sum(dim=-1, keepdim=True) + 1e-20)
 
-    return [CheckCase(f"[{num_tokens}, {num_experts}] fp32 top{topk} renorm", make, call, reference,
-                      bytes_moved=num_tokens * (num_experts * 4 + topk * 8), dtype=torch.float32)]
+    return [
+        CheckCase(
+            f"[{num_tokens}, {num_experts}] fp32 top{topk} renorm",
+            make,
+            call,
+            reference,
+            bytes_moved=num_tokens * (num_experts * 4 + topk * 8),
+            dtype=torch.float32,
+        )
+    ]
 
 
 register_op(_OP, module=MOE_ROUTING_MODULE, check_cases=_check_cases)

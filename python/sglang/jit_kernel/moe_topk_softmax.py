@@ -13,15 +13,31 @@ __all__ = ["topk_softmax"]
 _OP = "topk_softmax"
 
 
-@torch.library.custom_op("sglang_jit_kernel::topk_softmax", mutates_args=("topk_weights", "topk_ids"), device_types="cuda")
-def _topk_softmax_op(topk_weights: torch.Tensor, topk_ids: torch.Tensor, gating_output: torch.Tensor,
-                     correction_bias: torch.Tensor, renormalize: bool, moe_softcapping: float) -> None:
+@torch.library.custom_op(
+    "sglang_jit_kernel::topk_softmax", mutates_args=("topk_weights", "topk_ids"), device_types="cuda"
+)
+def _topk_softmax_op(
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    gating_output: torch.Tensor,
+    correction_bias: torch.Tensor,
+    renormalize: bool,
+    moe_softcapping: float,
+) -> None:
     jit_moe_routing_module(gating_output.dtype).topk_softmax(
-        topk_weights, topk_ids, gating_output, correction_bias, renormalize, moe_softcapping)
+        topk_weights, topk_ids, gating_output, correction_bias, renormalize, moe_softcapping
+    )
 
 
 @_topk_softmax_op.register_fake
-def _(topk_weights: torch.Tensor, topk_ids: torch.Tensor, gating_output: torch.Tensor, correction_bias: torch.Tensor, renormalize: bool, moe_softcapping: float) -> None:
+def _(
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    gating_output: torch.Tensor,
+    correction_bias: torch.Tensor,
+    renormalize: bool,
+    moe_softcapping: float,
+) -> None:
     return None
 
 
@@ -88,11 +104,13 @@ def topk_softmax(
     if gating_output.shape[0] == 0:
         return
     if torch.compiler.is_compiling():
-        torch.ops.sglang_jit_kernel.topk_softmax(topk_weights, topk_ids, gating_output, bias, renormalize,
-                                                 float(moe_softcapping))
+        torch.ops.sglang_jit_kernel.topk_softmax(
+            topk_weights, topk_ids, gating_output, bias, renormalize, float(moe_softcapping)
+        )
     else:
         jit_moe_routing_module(gating_output.dtype).topk_softmax(
-            topk_weights, topk_ids, gating_output, bias, renormalize, float(moe_softcapping))
+            topk_weights, topk_ids, gating_output, bias, renormalize, float(moe_softcapping)
+        )
 
 
 def _check_cases() -> list[CheckCase]:
@@ -110,8 +128,16 @@ def _check_cases() -> list[CheckCase]:
     def reference(logits: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         return torch.softmax(logits, dim=-1).topk(topk, dim=-1).values
 
-    return [CheckCase(f"[{num_tokens}, {num_experts}] fp32 top{topk}", make, call, reference,
-                      bytes_moved=num_tokens * (num_experts * 4 + topk * 8), dtype=torch.float32)]
+    return [
+        CheckCase(
+            f"[{num_tokens}, {num_experts}] fp32 top{topk}",
+            make,
+            call,
+            reference,
+            bytes_moved=num_tokens * (num_experts * 4 + topk * 8),
+            dtype=torch.float32,
+        )
+    ]
 
 
 register_op(_OP, module=MOE_ROUTING_MODULE, check_cases=_check_cases)

@@ -119,8 +119,14 @@ def _as_rows(op: str, name: str, tensor: torch.Tensor, copy_ok: bool = False) ->
     except RuntimeError:
         if copy_ok:
             return tensor.reshape(-1, tensor.shape[-1])
-        fail(RuntimeError, op, name, "layout", "leading dims that flatten to [num_tokens, hidden_size] without a copy",
-             f"shape {tuple(tensor.shape)} with strides {tensor.stride()}")
+        fail(
+            RuntimeError,
+            op,
+            name,
+            "layout",
+            "leading dims that flatten to [num_tokens, hidden_size] without a copy",
+            f"shape {tuple(tensor.shape)} with strides {tensor.stride()}",
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,7 +154,15 @@ def _rmsnorm_out_op(
 
 
 @_rmsnorm_out_op.register_fake
-def _(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float, cast_x_before_out_mul: bool, enable_pdl: int) -> None:
+def _(
+    out: torch.Tensor,
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    weight_offset: float,
+    cast_x_before_out_mul: bool,
+    enable_pdl: int,
+) -> None:
     return None
 
 
@@ -174,7 +188,9 @@ def _fused_add_rmsnorm_op(
 
 
 @_fused_add_rmsnorm_op.register_fake
-def _(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float, enable_pdl: int) -> None:
+def _(
+    input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float, enable_pdl: int
+) -> None:
     return None
 
 
@@ -195,7 +211,15 @@ def _qknorm_op(
 
 
 @_qknorm_op.register_fake
-def _(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float, enable_pdl: int, across_heads: bool) -> None:
+def _(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    enable_pdl: int,
+    across_heads: bool,
+) -> None:
     return None
 
 
@@ -224,8 +248,9 @@ def _rmsnorm_checked(
     check_scalar(op, "enable_pdl", enable_pdl, bool, optional=True)
     check_scalar(op, "cast_x_before_out_mul", cast_x_before_out_mul, bool)
     check_tensor(op, "input", input, dtypes=FLOAT_DTYPES, last_dim_contiguous=True)
-    check_tensor(op, "weight", weight, dtype_as=(input, "input"), dims=[("hidden_size", input.shape[-1])],
-                 contiguous=True)
+    check_tensor(
+        op, "weight", weight, dtype_as=(input, "input"), dims=[("hidden_size", input.shape[-1])], contiguous=True
+    )
     if out is None:
         out = torch.empty(input.shape, dtype=input.dtype, device=input.device)
     else:
@@ -341,8 +366,15 @@ def _rmsnorm(
         if fn is not None and (enable_pdl is None or enable_pdl is True or enable_pdl is False):
             result = torch.empty_like(input) if out is None else out
             try:
-                fn(result, input, weight, eps, weight_offset, cast_x_before_out_mul,
-                   -1 if enable_pdl is None else enable_pdl)
+                fn(
+                    result,
+                    input,
+                    weight,
+                    eps,
+                    weight_offset,
+                    cast_x_before_out_mul,
+                    -1 if enable_pdl is None else enable_pdl,
+                )
                 return result
             except (TypeError, RuntimeError):
                 pass
@@ -472,10 +504,12 @@ def _fused_add_rmsnorm(
     check_scalar(op, "eps", eps, float, minimum=0.0)
     check_scalar(op, "enable_pdl", enable_pdl, bool, optional=True)
     check_tensor(op, "input", input, dtypes=FLOAT_DTYPES, last_dim_contiguous=True)
-    check_tensor(op, "residual", residual, dtype_as=(input, "input"), shape_as=(input, "input"),
-                 last_dim_contiguous=True)
-    check_tensor(op, "weight", weight, dtype_as=(input, "input"), dims=[("hidden_size", input.shape[-1])],
-                 contiguous=True)
+    check_tensor(
+        op, "residual", residual, dtype_as=(input, "input"), shape_as=(input, "input"), last_dim_contiguous=True
+    )
+    check_tensor(
+        op, "weight", weight, dtype_as=(input, "input"), dims=[("hidden_size", input.shape[-1])], contiguous=True
+    )
     pdl = _pdl_flag(enable_pdl)
     if torch.compiler.is_compiling():
         torch.ops.sglang_jit_kernel.fused_add_rmsnorm_inplace(input, residual, weight, eps, weight_offset, pdl)
@@ -645,13 +679,25 @@ def fused_inplace_qknorm(
     check_scalar(op, "eps", eps, float, minimum=0.0)
     check_scalar(op, "head_dim", head_dim, int)
     check_scalar(op, "enable_pdl", enable_pdl, bool, optional=True)
-    check_tensor(op, "q", q, dtypes=FLOAT_DTYPES, dims=[("num_tokens", None), ("num_q_heads", None), ("head_dim", None)],
-                 last_dim_contiguous=True)
+    check_tensor(
+        op,
+        "q",
+        q,
+        dtypes=FLOAT_DTYPES,
+        dims=[("num_tokens", None), ("num_q_heads", None), ("head_dim", None)],
+        last_dim_contiguous=True,
+    )
     num_tokens, _, dim = q.shape
     if head_dim != 0 and head_dim != dim:
         fail(ValueError, op, "head_dim", "value", f"0 or q.shape[-1] ({dim})", head_dim)
-    check_tensor(op, "k", k, dtype_as=(q, "q"),
-                 dims=[("num_tokens", num_tokens), ("num_kv_heads", None), ("head_dim", dim)], last_dim_contiguous=True)
+    check_tensor(
+        op,
+        "k",
+        k,
+        dtype_as=(q, "q"),
+        dims=[("num_tokens", num_tokens), ("num_kv_heads", None), ("head_dim", dim)],
+        last_dim_contiguous=True,
+    )
     check_tensor(op, "q_weight", q_weight, dtype_as=(q, "q"), dims=[("head_dim", dim)], contiguous=True)
     check_tensor(op, "k_weight", k_weight, dtype_as=(q, "q"), dims=[("head_dim", dim)], contiguous=True)
     pdl = _pdl_flag(enable_pdl)
@@ -749,11 +795,13 @@ def fused_inplace_qknorm_across_heads(
     op = "fused_inplace_qknorm_across_heads"
     check_scalar(op, "eps", eps, float, minimum=0.0)
     check_scalar(op, "enable_pdl", enable_pdl, bool, optional=True)
-    check_tensor(op, "q", q, dtypes=FLOAT_DTYPES, dims=[("num_tokens", None), ("hidden_q", None)],
-                 last_dim_contiguous=True)
+    check_tensor(
+        op, "q", q, dtypes=FLOAT_DTYPES, dims=[("num_tokens", None), ("hidden_q", None)], last_dim_contiguous=True
+    )
     num_tokens, hidden_q = q.shape
-    check_tensor(op, "k", k, dtype_as=(q, "q"), dims=[("num_tokens", num_tokens), ("hidden_k", None)],
-                 last_dim_contiguous=True)
+    check_tensor(
+        op, "k", k, dtype_as=(q, "q"), dims=[("num_tokens", num_tokens), ("hidden_k", None)], last_dim_contiguous=True
+    )
     check_tensor(op, "q_weight", q_weight, dtype_as=(q, "q"), dims=[("hidden_q", hidden_q)], contiguous=True)
     check_tensor(op, "k_weight", k_weight, dtype_as=(q, "q"), dims=[("hidden_k", k.shape[1])], contiguous=True)
     pdl = _pdl_flag(enable_pdl)
@@ -847,10 +895,16 @@ def _fused_cases(fn: Callable[..., None], offset: float) -> Callable[[], list[Ch
     return cases
 
 
-def _qkv_case(label: str, n: int, q_cols: int, k_cols: int, weights: tuple[int, int],
-              normalise: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None],
-              view_q: Callable[[torch.Tensor], torch.Tensor], view_k: Callable[[torch.Tensor], torch.Tensor],
-              ) -> CheckCase:
+def _qkv_case(
+    label: str,
+    n: int,
+    q_cols: int,
+    k_cols: int,
+    weights: tuple[int, int],
+    normalise: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None],
+    view_q: Callable[[torch.Tensor], torch.Tensor],
+    view_k: Callable[[torch.Tensor], torch.Tensor],
+) -> CheckCase:
     """q and k normalised in place as views of a bf16 [n, q_cols + 2 * k_cols] qkv buffer (inputs:
     qkv, q_weight, k_weight of `weights` elements); the reference normalises the views' last dim."""
 
@@ -885,18 +939,32 @@ def _qkv_case(label: str, n: int, q_cols: int, k_cols: int, weights: tuple[int, 
 def _qknorm_cases() -> list[CheckCase]:
     n, hq, hk, d = 16384, 32, 8, 128
     return [
-        _qkv_case(f"[{n}, {hq}+{hk}, {d}] bf16", n, hq * d, hk * d, (d, d),
-                  lambda q, k, qw, kw: fused_inplace_qknorm(q, k, qw, kw, 1e-6),
-                  lambda t: t.view(n, hq, d), lambda t: t.view(n, hk, d))
+        _qkv_case(
+            f"[{n}, {hq}+{hk}, {d}] bf16",
+            n,
+            hq * d,
+            hk * d,
+            (d, d),
+            lambda q, k, qw, kw: fused_inplace_qknorm(q, k, qw, kw, 1e-6),
+            lambda t: t.view(n, hq, d),
+            lambda t: t.view(n, hk, d),
+        )
     ]
 
 
 def _across_heads_cases() -> list[CheckCase]:
     n, hidden_q, hidden_k = 16384, 4096, 1024
     return [
-        _qkv_case(f"[{n}, {hidden_q}+{hidden_k}] bf16", n, hidden_q, hidden_k, (hidden_q, hidden_k),
-                  lambda q, k, qw, kw: fused_inplace_qknorm_across_heads(q, k, qw, kw, 1e-6),
-                  lambda t: t, lambda t: t)
+        _qkv_case(
+            f"[{n}, {hidden_q}+{hidden_k}] bf16",
+            n,
+            hidden_q,
+            hidden_k,
+            (hidden_q, hidden_k),
+            lambda q, k, qw, kw: fused_inplace_qknorm_across_heads(q, k, qw, kw, 1e-6),
+            lambda t: t,
+            lambda t: t,
+        )
     ]
 
 

@@ -60,8 +60,9 @@ def _launch(input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor,
     _fn(input.dtype)(rows_in, rows_q, output_s.view(1), is_static, eps)
 
 
-def _check(input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor, is_static: bool,
-           eps: float) -> torch.Tensor:
+def _check(
+    input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor, is_static: bool, eps: float
+) -> torch.Tensor:
     check_tensor(_OP, "input", input, dtypes=FLOAT_DTYPES)
     if input.dim() == 0:
         fail(RuntimeError, _OP, "input", "dims", "at least 1 ([..., hidden_size])", "a 0-d tensor")
@@ -70,12 +71,20 @@ def _check(input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor, 
     check_scalar(_OP, "is_static", is_static, bool)
     check_scalar(_OP, "eps", eps, float, minimum=0.0)
     if output_q.shape != input.shape:
-        fail(RuntimeError, _OP, "output_q", "shape", f"{tuple(input.shape)} (the shape of input)", tuple(output_q.shape))
+        fail(
+            RuntimeError, _OP, "output_q", "shape", f"{tuple(input.shape)} (the shape of input)", tuple(output_q.shape)
+        )
     if output_s.numel() != 1:
         fail(RuntimeError, _OP, "output_s", "shape", "one element ([1] or [])", tuple(output_s.shape))
     if output_q.stride(-1) != 1 and input.shape[-1] > 1:
-        fail(RuntimeError, _OP, "output_q", "last-dim stride", "1 (a contiguous last dim)",
-             f"{output_q.stride(-1)} (shape {tuple(output_q.shape)} with strides {output_q.stride()})")
+        fail(
+            RuntimeError,
+            _OP,
+            "output_q",
+            "last-dim stride",
+            "1 (a contiguous last dim)",
+            f"{output_q.stride(-1)} (shape {tuple(output_q.shape)} with strides {output_q.stride()})",
+        )
     check_outputs_disjoint(_OP, input, output_q, output_s)
     return last_dim_contiguous(input)
 
@@ -133,8 +142,14 @@ def per_tensor_quant_fp8(
     if not torch.compiler.is_compiling():
         try:  # the launcher checks shapes, dtypes, devices, layouts and overlaps
             fn = _FNS.get(input.dtype)
-            if (fn is not None and type(is_static) is bool and eps >= 0 and input.is_contiguous()
-                    and output_q.is_contiguous() and output_q.shape == input.shape):
+            if (
+                fn is not None
+                and type(is_static) is bool
+                and eps >= 0
+                and input.is_contiguous()
+                and output_q.is_contiguous()
+                and output_q.shape == input.shape
+            ):
                 fn(input.view(1, -1), output_q.view(1, -1), output_s.view(1), is_static, eps)
                 return
         except (AttributeError, TypeError, RuntimeError):  # raised before any launch: the checked path explains
@@ -148,7 +163,9 @@ def per_tensor_quant_fp8(
         _launch(input, output_q, output_s, is_static, eps)
 
 
-def reference(x: torch.Tensor, scale: torch.Tensor | None = None, eps: float = 1e-10) -> tuple[torch.Tensor, torch.Tensor]:
+def reference(
+    x: torch.Tensor, scale: torch.Tensor | None = None, eps: float = 1e-10
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(q, s)`` of the kernel's fp32 arithmetic: dynamic (``scale`` None: computed from a zeroed
     ``output_s``) or static (the given one-element ``scale``)."""
     s = emulate_scale(emulate_amax(x), eps, FP8_MAX).reshape(1) if scale is None else scale.float().reshape(1)

@@ -65,12 +65,29 @@ def _per_token_group_quant_8bit_op(
 
 
 @_per_token_group_quant_8bit_op.register_fake
-def _(input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor, group_size: int, eps: float, fp8_min: float, fp8_max: float, scale_ue8m0: bool) -> None:
+def _(
+    input: torch.Tensor,
+    output_q: torch.Tensor,
+    output_s: torch.Tensor,
+    group_size: int,
+    eps: float,
+    fp8_min: float,
+    fp8_max: float,
+    scale_ue8m0: bool,
+) -> None:
     return None
 
 
-def _launch(input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor, group_size: int, eps: float, fp8_min: float,
-    fp8_max: float, scale_ue8m0: bool) -> None:
+def _launch(
+    input: torch.Tensor,
+    output_q: torch.Tensor,
+    output_s: torch.Tensor,
+    group_size: int,
+    eps: float,
+    fp8_min: float,
+    fp8_max: float,
+    scale_ue8m0: bool,
+) -> None:
     hidden_size = input.shape[-1]
     num_tokens = input.numel() // hidden_size
     _fn(input.dtype)(
@@ -85,8 +102,16 @@ def _launch(input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor,
     )
 
 
-def _check(input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor, group_size: int, eps: float, fp8_min: float,
-    fp8_max: float, scale_ue8m0: bool) -> torch.Tensor:
+def _check(
+    input: torch.Tensor,
+    output_q: torch.Tensor,
+    output_s: torch.Tensor,
+    group_size: int,
+    eps: float,
+    fp8_min: float,
+    fp8_max: float,
+    scale_ue8m0: bool,
+) -> torch.Tensor:
     """Every check of the op, in argument order; returns ``input`` laid out for the kernel (last dim
     contiguous: a copy if it was not)."""
     check_tensor(_OP, "input", input, dtypes=FLOAT_DTYPES)
@@ -103,19 +128,29 @@ def _check(input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor, 
         fail(ValueError, _OP, "fp8_max", "value", f"> fp8_min ({fp8_min})", fp8_max)
     check_scalar(_OP, "scale_ue8m0", scale_ue8m0, bool)
     if scale_ue8m0 and output_q.dtype != torch.float8_e4m3fn:
-        fail(RuntimeError, _OP, "output_q", "dtype", "float8_e4m3fn (scale_ue8m0 is for fp8)",
-             dtype_name(output_q.dtype))
+        fail(
+            RuntimeError, _OP, "output_q", "dtype", "float8_e4m3fn (scale_ue8m0 is for fp8)", dtype_name(output_q.dtype)
+        )
 
     hidden_size = input.shape[-1]
     if hidden_size % group_size:
-        fail(RuntimeError, _OP, "input", "shape", f"hidden_size (last dim) a multiple of group_size={group_size}",
-             tuple(input.shape))
+        fail(
+            RuntimeError,
+            _OP,
+            "input",
+            "shape",
+            f"hidden_size (last dim) a multiple of group_size={group_size}",
+            tuple(input.shape),
+        )
     if output_q.shape != input.shape:
-        fail(RuntimeError, _OP, "output_q", "shape", f"{tuple(input.shape)} (the shape of input)", tuple(output_q.shape))
+        fail(
+            RuntimeError, _OP, "output_q", "shape", f"{tuple(input.shape)} (the shape of input)", tuple(output_q.shape)
+        )
     num_groups = hidden_size // group_size
     scale_cols = (num_groups + 3) // 4 if scale_ue8m0 else num_groups
-    check_tensor(_OP, "output_s", output_s, dtypes=(torch.int32 if scale_ue8m0 else torch.float32,),
-                 device_as=(input, "input"))
+    check_tensor(
+        _OP, "output_s", output_s, dtypes=(torch.int32 if scale_ue8m0 else torch.float32,), device_as=(input, "input")
+    )
     leading = [(f"dim{i}", n) for i, n in enumerate(input.shape[:-1])]
     num_tokens = input.numel() // hidden_size if hidden_size else 0
     col = ("num_groups / 4 rounded up" if scale_ue8m0 else "num_groups", scale_cols)
@@ -124,8 +159,14 @@ def _check(input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor, 
     else:
         check_shape(_OP, "output_s", output_s, [*leading, col])
     if output_q.stride(-1) != 1 and hidden_size > 1:
-        fail(RuntimeError, _OP, "output_q", "last-dim stride", "1 (a contiguous last dim)",
-             f"{output_q.stride(-1)} (shape {tuple(output_q.shape)} with strides {output_q.stride()})")
+        fail(
+            RuntimeError,
+            _OP,
+            "output_q",
+            "last-dim stride",
+            "1 (a contiguous last dim)",
+            f"{output_q.stride(-1)} (shape {tuple(output_q.shape)} with strides {output_q.stride()})",
+        )
     if 0 in output_s.stride() and output_s.numel() > 1:
         fail(RuntimeError, _OP, "output_s", "layout", "no stride 0 (an expanded tensor)", output_s.stride())
     check_outputs_disjoint(_OP, input, output_q, output_s)
@@ -216,7 +257,8 @@ def per_token_group_quant_8bit(
         return output_q, output_s
     if torch.compiler.is_compiling():
         torch.ops.sglang_jit_kernel.per_token_group_quant_8bit(
-            input, output_q, output_s, group_size, eps, fp8_min, fp8_max, scale_ue8m0)
+            input, output_q, output_s, group_size, eps, fp8_min, fp8_max, scale_ue8m0
+        )
     else:
         _launch(input, output_q, output_s, group_size, eps, fp8_min, fp8_max, scale_ue8m0)
     return output_q, output_s
@@ -225,8 +267,9 @@ def per_token_group_quant_8bit(
 # ---------------------------------------------------------------------------------------------
 # Registration: `check` compares the bytes of output_q and output_s with the fp32 emulation
 # ---------------------------------------------------------------------------------------------
-def reference(x: torch.Tensor, group_size: int, eps: float, q_min: float, q_max: float, dtype: torch.dtype,
-              ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def reference(
+    x: torch.Tensor, group_size: int, eps: float, q_min: float, q_max: float, dtype: torch.dtype, ue8m0: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(q, s)`` of the kernel's fp32 arithmetic for ``x [M, K]``: ``q [M, K]`` of ``dtype``, ``s``
     fp32 ``[M, K / group_size]`` (the power-of-two scales with ``ue8m0``, not packed)."""
     m, k = x.shape

@@ -50,8 +50,14 @@ def _launch(input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor,
     try:
         scales = output_s.view(num_tokens)
     except RuntimeError:
-        fail(RuntimeError, _OP, "output_s", "layout", "dims that flatten to one stride (a view of [num_tokens])",
-             f"shape {tuple(output_s.shape)} with strides {output_s.stride()}")
+        fail(
+            RuntimeError,
+            _OP,
+            "output_s",
+            "layout",
+            "dims that flatten to one stride (a view of [num_tokens])",
+            f"shape {tuple(output_s.shape)} with strides {output_s.stride()}",
+        )
     _fn(input.dtype)(
         as_rows(_OP, "input", input, num_tokens, copy_ok=True),
         as_rows(_OP, "output_q", output_q, num_tokens, copy_ok=False),
@@ -68,18 +74,28 @@ def _check(input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor, 
     check_tensor(_OP, "output_s", output_s, dtypes=(torch.float32,), device_as=(input, "input"))
     check_scalar(_OP, "eps", eps, float, minimum=0.0)
     if output_q.shape != input.shape:
-        fail(RuntimeError, _OP, "output_q", "shape", f"{tuple(input.shape)} (the shape of input)", tuple(output_q.shape))
+        fail(
+            RuntimeError, _OP, "output_q", "shape", f"{tuple(input.shape)} (the shape of input)", tuple(output_q.shape)
+        )
     leading = [(f"dim{i}", n) for i, n in enumerate(input.shape[:-1])]
     num_tokens = 1
     for n in input.shape[:-1]:
         num_tokens *= n
-    if output_s.numel() != num_tokens or output_s.dim() not in (len(leading), len(leading) + 1) or (
-        output_s.dim() == len(leading) + 1 and output_s.shape[-1] != 1
+    if (
+        output_s.numel() != num_tokens
+        or output_s.dim() not in (len(leading), len(leading) + 1)
+        or (output_s.dim() == len(leading) + 1 and output_s.shape[-1] != 1)
     ):
         check_shape(_OP, "output_s", output_s, [*leading, ("1", 1)])
     if output_q.stride(-1) != 1 and input.shape[-1] > 1:
-        fail(RuntimeError, _OP, "output_q", "last-dim stride", "1 (a contiguous last dim)",
-             f"{output_q.stride(-1)} (shape {tuple(output_q.shape)} with strides {output_q.stride()})")
+        fail(
+            RuntimeError,
+            _OP,
+            "output_q",
+            "last-dim stride",
+            "1 (a contiguous last dim)",
+            f"{output_q.stride(-1)} (shape {tuple(output_q.shape)} with strides {output_q.stride()})",
+        )
     check_outputs_disjoint(_OP, input, output_q, output_s)
     return last_dim_contiguous(input)
 

@@ -125,8 +125,10 @@ def _variant_tuple(name: str, variants: Sequence[Any]) -> tuple[tuple, ...]:
     out = []
     for args in variants:
         if not isinstance(args, tuple):
-            raise TypeError(f"register: {name} variants item type: expected a tuple of build arguments, "
-                            f"got {type(args).__name__} ({args!r})")
+            raise TypeError(
+                f"register: {name} variants item type: expected a tuple of build arguments, "
+                f"got {type(args).__name__} ({args!r})"
+            )
         out.append(args)
     return tuple(out)
 
@@ -159,8 +161,10 @@ def register_module(name: str, build: Callable[..., Any], variants: Sequence[tup
     source = _caller_module()
     previous = _MODULES.get(name)
     if previous is not None and previous.source != source:
-        raise ValueError(f"register_module: name value: expected a name not yet registered, got {name!r} "
-                         f"(already registered by {previous.source})")
+        raise ValueError(
+            f"register_module: name value: expected a name not yet registered, got {name!r} "
+            f"(already registered by {previous.source})"
+        )
     module = JitModule(name, build, _variant_tuple(name, variants), source)
     _MODULES[name] = module
     return module
@@ -207,12 +211,16 @@ def register_op(
     """
     source = _caller_module()
     if (module is None) == (build is None):
-        raise TypeError(f"register_op: {name} module/build: expected exactly one of module= or build=, "
-                        f"got {'both' if module is not None else 'neither'}")
+        raise TypeError(
+            f"register_op: {name} module/build: expected exactly one of module= or build=, "
+            f"got {'both' if module is not None else 'neither'}"
+        )
     previous = _OPS.get(name)
     if previous is not None and previous.source != source:
-        raise ValueError(f"register_op: name value: expected a name not yet registered, got {name!r} "
-                         f"(already registered by {previous.source})")
+        raise ValueError(
+            f"register_op: name value: expected a name not yet registered, got {name!r} "
+            f"(already registered by {previous.source})"
+        )
     if module is None:
         module = JitModule(name, build, _variant_tuple(name, variants), source)  # type: ignore[arg-type]
         _MODULES[name] = module

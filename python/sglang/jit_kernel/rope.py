@@ -99,61 +99,127 @@ def _indices_checked() -> bool:
 # torch.library ops (used under torch.compile; eager calls go straight to the module)
 # ---------------------------------------------------------------------------------------------
 @torch.library.custom_op("sglang_jit_kernel::apply_rope_inplace", mutates_args=("q", "k"), device_types="cuda")
-def _rope_op(q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor, positions: torch.Tensor,
-             is_neox: bool, rope_dim: int, enable_pdl: int) -> None:
+def _rope_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor,
+    is_neox: bool,
+    rope_dim: int,
+    enable_pdl: int,
+) -> None:
     _load(q.dtype).apply_rope_inplace(q, k, cos_sin_cache, positions, is_neox, rope_dim, enable_pdl)
 
 
 @_rope_op.register_fake
-def _(q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor, positions: torch.Tensor, is_neox: bool, rope_dim: int, enable_pdl: int) -> None:
+def _(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor,
+    is_neox: bool,
+    rope_dim: int,
+    enable_pdl: int,
+) -> None:
     return None
 
 
 @torch.library.custom_op(
-    "sglang_jit_kernel::apply_rope_inplace_with_kvcache", mutates_args=("q", "k", "k_cache", "v_cache"),
+    "sglang_jit_kernel::apply_rope_inplace_with_kvcache",
+    mutates_args=("q", "k", "k_cache", "v_cache"),
     device_types="cuda",
 )
-def _rope_kv_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                cos_sin_cache: torch.Tensor, positions: torch.Tensor, out_loc: torch.Tensor, is_neox: bool,
-                rope_dim: int, enable_pdl: int) -> None:
-    _load(q.dtype).apply_rope_inplace_with_kvcache(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc,
-                                                   is_neox, rope_dim, enable_pdl)
+def _rope_kv_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor,
+    out_loc: torch.Tensor,
+    is_neox: bool,
+    rope_dim: int,
+    enable_pdl: int,
+) -> None:
+    _load(q.dtype).apply_rope_inplace_with_kvcache(
+        q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox, rope_dim, enable_pdl
+    )
 
 
 @_rope_kv_op.register_fake
-def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cos_sin_cache: torch.Tensor, positions: torch.Tensor, out_loc: torch.Tensor, is_neox: bool, rope_dim: int, enable_pdl: int) -> None:
+def _(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor,
+    out_loc: torch.Tensor,
+    is_neox: bool,
+    rope_dim: int,
+    enable_pdl: int,
+) -> None:
     return None
 
 
 @torch.library.custom_op("sglang_jit_kernel::rotary_embedding", mutates_args=("query", "key"), device_types="cuda")
-def _rotary_embedding_op(query: torch.Tensor, key: torch.Tensor, cos_sin_cache: torch.Tensor,
-                         positions: torch.Tensor, is_neox: bool) -> None:
+def _rotary_embedding_op(
+    query: torch.Tensor, key: torch.Tensor, cos_sin_cache: torch.Tensor, positions: torch.Tensor, is_neox: bool
+) -> None:
     _load(query.dtype).rotary_embedding(query, key, cos_sin_cache, positions, is_neox, -1)
 
 
 @_rotary_embedding_op.register_fake
-def _(query: torch.Tensor, key: torch.Tensor, cos_sin_cache: torch.Tensor, positions: torch.Tensor, is_neox: bool) -> None:
+def _(
+    query: torch.Tensor, key: torch.Tensor, cos_sin_cache: torch.Tensor, positions: torch.Tensor, is_neox: bool
+) -> None:
     return None
 
 
 # ---------------------------------------------------------------------------------------------
 # Checks shared by the ops
 # ---------------------------------------------------------------------------------------------
-def _check_rope_args(op: str, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor,
-                     positions: torch.Tensor, is_neox: bool, rope_dim: int) -> int:
+def _check_rope_args(
+    op: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor,
+    is_neox: bool,
+    rope_dim: int,
+) -> int:
     """The checks of q, k, the fp32 cache, positions, is_neox and rope_dim; returns R."""
     check_scalar(op, "is_neox", is_neox, bool)
     check_scalar(op, "rope_dim", rope_dim, int, minimum=0)
-    check_tensor(op, "q", q, dtypes=FLOAT_DTYPES,
-                 dims=[("num_tokens", None), ("num_q_heads", None), ("head_dim", None)], last_dim_contiguous=True)
+    check_tensor(
+        op,
+        "q",
+        q,
+        dtypes=FLOAT_DTYPES,
+        dims=[("num_tokens", None), ("num_q_heads", None), ("head_dim", None)],
+        last_dim_contiguous=True,
+    )
     num_tokens, _, head_dim = q.shape
-    check_tensor(op, "k", k, dtype_as=(q, "q"),
-                 dims=[("num_tokens", num_tokens), ("num_kv_heads", None), ("head_dim", head_dim)],
-                 last_dim_contiguous=True)
-    check_tensor(op, "cos_sin_cache", cos_sin_cache, dtypes=(torch.float32,), device_as=(q, "q"),
-                 dims=[("max_position", None), ("rope_dim", None)], last_dim_contiguous=True)
-    check_tensor(op, "positions", positions, dtypes=INDEX_DTYPES, device_as=(q, "q"),
-                 dims=[("num_tokens", num_tokens)])
+    check_tensor(
+        op,
+        "k",
+        k,
+        dtype_as=(q, "q"),
+        dims=[("num_tokens", num_tokens), ("num_kv_heads", None), ("head_dim", head_dim)],
+        last_dim_contiguous=True,
+    )
+    check_tensor(
+        op,
+        "cos_sin_cache",
+        cos_sin_cache,
+        dtypes=(torch.float32,),
+        device_as=(q, "q"),
+        dims=[("max_position", None), ("rope_dim", None)],
+        last_dim_contiguous=True,
+    )
+    check_tensor(op, "positions", positions, dtypes=INDEX_DTYPES, device_as=(q, "q"), dims=[("num_tokens", num_tokens)])
     width = cos_sin_cache.shape[1]
     r = width if rope_dim == 0 else rope_dim
     if r % 2 != 0 or r == 0:
@@ -238,8 +304,13 @@ def apply_rope_inplace(
             fn = _ROPE_FNS.get(q.dtype)
         except AttributeError:  # not a tensor: the checked path raises TypeError
             fn = None
-        if (fn is not None and (is_neox is True or is_neox is False) and type(rope_dim) is int
-                and (enable_pdl is None or enable_pdl is True or enable_pdl is False) and not _indices_checked()):
+        if (
+            fn is not None
+            and (is_neox is True or is_neox is False)
+            and type(rope_dim) is int
+            and (enable_pdl is None or enable_pdl is True or enable_pdl is False)
+            and not _indices_checked()
+        ):
             try:
                 fn(q, k, cos_sin_cache, positions, is_neox, rope_dim, -1 if enable_pdl is None else enable_pdl)
                 return
@@ -263,10 +334,17 @@ def _cache_rows(op: str, arg: str, cache: torch.Tensor, row: int) -> torch.Tenso
         try:
             cache = cache.view(cache.shape[0], -1)
         except RuntimeError:
-            fail(RuntimeError, op, arg, "layout", "rows of contiguous elements (dims after the first flatten "
-                 "into one contiguous row)", f"shape {tuple(cache.shape)} with strides {cache.stride()}")
-    check_tensor(op, arg, cache, dims=[("cache_size", None), ("num_kv_heads * head_dim", row)],
-                 last_dim_contiguous=True)
+            fail(
+                RuntimeError,
+                op,
+                arg,
+                "layout",
+                "rows of contiguous elements (dims after the first flatten into one contiguous row)",
+                f"shape {tuple(cache.shape)} with strides {cache.stride()}",
+            )
+    check_tensor(
+        op, arg, cache, dims=[("cache_size", None), ("num_kv_heads * head_dim", row)], last_dim_contiguous=True
+    )
     return cache
 
 
@@ -325,11 +403,27 @@ def apply_rope_inplace_with_kvcache(
             fn = _ROPE_KV_FNS.get(q.dtype) if k_cache.dim() == 2 and v_cache.dim() == 2 else None
         except AttributeError:
             fn = None
-        if (fn is not None and (is_neox is True or is_neox is False) and type(rope_dim) is int
-                and (enable_pdl is None or enable_pdl is True or enable_pdl is False) and not _indices_checked()):
+        if (
+            fn is not None
+            and (is_neox is True or is_neox is False)
+            and type(rope_dim) is int
+            and (enable_pdl is None or enable_pdl is True or enable_pdl is False)
+            and not _indices_checked()
+        ):
             try:
-                fn(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox, rope_dim,
-                   -1 if enable_pdl is None else enable_pdl)
+                fn(
+                    q,
+                    k,
+                    v,
+                    k_cache,
+                    v_cache,
+                    cos_sin_cache,
+                    positions,
+                    out_loc,
+                    is_neox,
+                    rope_dim,
+                    -1 if enable_pdl is None else enable_pdl,
+                )
                 return
             except (TypeError, RuntimeError):
                 pass
@@ -337,25 +431,40 @@ def apply_rope_inplace_with_kvcache(
     check_scalar(op, "enable_pdl", enable_pdl, bool, optional=True)
     _check_rope_args(op, q, k, cos_sin_cache, positions, is_neox, rope_dim)
     num_tokens, num_kv_heads, head_dim = k.shape
-    check_tensor(op, "v", v, dtype_as=(q, "q"), dims=[("num_tokens", num_tokens), ("num_kv_heads", num_kv_heads),
-                                                      ("head_dim", head_dim)], last_dim_contiguous=True)
+    check_tensor(
+        op,
+        "v",
+        v,
+        dtype_as=(q, "q"),
+        dims=[("num_tokens", num_tokens), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)],
+        last_dim_contiguous=True,
+    )
     check_tensor(op, "k_cache", k_cache, dtype_as=(q, "q"))
     check_tensor(op, "v_cache", v_cache, dtype_as=(q, "q"))
     k_cache = _cache_rows(op, "k_cache", k_cache, num_kv_heads * head_dim)
     v_cache = _cache_rows(op, "v_cache", v_cache, num_kv_heads * head_dim)
     if v_cache.shape[0] != k_cache.shape[0]:
-        fail(RuntimeError, op, "v_cache", "shape", f"[cache_size={k_cache.shape[0]}, "
-             f"num_kv_heads * head_dim={num_kv_heads * head_dim}] (the slots of k_cache)", tuple(v_cache.shape))
+        fail(
+            RuntimeError,
+            op,
+            "v_cache",
+            "shape",
+            f"[cache_size={k_cache.shape[0]}, "
+            f"num_kv_heads * head_dim={num_kv_heads * head_dim}] (the slots of k_cache)",
+            tuple(v_cache.shape),
+        )
     check_tensor(op, "out_loc", out_loc, dtypes=INDEX_DTYPES, device_as=(q, "q"), dims=[("num_tokens", num_tokens)])
     check_indices(op, "out_loc", out_loc, k_cache.shape[0], skip_value=None, dim_name="cache_size")
     positions, out_loc = positions.contiguous(), out_loc.contiguous()  # read only: strided indices are copied
     pdl = _pdl_flag(enable_pdl)
     if torch.compiler.is_compiling():
-        torch.ops.sglang_jit_kernel.apply_rope_inplace_with_kvcache(q, k, v, k_cache, v_cache, cos_sin_cache,
-                                                                    positions, out_loc, is_neox, rope_dim, pdl)
+        torch.ops.sglang_jit_kernel.apply_rope_inplace_with_kvcache(
+            q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox, rope_dim, pdl
+        )
     else:
-        _load(q.dtype).apply_rope_inplace_with_kvcache(q, k, v, k_cache, v_cache, cos_sin_cache, positions,
-                                                       out_loc, is_neox, rope_dim, pdl)
+        _load(q.dtype).apply_rope_inplace_with_kvcache(
+            q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox, rope_dim, pdl
+        )
 
 
 @dataclass
@@ -419,18 +528,36 @@ def apply_rope_with_cos_sin_cache_inplace(
         that op (``apply_rope_inplace_with_kvcache: v shape: ...``).
     """
     if fused_args is None:
-        return apply_rope_inplace(q, k, cos_sin_cache, positions, is_neox=is_neox, rope_dim=rope_dim,
-                                  enable_pdl=enable_pdl)
+        return apply_rope_inplace(
+            q, k, cos_sin_cache, positions, is_neox=is_neox, rope_dim=rope_dim, enable_pdl=enable_pdl
+        )
     if not isinstance(fused_args, FusedSetKVBufferArg):
-        fail(TypeError, "apply_rope_with_cos_sin_cache_inplace", "fused_args", "type",
-             "a FusedSetKVBufferArg or None", type(fused_args).__name__)
+        fail(
+            TypeError,
+            "apply_rope_with_cos_sin_cache_inplace",
+            "fused_args",
+            "type",
+            "a FusedSetKVBufferArg or None",
+            type(fused_args).__name__,
+        )
     value = fused_args.value
     if isinstance(value, torch.Tensor) and isinstance(k, torch.Tensor) and value.dim() == 2 and k.dim() == 3:
-        value = value.view(value.shape[0], k.shape[1], k.shape[2]) if value.shape[1] == k.shape[1] * k.shape[2] \
-            else value
-    return apply_rope_inplace_with_kvcache(q, k, value, fused_args.k_buffer, fused_args.v_buffer, cos_sin_cache,
-                                           positions, fused_args.cache_loc, is_neox=is_neox, rope_dim=rope_dim,
-                                           enable_pdl=enable_pdl)
+        value = (
+            value.view(value.shape[0], k.shape[1], k.shape[2]) if value.shape[1] == k.shape[1] * k.shape[2] else value
+        )
+    return apply_rope_inplace_with_kvcache(
+        q,
+        k,
+        value,
+        fused_args.k_buffer,
+        fused_args.v_buffer,
+        cos_sin_cache,
+        positions,
+        fused_args.cache_loc,
+        is_neox=is_neox,
+        rope_dim=rope_dim,
+        enable_pdl=enable_pdl,
+    )
 
 
 def _heads_view(op: str, arg: str, tensor: torch.Tensor, lead_shape: tuple, head_size: int) -> torch.Tensor:
@@ -439,9 +566,11 @@ def _heads_view(op: str, arg: str, tensor: torch.Tensor, lead_shape: tuple, head
     writes in place)."""
     check_tensor(op, arg, tensor, dtypes=FLOAT_DTYPES, last_dim_contiguous=True)
     lead = len(lead_shape)
-    expected = (f"[{', '.join(str(n) for n in lead_shape)}, num_heads * head_size] or "
-                f"[{', '.join(str(n) for n in lead_shape)}, num_heads, head_size] (the leading dims of positions, "
-                f"head_size={head_size})")
+    expected = (
+        f"[{', '.join(str(n) for n in lead_shape)}, num_heads * head_size] or "
+        f"[{', '.join(str(n) for n in lead_shape)}, num_heads, head_size] (the leading dims of positions, "
+        f"head_size={head_size})"
+    )
     shape = tuple(tensor.shape)
     if tensor.dim() not in (lead + 1, lead + 2) or shape[:lead] != tuple(lead_shape):
         fail(RuntimeError, op, arg, "shape", expected, shape)
@@ -456,8 +585,14 @@ def _heads_view(op: str, arg: str, tensor: torch.Tensor, lead_shape: tuple, head
     try:
         return tensor.view(num_tokens, inner // head_size, head_size)
     except RuntimeError:
-        fail(RuntimeError, op, arg, "layout", "tokens and heads that flatten to [num_tokens, num_heads, head_size] "
-             "without a copy", f"shape {shape} with strides {tensor.stride()}")
+        fail(
+            RuntimeError,
+            op,
+            arg,
+            "layout",
+            "tokens and heads that flatten to [num_tokens, num_heads, head_size] without a copy",
+            f"shape {shape} with strides {tensor.stride()}",
+        )
 
 
 def rotary_embedding(
@@ -532,8 +667,14 @@ def rotary_embedding(
     else:
         check_tensor(op, "key", key, dtype_as=(query, "query"))
         k = _heads_view(op, "key", key, tuple(positions.shape), head_size)
-    check_tensor(op, "cos_sin_cache", cos_sin_cache, dtype_as=(query, "query"),
-                 dims=[("max_position", None), ("rot_dim", None)], last_dim_contiguous=True)
+    check_tensor(
+        op,
+        "cos_sin_cache",
+        cos_sin_cache,
+        dtype_as=(query, "query"),
+        dims=[("max_position", None), ("rot_dim", None)],
+        last_dim_contiguous=True,
+    )
     rot_dim = cos_sin_cache.shape[1]
     if rot_dim % 2 != 0 or rot_dim == 0:
         fail(ValueError, op, "cos_sin_cache", "rot_dim", "an even number > 0 (cos_sin_cache.size(-1))", rot_dim)
@@ -552,8 +693,9 @@ def rotary_embedding(
 # ---------------------------------------------------------------------------------------------
 # References (fp32, from the same low-precision inputs) and registration
 # ---------------------------------------------------------------------------------------------
-def rope_reference(x: torch.Tensor, cos_sin_cache: torch.Tensor, positions: torch.Tensor, is_neox: bool,
-                   rope_dim: int = 0) -> torch.Tensor:
+def rope_reference(
+    x: torch.Tensor, cos_sin_cache: torch.Tensor, positions: torch.Tensor, is_neox: bool, rope_dim: int = 0
+) -> torch.Tensor:
     """The rotated ``x [num_tokens, num_heads, head_dim]`` in fp32, rounded once to x's dtype (a
     position outside the cache leaves its token unchanged). NeoX and GPT-J written apart."""
     r = rope_dim or cos_sin_cache.shape[1]
@@ -575,8 +717,9 @@ def rope_reference(x: torch.Tensor, cos_sin_cache: torch.Tensor, positions: torc
     return out.to(x.dtype)
 
 
-def make_cos_sin_cache(max_position: int, rope_dim: int, base: float = 10000.0, device: str = "cuda",
-                       dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def make_cos_sin_cache(
+    max_position: int, rope_dim: int, base: float = 10000.0, device: str = "cuda", dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """``[max_position, rope_dim]``: cos then sin of ``pos * base^(-2i/rope_dim)``, computed in fp64."""
     inv_freq = base ** (-torch.arange(0, rope_dim, 2, dtype=torch.float64, device=device) / rope_dim)
     freqs = torch.arange(max_position, dtype=torch.float64, device=device)[:, None] * inv_freq[None, :]
@@ -617,8 +760,9 @@ def _rope_cases() -> list[CheckCase]:
         expected[:, hq * d : (hq + hk) * d] = rope_reference(k, cache, positions, True).view(n, hk * d)
         return expected
 
-    return [CheckCase(f"[{n}, {hq}+{hk}, {d}] bf16 neox", make, call, reference, _rope_bytes(n, hq, hk, d),
-                      torch.bfloat16)]
+    return [
+        CheckCase(f"[{n}, {hq}+{hk}, {d}] bf16 neox", make, call, reference, _rope_bytes(n, hq, hk, d), torch.bfloat16)
+    ]
 
 
 def _rope_kv_cases() -> list[CheckCase]:
@@ -635,19 +779,38 @@ def _rope_kv_cases() -> list[CheckCase]:
         kv = torch.zeros(2, slots, hk * d, dtype=torch.bfloat16, device="cuda")
         return q, k, v, kv, cache, positions, loc
 
-    def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
+    def call(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv: torch.Tensor,
+        cache: torch.Tensor,
+        positions: torch.Tensor,
+        loc: torch.Tensor,
+    ) -> torch.Tensor:
         apply_rope_inplace_with_kvcache(q, k, v, kv[0], kv[1], cache, positions, loc, is_neox=True)
         return torch.cat([q.view(-1), kv.view(-1)])
 
-    def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
+    def reference(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv: torch.Tensor,
+        cache: torch.Tensor,
+        positions: torch.Tensor,
+        loc: torch.Tensor,
+    ) -> torch.Tensor:
         k_rot = rope_reference(k, cache, positions, True)
         expected = kv.clone()
         expected[0, loc] = k_rot.view(n, -1)
         expected[1, loc] = v.view(n, -1)
         return torch.cat([rope_reference(q, cache, positions, True).view(-1), expected.view(-1)])
 
-    return [CheckCase(f"[{n}, {hq}+{hk}, {d}] bf16 neox", make, call, reference, _rope_bytes(n, hq, hk, d, d),
-                      torch.bfloat16)]
+    return [
+        CheckCase(
+            f"[{n}, {hq}+{hk}, {d}] bf16 neox", make, call, reference, _rope_bytes(n, hq, hk, d, d), torch.bfloat16
+        )
+    ]
 
 
 def _rotary_embedding_cases() -> list[CheckCase]:
@@ -656,7 +819,12 @@ def _rotary_embedding_cases() -> list[CheckCase]:
     def make() -> tuple:
         query = torch.randn(n, hq * d, dtype=torch.bfloat16, device="cuda")
         key = torch.randn(n, hk * d, dtype=torch.bfloat16, device="cuda")
-        return query, key, make_cos_sin_cache(8192, d, dtype=torch.bfloat16), torch.randint(0, 8192, (n,), device="cuda")
+        return (
+            query,
+            key,
+            make_cos_sin_cache(8192, d, dtype=torch.bfloat16),
+            torch.randint(0, 8192, (n,), device="cuda"),
+        )
 
     def call(query: torch.Tensor, key: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         rotary_embedding(positions, query, key, d, cache, True)

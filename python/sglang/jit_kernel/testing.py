@@ -15,7 +15,9 @@ HAS_CUDA = torch.cuda.is_available()
 NUM_GPUS = torch.cuda.device_count() if HAS_CUDA else 0
 
 #: GPU-only tests: skipped, with the reason, on machines without a CUDA device.
-requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (none visible); run it on a machine with an NVIDIA GPU")
+requires_cuda = pytest.mark.skipif(
+    not HAS_CUDA, reason="needs a CUDA GPU (none visible); run it on a machine with an NVIDIA GPU"
+)
 #: Tests that need two GPUs.
 requires_two_gpus = pytest.mark.skipif(NUM_GPUS < 2, reason=f"needs 2 CUDA GPUs, {NUM_GPUS} visible")
 

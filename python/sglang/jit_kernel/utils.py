@@ -129,8 +129,7 @@ def _cpp_arg(value: Any) -> str:
             return CPP_DTYPE_MAP[value]
         except KeyError:
             raise TypeError(
-                f"make_cpp_args: no C++ type for {value}; supported dtypes: "
-                f"{', '.join(str(d) for d in CPP_DTYPE_MAP)}"
+                f"make_cpp_args: no C++ type for {value}; supported dtypes: {', '.join(str(d) for d in CPP_DTYPE_MAP)}"
             ) from None
     if isinstance(value, bool):  # before int: bool is an int
         return "true" if value else "false"
@@ -451,4 +450,3 @@ def is_arch_support_pdl(device: torch.device | int | None = None) -> bool:
 @cache_once
 def _device_major(index: int) -> int:
     return torch.cuda.get_device_capability(index)[0]
-

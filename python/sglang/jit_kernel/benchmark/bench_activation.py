@@ -85,8 +85,10 @@ def torch_compiled(op: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tens
 
 def input_sets(tokens: int, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [
-        (torch.randn(tokens, 2 * HIDDEN, dtype=DTYPE, device="cuda"),
-         torch.empty(tokens, HIDDEN, dtype=DTYPE, device="cuda"))
+        (
+            torch.randn(tokens, 2 * HIDDEN, dtype=DTYPE, device="cuda"),
+            torch.empty(tokens, HIDDEN, dtype=DTYPE, device="cuda"),
+        )
         for _ in range(count)
     ]
 
@@ -115,8 +117,14 @@ def main_rows() -> list[BenchRow]:
         case = f"[{tokens}, 2 x {HIDDEN}]"
         for op in JIT:
             for name, call in providers[op].items():
-                rows += [r for r in (timed(op, case, name, call, sets, moved),
-                                     timed(op, case, f"{name} one input", call, sets[:1], moved)) if r]
+                rows += [
+                    r
+                    for r in (
+                        timed(op, case, name, call, sets, moved),
+                        timed(op, case, f"{name} one input", call, sets[:1], moved),
+                    )
+                    if r
+                ]
         del sets
         torch.cuda.empty_cache()
     return rows
@@ -131,8 +139,14 @@ def expert_filter_rows() -> list[BenchRow]:
         ids = torch.zeros(tokens, dtype=torch.int32, device="cuda")
         ids[1::2] = -1
         sets = input_sets(tokens, num_rotating_sets(moved))
-        row = timed("silu_and_mul", f"[{tokens}, 2 x {HIDDEN}] half", "jit expert_ids",
-                    lambda x, o: silu_and_mul(x, o, ids), sets, moved)
+        row = timed(
+            "silu_and_mul",
+            f"[{tokens}, 2 x {HIDDEN}] half",
+            "jit expert_ids",
+            lambda x, o: silu_and_mul(x, o, ids),
+            sets,
+            moved,
+        )
         rows += [row] if row else []
         del sets
         torch.cuda.empty_cache()
@@ -182,16 +196,22 @@ def targets_table(rows: list[BenchRow], roof: float, eager_us: float) -> str:
             if row is None:
                 continue
             limit = min(sglang_us, T64_TARGET_US) if (op == "silu_and_mul" and tokens == 64) else sglang_us
-            lines.append(f"{verdict(row.median_us <= limit)} {op:<18} T={tokens:<6} {row.median_us:9.2f} us "
-                         f"(<= {limit:.2f}; sglang {sglang_us:.2f})")
+            lines.append(
+                f"{verdict(row.median_us <= limit)} {op:<18} T={tokens:<6} {row.median_us:9.2f} us "
+                f"(<= {limit:.2f}; sglang {sglang_us:.2f})"
+            )
     for op in JIT:
         row = by_key.get((op, f"[16384, 2 x {HIDDEN}]", "jit"))
         if row is not None:
             pct = 100 * row.gbps / roof
-            lines.append(f"{verdict(pct >= COLD_COPY_TARGET)} {op:<18} T=16384  cold {pct:6.1f} % of copy "
-                         f"(>= {COLD_COPY_TARGET:.0f} %)")
-    lines.append(f"{verdict(eager_us <= EAGER_TARGET_US)} eager silu_and_mul(x, out=o) T=1 {eager_us:.2f} us "
-                 f"(<= {EAGER_TARGET_US})")
+            lines.append(
+                f"{verdict(pct >= COLD_COPY_TARGET)} {op:<18} T=16384  cold {pct:6.1f} % of copy "
+                f"(>= {COLD_COPY_TARGET:.0f} %)"
+            )
+    lines.append(
+        f"{verdict(eager_us <= EAGER_TARGET_US)} eager silu_and_mul(x, out=o) T=1 {eager_us:.2f} us "
+        f"(<= {EAGER_TARGET_US})"
+    )
     return "\n".join(lines)
 
 
@@ -217,8 +237,9 @@ def sweep_rows() -> list[BenchRow]:
                     for vec_bytes in SWEEP_VEC_BYTES:
                         module._set_launch_override(threads, vec_bytes)
                         label = f"{threads or 'auto'} thr, {vec_bytes or 'auto'} B{'' if cold else ' 1 in'}"
-                        row = timed(op, f"[{tokens}, 2 x {HIDDEN}]", label, lambda x, o, fn=JIT[op]: fn(x, o), sets,
-                                    moved)
+                        row = timed(
+                            op, f"[{tokens}, 2 x {HIDDEN}]", label, lambda x, o, fn=JIT[op]: fn(x, o), sets, moved
+                        )
                         rows += [row] if row else []
             del sets
             torch.cuda.empty_cache()

@@ -55,14 +55,21 @@ def bandwidth_rows() -> list[BenchRow]:
         "torch": lambda src, out: torch.add(src, CONSTANT, out=out),
         "torch.compile": lambda src, out: compiled(src, out),
     }
-    events = {"copy (events)": lambda src, out: out.copy_(src), "jit (events)": cold["jit"], "torch (events)": cold["torch"]}
+    events = {
+        "copy (events)": lambda src, out: out.copy_(src),
+        "jit (events)": cold["jit"],
+        "torch (events)": cold["torch"],
+    }
     rows = []
     for size in SIZE_LIST:
         case = f"[{size}] int32 +{CONSTANT}"
         nbytes = 2 * size * ELEMENT_BYTES
         sets = [(src, torch.empty_like(src)) for src in (random_src(size) for _ in range(num_rotating_sets(nbytes)))]
         timed = [(name, bench_rotating(call, sets)[0]) for name, call in cold.items()]
-        timed += [(f"{name} one input", run_benchmark(lambda call=cold[name], first=sets[0]: call(*first))[0]) for name in ("jit", "torch")]
+        timed += [
+            (f"{name} one input", run_benchmark(lambda call=cold[name], first=sets[0]: call(*first))[0])
+            for name in ("jit", "torch")
+        ]
         if size >= 2**20:  # the same-size copy roof: see same_size_note
             timed += [(name, bench_rotating_events(call, sets)) for name, call in events.items()]
         rows += [BenchRow("add_constant", case, name, us, nbytes) for name, us in timed]

@@ -64,10 +64,22 @@ def main() -> None:
         "torch.cat": torch_absorb_q,
         "torch.compile": lambda *a: compiled_once("q", torch_absorb_q)(*a),
     }
-    rows = sweep_rows("concat_mla_k", TOKENS, k_providers, k_set, lambda t: f"[{t}, {HEADS}, {NOPE}+{ROPE}]",
-                      lambda t: t * HEADS * (NOPE + ROPE) * 2 + t * HEADS * NOPE * 2 + t * ROPE * 2)
-    rows += sweep_rows("concat_mla_absorb_q", TOKENS, q_providers, q_set, lambda t: f"[{t}, {HEADS}, {Q_NOPE}+{ROPE}]",
-                       lambda t: 2 * t * HEADS * (Q_NOPE + ROPE) * 2)
+    rows = sweep_rows(
+        "concat_mla_k",
+        TOKENS,
+        k_providers,
+        k_set,
+        lambda t: f"[{t}, {HEADS}, {NOPE}+{ROPE}]",
+        lambda t: t * HEADS * (NOPE + ROPE) * 2 + t * HEADS * NOPE * 2 + t * ROPE * 2,
+    )
+    rows += sweep_rows(
+        "concat_mla_absorb_q",
+        TOKENS,
+        q_providers,
+        q_set,
+        lambda t: f"[{t}, {HEADS}, {Q_NOPE}+{ROPE}]",
+        lambda t: 2 * t * HEADS * (Q_NOPE + ROPE) * 2,
+    )
     print(format_rows(rows, roof))
 
 

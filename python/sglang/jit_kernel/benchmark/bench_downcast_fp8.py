@@ -33,8 +33,9 @@ register_cuda_ci(est_time=90, suite="stage-b-kernel-benchmark-1-gpu-large")
 DTYPE = torch.bfloat16
 HEAD_DIM = 128
 # (tokens, kv heads)
-CASES = get_benchmark_range(full_range=[(1, 8), (64, 8), (64, 32), (2048, 8), (16384, 8)],
-                            ci_range=[(64, 32), (16384, 8)])
+CASES = get_benchmark_range(
+    full_range=[(1, 8), (64, 8), (64, 32), (2048, 8), (16384, 8)], ci_range=[(64, 32), (16384, 8)]
+)
 
 
 def torch_downcast(k, v, k_out, v_out, k_scale, v_scale, loc) -> None:
@@ -64,8 +65,14 @@ def rows() -> list[BenchRow]:
         "torch eager": torch_downcast,
         "torch.compile": lambda *a: compiled_once("downcast_fp8", torch_downcast)(*a),
     }
-    return sweep_rows("downcast_fp8", CASES, providers, make_set,
-                      lambda c: f"[{c[0]}, {c[1]}, {HEAD_DIM}] -> [{4 * c[0] + 1}]", bytes_moved)
+    return sweep_rows(
+        "downcast_fp8",
+        CASES,
+        providers,
+        make_set,
+        lambda c: f"[{c[0]}, {c[1]}, {HEAD_DIM}] -> [{4 * c[0] + 1}]",
+        bytes_moved,
+    )
 
 
 def eager_table() -> str:

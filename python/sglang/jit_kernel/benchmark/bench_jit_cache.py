@@ -83,8 +83,10 @@ def run_child(code: str, argv: list[str], env: dict[str, str]) -> float:
 def main() -> int:
     arch = target_arch()
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU (compile only)"
-    print(f"# JIT cache: {device}; target sm_{arch.replace('.', '')}; {os.cpu_count()} CPUs; "
-          f"median of {REPEATS} fresh processes")
+    print(
+        f"# JIT cache: {device}; target sm_{arch.replace('.', '')}; {os.cpu_count()} CPUs; "
+        f"median of {REPEATS} fresh processes"
+    )
     modules = all_modules()
     rows: list[tuple[str, str]] = []
     with tempfile.TemporaryDirectory(prefix="jit-cache-bench-") as tmp:
@@ -102,7 +104,10 @@ def main() -> int:
         start = time.perf_counter()
         result = subprocess.run(
             [sys.executable, "-m", "sglang.jit_kernel", "build", "--all", "-j", str(BUILD_JOBS)],
-            env=env, capture_output=True, text=True, check=False,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         build_all_s = time.perf_counter() - start
         if result.returncode != 0:

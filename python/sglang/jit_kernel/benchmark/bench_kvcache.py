@@ -70,8 +70,14 @@ def store_cache_rows() -> list[BenchRow]:
         "torch index_copy_": torch_store,
         "torch.compile": lambda *a: compiled_once("store", torch_store)(*a),
     }
-    return sweep_rows("store_cache", TOKENS, providers, store_set, lambda t: f"[{t}, {ROW}] -> [{4 * t + 1}]",
-                      lambda t: 2 * t * (ROW + ROW) * 2 + t * 8)
+    return sweep_rows(
+        "store_cache",
+        TOKENS,
+        providers,
+        store_set,
+        lambda t: f"[{t}, {ROW}] -> [{4 * t + 1}]",
+        lambda t: 2 * t * (ROW + ROW) * 2 + t * 8,
+    )
 
 
 def set_mla_rows() -> list[BenchRow]:
@@ -80,8 +86,14 @@ def set_mla_rows() -> list[BenchRow]:
         "torch index_copy_": torch_set_mla,
         "torch.compile": lambda *a: compiled_once("mla", torch_set_mla)(*a),
     }
-    return sweep_rows("set_mla_kv_buffer", TOKENS, providers, mla_set,
-                      lambda t: f"[{t}, {NOPE}+{ROPE}] -> [{4 * t + 1}]", lambda t: 2 * t * (NOPE + ROPE) * 2 + t * 8)
+    return sweep_rows(
+        "set_mla_kv_buffer",
+        TOKENS,
+        providers,
+        mla_set,
+        lambda t: f"[{t}, {NOPE}+{ROPE}] -> [{4 * t + 1}]",
+        lambda t: 2 * t * (NOPE + ROPE) * 2 + t * 8,
+    )
 
 
 def eager_table() -> str:

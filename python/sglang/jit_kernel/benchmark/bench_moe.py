@@ -68,8 +68,11 @@ def torch_grouped(g, bias):
 
 def routing_sets(num_tokens, num_experts, dtype, n_sets):
     return [
-        (torch.empty(num_tokens, TOPK, device="cuda"), torch.empty(num_tokens, TOPK, dtype=torch.int32, device="cuda"),
-         torch.randn(num_tokens, num_experts, dtype=dtype, device="cuda"))
+        (
+            torch.empty(num_tokens, TOPK, device="cuda"),
+            torch.empty(num_tokens, TOPK, dtype=torch.int32, device="cuda"),
+            torch.randn(num_tokens, num_experts, dtype=dtype, device="cuda"),
+        )
         for _ in range(n_sets)
     ]
 
@@ -90,8 +93,10 @@ def time_providers(op, case, providers, make_sets, nbytes, rows):
 def routing_rows() -> list[BenchRow]:
     rows = []
     dtype = torch.float32
-    for op, jit, eager in (("topk_softmax", topk_softmax, torch_softmax_topk),
-                           ("topk_sigmoid", topk_sigmoid, torch_sigmoid_topk)):
+    for op, jit, eager in (
+        ("topk_softmax", topk_softmax, torch_softmax_topk),
+        ("topk_sigmoid", topk_sigmoid, torch_sigmoid_topk),
+    ):
         compiled = torch.compile(eager)
         for num_experts in EXPERTS:
             for num_tokens in TOKENS:
@@ -99,8 +104,14 @@ def routing_rows() -> list[BenchRow]:
                 if sgl_kernel is not None and hasattr(sgl_kernel, op):
                     providers["sgl_kernel"] = lambda w, i, g, f=getattr(sgl_kernel, op): f(w, i, g)  # noqa: B008 (binds this op)
                 nbytes = num_tokens * (num_experts * 4 + TOPK * 8)
-                time_providers(op, f"[{num_tokens}, {num_experts}] fp32 top{TOPK}", providers,
-                               lambda n: routing_sets(num_tokens, num_experts, dtype, n), nbytes, rows)
+                time_providers(
+                    op,
+                    f"[{num_tokens}, {num_experts}] fp32 top{TOPK}",
+                    providers,
+                    lambda n: routing_sets(num_tokens, num_experts, dtype, n),
+                    nbytes,
+                    rows,
+                )
     compiled = torch.compile(torch_grouped)
     for num_tokens in TOKENS:
         providers = {
@@ -135,8 +146,13 @@ def sum_reduce_rows() -> list[BenchRow]:
         nbytes = (k + 1) * t * h * 2
 
         def make(n, t=t, k=k, h=h):
-            return [(torch.randn(t, k, h, dtype=torch.bfloat16, device="cuda"),
-                     torch.empty(t, h, dtype=torch.bfloat16, device="cuda")) for _ in range(n)]
+            return [
+                (
+                    torch.randn(t, k, h, dtype=torch.bfloat16, device="cuda"),
+                    torch.empty(t, h, dtype=torch.bfloat16, device="cuda"),
+                )
+                for _ in range(n)
+            ]
 
         time_providers("moe_sum_reduce", f"[{t}, {k}, {h}] bf16", providers, make, nbytes, rows)
         torch.cuda.empty_cache()
@@ -154,7 +170,9 @@ def torch_align(ids, sorted_ids, expert_ids, total, cumsum, num_experts, block_s
     padded = (counts + block_size - 1) // block_size * block_size
     ends = padded.cumsum(0)
     experts = flat[order]
-    slot = (ends - padded)[experts] + torch.arange(flat.numel(), device=ids.device) - (counts.cumsum(0) - counts)[experts]
+    slot = (
+        (ends - padded)[experts] + torch.arange(flat.numel(), device=ids.device) - (counts.cumsum(0) - counts)[experts]
+    )
     sorted_ids.fill_(flat.numel()).scatter_(0, slot, order.int())
     blocks = torch.arange(expert_ids.numel(), device=ids.device) * block_size
     expert_ids.copy_(torch.searchsorted(ends, blocks, right=True).clamp_max(num_experts - 1))
@@ -175,22 +193,34 @@ def align_rows() -> list[BenchRow]:
         "torch.compile": lambda *a: compiled(*a, num_experts, block_size),
     }
     if sgl_kernel is not None and hasattr(sgl_kernel, "moe_align_block_size"):
-        providers["sgl_kernel"] = lambda *a: sgl_kernel.moe_align_block_size(*a[:1], num_experts, block_size,
-                                                                              *a[1:], True)
+        providers["sgl_kernel"] = lambda *a: sgl_kernel.moe_align_block_size(
+            *a[:1], num_experts, block_size, *a[1:], True
+        )
     for t in ALIGN_TOKENS:
         numel = t * TOPK
         sorted_len = numel + num_experts * (block_size - 1)
         blocks = -(-sorted_len // block_size)
 
         def make(n, t=t, sorted_len=sorted_len, blocks=blocks):
-            return [(torch.rand(t, 256, device="cuda").topk(TOPK, dim=-1).indices.int(),
-                     torch.empty(sorted_len, dtype=torch.int32, device="cuda"),
-                     torch.empty(blocks, dtype=torch.int32, device="cuda"),
-                     torch.empty(1, dtype=torch.int32, device="cuda"),
-                     torch.empty(num_experts + 1, dtype=torch.int32, device="cuda")) for _ in range(n)]
+            return [
+                (
+                    torch.rand(t, 256, device="cuda").topk(TOPK, dim=-1).indices.int(),
+                    torch.empty(sorted_len, dtype=torch.int32, device="cuda"),
+                    torch.empty(blocks, dtype=torch.int32, device="cuda"),
+                    torch.empty(1, dtype=torch.int32, device="cuda"),
+                    torch.empty(num_experts + 1, dtype=torch.int32, device="cuda"),
+                )
+                for _ in range(n)
+            ]
 
-        time_providers("moe_align_block_size", f"[{t}, {TOPK}] E256(+1) block{block_size}", providers, make,
-                       4 * (numel + sorted_len + blocks), rows)
+        time_providers(
+            "moe_align_block_size",
+            f"[{t}, {TOPK}] E256(+1) block{block_size}",
+            providers,
+            make,
+            4 * (numel + sorted_len + blocks),
+            rows,
+        )
     return rows
 
 

@@ -234,7 +234,11 @@ def method_rows() -> list[BenchRow]:
         out = torch.empty(n, h, dtype=DTYPE, device="cuda")
         call = lambda x, w=w, out=out: rmsnorm(x, w, EPS, out=out)
         rows.append(BenchRow("rmsnorm", f"[{n}, {h}]", "jit cold L2", bench_rotating(call, sets)[0], nbytes))
-        rows.append(BenchRow("rmsnorm", f"[{n}, {h}]", "jit one input", run_benchmark(lambda first=sets[0]: call(*first))[0], nbytes))
+        rows.append(
+            BenchRow(
+                "rmsnorm", f"[{n}, {h}]", "jit one input", run_benchmark(lambda first=sets[0]: call(*first))[0], nbytes
+            )
+        )
         if n == 16384:
             x, r = sets[0][0], torch.randn(n, h, dtype=DTYPE, device="cuda")
             median = run_benchmark(lambda: fused_add_rmsnorm(x, r, w, EPS))[0]
@@ -246,7 +250,9 @@ def method_rows() -> list[BenchRow]:
     q, k = qkv[:, : hq * d].view(n, hq, d), qkv[:, hq * d : (hq + hk) * d].view(n, hk, d)
     qw = torch.rand(d, dtype=DTYPE, device="cuda") + 0.5
     median = run_benchmark(lambda: fused_inplace_qknorm(q, k, qw, qw, EPS))[0]
-    rows.append(BenchRow("qknorm", f"[{n}, {hq}+{hk}, {d}]", "jit one input", median, 2 * n * (hq + hk) * d * 2 + 2 * d * 2))
+    rows.append(
+        BenchRow("qknorm", f"[{n}, {hq}+{hk}, {d}]", "jit one input", median, 2 * n * (hq + hk) * d * 2 + 2 * d * 2)
+    )
     return rows
 
 
@@ -314,8 +320,7 @@ def l2_after_table(victim_mb: int = 32, reps: int = 20) -> str:
         "jit rmsnorm out=x": second_read_us(lambda: rmsnorm(x, w, EPS, out=x)),
         "jit fused_add_rmsnorm": second_read_us(lambda: fused_add_rmsnorm(x, r, w, EPS)),
         "jit qknorm 16384 tokens": second_read_us(lambda: fused_inplace_qknorm(q, k, hw, hw, EPS)),
-        "jit qknorm across heads": second_read_us(
-            lambda: fused_inplace_qknorm_across_heads(q2, k2, hqw, hkw, EPS)),
+        "jit qknorm across heads": second_read_us(lambda: fused_inplace_qknorm_across_heads(q2, k2, hqw, hkw, EPS)),
         "1 GiB copy, no first read": second_read_us(lambda: big_out.copy_(big), warm=False),
     }
     lines = [f"# next kernel's L2: second read of a {victim_mb} MB buffer right after each op ([16384, {HIDDEN}] bf16)"]
@@ -346,22 +351,46 @@ def sweep_rows() -> list[BenchRow]:
         rms_sets = [(torch.randn(n, h, dtype=DTYPE, device="cuda"),) for _ in range(num_rotating_sets(4 * n * h))]
         w = torch.rand(h, dtype=DTYPE, device="cuda") + 0.5
         out = torch.empty(n, h, dtype=DTYPE, device="cuda")
-        cases.append(("rmsnorm", f"[{n}, {h}]", h, lambda x, w=w, out=out: rmsnorm(x, w, EPS, out=out), rms_sets,
-                      2 * n * h * 2 + h * 2))
+        cases.append(
+            (
+                "rmsnorm",
+                f"[{n}, {h}]",
+                h,
+                lambda x, w=w, out=out: rmsnorm(x, w, EPS, out=out),
+                rms_sets,
+                2 * n * h * 2 + h * 2,
+            )
+        )
         fused_sets = [
             (torch.randn(n, h, dtype=DTYPE, device="cuda"), torch.randn(n, h, dtype=DTYPE, device="cuda"))
             for _ in range(num_rotating_sets(8 * n * h))
         ]
-        cases.append(("fused_add_rmsnorm", f"[{n}, {h}]", h, lambda x, r, w=w: fused_add_rmsnorm(x, r, w, EPS),
-                      fused_sets, 4 * n * h * 2 + h * 2))
+        cases.append(
+            (
+                "fused_add_rmsnorm",
+                f"[{n}, {h}]",
+                h,
+                lambda x, r, w=w: fused_add_rmsnorm(x, r, w, EPS),
+                fused_sets,
+                4 * n * h * 2 + h * 2,
+            )
+        )
     n = 16384
     qk_sets = []
     for _ in range(num_rotating_sets(4 * n * (hq + hk) * d)):
         qkv = torch.randn(n, (hq + 2 * hk) * d, dtype=DTYPE, device="cuda")
         qk_sets.append((qkv[:, : hq * d].view(n, hq, d), qkv[:, hq * d : (hq + hk) * d].view(n, hk, d)))
     qw = torch.rand(d, dtype=DTYPE, device="cuda") + 0.5
-    cases.append(("qknorm", f"[{n}, {hq}+{hk}, {d}]", d,
-                  lambda q, k: fused_inplace_qknorm(q, k, qw, qw, EPS), qk_sets, 2 * n * (hq + hk) * d * 2 + 2 * d * 2))
+    cases.append(
+        (
+            "qknorm",
+            f"[{n}, {hq}+{hk}, {d}]",
+            d,
+            lambda q, k: fused_inplace_qknorm(q, k, qw, qw, EPS),
+            qk_sets,
+            2 * n * (hq + hk) * d * 2 + 2 * d * 2,
+        )
+    )
 
     rows = []
     try:
@@ -391,7 +420,9 @@ def pdl_rows() -> list[BenchRow]:
         w = torch.rand(HIDDEN, dtype=DTYPE, device="cuda") + 0.5
         out = torch.empty(n, HIDDEN, dtype=DTYPE, device="cuda")
         for pdl in (True, False):
-            median, _, _ = bench_rotating(lambda a, pdl=pdl: rmsnorm(a, w, EPS, out=out, enable_pdl=pdl), [(a,) for a in x])
+            median, _, _ = bench_rotating(
+                lambda a, pdl=pdl: rmsnorm(a, w, EPS, out=out, enable_pdl=pdl), [(a,) for a in x]
+            )
             rows.append(BenchRow("rmsnorm", f"[{n}, {HIDDEN}]", f"pdl={pdl}", median, 2 * n * HIDDEN * 2 + HIDDEN * 2))
             median, _, _ = bench_rotating(
                 lambda a, b, pdl=pdl: fused_add_rmsnorm(a, b, w, EPS, enable_pdl=pdl), list(zip(x, r))
@@ -417,9 +448,18 @@ def decode_sweep_rows() -> list[BenchRow]:
         x = [torch.randn(n, HIDDEN, dtype=DTYPE, device="cuda") for _ in range(64)]
         r = [torch.randn(n, HIDDEN, dtype=DTYPE, device="cuda") for _ in range(64)]
         out = torch.empty(n, HIDDEN, dtype=DTYPE, device="cuda")
-        cases.append(("rmsnorm", f"[{n}, {HIDDEN}]", HIDDEN, lambda a, out=out: rmsnorm(a, w, EPS, out=out), [(a,) for a in x]))
-        cases.append(("fused_add_rmsnorm", f"[{n}, {HIDDEN}]", HIDDEN, lambda a, b: fused_add_rmsnorm(a, b, w, EPS),
-                      list(zip(x, r))))
+        cases.append(
+            ("rmsnorm", f"[{n}, {HIDDEN}]", HIDDEN, lambda a, out=out: rmsnorm(a, w, EPS, out=out), [(a,) for a in x])
+        )
+        cases.append(
+            (
+                "fused_add_rmsnorm",
+                f"[{n}, {HIDDEN}]",
+                HIDDEN,
+                lambda a, b: fused_add_rmsnorm(a, b, w, EPS),
+                list(zip(x, r)),
+            )
+        )
     hq, hk, d = NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM
     qk = []
     for _ in range(64):

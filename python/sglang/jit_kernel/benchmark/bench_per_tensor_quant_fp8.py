@@ -51,13 +51,24 @@ def main() -> None:
 
     roof = copy_roof_gbps()
     nbytes = lambda t: t * HIDDEN * 3 + 4  # noqa: E731
-    rows = quant_rows("per_tensor dynamic", TOKENS, make,
-                      {"jit": jit_dynamic, "torch": _torch_dynamic, "torch.compile": torch.compile(_torch_dynamic)},
-                      nbytes)
-    rows += quant_rows("per_tensor static", TOKENS, make,
-                       {"jit": lambda x, q, s: per_tensor_quant_fp8(x, q, s, True), "torch": _torch_static,
-                        "torch.compile": torch.compile(_torch_static)},
-                       nbytes)
+    rows = quant_rows(
+        "per_tensor dynamic",
+        TOKENS,
+        make,
+        {"jit": jit_dynamic, "torch": _torch_dynamic, "torch.compile": torch.compile(_torch_dynamic)},
+        nbytes,
+    )
+    rows += quant_rows(
+        "per_tensor static",
+        TOKENS,
+        make,
+        {
+            "jit": lambda x, q, s: per_tensor_quant_fp8(x, q, s, True),
+            "torch": _torch_static,
+            "torch.compile": torch.compile(_torch_static),
+        },
+        nbytes,
+    )
     print(f"# per_tensor_quant_fp8 [T, {HIDDEN}] bf16 -> fp8; bytes = T*K*2 + T*K + 4")
     print(format_rows(rows, roof))
 

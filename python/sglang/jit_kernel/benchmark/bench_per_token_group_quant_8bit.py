@@ -81,8 +81,10 @@ def main() -> None:
     rows = quant_rows(
         "per_token_group_quant", TOKENS, make, providers, lambda t: t * HIDDEN * 3 + 4 * t * (HIDDEN // GROUP)
     )
-    print(f"# per_token_group_quant_8bit [T, {HIDDEN}] bf16 -> fp8, group {GROUP}, row-major scales; "
-          "bytes = T*K*2 + T*K + 4*T*K/128")
+    print(
+        f"# per_token_group_quant_8bit [T, {HIDDEN}] bf16 -> fp8, group {GROUP}, row-major scales; "
+        "bytes = T*K*2 + T*K + 4*T*K/128"
+    )
     print(format_rows(rows, roof))
 
 

@@ -101,13 +101,26 @@ def rope_rows(cache: torch.Tensor) -> list[BenchRow]:
     rows = []
     for n in TOKENS:
         nbytes = rope_bytes(n)
-        sets = [(torch.randn(n, HQ, D, dtype=DTYPE, device="cuda"), torch.randn(n, HK, D, dtype=DTYPE, device="cuda"),
-                 torch.randint(0, MAX_POS, (n,), device="cuda")) for _ in range(num_rotating_sets(nbytes))]
+        sets = [
+            (
+                torch.randn(n, HQ, D, dtype=DTYPE, device="cuda"),
+                torch.randn(n, HK, D, dtype=DTYPE, device="cuda"),
+                torch.randint(0, MAX_POS, (n,), device="cuda"),
+            )
+            for _ in range(num_rotating_sets(nbytes))
+        ]
         case = f"[{n}, {HQ}+{HK}, {D}]"
         for name, call in providers.items():
             rows.append(BenchRow("apply_rope_inplace", case, name, bench_rotating(call, sets)[0], nbytes))
-        rows.append(BenchRow("apply_rope_inplace", case, "jit one input",
-                             run_benchmark(lambda first=sets[0]: providers["jit"](*first))[0], nbytes))
+        rows.append(
+            BenchRow(
+                "apply_rope_inplace",
+                case,
+                "jit one input",
+                run_benchmark(lambda first=sets[0]: providers["jit"](*first))[0],
+                nbytes,
+            )
+        )
         del sets
         torch.cuda.empty_cache()
     return rows
@@ -119,22 +132,37 @@ def rope_kv_rows(cache: torch.Tensor) -> list[BenchRow]:
     k_cache = torch.zeros(slots, HK * D, dtype=DTYPE, device="cuda")
     v_cache = torch.zeros_like(k_cache)
     providers = {
-        "jit": lambda q, k, v, pos, loc: apply_rope_inplace_with_kvcache(q, k, v, k_cache, v_cache, cache, pos, loc,
-                                                                         is_neox=True),
+        "jit": lambda q, k, v, pos, loc: apply_rope_inplace_with_kvcache(
+            q, k, v, k_cache, v_cache, cache, pos, loc, is_neox=True
+        ),
         "torch": lambda q, k, v, pos, loc: torch_rope_kv(q, k, v, k_cache, v_cache, cache, pos, loc),
         "torch.compile": lambda q, k, v, pos, loc: compiled(q, k, v, k_cache, v_cache, cache, pos, loc),
     }
     rows = []
     for n in TOKENS:
         nbytes = rope_kv_bytes(n)
-        sets = [(torch.randn(n, HQ, D, dtype=DTYPE, device="cuda"), torch.randn(n, HK, D, dtype=DTYPE, device="cuda"),
-                 torch.randn(n, HK, D, dtype=DTYPE, device="cuda"), torch.randint(0, MAX_POS, (n,), device="cuda"),
-                 torch.randperm(slots, device="cuda")[:n]) for _ in range(num_rotating_sets(nbytes))]
+        sets = [
+            (
+                torch.randn(n, HQ, D, dtype=DTYPE, device="cuda"),
+                torch.randn(n, HK, D, dtype=DTYPE, device="cuda"),
+                torch.randn(n, HK, D, dtype=DTYPE, device="cuda"),
+                torch.randint(0, MAX_POS, (n,), device="cuda"),
+                torch.randperm(slots, device="cuda")[:n],
+            )
+            for _ in range(num_rotating_sets(nbytes))
+        ]
         case = f"[{n}, {HQ}+{HK}, {D}] +kv"
         for name, call in providers.items():
             rows.append(BenchRow("rope_with_kvcache", case, name, bench_rotating(call, sets)[0], nbytes))
-        rows.append(BenchRow("rope_with_kvcache", case, "jit one input",
-                             run_benchmark(lambda first=sets[0]: providers["jit"](*first))[0], nbytes))
+        rows.append(
+            BenchRow(
+                "rope_with_kvcache",
+                case,
+                "jit one input",
+                run_benchmark(lambda first=sets[0]: providers["jit"](*first))[0],
+                nbytes,
+            )
+        )
         del sets
         torch.cuda.empty_cache()
     return rows
@@ -147,21 +175,34 @@ def qknorm_rope_rows() -> list[BenchRow]:
     inv_freq = base ** (-torch.arange(0, D, 2, dtype=torch.float32, device="cuda") / D)
     compiled = torch.compile(torch_qk_norm_rope)
     providers = {
-        "jit": lambda qkv, pos: fused_qk_norm_rope(qkv, HQ, HK, HV, D, 1e-6, qw, kw, base, True, pos, 1.0, 0.0, 0.0,
-                                                   1.0),
+        "jit": lambda qkv, pos: fused_qk_norm_rope(
+            qkv, HQ, HK, HV, D, 1e-6, qw, kw, base, True, pos, 1.0, 0.0, 0.0, 1.0
+        ),
         "torch": lambda qkv, pos: torch_qk_norm_rope(qkv, qw, kw, pos, inv_freq),
         "torch.compile": lambda qkv, pos: compiled(qkv, qw, kw, pos, inv_freq),
     }
     rows = []
     for n in TOKENS:
         nbytes = qknorm_rope_bytes(n)
-        sets = [(torch.randn(n, (HQ + HK + HV) * D, dtype=DTYPE, device="cuda"),
-                 torch.randint(0, MAX_POS, (n,), device="cuda")) for _ in range(num_rotating_sets(nbytes))]
+        sets = [
+            (
+                torch.randn(n, (HQ + HK + HV) * D, dtype=DTYPE, device="cuda"),
+                torch.randint(0, MAX_POS, (n,), device="cuda"),
+            )
+            for _ in range(num_rotating_sets(nbytes))
+        ]
         case = f"[{n}, {HQ}+{HK}+{HV}, {D}]"
         for name, call in providers.items():
             rows.append(BenchRow("fused_qk_norm_rope", case, name, bench_rotating(call, sets)[0], nbytes))
-        rows.append(BenchRow("fused_qk_norm_rope", case, "jit one input",
-                             run_benchmark(lambda first=sets[0]: providers["jit"](*first))[0], nbytes))
+        rows.append(
+            BenchRow(
+                "fused_qk_norm_rope",
+                case,
+                "jit one input",
+                run_benchmark(lambda first=sets[0]: providers["jit"](*first))[0],
+                nbytes,
+            )
+        )
         del sets
         torch.cuda.empty_cache()
     return rows
@@ -172,13 +213,22 @@ def rotary_rows(cache: torch.Tensor) -> list[BenchRow]:
     rows = []
     for n in TOKENS:
         nbytes = rotary_bytes(n)
-        sets = [(torch.randint(0, MAX_POS, (n,), device="cuda"), torch.randn(n, HQ * D, dtype=DTYPE, device="cuda"),
-                 torch.randn(n, HK * D, dtype=DTYPE, device="cuda")) for _ in range(num_rotating_sets(nbytes))]
+        sets = [
+            (
+                torch.randint(0, MAX_POS, (n,), device="cuda"),
+                torch.randn(n, HQ * D, dtype=DTYPE, device="cuda"),
+                torch.randn(n, HK * D, dtype=DTYPE, device="cuda"),
+            )
+            for _ in range(num_rotating_sets(nbytes))
+        ]
         call = lambda pos, query, key: rotary_embedding(pos, query, key, D, cache_t, True)  # noqa: E731
         case = f"[{n}, {HQ}+{HK}, {D}]"
         rows.append(BenchRow("rotary_embedding", case, "jit", bench_rotating(call, sets)[0], nbytes))
-        rows.append(BenchRow("rotary_embedding", case, "jit one input", run_benchmark(lambda first=sets[0]: call(*first))[0],
-                             nbytes))
+        rows.append(
+            BenchRow(
+                "rotary_embedding", case, "jit one input", run_benchmark(lambda first=sets[0]: call(*first))[0], nbytes
+            )
+        )
         del sets
         torch.cuda.empty_cache()
     return rows
@@ -213,7 +263,9 @@ if __name__ == "__main__":
         all_rows += qknorm_rope_rows()
     if "rotary" in ops:
         all_rows += rotary_rows(cos_sin_cache)
-    print("# timing: cold L2 (inputs rotated past the L2) for jit / torch / torch.compile; 'jit one input' replays one"
-          " input set (the tutorial's run_benchmark; partly L2-resident)")
+    print(
+        "# timing: cold L2 (inputs rotated past the L2) for jit / torch / torch.compile; 'jit one input' replays one"
+        " input set (the tutorial's run_benchmark; partly L2-resident)"
+    )
     print(format_rows(all_rows, roof))
     print(eager_rows(cos_sin_cache))

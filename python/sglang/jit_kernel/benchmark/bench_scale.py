@@ -84,14 +84,15 @@ def bandwidth_rows() -> list[BenchRow]:
             median, _, _ = bench_rotating(call, sets)
             rows.append(BenchRow("scale", f"[{size}] bf16", name, median, nbytes))
         if size >= 2**20:  # same-size copy roof (events, eager launches): see same_size_note
-            for name, call in (("copy (events)", lambda src, out: out.copy_(src)),
-                               ("jit (events)", providers["jit"]), ("torch (events)", providers["torch"])):
+            for name, call in (
+                ("copy (events)", lambda src, out: out.copy_(src)),
+                ("jit (events)", providers["jit"]),
+                ("torch (events)", providers["torch"]),
+            ):
                 rows.append(BenchRow("scale", f"[{size}] bf16", name, bench_rotating_events(call, sets), nbytes))
         del sets
         torch.cuda.empty_cache()
     return rows
-
-
 
 
 def eager_rows() -> str:

@@ -6,10 +6,11 @@
 // ("Decode floor, measured with the same bytes", "Our decode kernel against the bare probe").
 #pragma once
 #include <sgl_kernel/tensor.h>  // For tvm::ffi::TensorView
-#include <sgl_kernel/type.cuh>  // For device::cast
-#include <sgl_kernel/utils.cuh> // For LaunchKernel, SGL_DEVICE, bf16_t, fp32_t, pdl_wait_primary, pdl_launch_dependents
-#include <sgl_kernel/vec.cuh>   // For AlignedVector
-#include <sgl_kernel/warp.cuh>  // For warp::reduce_sum
+
+#include <sgl_kernel/type.cuh>   // For device::cast
+#include <sgl_kernel/utils.cuh>  // For LaunchKernel, SGL_DEVICE, bf16_t, fp32_t, pdl_wait_primary, pdl_launch_dependents
+#include <sgl_kernel/vec.cuh>    // For AlignedVector
+#include <sgl_kernel/warp.cuh>   // For warp::reduce_sum
 
 #include <cstdint>
 #include <cstring>
@@ -45,16 +46,16 @@ SGL_DEVICE void load_row_vectors(device::AlignedVector<bf16_t, 8> (&v)[kVecs], c
 /// One row per CTA. x, out: [rows, 4096]; w: [4096] (w_row_stride 0: every CTA reads the same
 /// weight) or [rows, 4096] (w_row_stride 4096: a weight copy per CTA).
 template <int kVecs, bool kPlain>
-__global__ void row_probe_kernel(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w,
-                                 bf16_t* __restrict__ out, int64_t w_row_stride) {
+__global__ void row_probe_kernel(
+    const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, bf16_t* __restrict__ out, int64_t w_row_stride) {
   using vec_t = device::AlignedVector<bf16_t, 8>;
   constexpr int kThreads = kProbeRowVecs / kVecs;
   constexpr int kWarps = kThreads / 32;
   __shared__ alignas(16) float smem[32];
   const int t = threadIdx.x;
   const bf16_t* x_row = x + int64_t{blockIdx.x} * kProbeHidden;  // [4096]
-  bf16_t* out_row = out + int64_t{blockIdx.x} * kProbeHidden;     // [4096]
-  const bf16_t* w_row = w + int64_t{blockIdx.x} * w_row_stride;   // [4096]
+  bf16_t* out_row = out + int64_t{blockIdx.x} * kProbeHidden;    // [4096]
+  const bf16_t* w_row = w + int64_t{blockIdx.x} * w_row_stride;  // [4096]
   device::pdl_wait_primary();
   device::pdl_launch_dependents();
   vec_t xv[kVecs], wv[kVecs];
@@ -101,8 +102,8 @@ __global__ void row_probe_kernel(const bf16_t* __restrict__ x, const bf16_t* __r
 /// out = rmsnorm(x) * w per row, with PDL. out, x: [rows, 4096] bf16 contiguous; w: [4096] or
 /// [rows, 4096] (see w_row_stride). code: vectors per thread in {1, 2, 4, 8, 16} (512 / code
 /// threads per CTA), or 102 for 256 x 2 with plain ld.global loads.
-void row_probe(tvm::ffi::TensorView out, tvm::ffi::TensorView x, tvm::ffi::TensorView w, int64_t code,
-               int64_t w_row_stride) {
+void row_probe(
+    tvm::ffi::TensorView out, tvm::ffi::TensorView x, tvm::ffi::TensorView w, int64_t code, int64_t w_row_stride) {
   const auto* x_ptr = static_cast<const bf16_t*>(x.data_ptr());
   const auto* w_ptr = static_cast<const bf16_t*>(w.data_ptr());
   auto* out_ptr = static_cast<bf16_t*>(out.data_ptr());
@@ -111,12 +112,18 @@ void row_probe(tvm::ffi::TensorView out, tvm::ffi::TensorView x, tvm::ffi::Tenso
   host::LaunchKernel launch(rows, static_cast<uint32_t>(kProbeRowVecs / vecs), x.device());
   launch.enable_pdl(true);
   switch (code) {
-    case 1: return launch(row_probe_kernel<1, false>, x_ptr, w_ptr, out_ptr, w_row_stride);
-    case 2: return launch(row_probe_kernel<2, false>, x_ptr, w_ptr, out_ptr, w_row_stride);
-    case 102: return launch(row_probe_kernel<2, true>, x_ptr, w_ptr, out_ptr, w_row_stride);
-    case 4: return launch(row_probe_kernel<4, false>, x_ptr, w_ptr, out_ptr, w_row_stride);
-    case 8: return launch(row_probe_kernel<8, false>, x_ptr, w_ptr, out_ptr, w_row_stride);
-    default: return launch(row_probe_kernel<16, false>, x_ptr, w_ptr, out_ptr, w_row_stride);
+    case 1:
+      return launch(row_probe_kernel<1, false>, x_ptr, w_ptr, out_ptr, w_row_stride);
+    case 2:
+      return launch(row_probe_kernel<2, false>, x_ptr, w_ptr, out_ptr, w_row_stride);
+    case 102:
+      return launch(row_probe_kernel<2, true>, x_ptr, w_ptr, out_ptr, w_row_stride);
+    case 4:
+      return launch(row_probe_kernel<4, false>, x_ptr, w_ptr, out_ptr, w_row_stride);
+    case 8:
+      return launch(row_probe_kernel<8, false>, x_ptr, w_ptr, out_ptr, w_row_stride);
+    default:
+      return launch(row_probe_kernel<16, false>, x_ptr, w_ptr, out_ptr, w_row_stride);
   }
 }
 

@@ -70,8 +70,9 @@ def main() -> None:
     for _ in range(ROUNDS):
         for name, fn in table.items():
             samples[name].append(eager_wall_us(fn, calls=CALLS))
-    print(f"# {torch.cuda.get_device_name()}: eager wall time per call, {CALLS} calls then one sync, "
-          f"{ROUNDS} rounds (µs)")
+    print(
+        f"# {torch.cuda.get_device_name()}: eager wall time per call, {CALLS} calls then one sync, {ROUNDS} rounds (µs)"
+    )
     print(f"{'call':<50} {'min':>7} {'median':>7}")
     for name, values in samples.items():
         print(f"{name:<50} {min(values):7.2f} {statistics.median(values):7.2f}")

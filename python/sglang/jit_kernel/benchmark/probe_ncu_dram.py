@@ -140,8 +140,20 @@ def main() -> None:
     _jit_scale_module(torch.bfloat16)
     metrics = os.environ.get("METRICS")
     short = {m: DEFAULT_METRICS.get(m, m) for m in metrics.split(",")} if metrics else DEFAULT_METRICS
-    command = [_ncu(), "--clock-control", "none", "-k", KERNELS, "--metrics", ",".join(short), "--csv",
-               sys.executable, os.path.abspath(__file__), "--launch", *specs]
+    command = [
+        _ncu(),
+        "--clock-control",
+        "none",
+        "-k",
+        KERNELS,
+        "--metrics",
+        ",".join(short),
+        "--csv",
+        sys.executable,
+        os.path.abspath(__file__),
+        "--launch",
+        *specs,
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=NCU_TIMEOUT_S)
     print("\n".join(summarize(done.stdout, short)), flush=True)
     if done.returncode != 0:

@@ -54,8 +54,10 @@ NORM_FILES = ("rmsnorm", "fused_add_rmsnorm", "qknorm")
 def _has_l2_hint_override(root: str) -> bool:
     """Whether the kernels under ``root`` (or the package's, when empty) export the L2-hint override
     (kernels older than it do not)."""
-    path = f"{root}elementwise/rmsnorm.cuh" if root else os.path.join(
-        os.path.dirname(N.__file__), "csrc", "elementwise", "rmsnorm.cuh"
+    path = (
+        f"{root}elementwise/rmsnorm.cuh"
+        if root
+        else os.path.join(os.path.dirname(N.__file__), "csrc", "elementwise", "rmsnorm.cuh")
     )
     with open(path) as f:
         return "set_norm_l2_hint_override" in f.read()
@@ -141,10 +143,22 @@ def cold_decode_rows(table: Table) -> None:
         for _ in range(num_rotating_sets(4 * n * h + 2 * h)):
             x = torch.randn(n, h, dtype=DTYPE, device="cuda")
             sets.append((x, torch.rand(h, dtype=DTYPE, device="cuda") + 0.5, torch.empty_like(x), torch.randn_like(x)))
-        table.add("rmsnorm", f"[{n}, {h}]", "jit bench sets", lambda x, w, o, r: N.rmsnorm(x, w, out=o), sets,
-                  4 * n * h + 2 * h)
-        table.add("fused_add_rmsnorm", f"[{n}, {h}]", "jit bench sets",
-                  lambda x, w, o, r: N.fused_add_rmsnorm(x, r, w), sets, 8 * n * h + 2 * h)
+        table.add(
+            "rmsnorm",
+            f"[{n}, {h}]",
+            "jit bench sets",
+            lambda x, w, o, r: N.rmsnorm(x, w, out=o),
+            sets,
+            4 * n * h + 2 * h,
+        )
+        table.add(
+            "fused_add_rmsnorm",
+            f"[{n}, {h}]",
+            "jit bench sets",
+            lambda x, w, o, r: N.fused_add_rmsnorm(x, r, w),
+            sets,
+            8 * n * h + 2 * h,
+        )
 
 
 def measure(module, sweep: bool, decode_only: bool = False) -> list[BenchRow]:
@@ -173,8 +187,9 @@ def measure(module, sweep: bool, decode_only: bool = False) -> list[BenchRow]:
             table.forced(geometries, "rmsnorm", case, rms, sets, rms_bytes)
         table.add("fused_add_rmsnorm", case, "jit", fused, sets, fused_bytes)
         if sweep and n == 16384:
-            table.forced([(128, 4, -1)] if h == 4096 else [(512, 2, -1)], "fused_add_rmsnorm", case, fused, sets,
-                         fused_bytes)
+            table.forced(
+                [(128, 4, -1)] if h == 4096 else [(512, 2, -1)], "fused_add_rmsnorm", case, fused, sets, fused_bytes
+            )
         del sets
         torch.cuda.empty_cache()
     qw = torch.rand(HEAD_DIM, dtype=DTYPE, device="cuda") + 0.5

@@ -8,9 +8,8 @@
 
 #include <sgl_kernel/utils.cuh>  // For SGL_DEVICE
 
-#include <tvm/ffi/container/tensor.h>
-
 #include <cstdint>
+#include <tvm/ffi/container/tensor.h>
 
 #include "elementwise/unary_map.cuh"  // For unary_map
 

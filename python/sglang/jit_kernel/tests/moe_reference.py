@@ -28,7 +28,9 @@ def select_topk(keys: torch.Tensor, k: int) -> torch.Tensor:
     below every number (NaNs among themselves by index)."""
     nan = torch.isnan(keys)
     order = torch.sort(torch.where(nan, float("-inf"), keys), dim=-1, descending=True, stable=True).indices
-    order = torch.gather(order, -1, torch.sort(torch.gather(nan, -1, order).to(torch.int8), dim=-1, stable=True).indices)
+    order = torch.gather(
+        order, -1, torch.sort(torch.gather(nan, -1, order).to(torch.int8), dim=-1, stable=True).indices
+    )
     return order[:, :k]
 
 
@@ -65,8 +67,9 @@ def finish_weights(weights_all: torch.Tensor, ids: torch.Tensor, renormalize: bo
     return w * scale
 
 
-def assert_routing_matches(weights, ids, keys, weights_all, ref_ids, renormalize, eps, scale=1.0,
-                           max_near_tie_rows=None):
+def assert_routing_matches(
+    weights, ids, keys, weights_all, ref_ids, renormalize, eps, scale=1.0, max_near_tie_rows=None
+):
     """The kernel's (weights, ids) against the reference.
 
     Rows where the ids differ from the reference's must be near ties: the kernel's i-th choice has
@@ -83,8 +86,14 @@ def assert_routing_matches(weights, ids, keys, weights_all, ref_ids, renormalize
         rows = differ.nonzero()[:, 0]
         picked = torch.gather(keys[rows], -1, ids64[rows])
         best = torch.gather(keys[rows], -1, ref_ids[rows])
-        torch.testing.assert_close(picked, best, rtol=KEY_RTOL, atol=KEY_ATOL, equal_nan=True,
-                                   msg=lambda m: f"ids differ beyond a near tie in rows {rows.tolist()[:8]}: {m}")
+        torch.testing.assert_close(
+            picked,
+            best,
+            rtol=KEY_RTOL,
+            atol=KEY_ATOL,
+            equal_nan=True,
+            msg=lambda m: f"ids differ beyond a near tie in rows {rows.tolist()[:8]}: {m}",
+        )
         sorted_ids = ids64[rows].sort(dim=-1).values
         assert bool((sorted_ids[:, 1:] != sorted_ids[:, :-1]).all()), "an expert chosen twice"
         limit = max_near_tie_rows if max_near_tie_rows is not None else max(2, keys.shape[0] // 50)

@@ -164,8 +164,27 @@ def test_run_activation_matches_the_ops(name):
 def test_extreme_gates(name, dtype):
     """Large |gate| (exp overflow, erf / tanh saturation), zeros, signed zeros, tiny values."""
     info = torch.finfo(dtype)
-    gate = torch.tensor([0.0, -0.0, 1e-30, -1e-30, 20.0, -20.0, 88.0, -88.0, 100.0, -100.0, 1e4, -1e4,
-                         info.max, -info.max, info.tiny, -info.tiny], device="cuda").to(dtype)
+    gate = torch.tensor(
+        [
+            0.0,
+            -0.0,
+            1e-30,
+            -1e-30,
+            20.0,
+            -20.0,
+            88.0,
+            -88.0,
+            100.0,
+            -100.0,
+            1e4,
+            -1e4,
+            info.max,
+            -info.max,
+            info.tiny,
+            -info.tiny,
+        ],
+        device="cuda",
+    ).to(dtype)
     up = torch.full_like(gate, 1.5)
     x = torch.cat([gate, up]).view(1, -1)
     out = OPS[name](x)
@@ -224,9 +243,12 @@ def test_silu_every_16_bit_gate(dtype):
     finally:
         module._set_launch_override(0, 0)
     assert torch.equal(wide.view(torch.int16), narrow.view(torch.int16))
-    finite = torch.isfinite(x[:, :gate.numel()])
-    assert_matches_reference("silu", wide[finite].view(1, -1), torch.cat([x[:, :gate.numel()][finite],
-                             x[:, gate.numel():][finite]]).view(1, -1))
+    finite = torch.isfinite(x[:, : gate.numel()])
+    assert_matches_reference(
+        "silu",
+        wide[finite].view(1, -1),
+        torch.cat([x[:, : gate.numel()][finite], x[:, gate.numel() :][finite]]).view(1, -1),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -439,8 +461,11 @@ def test_second_gpu_while_first_is_current():
     kept = ids != -1
     assert_matches_reference("silu", out[kept], x[kept])
     assert torch.isnan(out[~kept]).all()
-    with pytest.raises(RuntimeError, match=r"^silu_and_mul: out device: expected cuda:1 \(the device of input\), "
-                                           r"got cuda:0$"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"^silu_and_mul: out device: expected cuda:1 \(the device of input\), "
+        r"got cuda:0$",
+    ):
         silu_and_mul(x, torch.empty(129, 4096, dtype=torch.bfloat16, device="cuda:0"))
     with pytest.raises(RuntimeError, match=r"^silu_and_mul: expert_ids device: expected cuda:1"):
         silu_and_mul(x, out, ids.to("cuda:0"))
@@ -456,7 +481,9 @@ def test_supported_activations():
 @pytest.mark.parametrize("op_name", ["relu", "SILU", "", None, 3])
 def test_run_activation_unknown_name(op_name):
     x = torch.zeros(2, 8)
-    with pytest.raises(ValueError, match=r"^run_activation: op_name value: expected one of gelu, gelu_tanh, silu, got "):
+    with pytest.raises(
+        ValueError, match=r"^run_activation: op_name value: expected one of gelu, gelu_tanh, silu, got "
+    ):
         run_activation(op_name, x, None)
 
 
@@ -482,42 +509,89 @@ def test_bad_arguments(name):
     fn(x)  # load the module: the calls below try the fast path first, then explain
     out = torch.full((8, 64), float("nan"), dtype=torch.bfloat16, device="cuda")
     cases = [
-        (dict(input=make_input((8, 129), torch.bfloat16)), RuntimeError,
-         rf"^{op}: input last dim: expected even \(2 \* hidden_size\), got 129$"),
-        (dict(input=x.to(torch.float64)), RuntimeError,
-         rf"^{op}: input dtype: expected one of float16, bfloat16, float32, got float64$"),
+        (
+            dict(input=make_input((8, 129), torch.bfloat16)),
+            RuntimeError,
+            rf"^{op}: input last dim: expected even \(2 \* hidden_size\), got 129$",
+        ),
+        (
+            dict(input=x.to(torch.float64)),
+            RuntimeError,
+            rf"^{op}: input dtype: expected one of float16, bfloat16, float32, got float64$",
+        ),
         (dict(input=x.to(torch.int32)), RuntimeError, rf"^{op}: input dtype: expected one of "),
-        (dict(input=make_input((8, 256), torch.bfloat16)[:, ::2]), RuntimeError,
-         rf"^{op}: input last-dim stride: expected 1 \(a contiguous last dim\), got 2 "),
-        (dict(out=torch.empty(8, 63, dtype=torch.bfloat16, device="cuda")), RuntimeError,
-         rf"^{op}: out shape: expected \(8, 64\) \(the shape of input with the last dim halved\), got \(8, 63\)$"),
-        (dict(out=torch.empty(8, 128, dtype=torch.bfloat16, device="cuda")), RuntimeError,
-         rf"^{op}: out shape: expected \(8, 64\) "),
-        (dict(out=torch.empty(8, 64, dtype=torch.float16, device="cuda")), RuntimeError,
-         rf"^{op}: out dtype: expected bfloat16 \(the dtype of input\), got float16$"),
-        (dict(out=torch.empty(8, 64, dtype=torch.bfloat16)), RuntimeError,
-         rf"^{op}: out device: expected a CUDA device, got cpu$"),
-        (dict(out=torch.empty(8, 128, dtype=torch.bfloat16, device="cuda")[:, ::2]), RuntimeError,
-         rf"^{op}: out last-dim stride: expected 1 \(a contiguous last dim\), got 2 "),
-        (dict(out=torch.empty(1, 64, dtype=torch.bfloat16, device="cuda").expand(8, 64)), RuntimeError,
-         rf"^{op}: out row stride: expected >= hidden_size = 64 \(rows that do not overlap\), got 0$"),
-        (dict(out=x[:, :64]), RuntimeError,
-         rf"^{op}: out memory: expected no memory shared with input, got bytes "),
+        (
+            dict(input=make_input((8, 256), torch.bfloat16)[:, ::2]),
+            RuntimeError,
+            rf"^{op}: input last-dim stride: expected 1 \(a contiguous last dim\), got 2 ",
+        ),
+        (
+            dict(out=torch.empty(8, 63, dtype=torch.bfloat16, device="cuda")),
+            RuntimeError,
+            rf"^{op}: out shape: expected \(8, 64\) \(the shape of input with the last dim halved\), got \(8, 63\)$",
+        ),
+        (
+            dict(out=torch.empty(8, 128, dtype=torch.bfloat16, device="cuda")),
+            RuntimeError,
+            rf"^{op}: out shape: expected \(8, 64\) ",
+        ),
+        (
+            dict(out=torch.empty(8, 64, dtype=torch.float16, device="cuda")),
+            RuntimeError,
+            rf"^{op}: out dtype: expected bfloat16 \(the dtype of input\), got float16$",
+        ),
+        (
+            dict(out=torch.empty(8, 64, dtype=torch.bfloat16)),
+            RuntimeError,
+            rf"^{op}: out device: expected a CUDA device, got cpu$",
+        ),
+        (
+            dict(out=torch.empty(8, 128, dtype=torch.bfloat16, device="cuda")[:, ::2]),
+            RuntimeError,
+            rf"^{op}: out last-dim stride: expected 1 \(a contiguous last dim\), got 2 ",
+        ),
+        (
+            dict(out=torch.empty(1, 64, dtype=torch.bfloat16, device="cuda").expand(8, 64)),
+            RuntimeError,
+            rf"^{op}: out row stride: expected >= hidden_size = 64 \(rows that do not overlap\), got 0$",
+        ),
+        (dict(out=x[:, :64]), RuntimeError, rf"^{op}: out memory: expected no memory shared with input, got bytes "),
         (dict(out="out"), TypeError, rf"^{op}: out type: expected a torch.Tensor, got str$"),
-        (dict(expert_ids=torch.zeros(8, dtype=torch.int64, device="cuda")), RuntimeError,
-         rf"^{op}: expert_ids dtype: expected int32, got int64$"),
-        (dict(expert_ids=torch.zeros(7, dtype=torch.int32, device="cuda")), RuntimeError,
-         rf"^{op}: expert_ids length: expected >= 8 \(ceil\(num_tokens / expert_step\) = ceil\(8 / 1\)\), got 7$"),
-        (dict(expert_ids=torch.zeros(3, dtype=torch.int32, device="cuda"), expert_step=2), RuntimeError,
-         rf"^{op}: expert_ids length: expected >= 4 \(ceil\(num_tokens / expert_step\) = ceil\(8 / 2\)\), got 3$"),
-        (dict(expert_ids=torch.zeros(8, dtype=torch.int32)), RuntimeError,
-         rf"^{op}: expert_ids device: expected a CUDA device, got cpu$"),
-        (dict(expert_ids=torch.zeros(2, 8, dtype=torch.int32, device="cuda")), RuntimeError,
-         rf"^{op}: expert_ids shape: expected \[num_expert_ids\], got \(2, 8\)$"),
-        (dict(expert_ids=torch.zeros(16, dtype=torch.int32, device="cuda")[::2]), RuntimeError,
-         rf"^{op}: expert_ids layout: expected contiguous, got shape \(8,\) with strides \(2,\)$"),
-        (dict(expert_ids=out.view(-1).view(torch.int32)[:8]), RuntimeError,
-         rf"^{op}: out memory: expected no memory shared with expert_ids, got bytes "),
+        (
+            dict(expert_ids=torch.zeros(8, dtype=torch.int64, device="cuda")),
+            RuntimeError,
+            rf"^{op}: expert_ids dtype: expected int32, got int64$",
+        ),
+        (
+            dict(expert_ids=torch.zeros(7, dtype=torch.int32, device="cuda")),
+            RuntimeError,
+            rf"^{op}: expert_ids length: expected >= 8 \(ceil\(num_tokens / expert_step\) = ceil\(8 / 1\)\), got 7$",
+        ),
+        (
+            dict(expert_ids=torch.zeros(3, dtype=torch.int32, device="cuda"), expert_step=2),
+            RuntimeError,
+            rf"^{op}: expert_ids length: expected >= 4 \(ceil\(num_tokens / expert_step\) = ceil\(8 / 2\)\), got 3$",
+        ),
+        (
+            dict(expert_ids=torch.zeros(8, dtype=torch.int32)),
+            RuntimeError,
+            rf"^{op}: expert_ids device: expected a CUDA device, got cpu$",
+        ),
+        (
+            dict(expert_ids=torch.zeros(2, 8, dtype=torch.int32, device="cuda")),
+            RuntimeError,
+            rf"^{op}: expert_ids shape: expected \[num_expert_ids\], got \(2, 8\)$",
+        ),
+        (
+            dict(expert_ids=torch.zeros(16, dtype=torch.int32, device="cuda")[::2]),
+            RuntimeError,
+            rf"^{op}: expert_ids layout: expected contiguous, got shape \(8,\) with strides \(2,\)$",
+        ),
+        (
+            dict(expert_ids=out.view(-1).view(torch.int32)[:8]),
+            RuntimeError,
+            rf"^{op}: out memory: expected no memory shared with expert_ids, got bytes ",
+        ),
         (dict(expert_ids=[0] * 8), TypeError, rf"^{op}: expert_ids type: expected a torch.Tensor, got list$"),
         (dict(expert_step=0), ValueError, rf"^{op}: expert_step value: expected >= 1, got 0$"),
         (dict(expert_step=-3), ValueError, rf"^{op}: expert_step value: expected >= 1, got -3$"),

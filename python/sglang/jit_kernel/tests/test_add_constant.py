@@ -80,7 +80,9 @@ def test_add_constant_offset_views(src_offset, out_offset, size):
     pad = 16 + out_offset
     out = out_buffer[pad : pad + size]
     assert src_buffer.data_ptr() % 16 == 0 and out_buffer.data_ptr() % 16 == 0  # offsets mean what they say
-    assert vector_width(src, out) == (4 if src_offset == out_offset == 0 else 2 if src_offset % 2 == out_offset % 2 == 0 else 1)
+    assert vector_width(src, out) == (
+        4 if src_offset == out_offset == 0 else 2 if src_offset % 2 == out_offset % 2 == 0 else 1
+    )
     assert add_constant(src, -7, out=out) is out
     assert torch.equal(out, reference(base, -7))
     assert_poison_intact(out_buffer, pad, size)
@@ -137,7 +139,9 @@ def test_add_constant_empty(shape):
 
 
 @requires_cuda
-@pytest.mark.skipif(not should_run_full_tests(), reason="full grid only: set SGLANG_JIT_KERNEL_RUN_FULL_TESTS=1 (16 GiB of GPU memory)")
+@pytest.mark.skipif(
+    not should_run_full_tests(), reason="full grid only: set SGLANG_JIT_KERNEL_RUN_FULL_TESTS=1 (16 GiB of GPU memory)"
+)
 def test_add_constant_more_than_2_pow_31_elements():
     """64-bit offsets: 2^31 + 7 int32 elements (8 GiB in, 8 GiB out), checked whole, in chunks;
     the grid is capped, so blocks loop over tiles, and the 3-element tail lies past index 2^31."""
@@ -227,7 +231,9 @@ def test_add_constant_bad_constant_type(constant, name):
 
 @pytest.mark.parametrize("constant", [2**31, -(2**31) - 1])
 def test_add_constant_constant_out_of_range(constant):
-    with pytest.raises(ValueError, match=rf"^add_constant: constant value: expected >= -2147483648 and <= 2147483647, got {constant}$"):
+    with pytest.raises(
+        ValueError, match=rf"^add_constant: constant value: expected >= -2147483648 and <= 2147483647, got {constant}$"
+    ):
         add_constant(torch.zeros(4, dtype=torch.int32), constant)
 
 
@@ -244,13 +250,19 @@ def test_add_constant_bad_out():
     src = torch.zeros(128, dtype=torch.int32, device="cuda")
     with pytest.raises(TypeError, match=r"^add_constant: out type: expected a torch.Tensor, got list$"):
         add_constant(src, 1, out=[0] * 128)
-    with pytest.raises(RuntimeError, match=r"^add_constant: out shape: expected \(128,\) \(the shape of src\), got \(127,\)$"):
+    with pytest.raises(
+        RuntimeError, match=r"^add_constant: out shape: expected \(128,\) \(the shape of src\), got \(127,\)$"
+    ):
         add_constant(src, 1, out=torch.zeros(127, dtype=torch.int32, device="cuda"))
-    with pytest.raises(RuntimeError, match=r"^add_constant: out dtype: expected int32 \(the dtype of src\), got float32$"):
+    with pytest.raises(
+        RuntimeError, match=r"^add_constant: out dtype: expected int32 \(the dtype of src\), got float32$"
+    ):
         add_constant(src, 1, out=torch.zeros(128, device="cuda"))
     with pytest.raises(RuntimeError, match=r"^add_constant: out device: expected a CUDA device, got cpu$"):
         add_constant(src, 1, out=torch.zeros(128, dtype=torch.int32))
-    with pytest.raises(RuntimeError, match=r"^add_constant: out layout: expected contiguous, got shape \(128,\) with strides \(2,\)$"):
+    with pytest.raises(
+        RuntimeError, match=r"^add_constant: out layout: expected contiguous, got shape \(128,\) with strides \(2,\)$"
+    ):
         add_constant(src, 1, out=torch.zeros(256, dtype=torch.int32, device="cuda")[::2])
 
 
@@ -259,7 +271,10 @@ def test_add_constant_partial_overlap_rejected():
     """out shifted by one element against src would read overwritten elements: refused, nothing written."""
     buffer = random_int32(4097)
     before = buffer.clone()
-    with pytest.raises(RuntimeError, match=r"^add_constant: out memory: expected no memory shared with src \(or exactly the same view\), got bytes "):
+    with pytest.raises(
+        RuntimeError,
+        match=r"^add_constant: out memory: expected no memory shared with src \(or exactly the same view\), got bytes ",
+    ):
         add_constant(buffer[:-1], 1, out=buffer[1:])
     assert torch.equal(buffer, before)
 

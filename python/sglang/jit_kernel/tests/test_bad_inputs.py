@@ -193,14 +193,17 @@ def expect_error(op: str, exc, arg: str | tuple[str, ...], args: tuple, kwargs: 
     except Exception as error:  # noqa: BLE001 - judged below
         assert_names(error, exc, op, arg)
     else:
-        pytest.fail(f"{op}: bad input accepted (expected {exc.__name__} naming {arg}); "
-                    f"modified: {', '.join(changed(snaps)) or 'nothing'}")
+        pytest.fail(
+            f"{op}: bad input accepted (expected {exc.__name__} naming {arg}); "
+            f"modified: {', '.join(changed(snaps)) or 'nothing'}"
+        )
     assert_unchanged(snaps)
     assert_context_healthy()
 
 
-def expect_result(call: Callable[[], Any], check: Callable[[], None], keep: dict[str, Any] | None = None,
-                  either: tuple | None = None) -> None:
+def expect_result(
+    call: Callable[[], Any], check: Callable[[], None], keep: dict[str, Any] | None = None, either: tuple | None = None
+) -> None:
     """``call()`` succeeds, then ``check()``'s assertions hold and the tensors of ``keep`` (read-only
     arguments) are unchanged. ``either = (exc, op, arg)``: an undocumented corner, where that error
     (before any launch) is as good as the right answer."""
@@ -242,8 +245,10 @@ def assert_matches(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
     bad = finite & ((g - w).abs() > atol + rtol * w.abs())
     if bad.any():
         i = bad.flatten().nonzero()[0].item()
-        pytest.fail(f"{name}: {bad.sum().item()} of {g.numel()} elements wrong; first at flat {i}: "
-                    f"got {g.flatten()[i].item():.6g}, expected {w.flatten()[i].item():.6g}")
+        pytest.fail(
+            f"{name}: {bad.sum().item()} of {g.numel()} elements wrong; first at flat {i}: "
+            f"got {g.flatten()[i].item():.6g}, expected {w.flatten()[i].item():.6g}"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -253,8 +258,9 @@ def dev(index: int = 0) -> torch.device:
     return torch.device("cuda", index)
 
 
-def rnd(*shape: int, dtype: torch.dtype = BF16, device: torch.device | None = None, offset: int = 0,
-        scale: float = 1.0) -> torch.Tensor:
+def rnd(
+    *shape: int, dtype: torch.dtype = BF16, device: torch.device | None = None, offset: int = 0, scale: float = 1.0
+) -> torch.Tensor:
     """A random tensor; ``offset`` > 0 makes it a view that many elements into a larger storage."""
     device = dev() if device is None else device
     n = math.prod(shape) + offset
@@ -275,8 +281,14 @@ class Poisoned:
     """A view of ``shape`` ``offset`` elements into a poisoned buffer with GUARD poisoned elements
     on both sides (an output, or with ``like`` a copy of it for in-place ops)."""
 
-    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | None = None,
-                 offset: int = 0, like: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        shape: tuple[int, ...],
+        dtype: torch.dtype,
+        device: torch.device | None = None,
+        offset: int = 0,
+        like: torch.Tensor | None = None,
+    ) -> None:
         src = poisoned(shape, dtype, dev() if device is None else device) if like is None else like
         self.pad, self.numel = GUARD + offset, src.numel()
         self.t, self.buffer = padded(src, self.pad)
@@ -285,8 +297,9 @@ class Poisoned:
         assert_poison_intact(self.buffer, self.pad, self.numel)
 
 
-def rms_ref(x: torch.Tensor, w: torch.Tensor, eps: float, offset: float = 0.0,
-            cast_first: bool = False) -> torch.Tensor:
+def rms_ref(
+    x: torch.Tensor, w: torch.Tensor, eps: float, offset: float = 0.0, cast_first: bool = False
+) -> torch.Tensor:
     normed = x.detach().float() * torch.rsqrt(x.detach().float().pow(2).mean(-1, keepdim=True) + eps)
     if cast_first:
         normed = normed.to(x.dtype).float()
@@ -375,35 +388,48 @@ def numpy_array(*shape: int):
 # ---------------------------------------------------------------------------------------------
 # scale
 # ---------------------------------------------------------------------------------------------
-register_errors("scale", [
-    ("src_cpu", RuntimeError, "src", lambda: ((torch.randn(8), 2.0), {}), 0),
-    ("src_list", TypeError, "src", lambda: (([1.0, 2.0], 2.0), {}), 0),
-    ("src_None", TypeError, "src", lambda: ((None, 2.0), {}), 0),
-    ("src_numpy", TypeError, "src", lambda: ((numpy_array(4), 2.0), {}), 0),
-    *[(f"src_dtype_{d}", RuntimeError, "src", lambda d=d: ((rnd(16, dtype=dtype_of(d)), 2.0), {}))
-      for d in ("int32", "float64", "float8_e4m3fn", "bool", "int64", "complex64")],
-    ("out_dtype_mismatch", RuntimeError, "out", lambda: ((rnd(4, 8), 2.0), {"out": rnd(4, 8, dtype=FP16)})),
-    ("out_shape_mismatch", RuntimeError, "out", lambda: ((rnd(4, 8), 2.0), {"out": rnd(4, 9)})),
-    ("out_same_numel_other_shape", RuntimeError, "out", lambda: ((rnd(4, 8), 2.0), {"out": rnd(32)})),
-    ("out_noncontiguous", RuntimeError, "out", lambda: ((rnd(8, 4), 2.0), {"out": rnd(4, 8).t()})),
-    ("out_expanded_stride0", RuntimeError, "out", lambda: ((rnd(4, 8), 2.0), {"out": rnd(1, 8).expand(4, 8)})),
-    ("out_cpu", RuntimeError, "out", lambda: ((rnd(4, 8), 2.0), {"out": torch.zeros(4, 8, dtype=BF16)})),
-    ("out_list", TypeError, "out", lambda: ((rnd(4), 2.0), {"out": [0.0] * 4})),
-    ("src_transposed_out_is_src", RuntimeError, "out", lambda: (lambda x: ((x, 3.0), {"out": x}))(rnd(16, 24).t())),
-    # documented: out must not partially overlap src
-    ("out_overlaps_src_shift+1", RuntimeError, "out",
-     lambda: (lambda b: ((b[:-1], 2.0), {"out": b[1:]}))(rnd((1 << 20) + 1, dtype=FP32))),
-    ("out_overlaps_src_shift-1", RuntimeError, "out",
-     lambda: (lambda b: ((b[1:], 2.0), {"out": b[:-1]}))(rnd((1 << 20) + 1, dtype=FP32))),
-    # documented: factor must be an int or a float
-    ("factor_tensor_cpu", TypeError, "factor", lambda: ((rnd(64), torch.tensor(2.0)), {})),
-    ("factor_tensor_cuda", TypeError, "factor", lambda: ((rnd(64), torch.tensor(2.0, device=dev())), {})),
-    ("factor_str", TypeError, "factor", lambda: ((rnd(64), "2.0"), {})),
-    ("factor_None", TypeError, "factor", lambda: ((rnd(64), None), {})),
-    ("factor_complex", TypeError, "factor", lambda: ((rnd(64), 1j), {})),
-    ("factor_list", TypeError, "factor", lambda: ((rnd(64), [2.0]), {})),
-    ("out_on_cuda1", RuntimeError, "out", lambda: ((rnd(64), 2.0), {"out": rnd(64, device=dev(1))}), 2),
-])
+register_errors(
+    "scale",
+    [
+        ("src_cpu", RuntimeError, "src", lambda: ((torch.randn(8), 2.0), {}), 0),
+        ("src_list", TypeError, "src", lambda: (([1.0, 2.0], 2.0), {}), 0),
+        ("src_None", TypeError, "src", lambda: ((None, 2.0), {}), 0),
+        ("src_numpy", TypeError, "src", lambda: ((numpy_array(4), 2.0), {}), 0),
+        *[
+            (f"src_dtype_{d}", RuntimeError, "src", lambda d=d: ((rnd(16, dtype=dtype_of(d)), 2.0), {}))
+            for d in ("int32", "float64", "float8_e4m3fn", "bool", "int64", "complex64")
+        ],
+        ("out_dtype_mismatch", RuntimeError, "out", lambda: ((rnd(4, 8), 2.0), {"out": rnd(4, 8, dtype=FP16)})),
+        ("out_shape_mismatch", RuntimeError, "out", lambda: ((rnd(4, 8), 2.0), {"out": rnd(4, 9)})),
+        ("out_same_numel_other_shape", RuntimeError, "out", lambda: ((rnd(4, 8), 2.0), {"out": rnd(32)})),
+        ("out_noncontiguous", RuntimeError, "out", lambda: ((rnd(8, 4), 2.0), {"out": rnd(4, 8).t()})),
+        ("out_expanded_stride0", RuntimeError, "out", lambda: ((rnd(4, 8), 2.0), {"out": rnd(1, 8).expand(4, 8)})),
+        ("out_cpu", RuntimeError, "out", lambda: ((rnd(4, 8), 2.0), {"out": torch.zeros(4, 8, dtype=BF16)})),
+        ("out_list", TypeError, "out", lambda: ((rnd(4), 2.0), {"out": [0.0] * 4})),
+        ("src_transposed_out_is_src", RuntimeError, "out", lambda: (lambda x: ((x, 3.0), {"out": x}))(rnd(16, 24).t())),
+        # documented: out must not partially overlap src
+        (
+            "out_overlaps_src_shift+1",
+            RuntimeError,
+            "out",
+            lambda: (lambda b: ((b[:-1], 2.0), {"out": b[1:]}))(rnd((1 << 20) + 1, dtype=FP32)),
+        ),
+        (
+            "out_overlaps_src_shift-1",
+            RuntimeError,
+            "out",
+            lambda: (lambda b: ((b[1:], 2.0), {"out": b[:-1]}))(rnd((1 << 20) + 1, dtype=FP32)),
+        ),
+        # documented: factor must be an int or a float
+        ("factor_tensor_cpu", TypeError, "factor", lambda: ((rnd(64), torch.tensor(2.0)), {})),
+        ("factor_tensor_cuda", TypeError, "factor", lambda: ((rnd(64), torch.tensor(2.0, device=dev())), {})),
+        ("factor_str", TypeError, "factor", lambda: ((rnd(64), "2.0"), {})),
+        ("factor_None", TypeError, "factor", lambda: ((rnd(64), None), {})),
+        ("factor_complex", TypeError, "factor", lambda: ((rnd(64), 1j), {})),
+        ("factor_list", TypeError, "factor", lambda: ((rnd(64), [2.0]), {})),
+        ("out_on_cuda1", RuntimeError, "out", lambda: ((rnd(64), 2.0), {"out": rnd(64, device=dev(1))}), 2),
+    ],
+)
 
 
 def scaled(x: torch.Tensor, factor: float) -> torch.Tensor:
@@ -411,27 +437,38 @@ def scaled(x: torch.Tensor, factor: float) -> torch.Tensor:
     return (x.float() * torch.tensor(float(factor), dtype=FP32, device=x.device)).to(x.dtype)
 
 
-def scale_result_case(name: str, make: Callable[[], torch.Tensor], factor: float, either: bool = False,
-                      gpus: int = 1, mem_gib: int = 0) -> None:
+def scale_result_case(
+    name: str, make: Callable[[], torch.Tensor], factor: float, either: bool = False, gpus: int = 1, mem_gib: int = 0
+) -> None:
     """``scale(x, factor)`` (allocated out) equals the reference; ``x`` unchanged."""
 
     @case("scale", name, gpus=gpus, mem_gib=mem_gib)
     def _() -> None:
         x = make()
         result = {}
-        expect_result(lambda: result.setdefault("out", scale(x, factor)),
-                      lambda: assert_matches("out", result["out"], scaled(x, factor)), keep={"src": x},
-                      either=((TypeError, ValueError), "scale", "factor") if either else None)
+        expect_result(
+            lambda: result.setdefault("out", scale(x, factor)),
+            lambda: assert_matches("out", result["out"], scaled(x, factor)),
+            keep={"src": x},
+            either=((TypeError, ValueError), "scale", "factor") if either else None,
+        )
 
 
 scale_result_case("src_transposed_copied", lambda: rnd(16, 24).t(), 3.0)
 scale_result_case("src_expanded_stride0", lambda: rnd(1, 24).expand(5, 24), -2.0)
 scale_result_case("zero_dim", lambda: torch.tensor(1.5, dtype=FP32, device=dev()), 2.0)
 for _shape in ((0,), (0, 5), (5, 0), (3, 0, 7)):
-    scale_result_case(f"empty_{'x'.join(map(str, _shape))}", lambda s=_shape: torch.empty(s, dtype=FP16, device=dev()),
-                      2.0)
-for _name, _factor, _either in (("nan", float("nan"), False), ("inf", float("inf"), False), ("neg_zero", -0.0, False),
-                                ("int", 3, False), ("huge_1e39", 1e39, True), ("bool_True", True, True)):
+    scale_result_case(
+        f"empty_{'x'.join(map(str, _shape))}", lambda s=_shape: torch.empty(s, dtype=FP16, device=dev()), 2.0
+    )
+for _name, _factor, _either in (
+    ("nan", float("nan"), False),
+    ("inf", float("inf"), False),
+    ("neg_zero", -0.0, False),
+    ("int", 3, False),
+    ("huge_1e39", 1e39, True),
+    ("bool_True", True, True),
+):
     scale_result_case(f"factor_{_name}", lambda: rnd(257, dtype=FP32), _factor, either=_either)
 scale_result_case("src_on_cuda1_current_cuda0", lambda: rnd(4097, device=dev(1), offset=1), 3.0, gpus=2)
 
@@ -441,17 +478,20 @@ def _() -> None:
     x = rnd(1000, dtype=FP16)
     x[::7], x[3::11], x[5::13] = float("nan"), float("inf"), -float("inf")
     result = {}
-    expect_result(lambda: result.setdefault("out", scale(x, 0.5)),
-                  lambda: assert_matches("out", result["out"], scaled(x, 0.5)))
+    expect_result(
+        lambda: result.setdefault("out", scale(x, 0.5)), lambda: assert_matches("out", result["out"], scaled(x, 0.5))
+    )
 
 
 @case("scale", "src_requires_grad")
 def _() -> None:
     x = rnd(64, dtype=FP32).requires_grad_(True)
     result = {}
-    expect_result(lambda: result.setdefault("out", scale(x, 2.0)),
-                  lambda: assert_matches("out", result["out"], scaled(x.detach(), 2.0)),
-                  either=(RuntimeError, "scale", "src"))
+    expect_result(
+        lambda: result.setdefault("out", scale(x, 2.0)),
+        lambda: assert_matches("out", result["out"], scaled(x.detach(), 2.0)),
+        either=(RuntimeError, "scale", "src"),
+    )
 
 
 for _dtn in ("float16", "bfloat16", "float32"):
@@ -500,16 +540,20 @@ def _() -> None:
     src = rnd(1 << 22, dtype=FP32)
     x = torch.zeros_like(src)
     result = {}
-    expect_result(side_stream_call(lambda: x.copy_(src), lambda: result.setdefault("out", scale(x, 2.0))),
-                  lambda: assert_matches("out", result["out"], scaled(src, 2.0)))
+    expect_result(
+        side_stream_call(lambda: x.copy_(src), lambda: result.setdefault("out", scale(x, 2.0))),
+        lambda: assert_matches("out", result["out"], scaled(src, 2.0)),
+    )
 
 
 @case("scale", "cuda_graph_capture")
 def _() -> None:
     x = rnd(4096, dtype=FP32)
     out = torch.empty_like(x)
-    expect_result(graph_replay_call(lambda: scale(x, 2.0, out=out), [x], [out]),
-                  lambda: assert_matches("out", out, scaled(x, 2.0)))
+    expect_result(
+        graph_replay_call(lambda: scale(x, 2.0, out=out), [x], [out]),
+        lambda: assert_matches("out", out, scaled(x, 2.0)),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -524,28 +568,35 @@ def cuda_or_cpu_arange() -> torch.Tensor:
     return torch.arange(8, dtype=torch.int32, device=dev() if HAS_CUDA else "cpu")
 
 
-register_errors("add_constant", [
-    ("src_cpu", RuntimeError, "src", lambda: ((torch.arange(8, dtype=torch.int32), 1), {}), 0),
-    ("src_list", TypeError, "src", lambda: (([1, 2], 1), {}), 0),
-    *[(f"constant_{name}", exc, "constant", lambda c=c: ((cuda_or_cpu_arange(), c()), {}), 0)
-      for name, exc, c in (
-          ("bool_True", TypeError, lambda: True),
-          ("float_1.0", TypeError, lambda: 1.0),
-          ("str", TypeError, lambda: "1"),
-          ("None", TypeError, lambda: None),
-          ("tensor", TypeError, lambda: torch.tensor(1)),
-          ("2pow31", ValueError, lambda: 2**31),
-          ("minus_2pow31_minus_1", ValueError, lambda: -(2**31) - 1),
-          ("2pow63", ValueError, lambda: 2**63),
-      )],
-    *[(f"src_dtype_{d}", RuntimeError, "src", lambda d=d: ((rnd(16, dtype=dtype_of(d)), 1), {}))
-      for d in ("float32", "int64", "int16", "uint8", "bool", "float16")],
-    ("out_mismatch_dtype", RuntimeError, "out", lambda: ((int_src(8), 1), {"out": rnd(8, dtype=torch.int64)})),
-    ("out_mismatch_shape", RuntimeError, "out", lambda: ((int_src(8), 1), {"out": int_src(2, 4)})),
-    ("out_noncontiguous", RuntimeError, "out", lambda: ((int_src(8, 4), 1), {"out": int_src(4, 8).t()})),
-    ("out_cpu", RuntimeError, "out", lambda: ((int_src(8), 1), {"out": torch.zeros(8, dtype=torch.int32)})),
-    ("out_on_cuda1", RuntimeError, "out", lambda: ((int_src(8), 1), {"out": int_src(8, device=dev(1))}), 2),
-])
+register_errors(
+    "add_constant",
+    [
+        ("src_cpu", RuntimeError, "src", lambda: ((torch.arange(8, dtype=torch.int32), 1), {}), 0),
+        ("src_list", TypeError, "src", lambda: (([1, 2], 1), {}), 0),
+        *[
+            (f"constant_{name}", exc, "constant", lambda c=c: ((cuda_or_cpu_arange(), c()), {}), 0)
+            for name, exc, c in (
+                ("bool_True", TypeError, lambda: True),
+                ("float_1.0", TypeError, lambda: 1.0),
+                ("str", TypeError, lambda: "1"),
+                ("None", TypeError, lambda: None),
+                ("tensor", TypeError, lambda: torch.tensor(1)),
+                ("2pow31", ValueError, lambda: 2**31),
+                ("minus_2pow31_minus_1", ValueError, lambda: -(2**31) - 1),
+                ("2pow63", ValueError, lambda: 2**63),
+            )
+        ],
+        *[
+            (f"src_dtype_{d}", RuntimeError, "src", lambda d=d: ((rnd(16, dtype=dtype_of(d)), 1), {}))
+            for d in ("float32", "int64", "int16", "uint8", "bool", "float16")
+        ],
+        ("out_mismatch_dtype", RuntimeError, "out", lambda: ((int_src(8), 1), {"out": rnd(8, dtype=torch.int64)})),
+        ("out_mismatch_shape", RuntimeError, "out", lambda: ((int_src(8), 1), {"out": int_src(2, 4)})),
+        ("out_noncontiguous", RuntimeError, "out", lambda: ((int_src(8, 4), 1), {"out": int_src(4, 8).t()})),
+        ("out_cpu", RuntimeError, "out", lambda: ((int_src(8), 1), {"out": torch.zeros(8, dtype=torch.int32)})),
+        ("out_on_cuda1", RuntimeError, "out", lambda: ((int_src(8), 1), {"out": int_src(8, device=dev(1))}), 2),
+    ],
+)
 
 
 def add_constant_case(name: str, make: Callable[[], torch.Tensor], constant: int = 1, gpus: int = 1) -> None:
@@ -556,17 +607,23 @@ def add_constant_case(name: str, make: Callable[[], torch.Tensor], constant: int
         x = make()
         want = ((x.long() + constant + 2**31) % 2**32 - 2**31).to(torch.int32)
         result = {}
-        expect_result(lambda: result.setdefault("out", add_constant(x, constant)),
-                      lambda: assert_matches("out", result["out"], want), keep={"src": x})
+        expect_result(
+            lambda: result.setdefault("out", add_constant(x, constant)),
+            lambda: assert_matches("out", result["out"], want),
+            keep={"src": x},
+        )
 
 
 _WRAP_VALUES = [0, 1, -1, 2**31 - 1, -(2**31), 12345, -12345]
 for _c in (1, 2**31 - 1, -(2**31)):
-    add_constant_case(f"wraparound_constant_{_c}", lambda: torch.tensor(_WRAP_VALUES, dtype=torch.int32, device=dev()),
-                      _c)
+    add_constant_case(
+        f"wraparound_constant_{_c}", lambda: torch.tensor(_WRAP_VALUES, dtype=torch.int32, device=dev()), _c
+    )
 for _shape in ((0,), (4, 0), ()):
-    add_constant_case(f"shape_{'x'.join(map(str, _shape)) or 'scalar0d'}",
-                      lambda s=_shape: torch.full(s, 5, dtype=torch.int32, device=dev()))
+    add_constant_case(
+        f"shape_{'x'.join(map(str, _shape)) or 'scalar0d'}",
+        lambda s=_shape: torch.full(s, 5, dtype=torch.int32, device=dev()),
+    )
 add_constant_case("transposed_src_copied", lambda: int_src(16, 8).t())
 add_constant_case("src_on_cuda1_current_cuda0", lambda: int_src(1001, device=dev(1)), gpus=2)
 
@@ -596,8 +653,11 @@ def _() -> None:
     buf = int_src((1 << 20) + 1)
     src, out = buf[:-1], buf[1:]
     want = src + 1
-    expect_result(lambda: add_constant(src, 1, out=out), lambda: assert_matches("out", out, want),
-                  either=(RuntimeError, "add_constant", "out"))
+    expect_result(
+        lambda: add_constant(src, 1, out=out),
+        lambda: assert_matches("out", out, want),
+        either=(RuntimeError, "add_constant", "out"),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -612,13 +672,18 @@ def rms_args(x=_MISSING, w=_MISSING, **kwargs) -> tuple[tuple, dict]:
     return (rnd(ROWS, HIDDEN) if x is _MISSING else x, rnd(HIDDEN) if w is _MISSING else w), kwargs
 
 
-register_errors("rmsnorm", [
-    ("input_cpu", RuntimeError, "input", lambda: ((torch.randn(4, 8), torch.randn(8)), {}), 0),
-    ("input_list", TypeError, "input", lambda: (([[1.0, 2.0]], torch.randn(2)), {}), 0),
-    ("input_None", TypeError, "input", lambda: ((None, torch.randn(2)), {}), 0),
-    # documented: cast_x_before_out_mul must be a bool
-    ("cast_x_before_out_mul_str", TypeError, "cast_x_before_out_mul", lambda: rms_args(cast_x_before_out_mul="no")),
-])
+register_errors(
+    "rmsnorm",
+    [
+        ("input_cpu", RuntimeError, "input", lambda: ((torch.randn(4, 8), torch.randn(8)), {}), 0),
+        ("input_list", TypeError, "input", lambda: (([[1.0, 2.0]], torch.randn(2)), {}), 0),
+        ("input_None", TypeError, "input", lambda: ((None, torch.randn(2)), {}), 0),
+        # documented: cast_x_before_out_mul must be a bool
+        ("cast_x_before_out_mul_str", TypeError, "cast_x_before_out_mul", lambda: rms_args(cast_x_before_out_mul="no")),
+    ],
+)
+
+
 def overlapping_out(step: int, h: int) -> tuple[tuple, dict]:
     """fp32 rmsnorm arguments whose out is input's buffer shifted by ``step`` elements."""
     rows = 4096 if h <= 4096 else 512
@@ -634,10 +699,18 @@ RMS_ERRORS = [
     ("out_cpu", RuntimeError, "out", lambda: rms_args(out=torch.zeros(ROWS, HIDDEN, dtype=BF16))),
     ("out_list", TypeError, "out", lambda: rms_args(out=[[0.0] * HIDDEN] * ROWS)),
     ("input_int32", RuntimeError, "input", lambda: rms_args(x=rnd(ROWS, HIDDEN, dtype=torch.int32))),
-    ("input_float64", RuntimeError, "input",
-     lambda: rms_args(x=rnd(ROWS, HIDDEN, dtype=torch.float64), w=rnd(HIDDEN, dtype=torch.float64))),
-    ("input_fp8_e4m3", RuntimeError, "input",
-     lambda: rms_args(x=rnd(ROWS, HIDDEN, dtype=torch.float8_e4m3fn), w=rnd(HIDDEN, dtype=torch.float8_e4m3fn))),
+    (
+        "input_float64",
+        RuntimeError,
+        "input",
+        lambda: rms_args(x=rnd(ROWS, HIDDEN, dtype=torch.float64), w=rnd(HIDDEN, dtype=torch.float64)),
+    ),
+    (
+        "input_fp8_e4m3",
+        RuntimeError,
+        "input",
+        lambda: rms_args(x=rnd(ROWS, HIDDEN, dtype=torch.float8_e4m3fn), w=rnd(HIDDEN, dtype=torch.float8_e4m3fn)),
+    ),
     ("weight_fp16_input_bf16", RuntimeError, "weight", lambda: rms_args(w=rnd(HIDDEN, dtype=FP16))),
     ("weight_fp32_input_bf16", RuntimeError, "weight", lambda: rms_args(w=rnd(HIDDEN, dtype=FP32))),
     ("out_fp16_input_bf16", RuntimeError, "out", lambda: rms_args(out=rnd(ROWS, HIDDEN, dtype=FP16))),
@@ -660,25 +733,54 @@ RMS_ERRORS = [
     ("eps_str", TypeError, "eps", lambda: rms_args(eps="1e-6")),
     ("eps_None", TypeError, "eps", lambda: rms_args(eps=None)),
     ("out_expanded_stride0_rows", RuntimeError, "out", lambda: rms_args(out=rnd(1, HIDDEN).expand(ROWS, HIDDEN))),
-    ("out_3d_nonflattenable", RuntimeError, "out",
-     lambda: rms_args(x=rnd(2, 3, HIDDEN), out=rnd(3, 2, HIDDEN).transpose(0, 1))),
+    (
+        "out_3d_nonflattenable",
+        RuntimeError,
+        "out",
+        lambda: rms_args(x=rnd(2, 3, HIDDEN), out=rnd(3, 2, HIDDEN).transpose(0, 1)),
+    ),
     # documented: out must not partially overlap input
-    *[(f"out_partially_overlaps_input_shift_{what}", RuntimeError, "out",
-       lambda step=step, h=h: overlapping_out(step, h))
-      for what, step, h in (("1elem", 1, 4096), ("1row", 4096, 4096), ("1row_smallH", 64, 64),
-                            ("1elem_H16384", 1, 16384))],
+    *[
+        (
+            f"out_partially_overlaps_input_shift_{what}",
+            RuntimeError,
+            "out",
+            lambda step=step, h=h: overlapping_out(step, h),
+        )
+        for what, step, h in (
+            ("1elem", 1, 4096),
+            ("1row", 4096, 4096),
+            ("1row_smallH", 64, 64),
+            ("1elem_H16384", 1, 16384),
+        )
+    ],
     ("weight_on_cuda1", RuntimeError, "weight", lambda: rms_args(w=rnd(HIDDEN, device=dev(1))), 2),
     ("out_on_cuda1", RuntimeError, "out", lambda: rms_args(out=rnd(ROWS, HIDDEN, device=dev(1))), 2),
-    ("input_on_cuda1_weight_cuda0", RuntimeError, ("weight", "input"),
-     lambda: rms_args(x=rnd(ROWS, HIDDEN, device=dev(1))), 2),
+    (
+        "input_on_cuda1_weight_cuda0",
+        RuntimeError,
+        ("weight", "input"),
+        lambda: rms_args(x=rnd(ROWS, HIDDEN, device=dev(1))),
+        2,
+    ),
 ]
 for _op in ("rmsnorm", "gemma_rmsnorm"):
     register_errors(_op, RMS_ERRORS)
 
 
-def rms_result_case(ops: tuple[str, ...], name: str, make: Callable[[], torch.Tensor], woff: int = 0,
-                    out_offset: int | None = None, eps: float = 1e-6, either: tuple[type, tuple] | None = None,
-                    cast_first: bool = False, pdl: bool | None = None, gpus: int = 1, mem_gib: int = 0) -> None:
+def rms_result_case(
+    ops: tuple[str, ...],
+    name: str,
+    make: Callable[[], torch.Tensor],
+    woff: int = 0,
+    out_offset: int | None = None,
+    eps: float = 1e-6,
+    either: tuple[type, tuple] | None = None,
+    cast_first: bool = False,
+    pdl: bool | None = None,
+    gpus: int = 1,
+    mem_gib: int = 0,
+) -> None:
     """``op(x, w, ...)`` equals the reference; allocated out, or with ``out_offset`` a poisoned
     out at that offset; x and w unchanged. ``either = (exc, args)``: that error is also a pass."""
     for op in ops:
@@ -696,8 +798,12 @@ def rms_result_case(ops: tuple[str, ...], name: str, make: Callable[[], torch.Te
             alt = None if either is None else (either[0], op, either[1])
             if out_offset is None:
                 result = {}
-                expect_result(lambda: result.setdefault("out", OPS[op](x, w, **kwargs)),
-                              lambda: assert_matches("out", result["out"], want), {"input": x, "weight": w}, alt)
+                expect_result(
+                    lambda: result.setdefault("out", OPS[op](x, w, **kwargs)),
+                    lambda: assert_matches("out", result["out"], want),
+                    {"input": x, "weight": w},
+                    alt,
+                )
                 return
             out = Poisoned(tuple(x.shape), x.dtype, x.device, offset=out_offset)
 
@@ -716,8 +822,11 @@ _RMS_HIDDEN = get_ci_test_range(
     ci_range=(1, 3, 33, 1000, 4097, 16384),
 )
 _RMS_MISALIGNED = get_ci_test_range(
-    full_range=[(x, w, o, h) for x, w, o in ((1, 0, 0), (0, 1, 0), (0, 0, 1), (1, 1, 1), (3, 5, 7), (2, 0, 2), (4, 4, 4))
-                for h in (128, 4096, 1000)],
+    full_range=[
+        (x, w, o, h)
+        for x, w, o in ((1, 0, 0), (0, 1, 0), (0, 0, 1), (1, 1, 1), (3, 5, 7), (2, 0, 2), (4, 4, 4))
+        for h in (128, 4096, 1000)
+    ],
     ci_range=[(x, w, o, h) for x, w, o in ((1, 0, 0), (0, 1, 0), (0, 0, 1), (3, 5, 7)) for h in (128, 1000)],
 )
 for _dtn in ("float16", "bfloat16", "float32"):
@@ -725,15 +834,25 @@ for _dtn in ("float16", "bfloat16", "float32"):
     for _h in _RMS_HIDDEN:
         rms_result_case(RMS, f"{_dtn}_H{_h}", lambda d=_d, h=_h: rnd(ROWS, h, dtype=d), out_offset=0)
     for _xo, _wo, _oo, _h in _RMS_MISALIGNED:
-        rms_result_case(RMS, f"{_dtn}_H{_h}_misaligned_x{_xo}_w{_wo}_out{_oo}",
-                        lambda d=_d, h=_h, o=_xo: rnd(ROWS, h, dtype=d, offset=o), woff=_wo, out_offset=_oo)
+        rms_result_case(
+            RMS,
+            f"{_dtn}_H{_h}_misaligned_x{_xo}_w{_wo}_out{_oo}",
+            lambda d=_d, h=_h, o=_xo: rnd(ROWS, h, dtype=d, offset=o),
+            woff=_wo,
+            out_offset=_oo,
+        )
     rms_result_case(RMS, f"{_dtn}_nan_inf_rows_propagate", lambda d=_d: nan_inf_rows(d))
     rms_result_case(RMS, f"{_dtn}_nan_inf_rows_propagate_H4096", lambda d=_d: torch.cat([nan_inf_rows(d)] * 64, dim=1))
 for _h in (65536, 70000, 70001, 2**20, 2**20 + 1):
     rms_result_case(RMS, f"bfloat16_huge_H{_h}", lambda h=_h: rnd(3, h), out_offset=1, either=HIDDEN_LIMIT)
 rms_result_case(RMS, "float32_huge_H1048576", lambda: rnd(2, 2**20, dtype=FP32), out_offset=0, either=HIDDEN_LIMIT)
-rms_result_case(("rmsnorm",), "float16_1row_H2pow31-3_int32_overflow", lambda: rnd(1, 2**31 - 3, dtype=FP16),
-                either=HIDDEN_LIMIT, mem_gib=60)
+rms_result_case(
+    ("rmsnorm",),
+    "float16_1row_H2pow31-3_int32_overflow",
+    lambda: rnd(1, 2**31 - 3, dtype=FP16),
+    either=HIDDEN_LIMIT,
+    mem_gib=60,
+)
 rms_result_case(RMS, "float16_rows0", lambda: rnd(0, HIDDEN, dtype=FP16), out_offset=0)
 rms_result_case(RMS, "float16_hidden0", lambda: rnd(ROWS, 0, dtype=FP16), out_offset=0)
 rms_result_case(RMS, "float16_rows0_hidden0", lambda: rnd(0, 0, dtype=FP16))
@@ -743,12 +862,19 @@ rms_result_case(RMS, "bfloat16_4d_input", lambda: rnd(2, 2, 3, 8))
 rms_result_case(RMS, "bfloat16_many_rows_1M", lambda: rnd(1 << 20, 16))
 rms_result_case(RMS, "bfloat16_3d_nonflattenable_input", lambda: rnd(3, 2, HIDDEN).transpose(0, 1))
 rms_result_case(RMS, "bfloat16_row_stride_odd", lambda: rnd(ROWS, HIDDEN + 1)[:, :HIDDEN], out_offset=0)
-rms_result_case(RMS, "bfloat16_row_stride_odd_misaligned", lambda: rnd(ROWS, HIDDEN + 3, offset=1)[:, 1 : HIDDEN + 1],
-                out_offset=3)
+rms_result_case(
+    RMS, "bfloat16_row_stride_odd_misaligned", lambda: rnd(ROWS, HIDDEN + 3, offset=1)[:, 1 : HIDDEN + 1], out_offset=3
+)
 rms_result_case(RMS, "bfloat16_rows_expanded_stride0", lambda: rnd(1, HIDDEN).expand(ROWS, HIDDEN), out_offset=0)
 rms_result_case(("rmsnorm",), "bfloat16_cast_x_before_out_mul", lambda: rnd(ROWS, 4096), cast_first=True)
-rms_result_case(("rmsnorm",), "float16_cast_x_before_out_mul_misaligned", lambda: rnd(ROWS, 1001, dtype=FP16, offset=1),
-                woff=1, out_offset=1, cast_first=True)
+rms_result_case(
+    ("rmsnorm",),
+    "float16_cast_x_before_out_mul_misaligned",
+    lambda: rnd(ROWS, 1001, dtype=FP16, offset=1),
+    woff=1,
+    out_offset=1,
+    cast_first=True,
+)
 rms_result_case(RMS, "bfloat16_pdl_on", lambda: rnd(ROWS, 4096), pdl=True)
 rms_result_case(RMS, "bfloat16_pdl_off", lambda: rnd(ROWS, 4096), pdl=False)
 rms_result_case(RMS, "eps_inf", lambda: rnd(ROWS, 128, dtype=FP32), eps=float("inf"), either=EPS_LIMIT)
@@ -787,32 +913,40 @@ for _op in RMS:
     def _(op=_op) -> None:
         x, w = rnd(ROWS, HIDDEN, dtype=FP32).requires_grad_(), rnd(HIDDEN, dtype=FP32)
         result = {}
-        expect_result(lambda: result.setdefault("out", OPS[op](x, w)),
-                      lambda: assert_matches("out", result["out"], rms_ref(x, w, 1e-6, RMS_OFFSET[op])),
-                      either=(RuntimeError, op, "input"))
+        expect_result(
+            lambda: result.setdefault("out", OPS[op](x, w)),
+            lambda: assert_matches("out", result["out"], rms_ref(x, w, 1e-6, RMS_OFFSET[op])),
+            either=(RuntimeError, op, "input"),
+        )
 
     @case(_op, "weight_is_nn_Parameter")
     def _(op=_op) -> None:
         x, w = rnd(ROWS, HIDDEN), torch.nn.Parameter(rnd(HIDDEN))
         result = {}
-        expect_result(lambda: result.setdefault("out", OPS[op](x, w)),
-                      lambda: assert_matches("out", result["out"], rms_ref(x, w, 1e-6, RMS_OFFSET[op])),
-                      either=(RuntimeError, op, "weight"))
+        expect_result(
+            lambda: result.setdefault("out", OPS[op](x, w)),
+            lambda: assert_matches("out", result["out"], rms_ref(x, w, 1e-6, RMS_OFFSET[op])),
+            either=(RuntimeError, op, "weight"),
+        )
 
     @case(_op, "side_stream")
     def _(op=_op) -> None:
         src, w = rnd(4096, 4096), rnd(4096)
         x = torch.zeros_like(src)
         result = {}
-        expect_result(side_stream_call(lambda: x.copy_(src), lambda: result.setdefault("out", OPS[op](x, w))),
-                      lambda: assert_matches("out", result["out"], rms_ref(src, w, 1e-6, RMS_OFFSET[op])))
+        expect_result(
+            side_stream_call(lambda: x.copy_(src), lambda: result.setdefault("out", OPS[op](x, w))),
+            lambda: assert_matches("out", result["out"], rms_ref(src, w, 1e-6, RMS_OFFSET[op])),
+        )
 
     @case(_op, "cuda_graph_capture")
     def _(op=_op) -> None:
         x, w = rnd(64, 4096), rnd(4096)
         out = torch.empty_like(x)
-        expect_result(graph_replay_call(lambda: OPS[op](x, w, out=out), [x], [out]),
-                      lambda: assert_matches("out", out, rms_ref(x, w, 1e-6, RMS_OFFSET[op])))
+        expect_result(
+            graph_replay_call(lambda: OPS[op](x, w, out=out), [x], [out]),
+            lambda: assert_matches("out", out, rms_ref(x, w, 1e-6, RMS_OFFSET[op])),
+        )
 
 
 @case("rmsnorm", "hidden_2pow31_rejected", mem_gib=13)
@@ -820,9 +954,11 @@ def _() -> None:
     h = 2**31
     x, w = torch.zeros(1, h, dtype=FP16, device=dev()), torch.zeros(h, dtype=FP16, device=dev())
     out = torch.full((1, h), 1.0, dtype=FP16, device=dev())
-    expect_result(lambda: norm.rmsnorm(x, w, out=out),
-                  lambda: assert_matches("out[:, -4096:]", out[:, -4096:], torch.zeros_like(out[:, -4096:])),
-                  either=(RuntimeError, "rmsnorm", ("input", "hidden_size")))
+    expect_result(
+        lambda: norm.rmsnorm(x, w, out=out),
+        lambda: assert_matches("out[:, -4096:]", out[:, -4096:], torch.zeros_like(out[:, -4096:])),
+        either=(RuntimeError, "rmsnorm", ("input", "hidden_size")),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -835,18 +971,27 @@ def fused_args(x=_MISSING, r=_MISSING, w=_MISSING, **kwargs) -> tuple[tuple, dic
     return (x, r, rnd(HIDDEN) if w is _MISSING else w), kwargs
 
 
-register_errors("fused_add_rmsnorm", [
-    ("input_cpu", RuntimeError, "input", lambda: ((torch.randn(4, 8), torch.randn(4, 8), torch.randn(8)), {}), 0),
-])
+register_errors(
+    "fused_add_rmsnorm",
+    [
+        ("input_cpu", RuntimeError, "input", lambda: ((torch.randn(4, 8), torch.randn(4, 8), torch.randn(8)), {}), 0),
+    ],
+)
 FUSED_ERRORS = [
     ("residual_cpu", RuntimeError, "residual", lambda: fused_args(r=torch.randn(ROWS, HIDDEN).bfloat16())),
     ("residual_None", TypeError, "residual", lambda: fused_args(r=None)),
     ("residual_list", TypeError, "residual", lambda: fused_args(r=[[0.0] * HIDDEN] * ROWS)),
     ("weight_cpu", RuntimeError, "weight", lambda: fused_args(w=torch.randn(HIDDEN).bfloat16())),
     ("input_int32", RuntimeError, "input", lambda: fused_args(x=rnd(ROWS, HIDDEN, dtype=torch.int32))),
-    *[(f"input_{name}_all", RuntimeError, "input",
-       lambda d=d: fused_args(x=rnd(ROWS, HIDDEN, dtype=d), r=rnd(ROWS, HIDDEN, dtype=d), w=rnd(HIDDEN, dtype=d)))
-      for name, d in (("float64", torch.float64), ("fp8", torch.float8_e5m2))],
+    *[
+        (
+            f"input_{name}_all",
+            RuntimeError,
+            "input",
+            lambda d=d: fused_args(x=rnd(ROWS, HIDDEN, dtype=d), r=rnd(ROWS, HIDDEN, dtype=d), w=rnd(HIDDEN, dtype=d)),
+        )
+        for name, d in (("float64", torch.float64), ("fp8", torch.float8_e5m2))
+    ],
     ("residual_fp16_input_bf16", RuntimeError, "residual", lambda: fused_args(r=rnd(ROWS, HIDDEN, dtype=FP16))),
     ("residual_fp32_input_bf16", RuntimeError, "residual", lambda: fused_args(r=rnd(ROWS, HIDDEN, dtype=FP32))),
     ("weight_fp32_input_bf16", RuntimeError, "weight", lambda: fused_args(w=rnd(HIDDEN, dtype=FP32))),
@@ -856,20 +1001,36 @@ FUSED_ERRORS = [
     ("weight_shape_H+1", RuntimeError, "weight", lambda: fused_args(w=rnd(HIDDEN + 1))),
     ("weight_noncontig", RuntimeError, "weight", lambda: fused_args(w=rnd(2 * HIDDEN)[::2])),
     ("input_transposed", RuntimeError, "input", lambda: fused_args(x=rnd(HIDDEN, HIDDEN).t(), r=rnd(HIDDEN, HIDDEN))),
-    ("residual_transposed", RuntimeError, "residual",
-     lambda: fused_args(x=rnd(HIDDEN, HIDDEN), r=rnd(HIDDEN, HIDDEN).t())),
+    (
+        "residual_transposed",
+        RuntimeError,
+        "residual",
+        lambda: fused_args(x=rnd(HIDDEN, HIDDEN), r=rnd(HIDDEN, HIDDEN).t()),
+    ),
     ("residual_lastdim_stride2", RuntimeError, "residual", lambda: fused_args(r=rnd(ROWS, 2 * HIDDEN)[:, ::2])),
     ("input_0dim", RuntimeError, "input", lambda: fused_args(x=rnd(1).view(()), r=rnd(1).view(()), w=rnd(1))),
-    ("input_3d_nonflattenable", RuntimeError, "input",
-     lambda: fused_args(x=rnd(3, 2, HIDDEN).transpose(0, 1), r=rnd(2, 3, HIDDEN))),
+    (
+        "input_3d_nonflattenable",
+        RuntimeError,
+        "input",
+        lambda: fused_args(x=rnd(3, 2, HIDDEN).transpose(0, 1), r=rnd(2, 3, HIDDEN)),
+    ),
     ("eps_negative", ValueError, "eps", lambda: fused_args(eps=-1.0)),
     ("eps_nan", ValueError, "eps", lambda: fused_args(eps=float("nan"))),
     ("eps_str", TypeError, "eps", lambda: fused_args(eps="x")),
     ("residual_is_input", RuntimeError, "residual", lambda: (lambda x: fused_args(x=x, r=x))(rnd(ROWS, HIDDEN))),
-    ("residual_overlaps_input_shift_1row", RuntimeError, "residual",
-     lambda: (lambda b: fused_args(x=b[:ROWS], r=b[1 : ROWS + 1]))(rnd(ROWS + 1, HIDDEN))),
-    ("residual_expanded_stride0_rows", RuntimeError, "residual",
-     lambda: fused_args(r=rnd(1, HIDDEN).expand(ROWS, HIDDEN))),
+    (
+        "residual_overlaps_input_shift_1row",
+        RuntimeError,
+        "residual",
+        lambda: (lambda b: fused_args(x=b[:ROWS], r=b[1 : ROWS + 1]))(rnd(ROWS + 1, HIDDEN)),
+    ),
+    (
+        "residual_expanded_stride0_rows",
+        RuntimeError,
+        "residual",
+        lambda: fused_args(r=rnd(1, HIDDEN).expand(ROWS, HIDDEN)),
+    ),
     ("input_expanded_stride0_rows", RuntimeError, "input", lambda: fused_args(x=rnd(1, HIDDEN).expand(ROWS, HIDDEN))),
     ("residual_on_cuda1", RuntimeError, "residual", lambda: fused_args(r=rnd(ROWS, HIDDEN, device=dev(1))), 2),
     ("weight_on_cuda1", RuntimeError, "weight", lambda: fused_args(w=rnd(HIDDEN, device=dev(1))), 2),
@@ -879,10 +1040,17 @@ for _op in FUSED:
     register_errors(_op, FUSED_ERRORS)
 
 
-def fused_result_case(ops: tuple[str, ...], name: str, make: Callable[[], torch.Tensor],
-                      make_r: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                      offsets: tuple[int, int, int] | None = (0, 0, 0), eps: float = 1e-6,
-                      either: tuple[type, tuple] | None = None, gpus: int = 1, mem_gib: int = 0) -> None:
+def fused_result_case(
+    ops: tuple[str, ...],
+    name: str,
+    make: Callable[[], torch.Tensor],
+    make_r: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    offsets: tuple[int, int, int] | None = (0, 0, 0),
+    eps: float = 1e-6,
+    either: tuple[type, tuple] | None = None,
+    gpus: int = 1,
+    mem_gib: int = 0,
+) -> None:
     """``op(x, r, w)`` leaves the reference's output in x and rounded sum in r; w unchanged.
     ``offsets = (x, r, w)``: x and r are poisoned copies at those offsets; None: in place on the
     views ``make`` / ``make_r`` built (strided ones)."""
@@ -894,8 +1062,11 @@ def fused_result_case(ops: tuple[str, ...], name: str, make: Callable[[], torch.
             r0 = rnd(*x0.shape, dtype=x0.dtype, device=x0.device) if make_r is None else make_r(x0)
             w = rnd(x0.shape[-1], dtype=x0.dtype, device=x0.device, offset=offsets[2] if offsets else 0)
             want_out, want_sum = fused_ref(x0, r0, w, eps, RMS_OFFSET[op])
-            guarded = [] if offsets is None else [Poisoned(tuple(x0.shape), x0.dtype, offset=o, like=t)
-                                                  for o, t in zip(offsets[:2], (x0, r0))]
+            guarded = (
+                []
+                if offsets is None
+                else [Poisoned(tuple(x0.shape), x0.dtype, offset=o, like=t) for o, t in zip(offsets[:2], (x0, r0))]
+            )
             x, r = (x0, r0) if offsets is None else (guarded[0].t, guarded[1].t)
 
             def check() -> None:
@@ -912,8 +1083,11 @@ _FUSED_HIDDEN = get_ci_test_range(
     full_range=(1, 3, 8, 33, 128, 1000, 4096, 4097, 8192, 16384, 32768), ci_range=(1, 33, 1000, 4097, 16384)
 )
 _FUSED_MISALIGNED = get_ci_test_range(
-    full_range=[(x, r, w, h) for x, r, w in ((1, 0, 0), (0, 1, 0), (0, 0, 1), (1, 1, 1), (3, 5, 7), (2, 2, 2))
-                for h in (128, 4096, 1000)],
+    full_range=[
+        (x, r, w, h)
+        for x, r, w in ((1, 0, 0), (0, 1, 0), (0, 0, 1), (1, 1, 1), (3, 5, 7), (2, 2, 2))
+        for h in (128, 4096, 1000)
+    ],
     ci_range=[(x, r, w, h) for x, r, w in ((1, 0, 0), (0, 1, 0), (0, 0, 1), (3, 5, 7)) for h in (128, 1000)],
 )
 for _dtn in ("float16", "bfloat16", "float32"):
@@ -921,24 +1095,47 @@ for _dtn in ("float16", "bfloat16", "float32"):
     for _h in _FUSED_HIDDEN:
         fused_result_case(FUSED, f"{_dtn}_H{_h}", lambda d=_d, h=_h: rnd(ROWS, h, dtype=d))
     for _xo, _ro, _wo, _h in _FUSED_MISALIGNED:
-        fused_result_case(FUSED, f"{_dtn}_H{_h}_misaligned_x{_xo}_res{_ro}_w{_wo}",
-                          lambda d=_d, h=_h: rnd(ROWS, h, dtype=d), offsets=(_xo, _ro, _wo))
+        fused_result_case(
+            FUSED,
+            f"{_dtn}_H{_h}_misaligned_x{_xo}_res{_ro}_w{_wo}",
+            lambda d=_d, h=_h: rnd(ROWS, h, dtype=d),
+            offsets=(_xo, _ro, _wo),
+        )
     fused_result_case(FUSED, f"{_dtn}_nan_inf_propagate", lambda d=_d: nan_inf_rows(d), offsets=None)
-    fused_result_case(FUSED, f"{_dtn}_sum_overflows_dtype",
-                      lambda d=_d: torch.full((ROWS, 64), torch.finfo(d).max, dtype=d, device=dev()),
-                      make_r=lambda x: torch.full_like(x, torch.finfo(x.dtype).max), offsets=None)
+    fused_result_case(
+        FUSED,
+        f"{_dtn}_sum_overflows_dtype",
+        lambda d=_d: torch.full((ROWS, 64), torch.finfo(d).max, dtype=d, device=dev()),
+        make_r=lambda x: torch.full_like(x, torch.finfo(x.dtype).max),
+        offsets=None,
+    )
 for _h in (65536, 70000, 70001, 2**20):
     fused_result_case(FUSED, f"bfloat16_huge_H{_h}", lambda h=_h: rnd(3, h), offsets=(1, 1, 0), either=HIDDEN_LIMIT)
-fused_result_case(("fused_add_rmsnorm",), "float16_1row_H2pow31-3_int32_overflow", lambda: rnd(1, 2**31 - 3, dtype=FP16),
-                  either=HIDDEN_LIMIT, mem_gib=70)
+fused_result_case(
+    ("fused_add_rmsnorm",),
+    "float16_1row_H2pow31-3_int32_overflow",
+    lambda: rnd(1, 2**31 - 3, dtype=FP16),
+    either=HIDDEN_LIMIT,
+    mem_gib=70,
+)
 fused_result_case(FUSED, "float16_rows0", lambda: rnd(0, HIDDEN, dtype=FP16))
 fused_result_case(FUSED, "float16_hidden0", lambda: rnd(ROWS, 0, dtype=FP16))
 fused_result_case(FUSED, "bfloat16_1d", lambda: rnd(HIDDEN))
 fused_result_case(FUSED, "bfloat16_3d", lambda: rnd(2, 3, HIDDEN))
-fused_result_case(FUSED, "bfloat16_row_strides_differ", lambda: rnd(ROWS, HIDDEN + 8)[:, :HIDDEN],
-                  make_r=lambda x: rnd(ROWS, HIDDEN + 1)[:, :HIDDEN], offsets=None)
-fused_result_case(FUSED, "bfloat16_row_strides_odd_misaligned", lambda: rnd(ROWS, HIDDEN + 3, offset=1)[:, 1 : HIDDEN + 1],
-                  make_r=lambda x: rnd(ROWS, HIDDEN + 5, offset=3)[:, 2 : HIDDEN + 2], offsets=None)
+fused_result_case(
+    FUSED,
+    "bfloat16_row_strides_differ",
+    lambda: rnd(ROWS, HIDDEN + 8)[:, :HIDDEN],
+    make_r=lambda x: rnd(ROWS, HIDDEN + 1)[:, :HIDDEN],
+    offsets=None,
+)
+fused_result_case(
+    FUSED,
+    "bfloat16_row_strides_odd_misaligned",
+    lambda: rnd(ROWS, HIDDEN + 3, offset=1)[:, 1 : HIDDEN + 1],
+    make_r=lambda x: rnd(ROWS, HIDDEN + 5, offset=3)[:, 2 : HIDDEN + 2],
+    offsets=None,
+)
 fused_result_case(FUSED, "eps_inf", lambda: rnd(ROWS, 128, dtype=FP32), eps=float("inf"), either=EPS_LIMIT)
 fused_result_case(FUSED, "eps_zero", lambda: rnd(ROWS, 128, dtype=FP32), eps=0.0)
 fused_result_case(FUSED, "float32_values_1e20", lambda: rnd(ROWS, 128, dtype=FP32, scale=1e20), offsets=None)
@@ -986,61 +1183,109 @@ def qk_args(q=_MISSING, k=_MISSING, qw=_MISSING, kw=_MISSING, **kwargs) -> tuple
 
 
 def qk_all(dtype: torch.dtype) -> tuple[tuple, dict]:
-    return qk_args(rnd(TOKENS, Q_HEADS, HEAD_DIM, dtype=dtype), rnd(TOKENS, KV_HEADS, HEAD_DIM, dtype=dtype),
-                   rnd(HEAD_DIM, dtype=dtype), rnd(HEAD_DIM, dtype=dtype))
+    return qk_args(
+        rnd(TOKENS, Q_HEADS, HEAD_DIM, dtype=dtype),
+        rnd(TOKENS, KV_HEADS, HEAD_DIM, dtype=dtype),
+        rnd(HEAD_DIM, dtype=dtype),
+        rnd(HEAD_DIM, dtype=dtype),
+    )
 
 
-register_errors("fused_inplace_qknorm", [
-    ("q_cpu", RuntimeError, "q",
-     lambda: ((torch.randn(2, 4, 8), torch.randn(2, 1, 8), torch.randn(8), torch.randn(8)), {}), 0),
-    ("q_numpy", TypeError, "q",
-     lambda: ((numpy_array(2, 4, 8), numpy_array(2, 1, 8), torch.randn(8), torch.randn(8)), {}), 0),
-    ("k_cpu", RuntimeError, "k", lambda: qk_args(k=torch.randn(TOKENS, KV_HEADS, HEAD_DIM).bfloat16())),
-    ("q_weight_cpu", RuntimeError, "q_weight", lambda: qk_args(qw=torch.randn(HEAD_DIM).bfloat16())),
-    ("k_weight_cpu", RuntimeError, "k_weight", lambda: qk_args(kw=torch.randn(HEAD_DIM).bfloat16())),
-    ("k_None", TypeError, "k", lambda: qk_args(k=None)),
-    ("q_weight_list", TypeError, "q_weight", lambda: qk_args(qw=[1.0] * HEAD_DIM)),
-    ("k_weight_None", TypeError, "k_weight", lambda: qk_args(kw=None)),
-    ("q_2d", RuntimeError, "q", lambda: qk_args(q=rnd(TOKENS, Q_HEADS * HEAD_DIM))),
-    ("k_2d", RuntimeError, "k", lambda: qk_args(k=rnd(TOKENS, KV_HEADS * HEAD_DIM))),
-    ("q_4d", RuntimeError, "q", lambda: qk_args(q=rnd(TOKENS, Q_HEADS, 1, HEAD_DIM))),
-    ("k_4d", RuntimeError, "k", lambda: qk_args(k=rnd(TOKENS, KV_HEADS, 1, HEAD_DIM))),
-    ("q_int32", RuntimeError, "q", lambda: qk_args(q=rnd(TOKENS, Q_HEADS, HEAD_DIM, dtype=torch.int32))),
-    ("q_float64_all", RuntimeError, "q", lambda: qk_all(torch.float64)),
-    ("q_fp8_all", RuntimeError, "q", lambda: qk_all(torch.float8_e4m3fn)),
-    ("k_fp16_q_bf16", RuntimeError, "k", lambda: qk_args(k=rnd(TOKENS, KV_HEADS, HEAD_DIM, dtype=FP16))),
-    ("q_weight_fp32", RuntimeError, "q_weight", lambda: qk_args(qw=rnd(HEAD_DIM, dtype=FP32))),
-    ("k_weight_fp16", RuntimeError, "k_weight", lambda: qk_args(kw=rnd(HEAD_DIM, dtype=FP16))),
-    ("k_head_dim_mismatch", RuntimeError, "k", lambda: qk_args(k=rnd(TOKENS, KV_HEADS, HEAD_DIM // 2))),
-    ("q_head_dim_vs_weights", RuntimeError, "q_weight",
-     lambda: qk_args(q=rnd(TOKENS, Q_HEADS, 64), k=rnd(TOKENS, KV_HEADS, 64))),
-    ("k_num_tokens_mismatch", RuntimeError, "k", lambda: qk_args(k=rnd(TOKENS + 1, KV_HEADS, HEAD_DIM))),
-    ("q_weight_shape_D+1", RuntimeError, "q_weight", lambda: qk_args(qw=rnd(HEAD_DIM + 1))),
-    ("k_weight_shape_D-1", RuntimeError, "k_weight", lambda: qk_args(kw=rnd(HEAD_DIM - 1))),
-    ("k_weight_2d", RuntimeError, "k_weight", lambda: qk_args(kw=rnd(1, HEAD_DIM))),
-    ("q_weight_noncontig", RuntimeError, "q_weight", lambda: qk_args(qw=rnd(2 * HEAD_DIM)[::2])),
-    ("q_lastdim_stride2", RuntimeError, "q", lambda: qk_args(q=rnd(TOKENS, Q_HEADS, 2 * HEAD_DIM)[:, :, ::2])),
-    ("k_lastdim_transposed", RuntimeError, "k", lambda: qk_args(k=rnd(TOKENS, HEAD_DIM, KV_HEADS).transpose(1, 2))),
-    ("q_0dim", RuntimeError, "q", lambda: qk_args(q=rnd(1).view(()))),
-    ("eps_negative", ValueError, "eps", lambda: qk_args(eps=-1e-5)),
-    ("eps_nan", ValueError, "eps", lambda: qk_args(eps=float("nan"))),
-    ("eps_list", TypeError, "eps", lambda: qk_args(eps=[1e-6])),
-    ("k_is_q_same_tensor", RuntimeError, "k", lambda: (lambda q: qk_args(q=q, k=q))(rnd(TOKENS, Q_HEADS, HEAD_DIM))),
-    ("k_overlaps_q_shift_1head", RuntimeError, "k",
-     lambda: (lambda b: qk_args(q=b[:, 0:4], k=b[:, 3:5]))(rnd(TOKENS, 6, HEAD_DIM))),
-    ("q_heads_expanded_stride0", RuntimeError, "q",
-     lambda: qk_args(q=rnd(TOKENS, 1, HEAD_DIM).expand(TOKENS, Q_HEADS, HEAD_DIM))),
-    ("k_tokens_expanded_stride0", RuntimeError, "k",
-     lambda: qk_args(k=rnd(1, KV_HEADS, HEAD_DIM).expand(TOKENS, KV_HEADS, HEAD_DIM))),
-    ("k_on_cuda1", RuntimeError, "k", lambda: qk_args(k=rnd(TOKENS, KV_HEADS, HEAD_DIM, device=dev(1))), 2),
-    ("k_weight_on_cuda1", RuntimeError, "k_weight", lambda: qk_args(kw=rnd(HEAD_DIM, device=dev(1))), 2),
-])
+register_errors(
+    "fused_inplace_qknorm",
+    [
+        (
+            "q_cpu",
+            RuntimeError,
+            "q",
+            lambda: ((torch.randn(2, 4, 8), torch.randn(2, 1, 8), torch.randn(8), torch.randn(8)), {}),
+            0,
+        ),
+        (
+            "q_numpy",
+            TypeError,
+            "q",
+            lambda: ((numpy_array(2, 4, 8), numpy_array(2, 1, 8), torch.randn(8), torch.randn(8)), {}),
+            0,
+        ),
+        ("k_cpu", RuntimeError, "k", lambda: qk_args(k=torch.randn(TOKENS, KV_HEADS, HEAD_DIM).bfloat16())),
+        ("q_weight_cpu", RuntimeError, "q_weight", lambda: qk_args(qw=torch.randn(HEAD_DIM).bfloat16())),
+        ("k_weight_cpu", RuntimeError, "k_weight", lambda: qk_args(kw=torch.randn(HEAD_DIM).bfloat16())),
+        ("k_None", TypeError, "k", lambda: qk_args(k=None)),
+        ("q_weight_list", TypeError, "q_weight", lambda: qk_args(qw=[1.0] * HEAD_DIM)),
+        ("k_weight_None", TypeError, "k_weight", lambda: qk_args(kw=None)),
+        ("q_2d", RuntimeError, "q", lambda: qk_args(q=rnd(TOKENS, Q_HEADS * HEAD_DIM))),
+        ("k_2d", RuntimeError, "k", lambda: qk_args(k=rnd(TOKENS, KV_HEADS * HEAD_DIM))),
+        ("q_4d", RuntimeError, "q", lambda: qk_args(q=rnd(TOKENS, Q_HEADS, 1, HEAD_DIM))),
+        ("k_4d", RuntimeError, "k", lambda: qk_args(k=rnd(TOKENS, KV_HEADS, 1, HEAD_DIM))),
+        ("q_int32", RuntimeError, "q", lambda: qk_args(q=rnd(TOKENS, Q_HEADS, HEAD_DIM, dtype=torch.int32))),
+        ("q_float64_all", RuntimeError, "q", lambda: qk_all(torch.float64)),
+        ("q_fp8_all", RuntimeError, "q", lambda: qk_all(torch.float8_e4m3fn)),
+        ("k_fp16_q_bf16", RuntimeError, "k", lambda: qk_args(k=rnd(TOKENS, KV_HEADS, HEAD_DIM, dtype=FP16))),
+        ("q_weight_fp32", RuntimeError, "q_weight", lambda: qk_args(qw=rnd(HEAD_DIM, dtype=FP32))),
+        ("k_weight_fp16", RuntimeError, "k_weight", lambda: qk_args(kw=rnd(HEAD_DIM, dtype=FP16))),
+        ("k_head_dim_mismatch", RuntimeError, "k", lambda: qk_args(k=rnd(TOKENS, KV_HEADS, HEAD_DIM // 2))),
+        (
+            "q_head_dim_vs_weights",
+            RuntimeError,
+            "q_weight",
+            lambda: qk_args(q=rnd(TOKENS, Q_HEADS, 64), k=rnd(TOKENS, KV_HEADS, 64)),
+        ),
+        ("k_num_tokens_mismatch", RuntimeError, "k", lambda: qk_args(k=rnd(TOKENS + 1, KV_HEADS, HEAD_DIM))),
+        ("q_weight_shape_D+1", RuntimeError, "q_weight", lambda: qk_args(qw=rnd(HEAD_DIM + 1))),
+        ("k_weight_shape_D-1", RuntimeError, "k_weight", lambda: qk_args(kw=rnd(HEAD_DIM - 1))),
+        ("k_weight_2d", RuntimeError, "k_weight", lambda: qk_args(kw=rnd(1, HEAD_DIM))),
+        ("q_weight_noncontig", RuntimeError, "q_weight", lambda: qk_args(qw=rnd(2 * HEAD_DIM)[::2])),
+        ("q_lastdim_stride2", RuntimeError, "q", lambda: qk_args(q=rnd(TOKENS, Q_HEADS, 2 * HEAD_DIM)[:, :, ::2])),
+        ("k_lastdim_transposed", RuntimeError, "k", lambda: qk_args(k=rnd(TOKENS, HEAD_DIM, KV_HEADS).transpose(1, 2))),
+        ("q_0dim", RuntimeError, "q", lambda: qk_args(q=rnd(1).view(()))),
+        ("eps_negative", ValueError, "eps", lambda: qk_args(eps=-1e-5)),
+        ("eps_nan", ValueError, "eps", lambda: qk_args(eps=float("nan"))),
+        ("eps_list", TypeError, "eps", lambda: qk_args(eps=[1e-6])),
+        (
+            "k_is_q_same_tensor",
+            RuntimeError,
+            "k",
+            lambda: (lambda q: qk_args(q=q, k=q))(rnd(TOKENS, Q_HEADS, HEAD_DIM)),
+        ),
+        (
+            "k_overlaps_q_shift_1head",
+            RuntimeError,
+            "k",
+            lambda: (lambda b: qk_args(q=b[:, 0:4], k=b[:, 3:5]))(rnd(TOKENS, 6, HEAD_DIM)),
+        ),
+        (
+            "q_heads_expanded_stride0",
+            RuntimeError,
+            "q",
+            lambda: qk_args(q=rnd(TOKENS, 1, HEAD_DIM).expand(TOKENS, Q_HEADS, HEAD_DIM)),
+        ),
+        (
+            "k_tokens_expanded_stride0",
+            RuntimeError,
+            "k",
+            lambda: qk_args(k=rnd(1, KV_HEADS, HEAD_DIM).expand(TOKENS, KV_HEADS, HEAD_DIM)),
+        ),
+        ("k_on_cuda1", RuntimeError, "k", lambda: qk_args(k=rnd(TOKENS, KV_HEADS, HEAD_DIM, device=dev(1))), 2),
+        ("k_weight_on_cuda1", RuntimeError, "k_weight", lambda: qk_args(kw=rnd(HEAD_DIM, device=dev(1))), 2),
+    ],
+)
 
 
-def qk_result_case(name: str, tokens: int = TOKENS, q_heads: int = Q_HEADS, kv_heads: int = KV_HEADS,
-                   head_dim: int = HEAD_DIM, dtype: torch.dtype = BF16, offsets: tuple[int, int, int, int] = (0, 0, 0, 0),
-                   fused: bool = False, eps: float = 1e-6, either: tuple | None = None, device: int = 0,
-                   make: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None) -> None:
+def qk_result_case(
+    name: str,
+    tokens: int = TOKENS,
+    q_heads: int = Q_HEADS,
+    kv_heads: int = KV_HEADS,
+    head_dim: int = HEAD_DIM,
+    dtype: torch.dtype = BF16,
+    offsets: tuple[int, int, int, int] = (0, 0, 0, 0),
+    fused: bool = False,
+    eps: float = 1e-6,
+    either: tuple | None = None,
+    device: int = 0,
+    make: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None,
+) -> None:
     """q and k normalised in place against the reference; the weights unchanged. ``offsets = (q, k,
     q_weight, k_weight)``. ``fused``: q and k are views of one poisoned [tokens, (Hq + 2 Hk) * D]
     qkv buffer (at the q offset), whose v part must stay as it was; otherwise poisoned copies.
@@ -1055,16 +1300,28 @@ def qk_result_case(name: str, tokens: int = TOKENS, q_heads: int = Q_HEADS, kv_h
             q, k = make()
         elif fused:
             width = (q_heads + 2 * kv_heads) * head_dim
-            qkv = Poisoned((tokens, width), dtype, place, offset=offsets[0],
-                           like=torch.randn(tokens, width, device=place).to(dtype))
+            qkv = Poisoned(
+                (tokens, width),
+                dtype,
+                place,
+                offset=offsets[0],
+                like=torch.randn(tokens, width, device=place).to(dtype),
+            )
             guarded.append(qkv)
             q = qkv.t[:, : q_heads * head_dim].view(tokens, q_heads, head_dim)
             k = qkv.t[:, q_heads * head_dim : (q_heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
             v_part = (qkv.t[:, (q_heads + kv_heads) * head_dim :], qkv.t[:, (q_heads + kv_heads) * head_dim :].clone())
         else:
-            guarded = [Poisoned((tokens, heads, head_dim), dtype, place, offset=o,
-                                like=rnd(tokens, heads, head_dim, dtype=dtype, device=place))
-                       for heads, o in ((q_heads, offsets[0]), (kv_heads, offsets[1]))]
+            guarded = [
+                Poisoned(
+                    (tokens, heads, head_dim),
+                    dtype,
+                    place,
+                    offset=o,
+                    like=rnd(tokens, heads, head_dim, dtype=dtype, device=place),
+                )
+                for heads, o in ((q_heads, offsets[0]), (kv_heads, offsets[1]))
+            ]
             q, k = guarded[0].t, guarded[1].t
         qw = rnd(q.shape[-1], dtype=q.dtype, device=q.device, offset=offsets[2])
         kw = rnd(q.shape[-1], dtype=q.dtype, device=q.device, offset=offsets[3])
@@ -1079,13 +1336,16 @@ def qk_result_case(name: str, tokens: int = TOKENS, q_heads: int = Q_HEADS, kv_h
                 assert torch.equal(*v_part), "the v part of the qkv buffer was modified"
 
         alt = None if either is None else (either[0], "fused_inplace_qknorm", either[1])
-        expect_result(lambda: norm.fused_inplace_qknorm(q, k, qw, kw, eps=eps), check,
-                      {"q_weight": qw, "k_weight": kw}, alt)
+        expect_result(
+            lambda: norm.fused_inplace_qknorm(q, k, qw, kw, eps=eps), check, {"q_weight": qw, "k_weight": kw}, alt
+        )
 
 
 _QK_DIMS = get_ci_test_range(full_range=(1, 3, 8, 64, 80, 96, 128, 256, 512, 1000), ci_range=(1, 3, 64, 80, 128, 1000))
 _QK_MISALIGNED = get_ci_test_range(
-    full_range=[(o, d) for o in ((1, 0, 0, 0), (0, 1, 0, 0), (0, 0, 1, 0), (0, 0, 0, 1), (1, 3, 5, 7)) for d in (64, 128)],
+    full_range=[
+        (o, d) for o in ((1, 0, 0, 0), (0, 1, 0, 0), (0, 0, 1, 0), (0, 0, 0, 1), (1, 3, 5, 7)) for d in (64, 128)
+    ],
     ci_range=[(o, d) for o in ((1, 0, 0, 0), (0, 0, 0, 1), (1, 3, 5, 7)) for d in (64, 128)],
 )
 for _dtn in ("float16", "bfloat16", "float32"):
@@ -1094,8 +1354,12 @@ for _dtn in ("float16", "bfloat16", "float32"):
         qk_result_case(f"{_dtn}_D{_dim}", head_dim=_dim, dtype=_d)
         qk_result_case(f"{_dtn}_D{_dim}_fused_qkv", head_dim=_dim, dtype=_d, fused=True)
     for _offsets, _dim in _QK_MISALIGNED:
-        qk_result_case(f"{_dtn}_D{_dim}_misaligned_q{_offsets[0]}_k{_offsets[1]}_qw{_offsets[2]}_kw{_offsets[3]}",
-                       head_dim=_dim, dtype=_d, offsets=_offsets)
+        qk_result_case(
+            f"{_dtn}_D{_dim}_misaligned_q{_offsets[0]}_k{_offsets[1]}_qw{_offsets[2]}_kw{_offsets[3]}",
+            head_dim=_dim,
+            dtype=_d,
+            offsets=_offsets,
+        )
     qk_result_case(f"{_dtn}_fused_qkv_misaligned_base", dtype=_d, fused=True, offsets=(1, 0, 0, 0))
 qk_result_case("bfloat16_odd_heads_fused", q_heads=7, kv_heads=3, fused=True)
 qk_result_case("bfloat16_hk0", kv_heads=0)
@@ -1104,14 +1368,17 @@ qk_result_case("bfloat16_hq0_hk0", q_heads=0, kv_heads=0)
 qk_result_case("bfloat16_tokens0", tokens=0)
 qk_result_case("bfloat16_head_dim0", head_dim=0)
 for _dim in (16384, 65536):
-    qk_result_case(f"bfloat16_head_dim_{_dim}", head_dim=_dim, q_heads=2, kv_heads=1, either=(RuntimeError, ("q", "head_dim")))
+    qk_result_case(
+        f"bfloat16_head_dim_{_dim}", head_dim=_dim, q_heads=2, kv_heads=1, either=(RuntimeError, ("q", "head_dim"))
+    )
 qk_result_case("bfloat16_many_tokens_100k", tokens=100_000, q_heads=4, kv_heads=1, head_dim=64)
 qk_result_case("eps_inf", dtype=FP32, eps=float("inf"), either=EPS_LIMIT)
 qk_result_case("eps_zero", dtype=FP32, eps=0.0)
 qk_result_case("all_on_cuda1_current_cuda0", device=1)
 qk_result_case("all_on_cuda1_fused_current_cuda0", device=1, fused=True)
-qk_result_case("bfloat16_nan_inf_heads", make=lambda: (nan_inf_rows(BF16).view(3, 2, 64),
-                                                      nan_inf_rows(BF16).view(3, 2, 64)))
+qk_result_case(
+    "bfloat16_nan_inf_heads", make=lambda: (nan_inf_rows(BF16).view(3, 2, 64), nan_inf_rows(BF16).view(3, 2, 64))
+)
 
 
 @case("fused_inplace_qknorm", "float16_rows_over_2pow32_D1", mem_gib=40)
@@ -1145,8 +1412,9 @@ def _() -> None:
         assert_matches("q", q.detach(), want_q)
         assert_matches("k", k, want_k)
 
-    expect_result(lambda: norm.fused_inplace_qknorm(q, k, qw, kw), check,
-                  either=(RuntimeError, "fused_inplace_qknorm", "q"))
+    expect_result(
+        lambda: norm.fused_inplace_qknorm(q, k, qw, kw), check, either=(RuntimeError, "fused_inplace_qknorm", "q")
+    )
 
 
 @case("fused_inplace_qknorm", "side_stream")

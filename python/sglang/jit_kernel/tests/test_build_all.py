@@ -96,7 +96,12 @@ PREBUILD_OTHER_ARCH = textwrap.dedent(
 @requires_nvcc
 def test_prebuild_for_another_arch(tmp_path: Path):
     cache_dir = tmp_path / "cache"
-    env = {**os.environ, "SGLANG_JIT_CACHE_DIR": str(cache_dir), "SGLANG_JIT_CUDA_ARCH": "9.0", "PYTHONWARNINGS": "ignore"}
+    env = {
+        **os.environ,
+        "SGLANG_JIT_CACHE_DIR": str(cache_dir),
+        "SGLANG_JIT_CUDA_ARCH": "9.0",
+        "PYTHONWARNINGS": "ignore",
+    }
     for name in ("SGLANG_JIT_FORCE_RECOMPILE", "SGLANG_JIT_CRASH_ON_COMPILE"):
         env.pop(name, None)
     result = subprocess.run(
@@ -105,9 +110,12 @@ def test_prebuild_for_another_arch(tmp_path: Path):
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report == {"names": ["add_constant[1]"], "env": "9.0"}
-    archs = sorted(json.loads((p / "manifest.json").read_text())["archs"][0] for p in cache_dir.iterdir() if not p.name.startswith("."))
+    archs = sorted(
+        json.loads((p / "manifest.json").read_text())["archs"][0]
+        for p in cache_dir.iterdir()
+        if not p.name.startswith(".")
+    )
     assert archs == ["8.0", "9.0"]
-
 
 
 def test_ops_sharing_a_module_build_its_variants_once():
@@ -170,8 +178,10 @@ def test_build_cli_keeps_the_error_text_of_a_variant(monkeypatch, capsys):
     import sglang.jit_kernel.cache as cache
     from sglang.jit_kernel.__main__ import build_variants
 
-    error = ("JITCompileError: JIT module 'scale_fp16_t' failed to compile:\nscale.cuh:9: error: identifier "
-             '"scale_kernell" is undefined\nFull log: /c/.logs/scale_fp16_t-0123456789abcdef0123.log')
+    error = (
+        "JITCompileError: JIT module 'scale_fp16_t' failed to compile:\nscale.cuh:9: error: identifier "
+        '"scale_kernell" is undefined\nFull log: /c/.logs/scale_fp16_t-0123456789abcdef0123.log'
+    )
 
     def failing(names, on_done=None, on_start=None, **kwargs):
         result = cache.VariantResult("scale[float16]", error, 1.0)

@@ -87,9 +87,7 @@ def test_valid_multi_registration():
     assert regs == [
         CIRegistration("cuda", 30.0, "stage-b-kernel-unit-1-gpu-large", False, None, f),
         CIRegistration("cuda", 120.5, "nightly-kernel-1-gpu", True, None, f),
-        CIRegistration(
-            "amd", 45.0, "stage-b-kernel-unit-1-gpu-large", False, "flaky on MI300", f
-        ),
+        CIRegistration("amd", 45.0, "stage-b-kernel-unit-1-gpu-large", False, "flaky on MI300", f),
         CIRegistration("cpu", 2.0, "stage-a-kernel-cpu", False, None, f),
     ]
     assert all(isinstance(r.est_time, float) for r in regs)
@@ -105,10 +103,7 @@ def test_source_argument_and_filename(tmp_path):
 
 def test_never_imports_the_file(tmp_path):
     path = tmp_path / "test_boom.py"
-    path.write_text(
-        "raise RuntimeError('imported!')\n"
-        'register_cpu_ci(est_time=1, suite="stage-a-kernel-cpu")\n'
-    )
+    path.write_text("raise RuntimeError('imported!')\nregister_cpu_ci(est_time=1, suite=\"stage-a-kernel-cpu\")\n")
     (reg,) = collect_registrations(path)
     assert reg.backend == "cpu"
 

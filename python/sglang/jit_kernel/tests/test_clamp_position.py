@@ -111,14 +111,22 @@ def test_clamp_position_cpu_and_non_tensors():
 @pytest.mark.parametrize(
     "make,pattern",
     [
-        (lambda: torch.ones(4, device="cuda"),
-         r"^clamp_position_cuda: seq_lens dtype: expected one of int32, int64, got float32$"),
-        (lambda: torch.ones(4, dtype=torch.int16, device="cuda"),
-         r"^clamp_position_cuda: seq_lens dtype: expected one of int32, int64, got int16$"),
-        (lambda: torch.ones(2, 3, dtype=torch.int32, device="cuda"),
-         r"^clamp_position_cuda: seq_lens shape: expected \[num_seqs\], got \(2, 3\)$"),
-        (lambda: torch.tensor(5, device="cuda"),
-         r"^clamp_position_cuda: seq_lens shape: expected \[num_seqs\], got \(\)$"),
+        (
+            lambda: torch.ones(4, device="cuda"),
+            r"^clamp_position_cuda: seq_lens dtype: expected one of int32, int64, got float32$",
+        ),
+        (
+            lambda: torch.ones(4, dtype=torch.int16, device="cuda"),
+            r"^clamp_position_cuda: seq_lens dtype: expected one of int32, int64, got int16$",
+        ),
+        (
+            lambda: torch.ones(2, 3, dtype=torch.int32, device="cuda"),
+            r"^clamp_position_cuda: seq_lens shape: expected \[num_seqs\], got \(2, 3\)$",
+        ),
+        (
+            lambda: torch.tensor(5, device="cuda"),
+            r"^clamp_position_cuda: seq_lens shape: expected \[num_seqs\], got \(\)$",
+        ),
     ],
 )
 def test_clamp_position_bad_inputs(make, pattern):

@@ -200,23 +200,44 @@ def test_concat_mla_cpu_and_non_tensors():
 @pytest.mark.parametrize(
     "name,replacement,pattern",
     [
-        ("k_nope", lambda: random_of((4, 8, 128), torch.float16),
-         r"^concat_mla_k: k_nope dtype: expected bfloat16 \(the dtype of k\), got float16$"),
-        ("k_rope", lambda: random_of((4, 1, 32), torch.bfloat16),
-         r"^concat_mla_k: k shape: expected a last dim of 128 \+ 32 = 160 \(k_nope \+ k_rope\), got \(4, 8, 192\)$"),
-        ("k_rope", lambda: random_of((4, 2, 64), torch.bfloat16),
-         r"^concat_mla_k: k_rope shape: expected \[4, 8 or 1, rope\], got \(4, 2, 64\)$"),
-        ("k_nope", lambda: random_of((4, 7, 128), torch.bfloat16),
-         r"^concat_mla_k: k_nope shape: expected \(4, 8\) leading dims \(those of k\), got \(4, 7, 128\)$"),
-        ("k_nope", lambda: random_of((4, 8 * 128), torch.bfloat16),
-         r"^concat_mla_k: k_nope shape: expected \[num_tokens, num_heads, nope\], got \(4, 1024\)$"),
-        ("k", lambda: random_of((4, 8, 384), torch.bfloat16)[:, :, ::2],
-         r"^concat_mla_k: k last-dim stride: expected 1 \(a contiguous last dim\), got 2 "),
+        (
+            "k_nope",
+            lambda: random_of((4, 8, 128), torch.float16),
+            r"^concat_mla_k: k_nope dtype: expected bfloat16 \(the dtype of k\), got float16$",
+        ),
+        (
+            "k_rope",
+            lambda: random_of((4, 1, 32), torch.bfloat16),
+            r"^concat_mla_k: k shape: expected a last dim of 128 \+ 32 = 160 \(k_nope \+ k_rope\), got \(4, 8, 192\)$",
+        ),
+        (
+            "k_rope",
+            lambda: random_of((4, 2, 64), torch.bfloat16),
+            r"^concat_mla_k: k_rope shape: expected \[4, 8 or 1, rope\], got \(4, 2, 64\)$",
+        ),
+        (
+            "k_nope",
+            lambda: random_of((4, 7, 128), torch.bfloat16),
+            r"^concat_mla_k: k_nope shape: expected \(4, 8\) leading dims \(those of k\), got \(4, 7, 128\)$",
+        ),
+        (
+            "k_nope",
+            lambda: random_of((4, 8 * 128), torch.bfloat16),
+            r"^concat_mla_k: k_nope shape: expected \[num_tokens, num_heads, nope\], got \(4, 1024\)$",
+        ),
+        (
+            "k",
+            lambda: random_of((4, 8, 384), torch.bfloat16)[:, :, ::2],
+            r"^concat_mla_k: k last-dim stride: expected 1 \(a contiguous last dim\), got 2 ",
+        ),
     ],
 )
 def test_concat_mla_k_bad_inputs(name, replacement, pattern):
-    args = {"k": sentinel_filled((4, 8, 192), torch.bfloat16), "k_nope": random_of((4, 8, 128), torch.bfloat16),
-            "k_rope": random_of((4, 1, 64), torch.bfloat16)}
+    args = {
+        "k": sentinel_filled((4, 8, 192), torch.bfloat16),
+        "k_nope": random_of((4, 8, 128), torch.bfloat16),
+        "k_rope": random_of((4, 1, 64), torch.bfloat16),
+    }
     concat_mla_k(**args)  # load the module: the call below takes the eager fast path first
     args[name] = replacement()
     before = as_bytes(args["k"]).clone()
@@ -235,11 +256,17 @@ def test_concat_mla_k_output_sharing_memory_with_a_source():
 @requires_cuda
 def test_concat_mla_absorb_q_bad_inputs():
     a = random_of((4, 8, 512), torch.bfloat16)
-    with pytest.raises(RuntimeError, match=r"^concat_mla_absorb_q: b dtype: expected bfloat16 \(the dtype of a\), "
-                       r"got float32$"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"^concat_mla_absorb_q: b dtype: expected bfloat16 \(the dtype of a\), "
+        r"got float32$",
+    ):
         concat_mla_absorb_q(a, random_of((4, 8, 64), torch.float32))
-    with pytest.raises(RuntimeError, match=r"^concat_mla_absorb_q: b shape: expected \[4, 8, B\] \(the leading dims "
-                       r"of a\), got \(4, 7, 64\)$"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"^concat_mla_absorb_q: b shape: expected \[4, 8, B\] \(the leading dims "
+        r"of a\), got \(4, 7, 64\)$",
+    ):
         concat_mla_absorb_q(a, random_of((4, 7, 64), torch.bfloat16))
     with pytest.raises(RuntimeError, match=r"^concat_mla_absorb_q: a shape: expected \[d0, d1, A\], got \(4, 512\)$"):
         concat_mla_absorb_q(a[:, 0], random_of((4, 64), torch.bfloat16))
@@ -251,8 +278,11 @@ def test_concat_mla_ffi_rejects_mismatch_from_cpp():
     from sglang.jit_kernel.concat_mla import _jit_concat_mla_module
 
     module = _jit_concat_mla_module(256, 128)
-    k, k_nope, k_rope = sentinel_filled((4, 8, 192), torch.bfloat16), random_of((4, 8, 128), torch.bfloat16), random_of(
-        (4, 1, 64), torch.bfloat16)
+    k, k_nope, k_rope = (
+        sentinel_filled((4, 8, 192), torch.bfloat16),
+        random_of((4, 8, 128), torch.bfloat16),
+        random_of((4, 1, 64), torch.bfloat16),
+    )
     with pytest.raises(RuntimeError, match="built for 256 \\+ 128"):
         module.concat_mla(k[:, :, :160], k_nope, k_rope[:, :, :32])
     with pytest.raises(RuntimeError, match="k_nope|a"):

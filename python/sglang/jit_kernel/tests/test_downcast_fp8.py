@@ -39,8 +39,9 @@ def source(shape, dtype, spread: float = 60.0, device="cuda") -> torch.Tensor:
     return (torch.randn(shape, device=device) * spread).to(dtype)
 
 
-def expected_cache(out: torch.Tensor, x: torch.Tensor, scale: torch.Tensor, loc: torch.Tensor, mult: int = 1,
-                   offset: int = 0) -> torch.Tensor:
+def expected_cache(
+    out: torch.Tensor, x: torch.Tensor, scale: torch.Tensor, loc: torch.Tensor, mult: int = 1, offset: int = 0
+) -> torch.Tensor:
     """``out`` (as bytes) with the rows ``loc * mult + offset`` inside it set to the reference."""
     expected = out.view(torch.uint8).clone()
     rows = loc.long() * mult + offset
@@ -63,7 +64,10 @@ def run_and_check(k, v, k_out, v_out, k_scale, v_scale, loc, mult=1, offset=0) -
 
 def make(num_tokens, heads, dim, dtype, num_slots, out_dtype=torch.uint8) -> list:
     k, v = source((num_tokens, heads, dim), dtype), source((num_tokens, heads, dim), dtype)
-    k_out, v_out = sentinel_filled((num_slots, heads, dim), out_dtype), sentinel_filled((num_slots, heads, dim), out_dtype)
+    k_out, v_out = (
+        sentinel_filled((num_slots, heads, dim), out_dtype),
+        sentinel_filled((num_slots, heads, dim), out_dtype),
+    )
     return [k, v, k_out, v_out, scale_of(0.37), scale_of(1.7)]
 
 
@@ -334,8 +338,11 @@ def test_downcast_fp8_index_check(monkeypatch):
     k, v, k_out, v_out, ks, vs = make(4, 2, 16, torch.bfloat16, 10)
     downcast_fp8(k, v, k_out, v_out, ks, vs, torch.tensor([0, -1, 3, 4], device="cuda"), 2, 1)  # -1 is skipped
     before = k_out.clone()
-    with pytest.raises(IndexError, match=r"^downcast_fp8: loc value: expected entries with loc \* mult \+ offset in "
-                       r"\[0, 10\) \(num_slots; mult=2, offset=1\) or -1 \(skipped\), got 5 \(row 11\) at position 2$"):
+    with pytest.raises(
+        IndexError,
+        match=r"^downcast_fp8: loc value: expected entries with loc \* mult \+ offset in "
+        r"\[0, 10\) \(num_slots; mult=2, offset=1\) or -1 \(skipped\), got 5 \(row 11\) at position 2$",
+    ):
         downcast_fp8(k, v, k_out, v_out, ks, vs, torch.tensor([0, 4, 5, -3], device="cuda"), 2, 1)
     assert_bits_equal(k_out, before)
     with pytest.raises(IndexError, match=r"got 4611686018427387904 \(row 18446744073709551616\) at position 0$"):
@@ -377,25 +384,49 @@ def _args() -> list:
     "position,replacement,pattern",
     [
         (0, lambda a: a[0].float(), r"^downcast_fp8: k dtype: expected one of float16, bfloat16, got float32$"),
-        (0, lambda a: a[0].view(8, 32), r"^downcast_fp8: k shape: expected \[num_tokens, num_kv_heads, head_dim\], "
-         r"got \(8, 32\)$"),
+        (
+            0,
+            lambda a: a[0].view(8, 32),
+            r"^downcast_fp8: k shape: expected \[num_tokens, num_kv_heads, head_dim\], "
+            r"got \(8, 32\)$",
+        ),
         (1, lambda a: a[1].half(), r"^downcast_fp8: v dtype: expected bfloat16 \(the dtype of k\), got float16$"),
         (1, lambda a: a[1][:7], r"^downcast_fp8: v shape: expected \(8, 2, 16\) \(the shape of k\), got \(7, 2, 16\)$"),
-        (2, lambda a: a[2].view(torch.int8), r"^downcast_fp8: k_out dtype: expected one of uint8, float8_e4m3fn, "
-         r"got int8$"),
-        (2, lambda a: sentinel_filled((16, 2, 8), torch.uint8), r"^downcast_fp8: k_out shape: expected \[num_slots, "
-         r"num_kv_heads=2, head_dim=16\], got \(16, 2, 8\)$"),
-        (3, lambda a: sentinel_filled((17, 2, 16), torch.uint8), r"^downcast_fp8: v_out shape: expected \(16, 2, 16\) "
-         r"\(the shape of k_out\), got \(17, 2, 16\)$"),
+        (
+            2,
+            lambda a: a[2].view(torch.int8),
+            r"^downcast_fp8: k_out dtype: expected one of uint8, float8_e4m3fn, "
+            r"got int8$",
+        ),
+        (
+            2,
+            lambda a: sentinel_filled((16, 2, 8), torch.uint8),
+            r"^downcast_fp8: k_out shape: expected \[num_slots, "
+            r"num_kv_heads=2, head_dim=16\], got \(16, 2, 8\)$",
+        ),
+        (
+            3,
+            lambda a: sentinel_filled((17, 2, 16), torch.uint8),
+            r"^downcast_fp8: v_out shape: expected \(16, 2, 16\) "
+            r"\(the shape of k_out\), got \(17, 2, 16\)$",
+        ),
         (4, lambda a: a[4].half(), r"^downcast_fp8: k_scale dtype: expected float32, got float16$"),
-        (5, lambda a: torch.ones(2, device="cuda"), r"^downcast_fp8: v_scale shape: expected \[1\] \(one float32 on "
-         r"the device\), got \(2,\)$"),
+        (
+            5,
+            lambda a: torch.ones(2, device="cuda"),
+            r"^downcast_fp8: v_scale shape: expected \[1\] \(one float32 on "
+            r"the device\), got \(2,\)$",
+        ),
         (4, lambda a: torch.ones(1), r"^downcast_fp8: k_scale device: expected a CUDA device, got cpu$"),
         (6, lambda a: a[6].float(), r"^downcast_fp8: loc dtype: expected one of int32, int64, got float32$"),
         (6, lambda a: a[6][:7], r"^downcast_fp8: loc shape: expected \[num_tokens=8\], got \(7,\)$"),
         (0, lambda a: source((8, 2, 32), torch.bfloat16)[:, :, ::2], r"^downcast_fp8: k last-dim stride: expected 1 "),
-        (2, lambda a: a[0].view(torch.uint8).view(16, 2, 16), r"^downcast_fp8: k_out memory: expected no memory shared "
-         r"with k, got "),
+        (
+            2,
+            lambda a: a[0].view(torch.uint8).view(16, 2, 16),
+            r"^downcast_fp8: k_out memory: expected no memory shared "
+            r"with k, got ",
+        ),
         (3, lambda a: a[2], r"^downcast_fp8: v_out memory: expected no memory shared with k_out, got "),
     ],
 )
@@ -416,8 +447,11 @@ def test_downcast_fp8_bad_scalars():
         downcast_fp8(*args, 2.0)
     with pytest.raises(TypeError, match=r"^downcast_fp8: offset type: expected an int, got bool$"):
         downcast_fp8(*args, 1, True)
-    with pytest.raises(ValueError, match=r"^downcast_fp8: mult value: expected >= -9223372036854775808 and "
-                       r"<= 9223372036854775807, got 18446744073709551616$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^downcast_fp8: mult value: expected >= -9223372036854775808 and "
+        r"<= 9223372036854775807, got 18446744073709551616$",
+    ):
         downcast_fp8(*args, 2**64)
 
 

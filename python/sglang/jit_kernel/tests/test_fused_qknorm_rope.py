@@ -15,16 +15,22 @@ register_cuda_ci(est_time=60, suite="stage-b-kernel-unit-1-gpu-large")
 register_cuda_ci(est_time=120, suite="nightly-kernel-1-gpu", nightly=True)
 
 MAX_POS = 4096
-DTYPES = get_ci_test_range(full_range=[torch.float16, torch.bfloat16, torch.float32],
-                           ci_range=[torch.bfloat16, torch.float32])
+DTYPES = get_ci_test_range(
+    full_range=[torch.float16, torch.bfloat16, torch.float32], ci_range=[torch.bfloat16, torch.float32]
+)
 TOKENS = get_ci_test_range(full_range=[1, 7, 129, 8192], ci_range=[1, 129])
-HEADS = get_ci_test_range(full_range=[(32, 8, 8), (64, 1, 1), (8, 8, 8), (16, 0, 0)],
-                          ci_range=[(32, 8, 8), (64, 1, 1), (16, 0, 0)])
-DIMS = get_ci_test_range(full_range=[(64, None), (128, None), (128, 64), (256, None), (256, 96), (512, None)],
-                         ci_range=[(128, None), (128, 64), (256, None)])
+HEADS = get_ci_test_range(
+    full_range=[(32, 8, 8), (64, 1, 1), (8, 8, 8), (16, 0, 0)], ci_range=[(32, 8, 8), (64, 1, 1), (16, 0, 0)]
+)
+DIMS = get_ci_test_range(
+    full_range=[(64, None), (128, None), (128, 64), (256, None), (256, 96), (512, None)],
+    ci_range=[(128, None), (128, 64), (256, None)],
+)
 # (factor, low, high, attention_factor): plain RoPE, YaRN, YaRN with high == low (nudged)
-YARN = get_ci_test_range(full_range=[(1.0, 0.0, 0.0, 1.0), (4.0, 8.0, 40.0, 1.2), (8.0, 10.0, 10.0, 0.9)],
-                         ci_range=[(1.0, 0.0, 0.0, 1.0), (4.0, 8.0, 40.0, 1.2)])
+YARN = get_ci_test_range(
+    full_range=[(1.0, 0.0, 0.0, 1.0), (4.0, 8.0, 40.0, 1.2), (8.0, 10.0, 10.0, 0.9)],
+    ci_range=[(1.0, 0.0, 0.0, 1.0), (4.0, 8.0, 40.0, 1.2)],
+)
 
 
 def assert_rope_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
@@ -32,8 +38,9 @@ def assert_rope_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
     (one fp32 ulp of a frequency <= 1), so angles may differ by pos * 2^-23 rad and an element
     of magnitude |y| <= 16 (normalised, times a randn weight) by 16 * MAX_POS * 2^-23 (0.0078)."""
     rtol, atol = TOLERANCE[actual.dtype]
-    torch.testing.assert_close(actual.float(), expected.float(), rtol=max(rtol, 2e-3),
-                               atol=atol + 16 * MAX_POS * 2.0**-23)
+    torch.testing.assert_close(
+        actual.float(), expected.float(), rtol=max(rtol, 2e-3), atol=atol + 16 * MAX_POS * 2.0**-23
+    )
 
 
 def make(n, hq, hk, hv, d, dtype, pos_dtype=torch.int64):
@@ -54,11 +61,13 @@ def make(n, hq, hk, hv, d, dtype, pos_dtype=torch.int64):
 def test_fused_qk_norm_rope(dtype, is_neox, d, rotary_dim, hq, hk, hv, n, yarn):
     factor, low, high, attention = yarn
     qkv, qw, kw, positions = make(n, hq, hk, hv, d, dtype)
-    expected = fused_qk_norm_rope_reference(qkv, hq, hk, d, 1e-6, qw, kw, 1e4, is_neox, positions, factor, low,
-                                            high, attention, rotary_dim)
+    expected = fused_qk_norm_rope_reference(
+        qkv, hq, hk, d, 1e-6, qw, kw, 1e4, is_neox, positions, factor, low, high, attention, rotary_dim
+    )
     v_before = qkv[:, (hq + hk) * d :].clone()
-    fused_qk_norm_rope(qkv, hq, hk, hv, d, 1e-6, qw, kw, 1e4, is_neox, positions, factor, low, high, attention,
-                       rotary_dim)
+    fused_qk_norm_rope(
+        qkv, hq, hk, hv, d, 1e-6, qw, kw, 1e4, is_neox, positions, factor, low, high, attention, rotary_dim
+    )
     assert_rope_close(qkv, expected)
     assert torch.equal(qkv[:, (hq + hk) * d :], v_before), "v was modified"
 
@@ -76,8 +85,10 @@ def test_against_unfused_qknorm_then_rope(is_neox):
     unfused = qkv.clone()
     q, k = unfused[:, : hq * d].view(n, hq, d), unfused[:, hq * d : (hq + hk) * d].view(n, hk, d)
     fused_inplace_qknorm(q, k, qw, kw, 1e-6)
-    inv_freq = torch.pow(torch.tensor(base, dtype=torch.float32, device="cuda"),
-                         -2.0 * torch.arange(d // 2, dtype=torch.float32, device="cuda") / d)
+    inv_freq = torch.pow(
+        torch.tensor(base, dtype=torch.float32, device="cuda"),
+        -2.0 * torch.arange(d // 2, dtype=torch.float32, device="cuda") / d,
+    )
     theta = torch.arange(MAX_POS, dtype=torch.float32, device="cuda")[:, None] * inv_freq[None, :]
     cache = torch.cat([theta.cos(), theta.sin()], dim=-1)
     apply_rope_inplace(q, k, cache, positions, is_neox=is_neox)
@@ -145,9 +156,23 @@ def test_cpu_and_scalar_errors():
     qkv, w, pos = torch.randn(2, 3 * 64), torch.randn(64), torch.zeros(2, dtype=torch.int64)
 
     def call(**kw):
-        args = dict(qkv=qkv, num_heads_q=1, num_heads_k=1, num_heads_v=1, head_dim=64, eps=1e-6, q_weight=w,
-                    k_weight=w, base=1e4, is_neox=True, position_ids=pos, factor=1.0, low=0.0, high=0.0,
-                    attention_factor=1.0)
+        args = dict(
+            qkv=qkv,
+            num_heads_q=1,
+            num_heads_k=1,
+            num_heads_v=1,
+            head_dim=64,
+            eps=1e-6,
+            q_weight=w,
+            k_weight=w,
+            base=1e4,
+            is_neox=True,
+            position_ids=pos,
+            factor=1.0,
+            low=0.0,
+            high=0.0,
+            attention_factor=1.0,
+        )
         args.update(kw)
         fused_qk_norm_rope(**args)
 
@@ -161,8 +186,11 @@ def test_cpu_and_scalar_errors():
         call(base=0.0)
     with pytest.raises(ValueError, match=rf"^{op}: factor value: expected > 0.0, got -2.0$"):
         call(factor=-2.0)
-    with pytest.raises(ValueError, match=rf"^{op}: rotary_dim value: expected an even number in \[2, head_dim=64\], "
-                                         r"got 65$"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^{op}: rotary_dim value: expected an even number in \[2, head_dim=64\], "
+        r"got 65$",
+    ):
         call(rotary_dim=65)
     with pytest.raises(ValueError, match=rf"^{op}: low value: expected a finite number, got nan$"):
         call(low=float("nan"))

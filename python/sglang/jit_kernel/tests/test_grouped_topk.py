@@ -16,8 +16,17 @@ register_cuda_ci(est_time=120, suite="nightly-kernel-1-gpu", nightly=True)
 
 # (num_experts, num_expert_group, topk_group, topk)
 SHAPES = get_ci_test_range(
-    full_range=[(256, 8, 4, 8), (384, 1, 1, 8), (160, 16, 2, 6), (64, 4, 2, 4), (257, 1, 1, 2), (96, 32, 3, 7),
-                (2048, 16, 4, 8), (8, 8, 8, 8), (256, 8, 4, 40)],
+    full_range=[
+        (256, 8, 4, 8),
+        (384, 1, 1, 8),
+        (160, 16, 2, 6),
+        (64, 4, 2, 4),
+        (257, 1, 1, 2),
+        (96, 32, 3, 7),
+        (2048, 16, 4, 8),
+        (8, 8, 8, 8),
+        (256, 8, 4, 40),
+    ],
     ci_range=[(256, 8, 4, 8), (384, 1, 1, 8), (96, 32, 3, 7), (2048, 16, 4, 8), (256, 8, 4, 40)],
 )
 TOKENS = get_ci_test_range(full_range=[1, 7, 129, 8192], ci_range=[1, 129])
@@ -31,8 +40,7 @@ def check(scores, bias, groups, topk_group, topk, renormalize=True, factor=1.0):
     keys, weights_all, ref_ids, ambiguous = grouped_reference(scores, bias, groups, topk_group, topk)
     # Rows whose kept groups are a near tie (frequent on the grid: top-2 sums such as s(a) + s(b) vs
     # 2 s((a + b) / 2) differ by ~4e-6) are checked against the kept-group set the kernel agrees with.
-    keys, ref_ids = resolve_grouped_ambiguity(scores, bias, groups, topk_group, topk, indices, keys, ref_ids,
-                                              ambiguous)
+    keys, ref_ids = resolve_grouped_ambiguity(scores, bias, groups, topk_group, topk, indices, keys, ref_ids, ambiguous)
     assert_routing_matches(values, indices, keys, weights_all, ref_ids, renormalize, eps=EPS, scale=factor)
     return values, indices
 
@@ -106,16 +114,36 @@ def test_grouped_topk_cpu_input():
 def test_grouped_topk_bad_arguments():
     s = torch.randn(4, 256, device="cuda")
     cases = [
-        ((s, None, 7, 1, 8, True), ValueError, r"num_expert_group value: expected a divisor of num_experts = 256, got 7"),
+        (
+            (s, None, 7, 1, 8, True),
+            ValueError,
+            r"num_expert_group value: expected a divisor of num_experts = 256, got 7",
+        ),
         ((s, None, 64, 1, 8, True), ValueError, r"num_expert_group value: expected >= 1 and <= 32, got 64"),
         ((s, None, 8, 9, 8, True), ValueError, r"topk_group value: expected >= 1 and <= 8, got 9"),
-        ((s, None, 8, 1, 33, True), ValueError, r"topk value: expected <= topk_group \* group_size = 1 \* 32 = 32, got 33"),
+        (
+            (s, None, 8, 1, 33, True),
+            ValueError,
+            r"topk value: expected <= topk_group \* group_size = 1 \* 32 = 32, got 33",
+        ),
         ((s, None, 8, 4, 0, True), ValueError, r"topk value: expected >= 1, got 0"),
         ((s, None, 8.0, 4, 8, True), TypeError, r"num_expert_group type: expected an int, got float"),
         ((s, None, 8, 4, 8, 1), TypeError, r"renormalize type: expected a bool, got int"),
-        ((s, None, 8, 4, 8, True, float("inf")), ValueError, r"scaling_factor value: expected a finite number, got inf"),
-        ((s, torch.zeros(255, device="cuda"), 8, 4, 8, True), RuntimeError, r"bias shape: expected \[num_experts=256\], got \(255,\)"),
-        ((s.double(), None, 8, 4, 8, True), RuntimeError, r"scores dtype: expected one of float16, bfloat16, float32, got float64"),
+        (
+            (s, None, 8, 4, 8, True, float("inf")),
+            ValueError,
+            r"scaling_factor value: expected a finite number, got inf",
+        ),
+        (
+            (s, torch.zeros(255, device="cuda"), 8, 4, 8, True),
+            RuntimeError,
+            r"bias shape: expected \[num_experts=256\], got \(255,\)",
+        ),
+        (
+            (s.double(), None, 8, 4, 8, True),
+            RuntimeError,
+            r"scores dtype: expected one of float16, bfloat16, float32, got float64",
+        ),
         ((s[:, ::2], None, 8, 4, 8, True), RuntimeError, r"scores last-dim stride: expected 1"),
     ]
     for args, error, message in cases:

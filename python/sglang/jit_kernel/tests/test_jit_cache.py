@@ -82,7 +82,13 @@ def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("SGLANG_JIT_CACHE_DIR", str(root))
     monkeypatch.setenv("SGLANG_JIT_CUDA_ARCH", "9.0")
     monkeypatch.setenv("PYTHONWARNINGS", "ignore")
-    for name in ("SGLANG_JIT_FORCE_RECOMPILE", "SGLANG_JIT_CRASH_ON_COMPILE", "SGLANG_JIT_LOG_RESOURCE_USAGE", "SGLANG_JIT_QUIET", "CXX"):
+    for name in (
+        "SGLANG_JIT_FORCE_RECOMPILE",
+        "SGLANG_JIT_CRASH_ON_COMPILE",
+        "SGLANG_JIT_LOG_RESOURCE_USAGE",
+        "SGLANG_JIT_QUIET",
+        "CXX",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(_build, "_memo", {})
     monkeypatch.setattr(_build, "_loaded", {})
@@ -183,7 +189,9 @@ def test_edited_header_with_older_mtime_rebuilds(cache_dir, ninja_runs, answer_s
     inc = tmp_path / "inc"
     inc.mkdir()
     (inc / "answer_offset.h").write_text("#define ANSWER_OFFSET 0\n")
-    answer_src.write_text('#include <answer_offset.h>\n' + ANSWER_H.replace("ANSWER_BONUS;", "ANSWER_BONUS + ANSWER_OFFSET;"))
+    answer_src.write_text(
+        "#include <answer_offset.h>\n" + ANSWER_H.replace("ANSWER_BONUS;", "ANSWER_BONUS + ANSWER_OFFSET;")
+    )
     load = lambda: load_answer(answer_src, extra_include_paths=[str(inc)])  # noqa: E731
 
     assert load().answer() == 41
@@ -447,14 +455,17 @@ def test_compile_error_in_generated_binding_names_the_wrapper(cache_dir, tmp_pat
 
 def test_first_compiler_error_cuts_a_wide_context_line_around_the_caret():
     wide = "  " + "x" * 500 + "undeclared_answer" + "y" * 500
-    log = f"k.cuh(3): error: identifier \"undeclared_answer\" is undefined\n{wide}\n{' ' * 502}^\n\n1 error\n"
+    log = f'k.cuh(3): error: identifier "undeclared_answer" is undefined\n{wide}\n{" " * 502}^\n\n1 error\n'
     header, source, caret = _build.first_compiler_error(log).splitlines()
     assert header == 'k.cuh(3): error: identifier "undeclared_answer" is undefined'
     assert len(source) <= _build.CONTEXT_WIDTH + 8 and source.startswith("... ") and source.endswith(" ...")
     assert source[caret.index("^") :].startswith("undeclared_answer")  # the caret still points at it
     assert caret.strip() == "^"
     long_note = "  " + "z" * 1000
-    assert _build.first_compiler_error(f"k.cuh(3): error: bad\n{long_note}\n").splitlines()[1] == long_note[: _build.CONTEXT_WIDTH] + " ..."
+    assert (
+        _build.first_compiler_error(f"k.cuh(3): error: bad\n{long_note}\n").splitlines()[1]
+        == long_note[: _build.CONTEXT_WIDTH] + " ..."
+    )
 
 
 def test_first_compiler_error_finds_nvcc_fatal():
@@ -610,9 +621,13 @@ def test_compile_prints_start_and_end_unless_quiet(cache_dir, answer_src, monkey
     assert capsys.readouterr().err == ""
 
     assert module.answer() == 41 and "answer" in vars(module)  # a found function is an instance-dict hit
-    with pytest.raises(AttributeError, match=r"^JIT module 'answer' has no function 'anwser' \(did you mean 'answer'\?\); its functions: answer$"):
+    with pytest.raises(
+        AttributeError,
+        match=r"^JIT module 'answer' has no function 'anwser' \(did you mean 'answer'\?\); its functions: answer$",
+    ):
         module.anwser  # noqa: B018 (the attribute access is what raises)
     assert not hasattr(module, "nothing_like_it")
+
 
 if __name__ == "__main__":
     import sys

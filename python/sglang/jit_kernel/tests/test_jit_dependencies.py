@@ -162,10 +162,14 @@ def test_missing_flashinfer_names_the_package_and_the_install(fake_toolchain, ke
 def test_missing_registered_package_and_missing_directory(fake_toolchain, fakedep, kernel, monkeypatch, tmp_path):
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(fakedep)])
     importlib.invalidate_caches()
-    with pytest.raises(ModuleNotFoundError, match=r"extra dependency 'fakedep' is not available: .*pip install fakedep"):
+    with pytest.raises(
+        ModuleNotFoundError, match=r"extra dependency 'fakedep' is not available: .*pip install fakedep"
+    ):
         spec_with(kernel, extra_dependencies=["fakedep"])
     register_dependency("nodir", lambda: [tmp_path / "absent"])
-    with pytest.raises(FileNotFoundError, match=r"include directory .*absent of extra dependency 'nodir' does not exist"):
+    with pytest.raises(
+        FileNotFoundError, match=r"include directory .*absent of extra dependency 'nodir' does not exist"
+    ):
         spec_with(kernel, extra_dependencies=["nodir"])
 
 
@@ -240,7 +244,11 @@ def test_translation_units_export_their_own_functions(cache_dir, fakedep, tmp_pa
     cuda_unit.write_text(CUDA_UNIT)
     cpp_unit.write_text(CPP_UNIT)
     module = load_jit(
-        "units", cuda_files=[str(cuda_unit)], cpp_files=[str(cpp_unit)], extra_dependencies=["fakedep"], header_only=False
+        "units",
+        cuda_files=[str(cuda_unit)],
+        cpp_files=[str(cpp_unit)],
+        extra_dependencies=["fakedep"],
+        header_only=False,
     )
     assert (module.cuda_unit_value(), module.cpp_unit_value()) == (10, 100)
     with pytest.raises(AttributeError, match=r"its functions: cpp_unit_value, cuda_unit_value$"):

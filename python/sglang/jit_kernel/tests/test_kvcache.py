@@ -59,12 +59,22 @@ def slot_map(kind: str, num_tokens: int, num_slots: int, dtype: torch.dtype = to
     return slots.to(dtype)
 
 
-def make_store(num_tokens: int, num_slots: int, k_row: int, v_row: int | None = None,
-               dtype: torch.dtype = torch.bfloat16, v_dtype: torch.dtype | None = None) -> list[torch.Tensor]:
+def make_store(
+    num_tokens: int,
+    num_slots: int,
+    k_row: int,
+    v_row: int | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+    v_dtype: torch.dtype | None = None,
+) -> list[torch.Tensor]:
     """Random k, v and sentinel caches: ``[k, v, k_cache, v_cache]``."""
     v_row, v_dtype = v_row if v_row is not None else k_row, v_dtype or dtype
-    return [random_of((num_tokens, k_row), dtype), random_of((num_tokens, v_row), v_dtype),
-            sentinel_filled((num_slots, k_row), dtype), sentinel_filled((num_slots, v_row), v_dtype)]
+    return [
+        random_of((num_tokens, k_row), dtype),
+        random_of((num_tokens, v_row), v_dtype),
+        sentinel_filled((num_slots, k_row), dtype),
+        sentinel_filled((num_slots, v_row), v_dtype),
+    ]
 
 
 def store_and_check(k, v, k_cache, v_cache, indices, **kwargs) -> None:
@@ -259,8 +269,10 @@ def test_store_cache_torch_compile_fullgraph():
 
     compiled = torch.compile(f, fullgraph=True)
     k, v = random_of((16, 8, 128), torch.bfloat16), random_of((16, 8, 128), torch.bfloat16)
-    k_cache, v_cache = torch.zeros(40, 8, 128, dtype=torch.bfloat16, device="cuda"), torch.zeros(
-        40, 8, 128, dtype=torch.bfloat16, device="cuda")
+    k_cache, v_cache = (
+        torch.zeros(40, 8, 128, dtype=torch.bfloat16, device="cuda"),
+        torch.zeros(40, 8, 128, dtype=torch.bfloat16, device="cuda"),
+    )
     indices = slot_map("padded", 16, 40)
     expected_k, expected_v = reference_store(k_cache, k * 2, indices), reference_store(v_cache, v, indices)
     sums = compiled(k, v, k_cache, v_cache, indices)
@@ -304,11 +316,17 @@ def test_check_indices_is_off_by_default(monkeypatch):
 def test_check_indices_names_the_first_bad_entry(monkeypatch, dtype):
     monkeypatch.setenv(CHECK_INDICES_ENV, "1")
     check_indices("store_cache", "indices", torch.tensor([0, -1, 3], dtype=dtype), 4)  # -1 is skipped
-    with pytest.raises(IndexError, match=r"^store_cache: indices value: expected entries in \[0, 4\) \(num_slots\) "
-                       r"or -1 \(skipped\), got 7 at position 3$"):
+    with pytest.raises(
+        IndexError,
+        match=r"^store_cache: indices value: expected entries in \[0, 4\) \(num_slots\) "
+        r"or -1 \(skipped\), got 7 at position 3$",
+    ):
         check_indices("store_cache", "indices", torch.tensor([0, -1, 3, 7, -2], dtype=dtype), 4, dim_name="num_slots")
-    with pytest.raises(IndexError, match=r"^rope: positions value: expected entries in \[0, 4\) \(size\), got 9 at "
-                       r"position \(1, 0\)$"):
+    with pytest.raises(
+        IndexError,
+        match=r"^rope: positions value: expected entries in \[0, 4\) \(size\), got 9 at "
+        r"position \(1, 0\)$",
+    ):
         check_indices("rope", "positions", torch.tensor([[0, 1], [9, -1]], dtype=dtype), 4, skip_value=None)
 
 
@@ -323,8 +341,11 @@ def test_store_cache_index_check_raises_before_writing(monkeypatch, bad):
     before = k_cache.clone()
     indices = slot_map("random", 8, 16)
     indices[4] = bad
-    with pytest.raises(IndexError, match=rf"^store_cache: indices value: expected entries in \[0, 16\) \(num_slots\) "
-                       rf"or -1 \(skipped\), got {bad} at position 4$"):
+    with pytest.raises(
+        IndexError,
+        match=rf"^store_cache: indices value: expected entries in \[0, 16\) \(num_slots\) "
+        rf"or -1 \(skipped\), got {bad} at position 4$",
+    ):
         store_cache(k, v, k_cache, v_cache, indices)
     assert_bits_equal(k_cache, before)
 
@@ -333,10 +354,17 @@ def test_store_cache_index_check_raises_before_writing(monkeypatch, bad):
 def test_set_mla_kv_buffer_index_check(monkeypatch):
     monkeypatch.setenv(CHECK_INDICES_ENV, "1")
     kv = sentinel_filled((10, 576), torch.bfloat16)
-    with pytest.raises(IndexError, match=r"^set_mla_kv_buffer: loc value: expected entries in \[0, 10\) "
-                       r"\(num_slots\) or -1 \(skipped\), got 10 at position 1$"):
-        set_mla_kv_buffer(kv, torch.tensor([3, 10], device="cuda"), random_of((2, 512), torch.bfloat16),
-                          random_of((2, 64), torch.bfloat16))
+    with pytest.raises(
+        IndexError,
+        match=r"^set_mla_kv_buffer: loc value: expected entries in \[0, 10\) "
+        r"\(num_slots\) or -1 \(skipped\), got 10 at position 1$",
+    ):
+        set_mla_kv_buffer(
+            kv,
+            torch.tensor([3, 10], device="cuda"),
+            random_of((2, 512), torch.bfloat16),
+            random_of((2, 64), torch.bfloat16),
+        )
 
 
 # ---- store_cache: errors (raised before any launch) ----
@@ -356,26 +384,61 @@ def _store_args() -> list[torch.Tensor]:
 @pytest.mark.parametrize(
     "position,replacement,error,pattern",
     [
-        (2, lambda a: sentinel_filled((16, 64), torch.float16), RuntimeError,
-         r"^store_cache: k_cache dtype: expected bfloat16 \(the dtype of k\), got float16$"),
-        (3, lambda a: sentinel_filled((16, 32), torch.bfloat16), RuntimeError,
-         r"^store_cache: v_cache row size: expected 128 bytes \(the row of v\), got 64 bytes \(shape \(16, 32\)\)$"),
-        (3, lambda a: sentinel_filled((17, 64), torch.bfloat16), RuntimeError,
-         r"^store_cache: v_cache shape: expected 16 slots \(the slots of k_cache\), got 17$"),
-        (4, lambda a: a[4].float(), RuntimeError,
-         r"^store_cache: indices dtype: expected one of int32, int64, got float32$"),
-        (4, lambda a: a[4].view(2, 4), RuntimeError,
-         r"^store_cache: indices shape: expected \[num_indices\], got \(2, 4\)$"),
-        (4, lambda a: torch.zeros(9, dtype=torch.int64, device="cuda"), RuntimeError,
-         r"^store_cache: indices shape: expected at most 8 entries \(the rows of k\), got 9$"),
-        (1, lambda a: random_of((7, 64), torch.bfloat16), RuntimeError,
-         r"^store_cache: v shape: expected 8 tokens \(the rows of k\), got 7$"),
-        (0, lambda a: random_of((8, 128), torch.bfloat16)[:, ::2], RuntimeError,
-         r"^store_cache: k last-dim stride: expected 1 \(a contiguous row\), got 2 "),
-        (0, lambda a: random_of((8,), torch.bfloat16), RuntimeError,
-         r"^store_cache: k shape: expected \[num_tokens, row\.\.\.\] \(at least 2 dims\), got \(8,\)$"),
-        (4, lambda a: a[4].cpu(), RuntimeError,
-         r"^store_cache: indices device: expected a CUDA device, got cpu$"),
+        (
+            2,
+            lambda a: sentinel_filled((16, 64), torch.float16),
+            RuntimeError,
+            r"^store_cache: k_cache dtype: expected bfloat16 \(the dtype of k\), got float16$",
+        ),
+        (
+            3,
+            lambda a: sentinel_filled((16, 32), torch.bfloat16),
+            RuntimeError,
+            r"^store_cache: v_cache row size: expected 128 bytes \(the row of v\), got 64 bytes \(shape \(16, 32\)\)$",
+        ),
+        (
+            3,
+            lambda a: sentinel_filled((17, 64), torch.bfloat16),
+            RuntimeError,
+            r"^store_cache: v_cache shape: expected 16 slots \(the slots of k_cache\), got 17$",
+        ),
+        (
+            4,
+            lambda a: a[4].float(),
+            RuntimeError,
+            r"^store_cache: indices dtype: expected one of int32, int64, got float32$",
+        ),
+        (
+            4,
+            lambda a: a[4].view(2, 4),
+            RuntimeError,
+            r"^store_cache: indices shape: expected \[num_indices\], got \(2, 4\)$",
+        ),
+        (
+            4,
+            lambda a: torch.zeros(9, dtype=torch.int64, device="cuda"),
+            RuntimeError,
+            r"^store_cache: indices shape: expected at most 8 entries \(the rows of k\), got 9$",
+        ),
+        (
+            1,
+            lambda a: random_of((7, 64), torch.bfloat16),
+            RuntimeError,
+            r"^store_cache: v shape: expected 8 tokens \(the rows of k\), got 7$",
+        ),
+        (
+            0,
+            lambda a: random_of((8, 128), torch.bfloat16)[:, ::2],
+            RuntimeError,
+            r"^store_cache: k last-dim stride: expected 1 \(a contiguous row\), got 2 ",
+        ),
+        (
+            0,
+            lambda a: random_of((8,), torch.bfloat16),
+            RuntimeError,
+            r"^store_cache: k shape: expected \[num_tokens, row\.\.\.\] \(at least 2 dims\), got \(8,\)$",
+        ),
+        (4, lambda a: a[4].cpu(), RuntimeError, r"^store_cache: indices device: expected a CUDA device, got cpu$"),
     ],
 )
 def test_store_cache_bad_tensors(position, replacement, error, pattern):
@@ -391,8 +454,11 @@ def test_store_cache_bad_tensors(position, replacement, error, pattern):
 @requires_cuda
 def test_store_cache_bad_scalars():
     args = _store_args()
-    with pytest.raises(ValueError, match=r"^store_cache: row_bytes value: expected 0 or 128 \(the row of k in bytes\), "
-                       r"got 64$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^store_cache: row_bytes value: expected 0 or 128 \(the row of k in bytes\), "
+        r"got 64$",
+    ):
         store_cache(*args, row_bytes=64)
     with pytest.raises(ValueError, match=r"^store_cache: num_split value: expected >= 0, got -1$"):
         store_cache(*args, num_split=-1)
@@ -517,30 +583,50 @@ def test_set_mla_kv_buffer_cuda_graph_and_compile():
 
 def test_set_mla_kv_buffer_cpu_error():
     with pytest.raises(RuntimeError, match=r"^set_mla_kv_buffer: kv_buffer device: expected a CUDA device, got cpu$"):
-        set_mla_kv_buffer(torch.zeros(4, 576), torch.zeros(2, dtype=torch.int64), torch.zeros(2, 512),
-                          torch.zeros(2, 64))
+        set_mla_kv_buffer(
+            torch.zeros(4, 576), torch.zeros(2, dtype=torch.int64), torch.zeros(2, 512), torch.zeros(2, 64)
+        )
 
 
 @requires_cuda
 @pytest.mark.parametrize(
     "name,replacement,pattern",
     [
-        ("k_nope", lambda: random_of((4, 512), torch.float16),
-         r"^set_mla_kv_buffer: cache_k_nope dtype: expected bfloat16 \(the dtype of kv_buffer\), got float16$"),
-        ("k_rope", lambda: random_of((4, 32), torch.bfloat16),
-         r"^set_mla_kv_buffer: kv_buffer row size: expected nope \+ rope = 512 \+ 32 = 544 elements, got 576$"),
-        ("k_rope", lambda: random_of((3, 64), torch.bfloat16),
-         r"^set_mla_kv_buffer: cache_k_rope shape: expected 4 tokens \(the entries of loc\), got 3$"),
-        ("k_nope", lambda: random_of((4, 2, 512), torch.bfloat16),
-         r"^set_mla_kv_buffer: cache_k_nope shape: expected \[num_tokens, nope\] or \[num_tokens, 1, nope\], "
-         r"got \(4, 2, 512\)$"),
-        ("loc", lambda: torch.zeros(4, device="cuda"),
-         r"^set_mla_kv_buffer: loc dtype: expected one of int32, int64, got float32$"),
+        (
+            "k_nope",
+            lambda: random_of((4, 512), torch.float16),
+            r"^set_mla_kv_buffer: cache_k_nope dtype: expected bfloat16 \(the dtype of kv_buffer\), got float16$",
+        ),
+        (
+            "k_rope",
+            lambda: random_of((4, 32), torch.bfloat16),
+            r"^set_mla_kv_buffer: kv_buffer row size: expected nope \+ rope = 512 \+ 32 = 544 elements, got 576$",
+        ),
+        (
+            "k_rope",
+            lambda: random_of((3, 64), torch.bfloat16),
+            r"^set_mla_kv_buffer: cache_k_rope shape: expected 4 tokens \(the entries of loc\), got 3$",
+        ),
+        (
+            "k_nope",
+            lambda: random_of((4, 2, 512), torch.bfloat16),
+            r"^set_mla_kv_buffer: cache_k_nope shape: expected \[num_tokens, nope\] or \[num_tokens, 1, nope\], "
+            r"got \(4, 2, 512\)$",
+        ),
+        (
+            "loc",
+            lambda: torch.zeros(4, device="cuda"),
+            r"^set_mla_kv_buffer: loc dtype: expected one of int32, int64, got float32$",
+        ),
     ],
 )
 def test_set_mla_kv_buffer_bad_inputs(name, replacement, pattern):
-    args = {"kv": sentinel_filled((10, 576), torch.bfloat16), "loc": torch.arange(4, device="cuda"),
-            "k_nope": random_of((4, 512), torch.bfloat16), "k_rope": random_of((4, 64), torch.bfloat16)}
+    args = {
+        "kv": sentinel_filled((10, 576), torch.bfloat16),
+        "loc": torch.arange(4, device="cuda"),
+        "k_nope": random_of((4, 512), torch.bfloat16),
+        "k_rope": random_of((4, 64), torch.bfloat16),
+    }
     args[name] = replacement()
     before = args["kv"].clone()
     with pytest.raises(RuntimeError, match=pattern):

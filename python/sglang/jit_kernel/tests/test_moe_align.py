@@ -242,16 +242,20 @@ def test_moe_align_check_indices(monkeypatch):
     ids[:, 0] = -1  # skipped, allowed
     check(ids, 64, 16)
     ids[2, 3] = 64
-    with pytest.raises(IndexError, match=r"^moe_align_block_size: topk_ids value: expected entries in \[0, 64\) "
-                                         r"\(num_experts\) or -1 \(skipped\), got 64 at position \(2, 3\)$"):
+    with pytest.raises(
+        IndexError,
+        match=r"^moe_align_block_size: topk_ids value: expected entries in \[0, 64\) "
+        r"\(num_experts\) or -1 \(skipped\), got 64 at position \(2, 3\)$",
+    ):
         check(ids, 64, 16)
 
 
 # ---- errors (raised before any launch) ----
 def test_moe_align_cpu_input():
     with pytest.raises(RuntimeError, match=r"^moe_align_block_size: topk_ids device: expected a CUDA device, got cpu$"):
-        moe_align_block_size(torch.zeros(2, 2, dtype=torch.int32), 4, 16, torch.empty(0), torch.empty(0),
-                             torch.empty(0), torch.empty(0))
+        moe_align_block_size(
+            torch.zeros(2, 2, dtype=torch.int32), 4, 16, torch.empty(0), torch.empty(0), torch.empty(0), torch.empty(0)
+        )
 
 
 @requires_cuda
@@ -277,22 +281,42 @@ def test_moe_align_bad_arguments():
         (ValueError, op + r"block_size value: expected a power of two in \[1, 1024\], got 48$", dict(block_size=48)),
         (ValueError, op + r"block_size value: expected >= 1 and <= 1024, got 2048$", dict(block_size=2048)),
         (TypeError, op + r"pad_sorted_token_ids type: expected a bool, got int$", dict(pad=1)),
-        (RuntimeError, op + r"sorted_token_ids size: expected at least 128 \(numel \+ min\(numel, num_experts\) \* "
-                            r"\(block_size - 1\), the worst case\), got 127$", dict(s=i32(127))),
-        (RuntimeError, op + r"expert_ids size: expected at least 8 \(max_num_tokens_padded // block_size, the worst "
-                            r"case\), got 7$", dict(e=i32(7))),
+        (
+            RuntimeError,
+            op + r"sorted_token_ids size: expected at least 128 \(numel \+ min\(numel, num_experts\) \* "
+            r"\(block_size - 1\), the worst case\), got 127$",
+            dict(s=i32(127)),
+        ),
+        (
+            RuntimeError,
+            op + r"expert_ids size: expected at least 8 \(max_num_tokens_padded // block_size, the worst "
+            r"case\), got 7$",
+            dict(e=i32(7)),
+        ),
         (RuntimeError, op + r"cumsum_buffer size: expected at least 9 \(num_experts \+ 1\), got 8$", dict(c=i32(8))),
         (RuntimeError, op + r"num_tokens_post_pad shape: expected \(1,\), got \(2,\)$", dict(t=i32(2))),
         (RuntimeError, op + r"sorted_token_ids dtype: expected int32, got int64$", dict(s=sorted_ids.long())),
         (RuntimeError, op + r"expert_ids layout: expected contiguous", dict(e=i32(20)[::2])),
-        (RuntimeError, op + r"cumsum_buffer shape: expected \[num_experts_plus_1\], got \(3, 3\)$",
-         dict(c=i32(9).view(3, 3))),
-        (RuntimeError, op + r"num_tokens_post_pad device: expected a CUDA device, got cpu$",
-         dict(t=torch.empty(1, dtype=torch.int32))),
-        (RuntimeError, op + r"expert_ids memory: expected no memory shared with sorted_token_ids",
-         dict(e=sorted_ids[:8])),
-        (RuntimeError, op + r"sorted_token_ids memory: expected no memory shared with topk_ids",
-         dict(s=aliased, topk_ids=aliased[:8].view(4, 2))),
+        (
+            RuntimeError,
+            op + r"cumsum_buffer shape: expected \[num_experts_plus_1\], got \(3, 3\)$",
+            dict(c=i32(9).view(3, 3)),
+        ),
+        (
+            RuntimeError,
+            op + r"num_tokens_post_pad device: expected a CUDA device, got cpu$",
+            dict(t=torch.empty(1, dtype=torch.int32)),
+        ),
+        (
+            RuntimeError,
+            op + r"expert_ids memory: expected no memory shared with sorted_token_ids",
+            dict(e=sorted_ids[:8]),
+        ),
+        (
+            RuntimeError,
+            op + r"sorted_token_ids memory: expected no memory shared with topk_ids",
+            dict(s=aliased, topk_ids=aliased[:8].view(4, 2)),
+        ),
     ]
     for error, pattern, kwargs in cases:
         with pytest.raises(error, match=pattern):

@@ -28,7 +28,8 @@ def assert_matches_reference(out: torch.Tensor, x: torch.Tensor, factor: float) 
     bound = rtol * expected.abs() + atol + x.shape[1] * 2.0**-24 * abs(f) * x.double().abs().sum(dim=1)
     excess = (out.double() - expected).abs() - bound
     assert not bool(torch.isnan(out).any()) and bool((excess <= 0).all()), (
-        f"{int((excess > 0).sum())} elements beyond the fp32-summation bound, worst by {float(excess.max()):.3g}")
+        f"{int((excess > 0).sum())} elements beyond the fp32-summation bound, worst by {float(excess.max()):.3g}"
+    )
     documented = torch.zeros(x.shape[0], x.shape[2], dtype=torch.float32, device=x.device)
     for k in range(x.shape[1]):
         documented = documented + x[:, k].float()
@@ -103,13 +104,21 @@ def test_moe_sum_reduce_cpu_input():
 def test_moe_sum_reduce_bad_arguments():
     x = torch.randn(4, 2, 64, device="cuda")
     o = torch.empty(4, 64, device="cuda")
-    with pytest.raises(RuntimeError, match=r"^moe_sum_reduce: output shape: expected \[num_tokens=4, hidden_size=64\], got \(4, 63\)$"):
+    with pytest.raises(
+        RuntimeError, match=r"^moe_sum_reduce: output shape: expected \[num_tokens=4, hidden_size=64\], got \(4, 63\)$"
+    ):
         moe_sum_reduce(x, torch.empty(4, 63, device="cuda"))
-    with pytest.raises(RuntimeError, match=r"^moe_sum_reduce: output dtype: expected float32 \(the dtype of input\), got bfloat16$"):
+    with pytest.raises(
+        RuntimeError, match=r"^moe_sum_reduce: output dtype: expected float32 \(the dtype of input\), got bfloat16$"
+    ):
         moe_sum_reduce(x, o.bfloat16())
-    with pytest.raises(RuntimeError, match=r"^moe_sum_reduce: input shape: expected \[num_tokens, topk, hidden_size\], got \(4, 64\)$"):
+    with pytest.raises(
+        RuntimeError, match=r"^moe_sum_reduce: input shape: expected \[num_tokens, topk, hidden_size\], got \(4, 64\)$"
+    ):
         moe_sum_reduce(o, o.clone())
-    with pytest.raises(ValueError, match=r"^moe_sum_reduce: routed_scaling_factor value: expected a finite number, got nan$"):
+    with pytest.raises(
+        ValueError, match=r"^moe_sum_reduce: routed_scaling_factor value: expected a finite number, got nan$"
+    ):
         moe_sum_reduce(x, o, float("nan"))
     with pytest.raises(TypeError, match=r"^moe_sum_reduce: routed_scaling_factor type: expected a real number"):
         moe_sum_reduce(x, o, "2")

@@ -102,8 +102,11 @@ def test_topk_sigmoid_strided_and_empty():
     assert_routing_matches(weights, ids, keys, weights_all, ref_ids, True, eps=EPS)
     assert torch.isnan(weights_buffer[:, 0]).all() and torch.isnan(weights_buffer[:, 9:]).all()
     assert (ids_buffer[:, :4] == poisoned((1,), torch.int32)[0]).all()
-    topk_sigmoid(torch.empty(0, 8, device="cuda"), torch.empty(0, 8, dtype=torch.int32, device="cuda"),
-                 torch.empty(0, 256, device="cuda"))
+    topk_sigmoid(
+        torch.empty(0, 8, device="cuda"),
+        torch.empty(0, 8, dtype=torch.int32, device="cuda"),
+        torch.empty(0, 256, device="cuda"),
+    )
 
 
 @requires_cuda
@@ -146,15 +149,23 @@ def test_topk_sigmoid_bad_arguments():
     g = torch.randn(4, 16, device="cuda")
     w = torch.empty(4, 2, device="cuda")
     i = torch.empty(4, 2, dtype=torch.int32, device="cuda")
-    with pytest.raises(RuntimeError, match=r"^topk_sigmoid: correction_bias shape: expected \[num_experts=16\], got \(32,\)$"):
+    with pytest.raises(
+        RuntimeError, match=r"^topk_sigmoid: correction_bias shape: expected \[num_experts=16\], got \(32,\)$"
+    ):
         topk_sigmoid(w, i, g, correction_bias=torch.zeros(32, device="cuda"))
-    with pytest.raises(RuntimeError, match=r"^topk_sigmoid: topk_weights shape: expected \[num_tokens=4, topk in \[1, num_experts=16\]\]"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"^topk_sigmoid: topk_weights shape: expected \[num_tokens=4, topk in \[1, num_experts=16\]\]",
+    ):
         topk_sigmoid(torch.empty(4, 17, device="cuda"), torch.empty(4, 17, dtype=torch.int32, device="cuda"), g)
     with pytest.raises(RuntimeError, match=r"^topk_sigmoid: topk_ids dtype: expected int32, got float32$"):
         topk_sigmoid(w, w.clone(), g)
     with pytest.raises(TypeError, match=r"^topk_sigmoid: renormalize type: expected a bool, got NoneType$"):
         topk_sigmoid(w, i, g, renormalize=None)
-    with pytest.raises(RuntimeError, match=r"^topk_sigmoid: correction_bias dtype: expected one of float16, bfloat16, float32, got int64$"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"^topk_sigmoid: correction_bias dtype: expected one of float16, bfloat16, float32, got int64$",
+    ):
         topk_sigmoid(w, i, g, correction_bias=torch.zeros(16, dtype=torch.int64, device="cuda"))
 
 

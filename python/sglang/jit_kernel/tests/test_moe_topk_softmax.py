@@ -200,19 +200,36 @@ def test_topk_softmax_bad_arguments():
     w = torch.empty(4, 2, device="cuda")
     i = torch.empty(4, 2, dtype=torch.int32, device="cuda")
     cases = [
-        ((torch.empty(4, 17, device="cuda"), torch.empty(4, 17, dtype=torch.int32, device="cuda"), g), {},
-         RuntimeError, r"topk_weights shape: expected \[num_tokens=4, topk in \[1, num_experts=16\]\], got \(4, 17\)"),
-        ((w, torch.empty(4, 2, dtype=torch.int64, device="cuda"), g), {}, RuntimeError,
-         r"topk_ids dtype: expected int32, got int64"),
+        (
+            (torch.empty(4, 17, device="cuda"), torch.empty(4, 17, dtype=torch.int32, device="cuda"), g),
+            {},
+            RuntimeError,
+            r"topk_weights shape: expected \[num_tokens=4, topk in \[1, num_experts=16\]\], got \(4, 17\)",
+        ),
+        (
+            (w, torch.empty(4, 2, dtype=torch.int64, device="cuda"), g),
+            {},
+            RuntimeError,
+            r"topk_ids dtype: expected int32, got int64",
+        ),
         ((w.half(), i, g), {}, RuntimeError, r"topk_weights dtype: expected float32, got float16"),
         ((w, i, g.double()), {}, RuntimeError, r"gating_output dtype: expected one of float16, bfloat16, float32"),
         ((w, i, g[:3]), {}, RuntimeError, r"topk_weights shape: expected \[num_tokens=3, topk\], got \(4, 2\)"),
         ((w, i[:, :1], g), {}, RuntimeError, r"topk_ids shape: expected \[num_tokens=4, topk=2\], got \(4, 1\)"),
         ((w, i, g.t().contiguous().t()), {}, RuntimeError, r"gating_output last-dim stride: expected 1"),
         ((w, i, g[:, 0]), {}, RuntimeError, r"gating_output shape: expected \[num_tokens, num_experts\], got \(4,\)"),
-        ((w, i, g), {"correction_bias": torch.zeros(15, device="cuda")}, RuntimeError,
-         r"correction_bias shape: expected \[num_experts=16\], got \(15,\)"),
-        ((w, i, g), {"correction_bias": torch.zeros(16)}, RuntimeError, r"correction_bias device: expected a CUDA device, got cpu"),
+        (
+            (w, i, g),
+            {"correction_bias": torch.zeros(15, device="cuda")},
+            RuntimeError,
+            r"correction_bias shape: expected \[num_experts=16\], got \(15,\)",
+        ),
+        (
+            (w, i, g),
+            {"correction_bias": torch.zeros(16)},
+            RuntimeError,
+            r"correction_bias device: expected a CUDA device, got cpu",
+        ),
         ((w, i, g), {"moe_softcapping": -1.0}, ValueError, r"moe_softcapping value: expected >= 0.0, got -1.0"),
         ((w, i, g), {"moe_softcapping": float("nan")}, ValueError, r"moe_softcapping value"),
         ((w, i, g), {"renormalize": 1}, TypeError, r"renormalize type: expected a bool, got int"),
@@ -229,7 +246,9 @@ def test_topk_softmax_bad_arguments():
 def test_topk_softmax_overlapping_outputs_rejected():
     g = torch.randn(4, 16, device="cuda")
     buffer = torch.empty(4, 4, dtype=torch.float32, device="cuda")
-    with pytest.raises(RuntimeError, match=r"^topk_softmax: topk_weights memory: expected no memory shared with topk_ids"):
+    with pytest.raises(
+        RuntimeError, match=r"^topk_softmax: topk_weights memory: expected no memory shared with topk_ids"
+    ):
         topk_softmax(buffer[:, :2], buffer[:, 1:3].view(torch.int32), g)
 
 

@@ -47,9 +47,7 @@ EPS = [1e-6, 1e-5]
 # (num_tokens, hidden_size) grid: every pair for bf16; two token counts per size for fp16/fp32
 # (rotating through NUM_TOKENS), so each dtype still sees every size and every token count.
 FULL_GRID = [(n, h) for h in HIDDEN_SIZES for n in NUM_TOKENS]
-SPARSE_GRID = [
-    (NUM_TOKENS[(i + j) % len(NUM_TOKENS)], h) for i, h in enumerate(HIDDEN_SIZES) for j in (0, 2)
-]
+SPARSE_GRID = [(NUM_TOKENS[(i + j) % len(NUM_TOKENS)], h) for i, h in enumerate(HIDDEN_SIZES) for j in (0, 2)]
 DTYPE_GRID = [(torch.bfloat16, n, h) for n, h in FULL_GRID] + [
     (d, n, h) for d in (torch.float16, torch.float32) for n, h in SPARSE_GRID
 ]
@@ -525,8 +523,16 @@ def test_norm_ctas_with_several_groups(dtype, blocks_per_sm):
         # 1024: four rows of 2 warps (shuffled partials); 128: 32 rows of 8 lanes (no barrier);
         # 16384: 1024-thread rows (fp32: two passes); 769, 1537, 2049: unaligned rows with narrow
         # vectors (the fused add keeps the weight in registers at 1537 and 2049: 4 / 8 vectors).
-        for n, h in [(4097, 4096), (4097, 2048), (4097, 1024), (4097, 128), (1031, 16384), (2053, 769),
-                     (1031, 1537), (1031, 2049)]:
+        for n, h in [
+            (4097, 4096),
+            (4097, 2048),
+            (4097, 1024),
+            (4097, 128),
+            (1031, 16384),
+            (2053, 769),
+            (1031, 1537),
+            (1031, 2049),
+        ]:
             x, w = make_rows(n, h, dtype), make_weight(h, dtype)
             assert_within_ulps(rmsnorm(x, w, 1e-6), ref_rmsnorm(x, w, 1e-6))
             r = make_rows(n, h, dtype)
@@ -560,8 +566,15 @@ def test_norm_l2_hint_builds(dtype):
         module._set_l2_hint_override(mode)
         try:
             results = []
-            for n, h, offset in [(129, 4096, 0), (129, 4096, 1), (67, 770, 2), (33, 1538, 4), (5, 16384, 0),
-                                 (3, 65536, 0), (7, 1, 0)]:
+            for n, h, offset in [
+                (129, 4096, 0),
+                (129, 4096, 1),
+                (67, 770, 2),
+                (33, 1538, 4),
+                (5, 16384, 0),
+                (3, 65536, 0),
+                (7, 1, 0),
+            ]:
                 x = make_rows(n * h + offset, 1, dtype).view(-1)[offset:].view(n, h)
                 w = make_weight(h, dtype)
                 expected = ref_rmsnorm(x, w, 1e-6)
@@ -587,7 +600,6 @@ def test_norm_l2_hint_builds(dtype):
         assert torch.equal(a, b)
     with pytest.raises(RuntimeError, match="mode must be -1, 0 or 1, got 2"):
         module._set_l2_hint_override(2)
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -686,10 +698,34 @@ def test_qknorm_head_dim_argument(dtype):
 # threads per row is not a power of two (1536 -> 96 x 2 per row, k fitted into 96- and 8-thread
 # rows), two-pass rows (16384 bf16 / fp16: 256 threads, chunks), one tensor with empty rows.
 ACROSS_SIZES = get_ci_test_range(
-    full_range=[(4096, 1024), (1024, 4096), (1, 1), (7, 129), (129, 7), (4097, 4096), (128, 128), (1536, 1024),
-                (1536, 256), (8192, 512), (5120, 640), (16384, 1024), (576, 64), (4096, 0), (0, 1024)],
-    ci_range=[(4096, 1024), (1024, 4096), (1, 1), (7, 129), (4097, 4096), (1536, 1024), (1536, 256),
-              (16384, 1024), (4096, 0)],
+    full_range=[
+        (4096, 1024),
+        (1024, 4096),
+        (1, 1),
+        (7, 129),
+        (129, 7),
+        (4097, 4096),
+        (128, 128),
+        (1536, 1024),
+        (1536, 256),
+        (8192, 512),
+        (5120, 640),
+        (16384, 1024),
+        (576, 64),
+        (4096, 0),
+        (0, 1024),
+    ],
+    ci_range=[
+        (4096, 1024),
+        (1024, 4096),
+        (1, 1),
+        (7, 129),
+        (4097, 4096),
+        (1536, 1024),
+        (1536, 256),
+        (16384, 1024),
+        (4096, 0),
+    ],
 )
 ACROSS_GRID = [
     (dtype, NUM_TOKENS[(i + j) % len(NUM_TOKENS)], hq, hk)
@@ -708,8 +744,9 @@ def across_views(num_tokens: int, hidden_q: int, hidden_k: int, dtype: torch.dty
     return qkv[:, :hidden_q], qkv[:, hidden_q : hidden_q + hidden_k], qkv[:, hidden_q + hidden_k :], qkv
 
 
-def check_across_heads(q: torch.Tensor, k: torch.Tensor, untouched: torch.Tensor | None = None, eps: float = 1e-6,
-                       **kwargs) -> None:
+def check_across_heads(
+    q: torch.Tensor, k: torch.Tensor, untouched: torch.Tensor | None = None, eps: float = 1e-6, **kwargs
+) -> None:
     """fused_inplace_qknorm_across_heads on q, k against the fp32 reference (testing.TOLERANCE);
     ``untouched`` (v, padding, poison) must not change."""
     qw, kw = make_weight(q.shape[1], q.dtype), make_weight(k.shape[1], q.dtype)
@@ -807,7 +844,9 @@ def test_qknorm_across_heads_decode_no_slower_path():
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fused_inplace_qknorm_across_heads(q, k, qw, kw)
         torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and "norm_rows_kernel" in e.name]
+    kernels = [
+        e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and "norm_rows_kernel" in e.name
+    ]
     assert len(kernels) == 1, [e.name for e in kernels]
 
 
@@ -879,11 +918,14 @@ def test_qknorm_across_heads_bad_arguments(loaded, monkeypatch):
         fused_inplace_qknorm_across_heads(q, k, qw, make_weight(256, torch.bfloat16)[::2])
     with raises(RuntimeError, f"{op}: q_weight device: expected a CUDA device, got cpu"):
         fused_inplace_qknorm_across_heads(q, k, qw.cpu(), kw)
-    with raises(RuntimeError, f"{op}: k last-dim stride: expected 1 (a contiguous last dim), "
-                              "got 2 (shape (4, 128) with strides (256, 2))"):
+    with raises(
+        RuntimeError,
+        f"{op}: k last-dim stride: expected 1 (a contiguous last dim), got 2 (shape (4, 128) with strides (256, 2))",
+    ):
         fused_inplace_qknorm_across_heads(q, make_rows(4, 256, torch.bfloat16)[:, ::2], qw, kw)
     with raises(ValueError, f"{op}: eps value: expected >= 0.0, got -1.0"):
         fused_inplace_qknorm_across_heads(q, k, qw, kw, -1.0)
+
 
 # ---------------------------------------------------------------------------------------------
 # CUDA graphs, torch.compile, streams, devices
@@ -1015,7 +1057,10 @@ def test_norm_on_second_gpu_while_first_is_current():
     assert_within_ulps(k.cpu(), expected_k.cpu())
     with raises(RuntimeError, "rmsnorm: weight device: expected cuda:1 (the device of input), got cuda:0"):
         rmsnorm(x, w.to("cuda:0"))
-    q2, k2 = torch.randn(3, 512, device="cuda:1").to(torch.bfloat16), torch.randn(3, 128, device="cuda:1").to(torch.bfloat16)
+    q2, k2 = (
+        torch.randn(3, 512, device="cuda:1").to(torch.bfloat16),
+        torch.randn(3, 128, device="cuda:1").to(torch.bfloat16),
+    )
     expected_q, expected_k = ref_rmsnorm(q2, w[:512], 1e-6), ref_rmsnorm(k2, qw, 1e-6)
     fused_inplace_qknorm_across_heads(q2, k2, w[:512].contiguous(), qw)
     assert_close(q2.cpu(), expected_q.cpu())
@@ -1101,9 +1146,16 @@ def test_norm_support_queries():
     for head_dim in (1, 7, 64, 80, 96, 128, 192, 256, 576, 4096, (1 << 30) - 1):
         for dtype in FLOAT_DTYPES:
             assert can_use_fused_inplace_qknorm(head_dim, dtype)
-    for head_dim, dtype in ((0, torch.bfloat16), (-128, torch.bfloat16), (1 << 30, torch.bfloat16),
-                            (128.0, torch.bfloat16), (True, torch.bfloat16), (128, torch.int32),
-                            (128, torch.float64), (128, torch.float8_e4m3fn)):
+    for head_dim, dtype in (
+        (0, torch.bfloat16),
+        (-128, torch.bfloat16),
+        (1 << 30, torch.bfloat16),
+        (128.0, torch.bfloat16),
+        (True, torch.bfloat16),
+        (128, torch.int32),
+        (128, torch.float64),
+        (128, torch.float8_e4m3fn),
+    ):
         assert not can_use_fused_inplace_qknorm(head_dim, dtype), (head_dim, dtype)
     for hidden_size in (1, 7, 129, 4096, 4097, 5120, 65536, (1 << 30) - 1):
         assert is_supported_rmsnorm_hf_hidden_size(hidden_size)
@@ -1238,13 +1290,19 @@ def test_norm_bad_arguments(loaded, monkeypatch):
         rmsnorm(x, w.cpu())
     with raises(RuntimeError, "rmsnorm: weight layout: expected contiguous, got shape (64,) with strides (2,)"):
         rmsnorm(x, make_weight(128, torch.bfloat16)[::2])
-    with raises(RuntimeError, "rmsnorm: input last-dim stride: expected 1 (a contiguous last dim), "
-                              "got 2 (shape (4, 64) with strides (128, 2))"):
+    with raises(
+        RuntimeError,
+        "rmsnorm: input last-dim stride: expected 1 (a contiguous last dim), "
+        "got 2 (shape (4, 64) with strides (128, 2))",
+    ):
         rmsnorm(make_rows(4, 128, torch.bfloat16)[:, ::2], w)
     with raises(RuntimeError, "rmsnorm: out dtype: expected bfloat16 (the dtype of input), got float32"):
         rmsnorm(x, w, out=torch.empty(4, 64, dtype=torch.float32, device="cuda"))
-    with raises(RuntimeError, "rmsnorm_hf: out last-dim stride: expected 1 (a contiguous last dim), "
-                              "got 2 (shape (4, 64) with strides (128, 2))"):
+    with raises(
+        RuntimeError,
+        "rmsnorm_hf: out last-dim stride: expected 1 (a contiguous last dim), "
+        "got 2 (shape (4, 64) with strides (128, 2))",
+    ):
         rmsnorm_hf(x, w, out=torch.empty(4, 128, dtype=torch.bfloat16, device="cuda")[:, ::2])
     with raises(RuntimeError, "rmsnorm: out device: expected a CUDA device, got cpu"):
         rmsnorm(x, w, out=torch.empty(4, 64, dtype=torch.bfloat16))
@@ -1259,8 +1317,11 @@ def test_norm_bad_arguments(loaded, monkeypatch):
     with raises(RuntimeError, "fused_add_rmsnorm: weight shape: expected [hidden_size=64], got (64, 1)"):
         fused_add_rmsnorm(x, x.clone(), w[:, None])
     no_flat_view = torch.randn(4, 3, 64, device="cuda").to(torch.bfloat16).transpose(0, 1)  # [3, 4, 64]
-    with raises(RuntimeError, "fused_add_rmsnorm: input layout: expected leading dims that flatten to "
-                              "[num_tokens, hidden_size] without a copy, got shape (3, 4, 64) with strides (64, 192, 1)"):
+    with raises(
+        RuntimeError,
+        "fused_add_rmsnorm: input layout: expected leading dims that flatten to "
+        "[num_tokens, hidden_size] without a copy, got shape (3, 4, 64) with strides (64, 192, 1)",
+    ):
         fused_add_rmsnorm(no_flat_view, no_flat_view.clone(), w)
 
 
@@ -1286,8 +1347,11 @@ def test_qknorm_bad_arguments(loaded, monkeypatch):
     with raises(RuntimeError, f"{op}: k shape: expected [num_tokens=4, num_kv_heads, head_dim=64], got (3, 2, 64)"):
         fused_inplace_qknorm(q, k[:3], w, w)
     q_bad = torch.randn(4, 64, 8, device="cuda").to(torch.bfloat16).transpose(1, 2)  # [4, 8, 64], last stride 8
-    with raises(RuntimeError, f"{op}: q last-dim stride: expected 1 (a contiguous last dim), "
-                              "got 8 (shape (4, 8, 64) with strides (512, 1, 8))"):
+    with raises(
+        RuntimeError,
+        f"{op}: q last-dim stride: expected 1 (a contiguous last dim), "
+        "got 8 (shape (4, 8, 64) with strides (512, 1, 8))",
+    ):
         fused_inplace_qknorm(q_bad, k, w, w)
     with raises(RuntimeError, f"{op}: k_weight device: expected a CUDA device, got cpu"):
         fused_inplace_qknorm(q, k, w, w.cpu())

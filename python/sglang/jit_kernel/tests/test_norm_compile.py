@@ -18,8 +18,15 @@ from sglang.test.ci.ci_register import register_cpu_ci, register_cuda_ci
 register_cpu_ci(est_time=150, suite="stage-a-kernel-cpu")
 register_cuda_ci(est_time=150, suite="stage-b-kernel-unit-1-gpu-large")
 
-NORM_OPS = ("rmsnorm", "rmsnorm_hf", "fused_add_rmsnorm", "gemma_rmsnorm", "gemma_fused_add_rmsnorm",
-            "fused_inplace_qknorm", "fused_inplace_qknorm_across_heads")
+NORM_OPS = (
+    "rmsnorm",
+    "rmsnorm_hf",
+    "fused_add_rmsnorm",
+    "gemma_rmsnorm",
+    "gemma_fused_add_rmsnorm",
+    "fused_inplace_qknorm",
+    "fused_inplace_qknorm_across_heads",
+)
 # The module's exports (rmsnorm serves gemma_rmsnorm and rmsnorm_hf, fused_add_rmsnorm the gemma form).
 NORM_EXPORTS = ("rmsnorm", "fused_add_rmsnorm", "fused_inplace_qknorm", "fused_inplace_qknorm_across_heads")
 _SPILL_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")

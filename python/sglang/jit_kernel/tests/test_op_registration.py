@@ -170,7 +170,12 @@ def _run(root: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     }
     return subprocess.run(
         [sys.executable, str(root / "driver.py"), *args],
-        env=env, cwd=root, capture_output=True, text=True, timeout=900, check=False,
+        env=env,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
     )
 
 
@@ -195,8 +200,15 @@ def test_new_op_in_four_files_shows_up_in_build_check_and_ci(tmp_path: Path):
 
     listing = subprocess.run(
         [sys.executable, "run_suite.py", "--hw", "cuda", "--suite", "stage-b-kernel-unit-1-gpu-large", "--list"],
-        cwd=root / "test", env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root / "python"), os.environ.get("PYTHONPATH")]))},
-        capture_output=True, text=True, timeout=120, check=False,
+        cwd=root / "test",
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(root / "python"), os.environ.get("PYTHONPATH")])),
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert listing.returncode == 0, listing.stderr
     assert "test_double_it.py" in listing.stdout
@@ -207,8 +219,11 @@ def test_registration_errors_name_the_problem():
         register_op("nothing_to_build")
     with pytest.raises(TypeError, match="variants item type: expected a tuple of build arguments, got dtype"):
         register_op("bad_variants", build=lambda dtype: None, variants=[torch.float32])
-    with pytest.raises(ValueError, match=r"expected a name not yet registered, got 'scale' \(already registered by "
-                                          r"sglang.jit_kernel.scale\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"expected a name not yet registered, got 'scale' \(already registered by "
+        r"sglang.jit_kernel.scale\)",
+    ):
         all_ops()
         register_op("scale", build=lambda: None)
     with pytest.raises(ValueError, match="already registered by sglang.jit_kernel.norm"):

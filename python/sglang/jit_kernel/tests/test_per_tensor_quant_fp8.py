@@ -206,8 +206,16 @@ def test_bad_arguments():
     cases = [
         ((x, q.view(torch.int8), s), RuntimeError, r"output_q dtype: expected float8_e4m3fn, got int8"),
         ((x, q, s.double()), RuntimeError, r"output_s dtype: expected float32, got float64"),
-        ((x, q[:, :128], s), RuntimeError, r"output_q shape: expected \(4, 256\) \(the shape of input\), got \(4, 128\)"),
-        ((x, q, torch.zeros(2, device="cuda")), RuntimeError, r"output_s shape: expected one element \(\[1\] or \[\]\), got \(2,\)"),
+        (
+            (x, q[:, :128], s),
+            RuntimeError,
+            r"output_q shape: expected \(4, 256\) \(the shape of input\), got \(4, 128\)",
+        ),
+        (
+            (x, q, torch.zeros(2, device="cuda")),
+            RuntimeError,
+            r"output_s shape: expected one element \(\[1\] or \[\]\), got \(2,\)",
+        ),
         ((x, q.T.contiguous().T, s), RuntimeError, r"output_q last-dim stride: expected 1"),
         ((x, q, x.view(torch.float32)[0, :1]), RuntimeError, r"output_s memory: expected no memory shared with input"),
         ((x, q, s, 1), TypeError, r"is_static type: expected a bool, got int"),

@@ -76,7 +76,8 @@ def assert_on_grid(q: torch.Tensor, q_ref: torch.Tensor, y: torch.Tensor) -> Non
         midpoint = (q.double()[off] + q_ref.double()[off]) / 2
         distance = ((y_off - midpoint).abs() / y_off.abs()).max()
         assert float(distance) <= TIE_RTOL, (
-            f"{int(off.sum())} values one step off, one of them {float(distance):.3g} (relative) from the midpoint")
+            f"{int(off.sum())} values one step off, one of them {float(distance):.3g} (relative) from the midpoint"
+        )
 
 
 def assert_bitwise(q, s, q_ref, s_ref) -> None:
@@ -110,11 +111,17 @@ def run(x, group_size, dtype=FP8, scales="row", ue8m0=False):
     g = k // group_size
     q = torch.empty(m, k, dtype=dtype, device=x.device)
     if ue8m0:
-        s = column_major(m, (g + 3) // 4, torch.int32, x.device) if scales == "col" else torch.full(
-            (m, (g + 3) // 4), -7, dtype=torch.int32, device=x.device)
+        s = (
+            column_major(m, (g + 3) // 4, torch.int32, x.device)
+            if scales == "col"
+            else torch.full((m, (g + 3) // 4), -7, dtype=torch.int32, device=x.device)
+        )
     else:
-        s = column_major(m, g, device=x.device) if scales == "col" else torch.full(
-            (m, g), float("nan"), device=x.device)
+        s = (
+            column_major(m, g, device=x.device)
+            if scales == "col"
+            else torch.full((m, g), float("nan"), device=x.device)
+        )
     lo, hi = BOUNDS[dtype]
     result = per_token_group_quant_8bit(x, q, s, group_size, EPS, lo, hi, scale_ue8m0=ue8m0)
     assert result[0] is q and result[1] is s
@@ -201,8 +208,12 @@ def test_zero_and_tiny_groups_give_finite_scales(in_dtype, out_dtype, ue8m0):
     assert torch.isfinite(q.float()).all()
     assert (q.float()[[0, 3]] == 0).all() and (q.float()[2, 128:] == 0).all()
     if not ue8m0:
-        torch.testing.assert_close(s[0].double(), torch.full((4,), EPS / TYPE_MAX[out_dtype], device="cuda",
-                                                             dtype=torch.float64), rtol=1e-6, atol=0)
+        torch.testing.assert_close(
+            s[0].double(),
+            torch.full((4,), EPS / TYPE_MAX[out_dtype], device="cuda", dtype=torch.float64),
+            rtol=1e-6,
+            atol=0,
+        )
 
 
 @requires_cuda
@@ -362,7 +373,9 @@ def test_not_a_tensor():
 
 def test_cpu_input():
     x = torch.randn(4, 128)
-    with pytest.raises(RuntimeError, match=r"^per_token_group_quant_8bit: input device: expected a CUDA device, got cpu$"):
+    with pytest.raises(
+        RuntimeError, match=r"^per_token_group_quant_8bit: input device: expected a CUDA device, got cpu$"
+    ):
         per_token_group_quant_8bit(x, torch.empty(4, 128, dtype=FP8), torch.empty(4, 1), 128, EPS, -448.0, 448.0)
 
 

@@ -15,8 +15,19 @@ register_cuda_ci(est_time=120, suite="nightly-kernel-1-gpu", nightly=True)
 
 FLT_MIN = 2.0**-126
 SHAPES = get_ci_test_range(
-    full_range=[(1, 1), (1, 4096), (7, 7), (129, 129), (33, 4097), (5, 7168), (2048, 4096), (3, 16384), (2, 40000),
-                (600, 1000), (300, 129)],
+    full_range=[
+        (1, 1),
+        (1, 4096),
+        (7, 7),
+        (129, 129),
+        (33, 4097),
+        (5, 7168),
+        (2048, 4096),
+        (3, 16384),
+        (2, 40000),
+        (600, 1000),
+        (300, 129),
+    ],
     ci_range=[(1, 1), (1, 4096), (7, 7), (129, 129), (33, 4097), (2, 40000), (600, 1000), (300, 129)],
 )
 # Rows >= 2 per SM (600 and 300 on a 132-SM H200) take the warp-per-row kernel, fewer the block-per-row one.

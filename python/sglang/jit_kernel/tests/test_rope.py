@@ -32,8 +32,9 @@ DIMS = get_ci_test_range(
 )
 
 
-KV_DIMS = get_ci_test_range(full_range=[(64, 64), (128, 128), (128, 64), (256, 80), (512, 512)],
-                            ci_range=[(128, 128), (256, 80)])
+KV_DIMS = get_ci_test_range(
+    full_range=[(64, 64), (128, 128), (128, 64), (256, 80), (512, 512)], ci_range=[(128, 128), (256, 80)]
+)
 DTYPES = get_ci_test_range(full_range=list(FLOAT_DTYPES), ci_range=[torch.bfloat16, torch.float32])
 
 
@@ -211,8 +212,11 @@ def test_out_of_range_positions_leave_rows(is_neox, monkeypatch):
     for t in (2, 5, 7):
         assert torch.equal(q[t], q0[t]) and torch.equal(k[t], k0[t])
     monkeypatch.setenv("SGLANG_JIT_CHECK_INDICES", "1")
-    with pytest.raises(IndexError, match=r"^apply_rope_inplace: positions value: expected entries in \[0, 8192\) "
-                                         r"\(max_position\), got 8192 at position 2$"):
+    with pytest.raises(
+        IndexError,
+        match=r"^apply_rope_inplace: positions value: expected entries in \[0, 8192\) "
+        r"\(max_position\), got 8192 at position 2$",
+    ):
         apply_rope_inplace(q, k, cache, positions, is_neox=is_neox)
 
 
@@ -259,8 +263,7 @@ def test_apply_rope_inplace_with_kvcache(dtype, is_neox, d, r, hq, hk, n, loc_dt
     loc = loc.to(loc_dtype)
     eq, ek = reference(q, cache, positions, r, is_neox), reference(k, cache, positions, r, is_neox)
     v_before = v.clone()
-    apply_rope_inplace_with_kvcache(q, k, v, k_cache, v_cache, cache, positions, loc, is_neox=is_neox,
-                                    rope_dim=r)
+    apply_rope_inplace_with_kvcache(q, k, v, k_cache, v_cache, cache, positions, loc, is_neox=is_neox, rope_dim=r)
     assert_close(q, eq)
     assert_close(k, ek)
     assert torch.equal(k_cache[loc.long()].view(n, hk, d), k), "k_cache rows are not the rotated k"
@@ -294,8 +297,11 @@ def test_kvcache_3d_caches_strided_rows_and_bad_locs(monkeypatch):
     assert k_wide[~written].isnan().all() and v_wide[~written].isnan().all()
     assert k_wide[:, hk * d :].isnan().all() and v_wide[:, hk * d :].isnan().all()
     monkeypatch.setenv("SGLANG_JIT_CHECK_INDICES", "1")
-    with pytest.raises(IndexError, match=r"^apply_rope_inplace_with_kvcache: out_loc value: expected entries in "
-                                         r"\[0, 40\) \(cache_size\), got 40 at position 3$"):
+    with pytest.raises(
+        IndexError,
+        match=r"^apply_rope_inplace_with_kvcache: out_loc value: expected entries in "
+        r"\[0, 40\) \(cache_size\), got 40 at position 3$",
+    ):
         apply_rope_inplace_with_kvcache(q, k, v, k_cache, v_cache, cache, positions, loc, is_neox=True)
 
 
@@ -455,10 +461,14 @@ def test_not_a_tensor_and_bad_flags():
     with pytest.raises(TypeError, match=r"^apply_rope_inplace: is_neox type: expected a bool, got int$"):
         apply_rope_inplace(torch.randn(1, 1, 2), torch.randn(1, 1, 2), torch.randn(1, 2), torch.zeros(1), is_neox=1)
     with pytest.raises(TypeError, match=r"^apply_rope_inplace: rope_dim type: expected an int, got float$"):
-        apply_rope_inplace(torch.randn(1, 1, 2), torch.randn(1, 1, 2), torch.randn(1, 2), torch.zeros(1),
-                           is_neox=True, rope_dim=2.0)
-    with pytest.raises(TypeError, match=r"^apply_rope_with_cos_sin_cache_inplace: fused_args type: expected a "
-                                        r"FusedSetKVBufferArg or None, got dict$"):
+        apply_rope_inplace(
+            torch.randn(1, 1, 2), torch.randn(1, 1, 2), torch.randn(1, 2), torch.zeros(1), is_neox=True, rope_dim=2.0
+        )
+    with pytest.raises(
+        TypeError,
+        match=r"^apply_rope_with_cos_sin_cache_inplace: fused_args type: expected a "
+        r"FusedSetKVBufferArg or None, got dict$",
+    ):
         apply_rope_with_cos_sin_cache_inplace(None, None, None, None, is_neox=True, fused_args={})
     with pytest.raises(TypeError, match=r"^rotary_embedding: head_size type: expected an int, got float$"):
         rotary_embedding(torch.zeros(1), torch.randn(1, 2), None, 2.0, torch.randn(4, 2))
@@ -476,21 +486,43 @@ def test_bad_inputs():
         (RuntimeError, r"k dtype: expected bfloat16 \(the dtype of q\), got float16$", dict(k=k.half())),
         (RuntimeError, r"q dtype: expected one of float16, bfloat16, float32, got int32$", dict(q=q.int())),
         (RuntimeError, r"cos_sin_cache dtype: expected float32, got bfloat16$", dict(cache=cache.bfloat16())),
-        (RuntimeError, r"positions dtype: expected one of int32, int64, got float32$", dict(positions=positions.float())),
-        (RuntimeError, r"k shape: expected \[num_tokens=4, num_kv_heads, head_dim=128\], got \(3, 1, 128\)$",
-         dict(k=k[:3])),
-        (RuntimeError, r"k shape: expected \[num_tokens=4, num_kv_heads, head_dim=128\], got \(4, 1, 64\)$",
-         dict(k=k[..., :64])),
-        (RuntimeError, r"positions shape: expected \[num_tokens=4\], got \(5,\)$",
-         dict(positions=torch.zeros(5, dtype=torch.int64, device="cuda"))),
-        (RuntimeError, r"q shape: expected \[num_tokens, num_q_heads, head_dim\], got \(4, 256\)$",
-         dict(q=q.view(4, 256))),
+        (
+            RuntimeError,
+            r"positions dtype: expected one of int32, int64, got float32$",
+            dict(positions=positions.float()),
+        ),
+        (
+            RuntimeError,
+            r"k shape: expected \[num_tokens=4, num_kv_heads, head_dim=128\], got \(3, 1, 128\)$",
+            dict(k=k[:3]),
+        ),
+        (
+            RuntimeError,
+            r"k shape: expected \[num_tokens=4, num_kv_heads, head_dim=128\], got \(4, 1, 64\)$",
+            dict(k=k[..., :64]),
+        ),
+        (
+            RuntimeError,
+            r"positions shape: expected \[num_tokens=4\], got \(5,\)$",
+            dict(positions=torch.zeros(5, dtype=torch.int64, device="cuda")),
+        ),
+        (
+            RuntimeError,
+            r"q shape: expected \[num_tokens, num_q_heads, head_dim\], got \(4, 256\)$",
+            dict(q=q.view(4, 256)),
+        ),
         (RuntimeError, r"q last-dim stride: expected 1", dict(q=q.transpose(1, 2))),
-        (ValueError, r"rope_dim value: expected an even number > 0 \(0: cos_sin_cache.size\(1\)\), got 63$",
-         dict(rope_dim=63)),
+        (
+            ValueError,
+            r"rope_dim value: expected an even number > 0 \(0: cos_sin_cache.size\(1\)\), got 63$",
+            dict(rope_dim=63),
+        ),
         (ValueError, r"rope_dim value: expected <= head_dim \(64\), got 128$", dict(q=q[..., :64], k=k[..., :64])),
-        (ValueError, r"rope_dim value: expected <= cos_sin_cache.size\(1\) \(64\), got 128$",
-         dict(cache=cache[:, :64].contiguous(), rope_dim=128)),
+        (
+            ValueError,
+            r"rope_dim value: expected <= cos_sin_cache.size\(1\) \(64\), got 128$",
+            dict(cache=cache[:, :64].contiguous(), rope_dim=128),
+        ),
         (ValueError, r"rope_dim value: expected >= 0, got -2$", dict(rope_dim=-2)),
         (RuntimeError, r"k device: expected a CUDA device, got cpu$", dict(k=k.cpu())),
     ]
@@ -524,10 +556,15 @@ def test_kvcache_bad_inputs():
         (r"v shape: expected \[num_tokens=4, num_kv_heads=2, head_dim=128\], got \(4, 1, 128\)$", dict(v=v[:, :1])),
         (r"v dtype: expected bfloat16 \(the dtype of q\), got float32$", dict(v=v.float())),
         (r"k_cache dtype: expected bfloat16 \(the dtype of q\), got float16$", dict(k_cache=k_cache.half())),
-        (r"k_cache shape: expected \[cache_size, num_kv_heads \* head_dim=256\], got \(16, 128\)$",
-         dict(k_cache=k_cache[:, :128])),
-        (r"v_cache shape: expected \[cache_size=16, num_kv_heads \* head_dim=256\] \(the slots of k_cache\), "
-         r"got \(8, 256\)$", dict(v_cache=v_cache[:8])),
+        (
+            r"k_cache shape: expected \[cache_size, num_kv_heads \* head_dim=256\], got \(16, 128\)$",
+            dict(k_cache=k_cache[:, :128]),
+        ),
+        (
+            r"v_cache shape: expected \[cache_size=16, num_kv_heads \* head_dim=256\] \(the slots of k_cache\), "
+            r"got \(8, 256\)$",
+            dict(v_cache=v_cache[:8]),
+        ),
         (r"out_loc shape: expected \[num_tokens=4\], got \(3,\)$", dict(loc=loc[:3])),
         (r"out_loc dtype: expected one of int32, int64, got float32$", dict(loc=loc.float())),
     ]
@@ -536,8 +573,9 @@ def test_kvcache_bad_inputs():
             call(**kwargs)
     with pytest.raises(RuntimeError, match="k_cache overlaps"):
         kv = torch.randn(16, 2 * hk * d, dtype=torch.bfloat16, device="cuda")
-        apply_rope_inplace_with_kvcache(q, k, v, kv[:, : hk * d + 8][:, 8:], kv[:, hk * d :], cache, positions, loc,
-                                        is_neox=True)
+        apply_rope_inplace_with_kvcache(
+            q, k, v, kv[:, : hk * d + 8][:, 8:], kv[:, hk * d :], cache, positions, loc, is_neox=True
+        )
 
 
 @requires_cuda
@@ -547,7 +585,9 @@ def test_rotary_embedding_bad_inputs():
     query = torch.randn(n, 2 * hs, dtype=torch.bfloat16, device="cuda")
     cache = make_cos_sin_cache(32, hs, dtype=torch.bfloat16)
     positions = torch.zeros(n, dtype=torch.int64, device="cuda")
-    with pytest.raises(RuntimeError, match=rf"^{op}: cos_sin_cache dtype: expected bfloat16 \(the dtype of query\), got float32$"):
+    with pytest.raises(
+        RuntimeError, match=rf"^{op}: cos_sin_cache dtype: expected bfloat16 \(the dtype of query\), got float32$"
+    ):
         rotary_embedding(positions, query, None, hs, cache.float())
     with pytest.raises(RuntimeError, match=rf"^{op}: query shape: expected \[4, num_heads \* head_size\]"):
         rotary_embedding(positions, query[:, :100], None, hs, cache)
@@ -555,7 +595,9 @@ def test_rotary_embedding_bad_inputs():
         rotary_embedding(positions[:3], query, None, hs, cache)
     with pytest.raises(ValueError, match=rf"^{op}: cos_sin_cache rot_dim: expected <= head_size \(32\), got 64$"):
         rotary_embedding(positions, query, None, 32, cache)
-    with pytest.raises(RuntimeError, match=rf"^{op}: key dtype: expected bfloat16 \(the dtype of query\), got float16$"):
+    with pytest.raises(
+        RuntimeError, match=rf"^{op}: key dtype: expected bfloat16 \(the dtype of query\), got float16$"
+    ):
         rotary_embedding(positions, query, query.half(), hs, cache)
 
 

@@ -54,12 +54,7 @@ def _write(root: Path, rel, text: str) -> Path:
 
 def _script(reg_call: str, body: str = "print('ran ' + __file__)") -> str:
     """A fake test file: a registration, plus a body run under __main__."""
-    return (
-        "from sglang.test.ci.ci_register import *  # noqa\n"
-        f"{reg_call}\n"
-        "if __name__ == '__main__':\n"
-        f"    {body}\n"
-    )
+    return f"from sglang.test.ci.ci_register import *  # noqa\n{reg_call}\nif __name__ == '__main__':\n    {body}\n"
 
 
 def _copy_fixture(root: Path, fixture: str, rel) -> Path:
@@ -137,9 +132,7 @@ def test_discovery(mixed_repo):
 
 def _listed(out: str):
     return sorted(
-        line.strip().split(" (est")[0]
-        for line in out.splitlines()
-        if line.startswith("  ") and "(est " in line
+        line.strip().split(" (est")[0] for line in out.splitlines() if line.startswith("  ") and "(est " in line
     )
 
 
@@ -206,8 +199,7 @@ def test_registration_with_unknown_suite_fails(tmp_path, capsys):
 # ---------------------------------------------------------------------------
 def _fake_regs(est_times):
     return [
-        run_suite.CIRegistration("cpu", float(t), CPU, False, None, f"test_{i:02d}.py")
-        for i, t in enumerate(est_times)
+        run_suite.CIRegistration("cpu", float(t), CPU, False, None, f"test_{i:02d}.py") for i, t in enumerate(est_times)
     ]
 
 
@@ -311,7 +303,13 @@ def test_fail_and_timeout_with_continue_on_error(tmp_path):
     start = time.monotonic()
     res = _cli(
         root,
-        "--hw", "cpu", "--suite", CPU, "--timeout-per-file", "2", "--continue-on-error",
+        "--hw",
+        "cpu",
+        "--suite",
+        CPU,
+        "--timeout-per-file",
+        "2",
+        "--continue-on-error",
         extra_env={"CI_FIXTURE_HANG_PID_FILE": str(pid_file)},
     )
     assert time.monotonic() - start < 30

@@ -199,7 +199,9 @@ def test_scale_bad_out():
         scale(src, 2.0, out=torch.empty(128, dtype=torch.float16, device="cuda"))
     with pytest.raises(RuntimeError, match=r"^scale: out device: expected a CUDA device, got cpu$"):
         scale(src, 2.0, out=torch.empty(128, dtype=torch.bfloat16))
-    with pytest.raises(RuntimeError, match=r"^scale: out layout: expected contiguous, got shape \(128,\) with strides \(2,\)$"):
+    with pytest.raises(
+        RuntimeError, match=r"^scale: out layout: expected contiguous, got shape \(128,\) with strides \(2,\)$"
+    ):
         scale(src, 2.0, out=torch.empty(256, dtype=torch.bfloat16, device="cuda")[::2])
 
 
@@ -217,7 +219,10 @@ def test_scale_partial_overlap_rejected():
     """out shifted by one element against src would read overwritten elements: refused."""
     buffer = torch.randn(4097, dtype=torch.bfloat16, device="cuda")
     before = buffer.clone()
-    with pytest.raises(RuntimeError, match=r"^scale: out memory: expected no memory shared with src \(or exactly the same view\), got bytes "):
+    with pytest.raises(
+        RuntimeError,
+        match=r"^scale: out memory: expected no memory shared with src \(or exactly the same view\), got bytes ",
+    ):
         scale(buffer[:-1], 2.0, out=buffer[1:])
     assert torch.equal(buffer, before)
 

@@ -35,8 +35,15 @@ def no_gpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 
 def test_public_names_are_exported_and_documented():
-    for name in ("CPP_DTYPE_MAP", "CUDAArch", "get_jit_cuda_arch", "get_jit_cuda_archs", "override_jit_cuda_arch",
-                 "is_hip_runtime", "register_dependency"):
+    for name in (
+        "CPP_DTYPE_MAP",
+        "CUDAArch",
+        "get_jit_cuda_arch",
+        "get_jit_cuda_archs",
+        "override_jit_cuda_arch",
+        "is_hip_runtime",
+        "register_dependency",
+    ):
         assert name in utils.__all__ and hasattr(utils, name), name
     for fn in (get_jit_cuda_arch, get_jit_cuda_archs, override_jit_cuda_arch, utils.register_dependency):
         assert "Raises\n    ------" in fn.__doc__, fn.__name__
@@ -121,7 +128,12 @@ def test_override_holds_in_its_own_thread_only(no_gpu):
 
 @pytest.mark.parametrize(
     "args, message",
-    [((9, 0, "b"), "suffix must be"), ((9, 10), "minor must be"), ((-1, 0), "major must be"), ((9.0, 0), "major must be")],
+    [
+        ((9, 0, "b"), "suffix must be"),
+        ((9, 10), "minor must be"),
+        ((-1, 0), "major must be"),
+        ((9.0, 0), "major must be"),
+    ],
 )
 def test_override_rejects_bad_architectures(args, message):
     with pytest.raises(ValueError, match=message):

@@ -171,14 +171,8 @@ def known_suites(backend: str, nightly: bool | None = None) -> list[str]:
         If ``backend`` is unknown.
     """
     if backend not in SUITES:
-        raise ValueError(
-            f"Unknown backend {backend!r}; known backends: {', '.join(BACKENDS)}"
-        )
-    return sorted(
-        name
-        for name, is_nightly in SUITES[backend].items()
-        if nightly is None or is_nightly == nightly
-    )
+        raise ValueError(f"Unknown backend {backend!r}; known backends: {', '.join(BACKENDS)}")
+    return sorted(name for name, is_nightly in SUITES[backend].items() if nightly is None or is_nightly == nightly)
 
 
 def is_nightly_suite(backend: str, suite: str) -> bool:
@@ -203,10 +197,7 @@ def is_nightly_suite(backend: str, suite: str) -> bool:
     """
     names = known_suites(backend)
     if suite not in SUITES[backend]:
-        raise ValueError(
-            f"Unknown suite {suite!r} for backend {backend!r}; "
-            f"known suites: {', '.join(names)}"
-        )
+        raise ValueError(f"Unknown suite {suite!r} for backend {backend!r}; known suites: {', '.join(names)}")
     return SUITES[backend][suite]
 
 
@@ -219,8 +210,7 @@ def _literal(node: ast.expr, name: str, where: str) -> Any:
         return ast.literal_eval(node)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         raise ValueError(
-            f"{where}: argument {name!r} must be a literal, "
-            f"got expression `{ast.unparse(node)}`"
+            f"{where}: argument {name!r} must be a literal, got expression `{ast.unparse(node)}`"
         ) from None
 
 
@@ -229,39 +219,28 @@ def _check_value(name: str, value: Any, where: str) -> Any:
     if name == "est_time":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(
-                f"{where}: est_time must be an int or float (seconds), "
-                f"got {type(value).__name__} {value!r}"
+                f"{where}: est_time must be an int or float (seconds), got {type(value).__name__} {value!r}"
             )
         if not math.isfinite(value) or value <= 0:
-            raise ValueError(
-                f"{where}: est_time must be a positive finite number of seconds, "
-                f"got {value!r}"
-            )
+            raise ValueError(f"{where}: est_time must be a positive finite number of seconds, got {value!r}")
         return float(value)
     if name == "suite":
         if not isinstance(value, str):
-            raise ValueError(
-                f"{where}: suite must be a str, got {type(value).__name__} {value!r}"
-            )
+            raise ValueError(f"{where}: suite must be a str, got {type(value).__name__} {value!r}")
         if not value.strip():
             raise ValueError(f"{where}: suite must be a non-empty string")
         return value
     if name == "nightly":
         if not isinstance(value, bool):
-            raise ValueError(
-                f"{where}: nightly must be a bool, got {type(value).__name__} {value!r}"
-            )
+            raise ValueError(f"{where}: nightly must be a bool, got {type(value).__name__} {value!r}")
         return value
     if name == "disabled":
         if value is not None and not isinstance(value, str):
             raise ValueError(
-                f"{where}: disabled must be a str (the reason) or None, "
-                f"got {type(value).__name__} {value!r}"
+                f"{where}: disabled must be a str (the reason) or None, got {type(value).__name__} {value!r}"
             )
         if isinstance(value, str) and not value.strip():
-            raise ValueError(
-                f"{where}: disabled must be a non-empty reason string or None"
-            )
+            raise ValueError(f"{where}: disabled must be a non-empty reason string or None")
         return value
     raise AssertionError(name)  # pragma: no cover
 
@@ -287,10 +266,7 @@ def _parse_call(call: ast.Call, backend: str, filename: str) -> CIRegistration:
         if kw.arg is None:
             raise ValueError(f"{where}: **kwargs arguments are not allowed")
         if kw.arg not in _PARAMS:
-            raise ValueError(
-                f"{where}: unknown argument {kw.arg!r} "
-                f"(allowed: {', '.join(_PARAMS)})"
-            )
+            raise ValueError(f"{where}: unknown argument {kw.arg!r} (allowed: {', '.join(_PARAMS)})")
         if kw.arg in nodes:
             raise ValueError(f"{where}: argument {kw.arg!r} given more than once")
         nodes[kw.arg] = kw.value
@@ -313,9 +289,7 @@ def _parse_call(call: ast.Call, backend: str, filename: str) -> CIRegistration:
     )
 
 
-def collect_registrations(
-    path: str | os.PathLike[str], source: str | None = None
-) -> list[CIRegistration]:
+def collect_registrations(path: str | os.PathLike[str], source: str | None = None) -> list[CIRegistration]:
     """Read the CI registrations of a file from its syntax tree.
 
     The file is parsed, never imported. Only module-level expression
@@ -352,9 +326,7 @@ def collect_registrations(
     try:
         tree = ast.parse(source, filename=filename)
     except SyntaxError as e:
-        raise ValueError(
-            f"{filename}: cannot parse file to read CI registrations: {e}"
-        ) from None
+        raise ValueError(f"{filename}: cannot parse file to read CI registrations: {e}") from None
 
     registrations: list[CIRegistration] = []
     seen: dict[tuple[str, str, bool], int] = {}

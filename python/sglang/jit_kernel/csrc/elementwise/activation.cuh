@@ -31,20 +31,20 @@
 // only its 4-byte id.
 #pragma once
 
+#include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDevice, kAnySize, data_ptr, verify_no_*
+#include <sgl_kernel/utils.h>   // For RuntimeCheck, div_ceil
+
 #include <sgl_kernel/runtime.cuh>  // For runtime::get_sm_count, get_cc_major
-#include <sgl_kernel/tensor.h>     // For TensorMatcher, SymbolicSize, SymbolicDevice, kAnySize, data_ptr, verify_no_*
 #include <sgl_kernel/type.cuh>     // For dtype_trait, packed_t
 #include <sgl_kernel/utils.cuh>    // For LaunchKernel, SGL_DEVICE, fp16_t, bf16_t, fp32_t, pdl_wait_primary
-#include <sgl_kernel/utils.h>      // For RuntimeCheck, div_ceil
 #include <sgl_kernel/vec.cuh>      // For AlignedVector
-
-#include <dlpack/dlpack.h>
-#include <tvm/ffi/container/tensor.h>
-#include <tvm/ffi/optional.h>
 
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <dlpack/dlpack.h>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/optional.h>
 #include <type_traits>
 
 namespace {
@@ -67,7 +67,7 @@ struct GatedActParams {
 
 /// Launch facts of gated_act_and_mul_kernel.
 struct GatedActConfig {
-  static constexpr uint32_t kMaxThreads = 512;     // __launch_bounds__; the benchmark override's limit
+  static constexpr uint32_t kMaxThreads = 512;      // __launch_bounds__; the benchmark override's limit
   static constexpr uint32_t kDefaultThreads = 256;  // CTA size for large launches
   static constexpr uint32_t kMinThreads = 64;       // smallest CTA the heuristic picks
   static constexpr int64_t kMinCtasPerSm = 2;       // decode rule: narrower vectors until the launch has
@@ -136,8 +136,8 @@ SGL_DEVICE void activate_vector(const float (&g)[N], float (&act)[N]) {
 /// out[i] = round(float(round(act(float(gate[i])))) * float(up[i])) for the N elements of one vector.
 /// 16-bit types convert pairs (one packed conversion instruction per two elements).
 template <GatedActivation kAct, typename T, std::size_t N>
-SGL_DEVICE device::AlignedVector<T, N> act_and_mul(const device::AlignedVector<T, N>& gate,
-                                                   const device::AlignedVector<T, N>& up) {
+SGL_DEVICE device::AlignedVector<T, N> act_and_mul(
+    const device::AlignedVector<T, N>& gate, const device::AlignedVector<T, N>& up) {
   device::AlignedVector<T, N> out;
   float g[N], act[N];
   if constexpr (std::is_same_v<T, fp32_t>) {
@@ -233,15 +233,16 @@ struct GatedActGeometry {
 /// threads threads per CTA, as few row lanes as the row needs (a power of two >= its vectors, at
 /// most threads) times the rest in rows; rows_per_thread (1 or 2) rows of each thread in the grid's
 /// first pass (the kernel's row pairs).
-inline GatedActGeometry
-gated_act_geometry(int64_t num_tokens, int64_t vecs_per_row, uint32_t threads, int64_t rows_per_thread = 1) {
+inline GatedActGeometry gated_act_geometry(
+    int64_t num_tokens, int64_t vecs_per_row, uint32_t threads, int64_t rows_per_thread = 1) {
   const auto row_lanes =
       static_cast<uint32_t>(std::min<uint64_t>(threads, std::bit_ceil(static_cast<uint64_t>(vecs_per_row))));
   const uint32_t rows_per_cta = threads / row_lanes;
   const int64_t chunks = host::div_ceil(vecs_per_row, int64_t{row_lanes});
   const int64_t row_groups = host::div_ceil(num_tokens, int64_t{rows_per_cta} * rows_per_thread);
-  return {dim3(row_lanes, rows_per_cta),
-          dim3(static_cast<uint32_t>(chunks), static_cast<uint32_t>(std::min(row_groups, GatedActConfig::kMaxGridY)))};
+  return {
+      dim3(row_lanes, rows_per_cta),
+      dim3(static_cast<uint32_t>(chunks), static_cast<uint32_t>(std::min(row_groups, GatedActConfig::kMaxGridY)))};
 }
 
 template <typename T, int kVecN, GatedActivation kAct>
@@ -250,8 +251,10 @@ void launch_gated_act(GatedActParams params, DLDevice device, bool pdl) {
   using Config = GatedActConfig;
   params.vecs_per_row = params.hidden_size / kVecN;
   // gridDim.x holds a row's chunks: at most 2^31 - 1 (32-thread chunks: hidden_size < 2^36 elements).
-  RuntimeCheck(div_ceil(params.vecs_per_row, int64_t{32}) < (int64_t{1} << 31),
-               "input: hidden_size must be < 2^36 elements, got ", params.hidden_size);
+  RuntimeCheck(
+      div_ceil(params.vecs_per_row, int64_t{32}) < (int64_t{1} << 31),
+      "input: hidden_size must be < 2^36 elements, got ",
+      params.hidden_size);
   const int64_t num_sms = runtime::get_sm_count(device.device_id);
   uint32_t threads = static_cast<uint32_t>(gated_act_override().threads);
   if (threads == 0) {
@@ -278,8 +281,7 @@ void launch_gated_act(GatedActParams params, DLDevice device, bool pdl) {
   const bool pair_rows = int64_t{one_row.grid.x} * one_row.grid.y >= Config::kPairRowsMinWaves * full_wave;
   const GatedActGeometry geometry =
       pair_rows ? gated_act_geometry(params.num_tokens, params.vecs_per_row, threads, 2) : one_row;
-  LaunchKernel(geometry.grid, geometry.block, device).enable_pdl(pdl)(gated_act_and_mul_kernel<T, kVecN, kAct>,
-                                                                       params);
+  LaunchKernel(geometry.grid, geometry.block, device).enable_pdl(pdl)(gated_act_and_mul_kernel<T, kVecN, kAct>, params);
 }
 
 /// Widest vector (bytes, 16 at most, sizeof(T) at least) that divides every value (addresses, byte
@@ -294,8 +296,11 @@ int64_t gated_act_vector_bytes(std::initializer_list<uint64_t> values) {
 
 /// Last dim of a [rows, width] view contiguous (stride 1; any stride when width <= 1).
 inline void check_gated_act_last_dim(const tvm::ffi::TensorView& view, const char* name) {
-  host::RuntimeCheck(view.size(1) <= 1 || view.stride(1) == 1, name,
-                     ": last dim must be contiguous (stride 1), got stride ", view.stride(1));
+  host::RuntimeCheck(
+      view.size(1) <= 1 || view.stride(1) == 1,
+      name,
+      ": last dim must be contiguous (stride 1), got stride ",
+      view.stride(1));
 }
 
 /// out[t, i] = round(round(act(input[t, i])) * input[t, H + i]) for rows t kept by the expert filter.
@@ -306,8 +311,12 @@ inline void check_gated_act_last_dim(const tvm::ffi::TensorView& view, const cha
 /// expert_step >= 1; enable_pdl 1 / 0 / -1 (auto: on for SM90+). Empty inputs return without a
 /// launch. T = fp16_t | bf16_t | fp32_t. Throws PanicError (Python RuntimeError) naming the tensor.
 template <typename T, GatedActivation kAct>
-void gated_act_and_mul(tvm::ffi::TensorView out, tvm::ffi::TensorView input,
-                       tvm::ffi::Optional<tvm::ffi::TensorView> expert_ids, int64_t expert_step, int64_t enable_pdl) {
+void gated_act_and_mul(
+    tvm::ffi::TensorView out,
+    tvm::ffi::TensorView input,
+    tvm::ffi::Optional<tvm::ffi::TensorView> expert_ids,
+    int64_t expert_step,
+    int64_t enable_pdl) {
   using namespace host;
 
   // Validate
@@ -321,8 +330,8 @@ void gated_act_and_mul(tvm::ffi::TensorView out, tvm::ffi::TensorView input,
       .with_dtype<T>()
       .with_device<kDLCUDA>(device_)
       .verify(input, "input");
-  RuntimeCheck(input_width.unwrap() % 2 == 0, "input: last dim (2 * hidden_size) must be even, got ",
-               input_width.unwrap());
+  RuntimeCheck(
+      input_width.unwrap() % 2 == 0, "input: last dim (2 * hidden_size) must be even, got ", input_width.unwrap());
   hidden_size.set_value(input_width.unwrap() / 2);
   TensorMatcher({num_tokens, hidden_size})  //
       .with_strides({kAnySize, kAnySize})
@@ -343,8 +352,12 @@ void gated_act_and_mul(tvm::ffi::TensorView out, tvm::ffi::TensorView input,
         .with_device<kDLCUDA>(device_)
         .verify(ids_view, "expert_ids");
     const int64_t needed = div_ceil(num_tokens.unwrap(), expert_step);
-    RuntimeCheck(num_ids.unwrap() >= needed, "expert_ids: expected at least ceil(num_tokens / expert_step) = ",
-                 needed, " entries, got ", num_ids.unwrap());
+    RuntimeCheck(
+        num_ids.unwrap() >= needed,
+        "expert_ids: expected at least ceil(num_tokens / expert_step) = ",
+        needed,
+        " entries, got ",
+        num_ids.unwrap());
     verify_no_partial_overlap(out, "out", ids_view, "expert_ids", /*allow_same=*/false);
     ids = data_ptr<const int32_t>(ids_view);
   }
@@ -381,8 +394,8 @@ void gated_act_and_mul(tvm::ffi::TensorView out, tvm::ffi::TensorView input,
   if (forced_bytes > 0) {
     vec_bytes = std::min(vec_bytes, forced_bytes);
   } else {
-    const int64_t wanted_threads = GatedActConfig::kMinCtasPerSm * GatedActConfig::kMinThreads *
-                                   runtime::get_sm_count(device.device_id);
+    const int64_t wanted_threads =
+        GatedActConfig::kMinCtasPerSm * GatedActConfig::kMinThreads * runtime::get_sm_count(device.device_id);
     const int64_t row_bytes = params.hidden_size * static_cast<int64_t>(sizeof(T));
     while (vec_bytes > std::max<int64_t>(GatedActConfig::kMinDecodeVecBytes, sizeof(T)) &&
            params.num_tokens * (row_bytes / vec_bytes) < wanted_threads) {
@@ -394,10 +407,14 @@ void gated_act_and_mul(tvm::ffi::TensorView out, tvm::ffi::TensorView input,
   // Launch
   constexpr int64_t kElemBytes = sizeof(T);
   switch (vec_bytes) {
-    case 16: return launch_gated_act<T, std::max<int64_t>(16 / kElemBytes, 1), kAct>(params, device, pdl);
-    case 8: return launch_gated_act<T, std::max<int64_t>(8 / kElemBytes, 1), kAct>(params, device, pdl);
-    case 4: return launch_gated_act<T, std::max<int64_t>(4 / kElemBytes, 1), kAct>(params, device, pdl);
-    default: return launch_gated_act<T, 1, kAct>(params, device, pdl);
+    case 16:
+      return launch_gated_act<T, std::max<int64_t>(16 / kElemBytes, 1), kAct>(params, device, pdl);
+    case 8:
+      return launch_gated_act<T, std::max<int64_t>(8 / kElemBytes, 1), kAct>(params, device, pdl);
+    case 4:
+      return launch_gated_act<T, std::max<int64_t>(4 / kElemBytes, 1), kAct>(params, device, pdl);
+    default:
+      return launch_gated_act<T, 1, kAct>(params, device, pdl);
   }
 }
 
@@ -405,11 +422,15 @@ void gated_act_and_mul(tvm::ffi::TensorView out, tvm::ffi::TensorView input,
 /// threads per CTA (a power of two in [32, 512]) and the widest vector in bytes (2, 4, 8 or 16; a
 /// launch still narrows it to what its pointers allow); 0 leaves either to the heuristics.
 inline void set_gated_act_launch_override(int64_t threads, int64_t vec_bytes) {
-  host::RuntimeCheck(threads == 0 || (threads >= 32 && threads <= GatedActConfig::kMaxThreads &&
-                                      std::has_single_bit(static_cast<uint64_t>(threads))),
-                     "_set_launch_override: threads must be 0 or a power of two in [32, 512], got ", threads);
-  host::RuntimeCheck(vec_bytes == 0 || vec_bytes == 2 || vec_bytes == 4 || vec_bytes == 8 || vec_bytes == 16,
-                     "_set_launch_override: vec_bytes must be 0, 2, 4, 8 or 16, got ", vec_bytes);
+  host::RuntimeCheck(
+      threads == 0 || (threads >= 32 && threads <= GatedActConfig::kMaxThreads &&
+                       std::has_single_bit(static_cast<uint64_t>(threads))),
+      "_set_launch_override: threads must be 0 or a power of two in [32, 512], got ",
+      threads);
+  host::RuntimeCheck(
+      vec_bytes == 0 || vec_bytes == 2 || vec_bytes == 4 || vec_bytes == 8 || vec_bytes == 16,
+      "_set_launch_override: vec_bytes must be 0, 2, 4, 8 or 16, got ",
+      vec_bytes);
   gated_act_override() = GatedActOverride{threads, vec_bytes};
 }
 

@@ -4,15 +4,15 @@
 // kernel, one element per thread per step.
 #pragma once
 
-#include <sgl_kernel/tensor.h>   // For TensorMatcher, SymbolicSize, SymbolicDType, SymbolicDevice, verify_no_partial_overlap
-#include <sgl_kernel/utils.h>    // For div_ceil
-#include <sgl_kernel/utils.cuh>  // For LaunchKernel
+#include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDType, SymbolicDevice, verify_no_partial_overlap
+#include <sgl_kernel/utils.h>  // For div_ceil
 
-#include <dlpack/dlpack.h>
-#include <tvm/ffi/container/tensor.h>
+#include <sgl_kernel/utils.cuh>  // For LaunchKernel
 
 #include <algorithm>
 #include <cstdint>
+#include <dlpack/dlpack.h>
+#include <tvm/ffi/container/tensor.h>
 
 namespace {
 

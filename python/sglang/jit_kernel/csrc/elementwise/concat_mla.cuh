@@ -15,24 +15,24 @@
 // so the next launch overlaps this one (rmsnorm.cuh's pdl_wait_then_release says why in that order).
 #pragma once
 
-#include <sgl_kernel/tensor.h>   // For TensorMatcher, Symbolic{Size,DType,Device}, verify_no_partial_overlap
-#include <sgl_kernel/utils.h>    // For RuntimeCheck, div_ceil
+#include <sgl_kernel/tensor.h>  // For TensorMatcher, Symbolic{Size,DType,Device}, verify_no_partial_overlap
+#include <sgl_kernel/utils.h>   // For RuntimeCheck, div_ceil
+
 #include <sgl_kernel/utils.cuh>  // For LaunchKernel, device::pointer::offset, device::pdl_*
 #include <sgl_kernel/vec.cuh>    // For AlignedVector
 
-#include <dlpack/dlpack.h>
-#include <tvm/ffi/container/tensor.h>
-
 #include <algorithm>
 #include <cstdint>
+#include <dlpack/dlpack.h>
+#include <tvm/ffi/container/tensor.h>
 
 namespace {
 
 /// Kernel arguments of concat_mla; strides in bytes.
 struct ConcatMlaParams {
-  void* out;               // [num_tokens, num_heads, kABytes + kBBytes]
-  const void* a;           // [num_tokens, num_heads, kABytes]
-  const void* b;           // [num_tokens, num_heads or 1, kBBytes]; head stride 0 when broadcast
+  void* out;      // [num_tokens, num_heads, kABytes + kBBytes]
+  const void* a;  // [num_tokens, num_heads, kABytes]
+  const void* b;  // [num_tokens, num_heads or 1, kBBytes]; head stride 0 when broadcast
   int64_t out_token_stride, out_head_stride;
   int64_t a_token_stride, a_head_stride;
   int64_t b_token_stride, b_head_stride;
@@ -42,7 +42,7 @@ struct ConcatMlaParams {
 
 /// Launch facts of concat_mla.
 struct ConcatMlaConfig {
-  static constexpr uint32_t kThreads = 256;                // threads per block, one vector each
+  static constexpr uint32_t kThreads = 256;                   // threads per block, one vector each
   static constexpr int64_t kMaxTokenBlocks = (1u << 31) - 1;  // grid.x cap; blocks loop over tokens
   static constexpr int64_t kMaxHeadBlocks = 65535;            // grid.y cap; blocks loop over vectors
 };
@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(ConcatMlaConfig::kThreads) concat_mla_kernel(c
   constexpr uint32_t kAVecs = kABytes / kVecBytes;
   constexpr uint32_t kRowVecs = (kABytes + kBBytes) / kVecBytes;
   const uint32_t token_vecs = params.num_heads * kRowVecs;  // < 2^32, checked by the launcher
-  device::pdl_wait_primary();  // before the first global load (see the file comment)
+  device::pdl_wait_primary();                               // before the first global load (see the file comment)
   device::pdl_launch_dependents();
 
   for (int64_t n = blockIdx.x; n < params.num_tokens; n += gridDim.x) {
@@ -79,8 +79,9 @@ void launch_concat_mla(const ConcatMlaParams& params, DLDevice device) {
   using Config = ConcatMlaConfig;
   constexpr int64_t kRowVecs = (kABytes + kBBytes) / kVecBytes;
   const int64_t head_blocks = div_ceil(int64_t{params.num_heads} * kRowVecs, int64_t{Config::kThreads});
-  const dim3 grid(static_cast<uint32_t>(std::min(params.num_tokens, Config::kMaxTokenBlocks)),
-                  static_cast<uint32_t>(std::min(head_blocks, Config::kMaxHeadBlocks)));
+  const dim3 grid(
+      static_cast<uint32_t>(std::min(params.num_tokens, Config::kMaxTokenBlocks)),
+      static_cast<uint32_t>(std::min(head_blocks, Config::kMaxHeadBlocks)));
   LaunchKernel(grid, Config::kThreads, device).enable_pdl()(concat_mla_kernel<kABytes, kBBytes, kVecBytes>, params);
 }
 
@@ -121,19 +122,36 @@ void concat_mla(tvm::ffi::TensorView out, tvm::ffi::TensorView a, tvm::ffi::Tens
       .with_device(device_)
       .verify(b, "b");
   const DLDataType dt = dtype.unwrap();
-  RuntimeCheck(dt.bits % 8 == 0 && dt.lanes == 1, "concat_mla: dtype of ", int{dt.bits},
-               " bits: expected whole bytes");
+  RuntimeCheck(dt.bits % 8 == 0 && dt.lanes == 1, "concat_mla: dtype of ", int{dt.bits}, " bits: expected whole bytes");
   const int64_t elem = dt.bits / 8;
-  RuntimeCheck(a_dim.unwrap() * elem == kABytes && b_dim.unwrap() * elem == kBBytes, "concat_mla: rows of ",
-               a_dim.unwrap() * elem, " + ", b_dim.unwrap() * elem, " bytes: this module is built for ", kABytes,
-               " + ", kBBytes);
-  RuntimeCheck(out_dim.unwrap() == a_dim.unwrap() + b_dim.unwrap(), "concat_mla: out row of ", out_dim.unwrap(),
-               " elements: expected a_dim + b_dim = ", a_dim.unwrap() + b_dim.unwrap());
-  RuntimeCheck(b_heads.unwrap() == 1 || b_heads.unwrap() == num_heads.unwrap(), "concat_mla: b has ",
-               b_heads.unwrap(), " heads: expected 1 (broadcast) or num_heads = ", num_heads.unwrap());
+  RuntimeCheck(
+      a_dim.unwrap() * elem == kABytes && b_dim.unwrap() * elem == kBBytes,
+      "concat_mla: rows of ",
+      a_dim.unwrap() * elem,
+      " + ",
+      b_dim.unwrap() * elem,
+      " bytes: this module is built for ",
+      kABytes,
+      " + ",
+      kBBytes);
+  RuntimeCheck(
+      out_dim.unwrap() == a_dim.unwrap() + b_dim.unwrap(),
+      "concat_mla: out row of ",
+      out_dim.unwrap(),
+      " elements: expected a_dim + b_dim = ",
+      a_dim.unwrap() + b_dim.unwrap());
+  RuntimeCheck(
+      b_heads.unwrap() == 1 || b_heads.unwrap() == num_heads.unwrap(),
+      "concat_mla: b has ",
+      b_heads.unwrap(),
+      " heads: expected 1 (broadcast) or num_heads = ",
+      num_heads.unwrap());
   // A token's vectors are counted in 32 bits (even with 1-byte vectors, and the loop step added).
-  RuntimeCheck(num_heads.unwrap() * (kABytes + kBBytes) <= (int64_t{1} << 31), "concat_mla: num_heads = ",
-               num_heads.unwrap(), ": expected at most 2^31 output bytes per token");
+  RuntimeCheck(
+      num_heads.unwrap() * (kABytes + kBBytes) <= (int64_t{1} << 31),
+      "concat_mla: num_heads = ",
+      num_heads.unwrap(),
+      ": expected at most 2^31 output bytes per token");
   verify_no_partial_overlap(out, "out", a, "a", /*allow_same=*/false);
   verify_no_partial_overlap(out, "out", b, "b", /*allow_same=*/false);
 
@@ -168,11 +186,16 @@ void concat_mla(tvm::ffi::TensorView out, tvm::ffi::TensorView a, tvm::ffi::Tens
 
   // Launch
   switch (vec_bytes) {
-    case 16: return launch_concat_mla<kABytes, kBBytes, 16>(params, device);
-    case 8: return launch_concat_mla<kABytes, kBBytes, 8>(params, device);
-    case 4: return launch_concat_mla<kABytes, kBBytes, 4>(params, device);
-    case 2: return launch_concat_mla<kABytes, kBBytes, 2>(params, device);
-    default: return launch_concat_mla<kABytes, kBBytes, 1>(params, device);
+    case 16:
+      return launch_concat_mla<kABytes, kBBytes, 16>(params, device);
+    case 8:
+      return launch_concat_mla<kABytes, kBBytes, 8>(params, device);
+    case 4:
+      return launch_concat_mla<kABytes, kBBytes, 4>(params, device);
+    case 2:
+      return launch_concat_mla<kABytes, kBBytes, 2>(params, device);
+    default:
+      return launch_concat_mla<kABytes, kBBytes, 1>(params, device);
   }
 }
 

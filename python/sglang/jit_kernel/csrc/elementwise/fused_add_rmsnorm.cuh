@@ -14,12 +14,11 @@
 #include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDevice, kAnySize, data_ptr
 #include <sgl_kernel/utils.h>   // For RuntimeCheck
 
-#include "rmsnorm.cuh"  // For norm_rows_kernel, NormParams, launch_norm_rows_any_width
-
+#include <cstdint>
 #include <dlpack/dlpack.h>
 #include <tvm/ffi/container/tensor.h>
 
-#include <cstdint>
+#include "rmsnorm.cuh"  // For norm_rows_kernel, NormParams, launch_norm_rows_any_width
 
 namespace {
 
@@ -29,8 +28,13 @@ namespace {
 /// (auto: on for SM90+). T = fp16_t | bf16_t | fp32_t. Empty inputs return without a launch.
 /// Throws PanicError (Python RuntimeError) naming the tensor on any mismatch.
 template <typename T>
-void fused_add_rmsnorm(tvm::ffi::TensorView input, tvm::ffi::TensorView residual, tvm::ffi::TensorView weight,
-                       double eps, double weight_offset, int64_t enable_pdl) {
+void fused_add_rmsnorm(
+    tvm::ffi::TensorView input,
+    tvm::ffi::TensorView residual,
+    tvm::ffi::TensorView weight,
+    double eps,
+    double weight_offset,
+    int64_t enable_pdl) {
   using namespace host;
 
   // Validate
@@ -85,13 +89,16 @@ void fused_add_rmsnorm(tvm::ffi::TensorView input, tvm::ffi::TensorView residual
   params.weight_offset = static_cast<float>(weight_offset);
   params.cast_x_before_out_mul = false;
   const uint64_t row_bytes = n > 1 ? static_cast<uint64_t>(input.stride(0) | residual.stride(0)) * sizeof(T) : 0;
-  const int64_t vec_bytes = widest_vector_bytes<T>({address_of(params.rows[0].input), address_of(params.rows[0].residual),
-                                                    address_of(params.rows[0].weight), row_bytes,
-                                                    static_cast<uint64_t>(h) * sizeof(T)});
+  const int64_t vec_bytes = widest_vector_bytes<T>(
+      {address_of(params.rows[0].input),
+       address_of(params.rows[0].residual),
+       address_of(params.rows[0].weight),
+       row_bytes,
+       static_cast<uint64_t>(h) * sizeof(T)});
 
   // Launch
-  launch_norm_rows_any_width<T, NormKind::kFusedAddRMSNorm>(params, vec_bytes, device,
-                                                            resolve_pdl(enable_pdl, device), /*in_place=*/true);
+  launch_norm_rows_any_width<T, NormKind::kFusedAddRMSNorm>(
+      params, vec_bytes, device, resolve_pdl(enable_pdl, device), /*in_place=*/true);
 }
 
 }  // namespace

@@ -18,19 +18,19 @@
 // threads (latency). Bytes moved: 2 * N * (Hq + Hk) * D * sizeof(T) + 2 * D * sizeof(T) + N * p.
 #pragma once
 
-#include <sgl_kernel/tensor.h>   // For TensorMatcher, SymbolicSize, SymbolicDevice, kAnySize, data_ptr
+#include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDevice, kAnySize, data_ptr
+#include <sgl_kernel/utils.h>   // For RuntimeCheck, div_ceil
+
 #include <sgl_kernel/utils.cuh>  // For LaunchKernel, SGL_DEVICE, kWarpThreads, pdl_wait_primary
-#include <sgl_kernel/utils.h>    // For RuntimeCheck, div_ceil
 #include <sgl_kernel/vec.cuh>    // For AlignedVector
-
-#include "rope.cuh"  // For rotate_pairs, chunk_offsets, load_index, RopeAccess, rope_vector_elements, rope_resolve_pdl
-
-#include <dlpack/dlpack.h>
-#include <tvm/ffi/container/tensor.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <dlpack/dlpack.h>
+#include <tvm/ffi/container/tensor.h>
+
+#include "rope.cuh"  // For rotate_pairs, chunk_offsets, load_index, RopeAccess, rope_vector_elements, rope_resolve_pdl
 
 namespace {
 
@@ -40,26 +40,26 @@ struct QKNormRopeConfig {
   // CTAs of kMaxThreads per SM the registers must allow, by units per lane: one unit fits 64
   // registers; two (head_dim 256 at 16-byte vectors) spill 100-140 bytes at 64, so they get 128.
   static constexpr uint32_t min_blocks(int units) { return units == 1 ? 2 : 1; }
-  static constexpr int64_t kTargetThreads = 256;         // tokens packed into a CTA up to this many threads
-  static constexpr int64_t kHeadPasses = 4;              // heads per thread at large sizes
+  static constexpr int64_t kTargetThreads = 256;              // tokens packed into a CTA up to this many threads
+  static constexpr int64_t kHeadPasses = 4;                   // heads per thread at large sizes
   static constexpr int64_t kLargeThreads = int64_t{1} << 16;  // one thread per head below this many
-  static constexpr int64_t kMaxLanes = 32;               // lanes per head (one warp)
+  static constexpr int64_t kMaxLanes = 32;                    // lanes per head (one warp)
 };
 
 /// Kernel arguments of fused_qk_norm_rope_kernel.
 struct QKNormRopeParams {
-  void* qkv;                // [num_tokens, row], head h of token t at t * token_stride + h * head_dim
-  int64_t token_stride;     // elements
+  void* qkv;             // [num_tokens, row], head h of token t at t * token_stride + h * head_dim
+  int64_t token_stride;  // elements
   int64_t num_tokens;
   int64_t num_q_heads;
-  int64_t num_heads;        // num_q_heads + num_k_heads (v is never touched)
+  int64_t num_heads;  // num_q_heads + num_k_heads (v is never touched)
   int64_t head_dim;
-  int64_t half;             // R / 2
-  int64_t num_units;        // pair chunks + rest units per head
-  int32_t lanes;            // G: lanes per head (power of two <= 32)
-  const void* q_weight;     // [head_dim]
-  const void* k_weight;     // [head_dim]
-  const void* positions;    // [num_tokens] int32 / int64
+  int64_t half;           // R / 2
+  int64_t num_units;      // pair chunks + rest units per head
+  int32_t lanes;          // G: lanes per head (power of two <= 32)
+  const void* q_weight;   // [head_dim]
+  const void* k_weight;   // [head_dim]
+  const void* positions;  // [num_tokens] int32 / int64
   bool positions_int64;
   float eps;
   float base;
@@ -190,9 +190,17 @@ template <typename T, int kVecN, bool kNeox>
 void launch_fused_qk_norm_rope(QKNormRopeParams p, DLDevice device, bool pdl) {
   using namespace host;
   const int64_t units = p.num_units;
-  RuntimeCheck(units <= 2 * QKNormRopeConfig::kMaxLanes, "fused_qk_norm_rope: head_dim ", p.head_dim,
-               " needs ", units, " units of ", 2 * kVecN, " elements, at most ", 2 * QKNormRopeConfig::kMaxLanes,
-               " are supported (align the qkv rows to 16 bytes, or use a smaller head_dim)");
+  RuntimeCheck(
+      units <= 2 * QKNormRopeConfig::kMaxLanes,
+      "fused_qk_norm_rope: head_dim ",
+      p.head_dim,
+      " needs ",
+      units,
+      " units of ",
+      2 * kVecN,
+      " elements, at most ",
+      2 * QKNormRopeConfig::kMaxLanes,
+      " are supported (align the qkv rows to 16 bytes, or use a smaller head_dim)");
   int64_t lanes = 1;
   while (lanes < std::min<int64_t>(units, QKNormRopeConfig::kMaxLanes)) lanes *= 2;
   p.lanes = static_cast<int32_t>(lanes);
@@ -202,18 +210,18 @@ void launch_fused_qk_norm_rope(QKNormRopeParams p, DLDevice device, bool pdl) {
   int64_t heads = div_ceil(p.num_heads, passes);
   heads = std::min<int64_t>(heads, QKNormRopeConfig::kMaxThreads / lanes);
   // blockDim.z is at most 64 (a CUDA limit)
-  const int64_t tokens = std::clamp<int64_t>(QKNormRopeConfig::kTargetThreads / (lanes * heads), 1,
-                                             std::clamp<int64_t>(p.num_tokens, 1, 64));
+  const int64_t tokens = std::clamp<int64_t>(
+      QKNormRopeConfig::kTargetThreads / (lanes * heads), 1, std::clamp<int64_t>(p.num_tokens, 1, 64));
   const dim3 block(static_cast<uint32_t>(lanes), static_cast<uint32_t>(heads), static_cast<uint32_t>(tokens));
   const int64_t grid = div_ceil(p.num_tokens, tokens);
-  RuntimeCheck(grid < (int64_t{1} << 31), "fused_qk_norm_rope: num_tokens too large for one launch, got ",
-               p.num_tokens);
+  RuntimeCheck(
+      grid < (int64_t{1} << 31), "fused_qk_norm_rope: num_tokens too large for one launch, got ", p.num_tokens);
   if (units <= lanes) {
-    LaunchKernel(static_cast<uint32_t>(grid), block, device).enable_pdl(pdl)(
-        fused_qk_norm_rope_kernel<T, kVecN, kNeox, 1>, p);
+    LaunchKernel(static_cast<uint32_t>(grid), block, device)
+        .enable_pdl(pdl)(fused_qk_norm_rope_kernel<T, kVecN, kNeox, 1>, p);
   } else {
-    LaunchKernel(static_cast<uint32_t>(grid), block, device).enable_pdl(pdl)(
-        fused_qk_norm_rope_kernel<T, kVecN, kNeox, 2>, p);
+    LaunchKernel(static_cast<uint32_t>(grid), block, device)
+        .enable_pdl(pdl)(fused_qk_norm_rope_kernel<T, kVecN, kNeox, 2>, p);
   }
 }
 
@@ -223,10 +231,24 @@ void launch_fused_qk_norm_rope(QKNormRopeParams p, DLDevice device, bool pdl) {
 /// != 1). position_ids: [num_tokens] int32/int64. enable_pdl: 1 / 0 / -1 (auto).
 /// T = fp16_t | bf16_t | fp32_t. Throws PanicError (Python RuntimeError) naming the tensor.
 template <typename T>
-void fused_qk_norm_rope(tvm::ffi::TensorView qkv, int64_t num_heads_q, int64_t num_heads_k, int64_t num_heads_v,
-                        int64_t head_dim, double eps, tvm::ffi::TensorView q_weight, tvm::ffi::TensorView k_weight,
-                        double base, bool is_neox, tvm::ffi::TensorView position_ids, double factor, double low,
-                        double high, double attention_factor, int64_t rotary_dim, int64_t enable_pdl) {
+void fused_qk_norm_rope(
+    tvm::ffi::TensorView qkv,
+    int64_t num_heads_q,
+    int64_t num_heads_k,
+    int64_t num_heads_v,
+    int64_t head_dim,
+    double eps,
+    tvm::ffi::TensorView q_weight,
+    tvm::ffi::TensorView k_weight,
+    double base,
+    bool is_neox,
+    tvm::ffi::TensorView position_ids,
+    double factor,
+    double low,
+    double high,
+    double attention_factor,
+    int64_t rotary_dim,
+    int64_t enable_pdl) {
   using namespace host;
   constexpr const char* kOp = "fused_qk_norm_rope";
 
@@ -255,8 +277,13 @@ void fused_qk_norm_rope(tvm::ffi::TensorView qkv, int64_t num_heads_q, int64_t n
       .with_device<kDLCUDA>(device_)
       .verify(position_ids, "position_ids");
   const int64_t r = rotary_dim == 0 ? head_dim : rotary_dim;
-  RuntimeCheck(r > 0 && r % 2 == 0 && r <= head_dim, kOp, ": rotary_dim must be even, > 0 and <= head_dim (",
-               head_dim, "), got ", r);
+  RuntimeCheck(
+      r > 0 && r % 2 == 0 && r <= head_dim,
+      kOp,
+      ": rotary_dim must be even, > 0 and <= head_dim (",
+      head_dim,
+      "), got ",
+      r);
   RuntimeCheck(eps >= 0.0, kOp, ": eps must be >= 0, got ", eps);
   verify_no_partial_overlap(qkv, "qkv", q_weight, "q_weight", /*allow_same=*/false);
   verify_no_partial_overlap(qkv, "qkv", k_weight, "k_weight", /*allow_same=*/false);
@@ -288,9 +315,13 @@ void fused_qk_norm_rope(tvm::ffi::TensorView qkv, int64_t num_heads_q, int64_t n
   const uint64_t s = sizeof(T);
   constexpr int kMaxVecN = static_cast<int>(16 / sizeof(T));
   const uint64_t token_bits = p.num_tokens > 1 ? static_cast<uint64_t>(p.token_stride) * s : 0;
-  const int64_t vec_n = rope_vector_elements<T>({rope_address(p.qkv), token_bits, static_cast<uint64_t>(head_dim) * s,
-                                                 static_cast<uint64_t>(p.half) * s, rope_address(p.q_weight),
-                                                 rope_address(p.k_weight)});
+  const int64_t vec_n = rope_vector_elements<T>(
+      {rope_address(p.qkv),
+       token_bits,
+       static_cast<uint64_t>(head_dim) * s,
+       static_cast<uint64_t>(p.half) * s,
+       rope_address(p.q_weight),
+       rope_address(p.k_weight)});
   const bool pdl = rope_resolve_pdl(enable_pdl, device);
 
   // Launch

@@ -18,12 +18,11 @@
 #include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDevice, kAnySize, data_ptr
 #include <sgl_kernel/utils.h>   // For RuntimeCheck
 
-#include "rmsnorm.cuh"  // For norm_rows_kernel, NormParams, launch_norm_rows_any_width
-
+#include <cstdint>
 #include <dlpack/dlpack.h>
 #include <tvm/ffi/container/tensor.h>
 
-#include <cstdint>
+#include "rmsnorm.cuh"  // For norm_rows_kernel, NormParams, launch_norm_rows_any_width
 
 namespace {
 
@@ -31,8 +30,11 @@ namespace {
 /// each free of self-overlap (no stride-0 dim, no heads closer than their length), disjoint from each
 /// other (interleaved views of one buffer are fine), and sharing no memory with either weight, which
 /// other rows still read while q and k are written. Throws PanicError naming the tensors.
-inline void verify_qk_in_place(const tvm::ffi::TensorView& q, const tvm::ffi::TensorView& k,
-                               const tvm::ffi::TensorView& q_weight, const tvm::ffi::TensorView& k_weight) {
+inline void verify_qk_in_place(
+    const tvm::ffi::TensorView& q,
+    const tvm::ffi::TensorView& k,
+    const tvm::ffi::TensorView& q_weight,
+    const tvm::ffi::TensorView& k_weight) {
   host::verify_no_self_overlap(q, "q");
   host::verify_no_self_overlap(k, "k");
   host::verify_no_partial_overlap(k, "k", q, "q", /*allow_same=*/false);
@@ -45,15 +47,20 @@ inline void verify_qk_in_place(const tvm::ffi::TensorView& q, const tvm::ffi::Te
 /// The rows of an in-place tensor `t` ([num_tokens, num_heads, hidden_size], or [num_tokens,
 /// hidden_size] with num_heads = 1 and head_stride = 0): num_rows rows (num_tokens * num_heads, or
 /// 0), normalised with `weight` and written where they are read.
-inline NormRows in_place_rows(const tvm::ffi::TensorView& t, const tvm::ffi::TensorView& weight, int64_t num_rows,
-                              int64_t num_heads, int64_t hidden_size, int64_t head_stride) {
+inline NormRows in_place_rows(
+    const tvm::ffi::TensorView& t,
+    const tvm::ffi::TensorView& weight,
+    int64_t num_rows,
+    int64_t num_heads,
+    int64_t hidden_size,
+    int64_t head_stride) {
   return NormRows{
       .input = host::data_ptr<const void>(t),
       .out = host::data_ptr(t),
       .residual = nullptr,
       .weight = host::data_ptr<const void>(weight),
       .num_rows = num_rows,
-      .num_groups = 0,  // set with the geometry
+      .num_groups = 0,                             // set with the geometry
       .num_heads = num_heads > 0 ? num_heads : 1,  // never divided by when 0: no rows
       .hidden_size = hidden_size,
       .input_token_stride = t.stride(0),
@@ -70,8 +77,13 @@ inline NormRows in_place_rows(const tvm::ffi::TensorView& t, const tvm::ffi::Ten
 /// [head_dim], contiguous. enable_pdl: 1 / 0 / -1 (auto: on for SM90+). T = fp16_t | bf16_t | fp32_t.
 /// Empty inputs return without a launch. Throws PanicError (Python RuntimeError) naming the tensor.
 template <typename T>
-void fused_inplace_qknorm(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView q_weight,
-                          tvm::ffi::TensorView k_weight, double eps, int64_t enable_pdl) {
+void fused_inplace_qknorm(
+    tvm::ffi::TensorView q,
+    tvm::ffi::TensorView k,
+    tvm::ffi::TensorView q_weight,
+    tvm::ffi::TensorView k_weight,
+    double eps,
+    int64_t enable_pdl) {
   using namespace host;
 
   // Validate
@@ -122,12 +134,20 @@ void fused_inplace_qknorm(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::f
   if (hq > 1) stride_bits |= static_cast<uint64_t>(q.stride(1));
   if (hk > 1) stride_bits |= static_cast<uint64_t>(k.stride(1));
   const int64_t vec_bytes = widest_vector_bytes<T>(
-      {address_of(params.rows[0].input), address_of(params.rows[1].input), address_of(params.rows[0].weight),
-       address_of(params.rows[1].weight), stride_bits * sizeof(T), static_cast<uint64_t>(d) * sizeof(T)});
+      {address_of(params.rows[0].input),
+       address_of(params.rows[1].input),
+       address_of(params.rows[0].weight),
+       address_of(params.rows[1].weight),
+       stride_bits * sizeof(T),
+       static_cast<uint64_t>(d) * sizeof(T)});
 
   // Launch
-  launch_norm_rows_any_width<T, NormKind::kQKNorm>(params, vec_bytes, device, resolve_pdl(enable_pdl, device),
-                                                   /*in_place=*/true);
+  launch_norm_rows_any_width<T, NormKind::kQKNorm>(
+      params,
+      vec_bytes,
+      device,
+      resolve_pdl(enable_pdl, device),
+      /*in_place=*/true);
 }
 
 }  // namespace

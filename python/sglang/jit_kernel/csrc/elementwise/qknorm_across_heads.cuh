@@ -14,14 +14,13 @@
 
 #include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDevice, kAnySize
 
-#include "qknorm.cuh"   // For verify_qk_in_place, in_place_rows
-#include "rmsnorm.cuh"  // For NormParams, launch_norm_rows_any_width, widest_vector_bytes, check_norm_scalars
-
+#include <algorithm>
+#include <cstdint>
 #include <dlpack/dlpack.h>
 #include <tvm/ffi/container/tensor.h>
 
-#include <algorithm>
-#include <cstdint>
+#include "qknorm.cuh"   // For verify_qk_in_place, in_place_rows
+#include "rmsnorm.cuh"  // For NormParams, launch_norm_rows_any_width, widest_vector_bytes, check_norm_scalars
 
 namespace {
 
@@ -32,8 +31,13 @@ namespace {
 /// enable_pdl: 1 / 0 / -1 (auto: on for SM90+). T = fp16_t | bf16_t | fp32_t. Empty inputs return
 /// without a launch. Throws PanicError (Python RuntimeError) naming the tensor.
 template <typename T>
-void fused_inplace_qknorm_across_heads(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView q_weight,
-                                       tvm::ffi::TensorView k_weight, double eps, int64_t enable_pdl) {
+void fused_inplace_qknorm_across_heads(
+    tvm::ffi::TensorView q,
+    tvm::ffi::TensorView k,
+    tvm::ffi::TensorView q_weight,
+    tvm::ffi::TensorView k_weight,
+    double eps,
+    int64_t enable_pdl) {
   using namespace host;
   constexpr const char* kOp = "fused_inplace_qknorm_across_heads";
 
@@ -83,12 +87,20 @@ void fused_inplace_qknorm_across_heads(tvm::ffi::TensorView q, tvm::ffi::TensorV
   // One vector width for both tensors: it divides both row lengths, strides and pointers.
   const uint64_t stride_bits = n > 1 ? static_cast<uint64_t>(q.stride(0) | k.stride(0)) : 0;
   const int64_t vec_bytes = widest_vector_bytes<T>(
-      {address_of(params.rows[0].input), address_of(params.rows[1].input), address_of(params.rows[0].weight),
-       address_of(params.rows[1].weight), stride_bits * sizeof(T), static_cast<uint64_t>(hq | hk) * sizeof(T)});
+      {address_of(params.rows[0].input),
+       address_of(params.rows[1].input),
+       address_of(params.rows[0].weight),
+       address_of(params.rows[1].weight),
+       stride_bits * sizeof(T),
+       static_cast<uint64_t>(hq | hk) * sizeof(T)});
 
   // Launch
-  launch_norm_rows_any_width<T, NormKind::kQKNorm>(params, vec_bytes, device, resolve_pdl(enable_pdl, device),
-                                                   /*in_place=*/true);
+  launch_norm_rows_any_width<T, NormKind::kQKNorm>(
+      params,
+      vec_bytes,
+      device,
+      resolve_pdl(enable_pdl, device),
+      /*in_place=*/true);
 }
 
 }  // namespace

@@ -42,16 +42,14 @@
 // fused add 4*N*H*sizeof(T) + H*sizeof(T); qknorm 2*N*(Hq+Hk)*D*sizeof(T) + 2*D*sizeof(T).
 #pragma once
 
+#include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDevice, kAnySize, data_ptr
+#include <sgl_kernel/utils.h>   // For RuntimeCheck, div_ceil
+
 #include <sgl_kernel/runtime.cuh>  // For runtime::get_blocks_per_sm, get_sm_count, get_cc_major
-#include <sgl_kernel/tensor.h>     // For TensorMatcher, SymbolicSize, SymbolicDevice, kAnySize, data_ptr
 #include <sgl_kernel/type.cuh>     // For device::cast
 #include <sgl_kernel/utils.cuh>    // For LaunchKernel, SGL_DEVICE, kWarpThreads, pdl_wait_primary
-#include <sgl_kernel/utils.h>      // For RuntimeCheck, div_ceil
 #include <sgl_kernel/vec.cuh>      // For AlignedVector
 #include <sgl_kernel/warp.cuh>     // For warp::reduce_sum
-
-#include <dlpack/dlpack.h>
-#include <tvm/ffi/container/tensor.h>
 
 #include <algorithm>
 #include <array>
@@ -59,8 +57,10 @@
 #include <bit>
 #include <cstdint>
 #include <cstring>
+#include <dlpack/dlpack.h>
 #include <initializer_list>
 #include <limits>
+#include <tvm/ffi/container/tensor.h>
 #include <type_traits>
 
 namespace {
@@ -90,35 +90,35 @@ struct NormRows {
   uint32_t head_magic;            // row / num_heads = (row * head_magic) >> head_shift for row < 2^31
   uint32_t head_shift;            //   (set by the launcher; see set_head_divisor)
   // Set by launch_norm_rows (set_row_geometry):
-  int32_t num_vecs;               // vectors per row: hidden_size / kVecN
-  int32_t threads_per_row;        // TPR: a power of two <= 32, or a multiple of 32; divides blockDim.x
-  int32_t rows_per_cta;           // blockDim.x / threads_per_row
-  int32_t tpr_shift;              // log2(threads_per_row) when it is a power of two, else -1
-  float inv_hidden_size;          // 1 / hidden_size
+  int32_t num_vecs;         // vectors per row: hidden_size / kVecN
+  int32_t threads_per_row;  // TPR: a power of two <= 32, or a multiple of 32; divides blockDim.x
+  int32_t rows_per_cta;     // blockDim.x / threads_per_row
+  int32_t tpr_shift;        // log2(threads_per_row) when it is a power of two, else -1
+  float inv_hidden_size;    // 1 / hidden_size
 };
 
 /// Kernel arguments of norm_rows_kernel.
 struct NormParams {
-  NormRows rows[2];             // kQKNorm: {q, k}; otherwise rows[0] only
-  int64_t rows0_ctas;           // kQKNorm: CTAs [0, rows0_ctas) serve q, the rest k
-  float eps;                    // added to the mean square
-  float weight_offset;          // 0 (RMSNorm) or 1 (Gemma: w + 1)
-  bool cast_x_before_out_mul;   // round x * rstd to T before the weight multiply
-  bool interleave_segments;     // kQKNorm: q and k CTAs interleaved in launch order (cta_share)
+  NormRows rows[2];            // kQKNorm: {q, k}; otherwise rows[0] only
+  int64_t rows0_ctas;          // kQKNorm: CTAs [0, rows0_ctas) serve q, the rest k
+  float eps;                   // added to the mean square
+  float weight_offset;         // 0 (RMSNorm) or 1 (Gemma: w + 1)
+  bool cast_x_before_out_mul;  // round x * rstd to T before the weight multiply
+  bool interleave_segments;    // kQKNorm: q and k CTAs interleaved in launch order (cta_share)
 };
 
 /// Launch facts of norm_rows_kernel.
 struct NormConfig {
-  static constexpr int kTargetVecs = 2;            // vectors per thread the heuristic aims for
-  static constexpr int64_t kPreferredRowThreads = 256;  // rows wider than this take more vectors
-                                                        // per thread first (H200: H=8192 as 256 x 4
-                                                        // beat 512 x 2 by 12%; H=4096 256 x 2 best)
+  static constexpr int kTargetVecs = 2;                      // vectors per thread the heuristic aims for
+  static constexpr int64_t kPreferredRowThreads = 256;       // rows wider than this take more vectors
+                                                             // per thread first (H200: H=8192 as 256 x 4
+                                                             // beat 512 x 2 by 12%; H=4096 256 x 2 best)
   static constexpr int64_t kPreferredFusedRowThreads = 512;  // the fused add, one CTA per group:
                                                              // H=8192 as 512 x 2 262.5 us vs 266.4
                                                              // for 256 x 4 (80 registers, spills)
-  static constexpr uint32_t kBlockThreads = 256;   // CTA size when several rows share a CTA
-  static constexpr uint32_t kMaxWarps = 32;        // shared-memory partials per buffer
-  static constexpr int kMaxThreadBytes = 64;       // x held per thread at most (registers)
+  static constexpr uint32_t kBlockThreads = 256;             // CTA size when several rows share a CTA
+  static constexpr uint32_t kMaxWarps = 32;                  // shared-memory partials per buffer
+  static constexpr int kMaxThreadBytes = 64;                 // x held per thread at most (registers)
   // In-place launches whose input rows (num_rows x hidden_size elements; the fused add reads as
   // many again from the residual) hold at least this many bytes take the L2 hint (RowAccess).
   static constexpr int64_t kL2HintMinBytes = int64_t{1} << 20;
@@ -207,8 +207,8 @@ SGL_DEVICE void set_pair(device::AlignedVector<T, N>& v, std::size_t i, float2 f
 /// Applies op(float2 of x's pair i, float2 of y's pair i) -> float2 to every pair (or op on
 /// {x[0], 0} for one-element vectors) and returns the results rounded to T.
 template <typename T, std::size_t N, typename Op>
-SGL_DEVICE device::AlignedVector<T, N> map_pairs(const device::AlignedVector<T, N>& x,
-                                                 const device::AlignedVector<T, N>& y, Op op) {
+SGL_DEVICE device::AlignedVector<T, N> map_pairs(
+    const device::AlignedVector<T, N>& x, const device::AlignedVector<T, N>& y, Op op) {
   device::AlignedVector<T, N> out;
   if constexpr (N >= 2) {
 #pragma unroll
@@ -255,8 +255,8 @@ SGL_DEVICE float sum_squares_all(const device::AlignedVector<T, N> (&x)[kVecs]) 
 
 /// round(x + r) element-wise: the fp32 sum rounded once to T (what the residual stream stores).
 template <typename T, std::size_t N>
-SGL_DEVICE device::AlignedVector<T, N> add_rounded(const device::AlignedVector<T, N>& x,
-                                                   const device::AlignedVector<T, N>& r) {
+SGL_DEVICE device::AlignedVector<T, N> add_rounded(
+    const device::AlignedVector<T, N>& x, const device::AlignedVector<T, N>& r) {
   return map_pairs(x, r, [](float2 a, float2 b) { return make_float2(a.x + b.x, a.y + b.y); });
 }
 
@@ -276,17 +276,22 @@ SGL_DEVICE RowScale row_scale(float rstd, float weight_offset) {
 /// rstd) (fp32, one rounding). With cast_x_first, x * rstd is rounded to T first and then
 /// multiplied by (w + weight_offset): round(float(round(x * rstd)) * (w + weight_offset)).
 template <typename T, std::size_t N>
-SGL_DEVICE device::AlignedVector<T, N> normalize(const device::AlignedVector<T, N>& x,
-                                                 const device::AlignedVector<T, N>& w, RowScale scale,
-                                                 float weight_offset, bool cast_x_first) {
+SGL_DEVICE device::AlignedVector<T, N> normalize(
+    const device::AlignedVector<T, N>& x,
+    const device::AlignedVector<T, N>& w,
+    RowScale scale,
+    float weight_offset,
+    bool cast_x_first) {
   if (!cast_x_first) {
     return map_pairs(x, w, [scale](float2 a, float2 b) {
-      return make_float2(a.x * fmaf(b.x, scale.rstd, scale.offset_rstd), a.y * fmaf(b.y, scale.rstd, scale.offset_rstd));
+      return make_float2(
+          a.x * fmaf(b.x, scale.rstd, scale.offset_rstd), a.y * fmaf(b.y, scale.rstd, scale.offset_rstd));
     });
   }
   const auto round = [](float v) { return device::cast<fp32_t>(device::cast<T>(v)); };
   return map_pairs(x, w, [scale, weight_offset, round](float2 a, float2 b) {
-    return make_float2(round(a.x * scale.rstd) * (b.x + weight_offset), round(a.y * scale.rstd) * (b.y + weight_offset));
+    return make_float2(
+        round(a.x * scale.rstd) * (b.x + weight_offset), round(a.y * scale.rstd) * (b.y + weight_offset));
   });
 }
 
@@ -536,8 +541,10 @@ SGL_DEVICE void norm_rows_two_pass(const NormParams& params, float (*partials)[N
 #pragma unroll
       for (int j = 0; j < kMaxVecs; ++j) {
         if (base + j * tpr < rows.num_vecs) {
-          access.store(normalize(x[j], w[j], scale, params.weight_offset, params.cast_x_before_out_mul), ptrs.out,
-                       base + j * tpr);
+          access.store(
+              normalize(x[j], w[j], scale, params.weight_offset, params.cast_x_before_out_mul),
+              ptrs.out,
+              base + j * tpr);
         }
       }
     }
@@ -551,8 +558,14 @@ SGL_DEVICE void norm_rows_two_pass(const NormParams& params, float (*partials)[N
 /// (every group, except the fused add with four or more vectors per thread); otherwise `weight`
 /// holds them (loaded once per CTA).
 template <typename T, int kVecN, NormKind kKind, int kVecs, bool kLoadWeight, bool kL2Hint>
-SGL_DEVICE void norm_group_in_registers(const NormParams& params, const NormRows& rows, int64_t group, int slot,
-                                        int lane, const device::AlignedVector<T, kVecN>* weight, float* smem) {
+SGL_DEVICE void norm_group_in_registers(
+    const NormParams& params,
+    const NormRows& rows,
+    int64_t group,
+    int slot,
+    int lane,
+    const device::AlignedVector<T, kVecN>* weight,
+    float* smem) {
   using vec_t = device::AlignedVector<T, kVecN>;
   const int tpr = rows.threads_per_row;
   const int64_t row = group * rows.rows_per_cta + slot;
@@ -619,8 +632,10 @@ SGL_DEVICE void norm_group_in_registers(const NormParams& params, const NormRows
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
     if (valid[j]) {
-      access.store(normalize(x[j], weight[j], scale, params.weight_offset, params.cast_x_before_out_mul), ptrs.out,
-                   lane + j * tpr);
+      access.store(
+          normalize(x[j], weight[j], scale, params.weight_offset, params.cast_x_before_out_mul),
+          ptrs.out,
+          lane + j * tpr);
     }
   }
 }
@@ -651,15 +666,15 @@ SGL_DEVICE void norm_rows_in_registers(const NormParams& params, float (*partial
     // rmsnorm [1, 4096] 1.45 vs 1.24 us on an H200).
     if (share.first + share.stride >= rows.num_groups) {
       if (share.first < rows.num_groups) {
-        norm_group_in_registers<T, kVecN, kKind, kVecs, true, kL2Hint>(params, rows, share.first, slot, lane,
-                                                                       nullptr, partials[0]);
+        norm_group_in_registers<T, kVecN, kKind, kVecs, true, kL2Hint>(
+            params, rows, share.first, slot, lane, nullptr, partials[0]);
       }
       return;
     }
     int parity = 0;
     for (int64_t group = share.first; group < rows.num_groups; group += share.stride) {
-      norm_group_in_registers<T, kVecN, kKind, kVecs, true, kL2Hint>(params, rows, group, slot, lane, nullptr,
-                                                                     partials[parity]);
+      norm_group_in_registers<T, kVecN, kKind, kVecs, true, kL2Hint>(
+          params, rows, group, slot, lane, nullptr, partials[parity]);
       parity ^= 1;
     }
   } else {
@@ -671,8 +686,8 @@ SGL_DEVICE void norm_rows_in_registers(const NormParams& params, float (*partial
     }
     int parity = 0;
     for (int64_t group = share.first; group < rows.num_groups; group += share.stride) {
-      norm_group_in_registers<T, kVecN, kKind, kVecs, false, kL2Hint>(params, rows, group, slot, lane, weight,
-                                                                      partials[parity]);
+      norm_group_in_registers<T, kVecN, kKind, kVecs, false, kL2Hint>(
+          params, rows, group, slot, lane, weight, partials[parity]);
       parity ^= 1;
     }
   }
@@ -694,10 +709,9 @@ inline constexpr int kNormThreadBytes =
 /// separate build rather than a runtime branch: both paths in one kernel spilled three builds
 /// whose paths alone do not (the compiler hoists their common arithmetic above the branch).
 template <typename T, int kVecN, NormKind kKind, int kVecs, bool kWide, bool kL2Hint>
-__global__ void __launch_bounds__(NormConfig::bound_threads(kKind, kNormThreadBytes<T, kVecN, kVecs>, kVecs == 0, kWide,
-                                                            kVecs),
-                                  NormConfig::bound_blocks(kKind, kNormThreadBytes<T, kVecN, kVecs>, kVecs == 0, kWide,
-                                                           kVecs))
+__global__ void __launch_bounds__(
+    NormConfig::bound_threads(kKind, kNormThreadBytes<T, kVecN, kVecs>, kVecs == 0, kWide, kVecs),
+    NormConfig::bound_blocks(kKind, kNormThreadBytes<T, kVecN, kVecs>, kVecs == 0, kWide, kVecs))
     norm_rows_kernel(const NormParams params) {
   __shared__ alignas(16) float partials[2][NormConfig::kMaxWarps];  // two buffers: one barrier per group
 
@@ -790,8 +804,11 @@ inline void set_head_divisor(NormRows& rows) {
 
 inline NormGeometry make_geometry(int64_t tpr, int64_t k) {
   const int64_t rows = std::max<int64_t>(1, NormConfig::kBlockThreads / tpr);
-  return {static_cast<int32_t>(tpr), static_cast<int32_t>(k), static_cast<int32_t>(rows),
-          static_cast<uint32_t>(rows * tpr)};
+  return {
+      static_cast<int32_t>(tpr),
+      static_cast<int32_t>(k),
+      static_cast<int32_t>(rows),
+      static_cast<uint32_t>(rows * tpr)};
 }
 
 /// Picks the geometry of a row of num_vecs vectors of vec_bytes bytes (num_rows rows in all, on a
@@ -804,8 +821,8 @@ inline NormGeometry make_geometry(int64_t tpr, int64_t k) {
 /// 16-byte vectors: H=128 -> 8 threads x 2, 32 rows per 256-thread CTA; H=4096 -> 256 x 2;
 /// H=8192 -> 256 x 4 (fused add 512 x 2); H=16384 -> 1024 x 2; H=32768 -> two passes, 512
 /// threads. qknorm, head_dim 128 -> 8 x 2, 32 heads per 256-thread CTA; 16 x 1 at one token.)
-inline NormGeometry choose_geometry(NormKind kind, int64_t num_vecs, int vec_bytes, int64_t num_rows,
-                                    int64_t sm_count) {
+inline NormGeometry choose_geometry(
+    NormKind kind, int64_t num_vecs, int vec_bytes, int64_t num_rows, int64_t sm_count) {
   using host::div_ceil;
   const int max_vecs = NormConfig::max_vecs(vec_bytes);
   const NormOverride& forced = norm_override();
@@ -814,11 +831,19 @@ inline NormGeometry choose_geometry(NormKind kind, int64_t num_vecs, int vec_byt
     const int64_t k = forced.vecs_per_thread > 0
                           ? forced.vecs_per_thread
                           : static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(div_ceil(num_vecs, tpr))));
-    host::RuntimeCheck(round_threads_per_row(tpr) == tpr && (k & (k - 1)) == 0 && k <= max_vecs &&
-                           tpr <= NormConfig::max_threads(kind, static_cast<int>(k) * vec_bytes, false, static_cast<int>(k)) &&
-                           k * tpr >= num_vecs,
-                       "norm geometry override: ", tpr, " threads x ", k, " vectors per thread cannot cover ",
-                       num_vecs, " vectors of ", vec_bytes, " bytes");
+    host::RuntimeCheck(
+        round_threads_per_row(tpr) == tpr && (k & (k - 1)) == 0 && k <= max_vecs &&
+            tpr <= NormConfig::max_threads(kind, static_cast<int>(k) * vec_bytes, false, static_cast<int>(k)) &&
+            k * tpr >= num_vecs,
+        "norm geometry override: ",
+        tpr,
+        " threads x ",
+        k,
+        " vectors per thread cannot cover ",
+        num_vecs,
+        " vectors of ",
+        vec_bytes,
+        " bytes");
     return make_geometry(tpr, k);
   }
   const int64_t first_k =
@@ -923,8 +948,8 @@ void launch_norm_bucket_hint(const NormParams& params, const NormGeometry& geome
 }
 
 template <typename T, int kVecN, NormKind kKind, int kVecs>
-void launch_norm_bucket(const NormParams& params, const NormGeometry& geometry, DLDevice device, bool pdl,
-                        bool l2_hint) {
+void launch_norm_bucket(
+    const NormParams& params, const NormGeometry& geometry, DLDevice device, bool pdl, bool l2_hint) {
   // Hinted builds exist for 16-byte vectors only (rows 16-byte aligned, as large tensors are):
   // for every width they doubled the norm module's compile time (CI compiles it without a GPU).
   if constexpr (kVecN * sizeof(T) == 16) {
@@ -962,12 +987,16 @@ void set_row_geometry(NormRows& rows, const NormGeometry& geometry, int64_t geom
 template <typename T, int kVecN, NormKind kKind>
 void launch_norm_rows(NormParams params, DLDevice device, bool pdl, bool in_place) {
   constexpr int kMaxVecs = NormConfig::max_vecs(kVecN * sizeof(T));
-  const int64_t num_vecs = std::max(params.rows[0].num_rows > 0 ? params.rows[0].hidden_size : 0,
-                                    params.rows[1].num_rows > 0 ? params.rows[1].hidden_size : 0) /
+  const int64_t num_vecs = std::max(
+                               params.rows[0].num_rows > 0 ? params.rows[0].hidden_size : 0,
+                               params.rows[1].num_rows > 0 ? params.rows[1].hidden_size : 0) /
                            kVecN;
-  const NormGeometry geometry = choose_geometry(kKind, num_vecs, kVecN * sizeof(T),
-                                                params.rows[0].num_rows + params.rows[1].num_rows,
-                                                host::runtime::get_sm_count(device.device_id));
+  const NormGeometry geometry = choose_geometry(
+      kKind,
+      num_vecs,
+      kVecN * sizeof(T),
+      params.rows[0].num_rows + params.rows[1].num_rows,
+      host::runtime::get_sm_count(device.device_id));
   int64_t input_elements = 0;
   for (NormRows& rows : params.rows) {
     set_row_geometry<kVecN>(rows, geometry, num_vecs);
@@ -975,9 +1004,12 @@ void launch_norm_rows(NormParams params, DLDevice device, bool pdl, bool in_plac
   }
   const bool l2_hint = use_l2_hint(in_place, input_elements * static_cast<int64_t>(sizeof(T)));
   switch (geometry.vecs_per_thread) {
-    case 0: return launch_norm_bucket<T, kVecN, kKind, 0>(params, geometry, device, pdl, l2_hint);
-    case 1: return launch_norm_bucket<T, kVecN, kKind, 1>(params, geometry, device, pdl, l2_hint);
-    case 2: return launch_norm_bucket<T, kVecN, kKind, 2>(params, geometry, device, pdl, l2_hint);
+    case 0:
+      return launch_norm_bucket<T, kVecN, kKind, 0>(params, geometry, device, pdl, l2_hint);
+    case 1:
+      return launch_norm_bucket<T, kVecN, kKind, 1>(params, geometry, device, pdl, l2_hint);
+    case 2:
+      return launch_norm_bucket<T, kVecN, kKind, 2>(params, geometry, device, pdl, l2_hint);
     case 4:
       if constexpr (kMaxVecs >= 4) {
         return launch_norm_bucket<T, kVecN, kKind, 4>(params, geometry, device, pdl, l2_hint);
@@ -996,8 +1028,10 @@ void launch_norm_rows(NormParams params, DLDevice device, bool pdl, bool in_plac
 template <typename T, NormKind kKind>
 void launch_norm_rows_any_width(const NormParams& params, int64_t vec_bytes, DLDevice device, bool pdl, bool in_place) {
   switch (vec_bytes) {
-    case 16: return launch_norm_rows<T, 16 / sizeof(T), kKind>(params, device, pdl, in_place);
-    case 8: return launch_norm_rows<T, 8 / sizeof(T), kKind>(params, device, pdl, in_place);
+    case 16:
+      return launch_norm_rows<T, 16 / sizeof(T), kKind>(params, device, pdl, in_place);
+    case 8:
+      return launch_norm_rows<T, 8 / sizeof(T), kKind>(params, device, pdl, in_place);
     default:
       if constexpr (sizeof(T) <= 2) {
         if (vec_bytes == 4) {
@@ -1019,8 +1053,13 @@ inline void check_norm_scalars(const char* op, int64_t hidden_size, double eps) 
 /// Last-dim contiguity of a [rows..., hidden_size] view (stride 1; any stride when hidden_size is 1).
 inline void check_last_dim_contiguous(const char* op, const char* name, const tvm::ffi::TensorView& view) {
   const int64_t last = view.ndim() - 1;
-  host::RuntimeCheck(view.size(last) <= 1 || view.stride(last) == 1, op, ": ", name,
-                     " must be contiguous in its last dimension, got stride ", view.stride(last));
+  host::RuntimeCheck(
+      view.size(last) <= 1 || view.stride(last) == 1,
+      op,
+      ": ",
+      name,
+      " must be contiguous in its last dimension, got stride ",
+      view.stride(last));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1033,8 +1072,14 @@ inline void check_last_dim_contiguous(const char* op, const char* name, const tv
 /// T = fp16_t | bf16_t | fp32_t. Empty inputs return without a launch. Throws PanicError (Python
 /// RuntimeError) naming the tensor on any mismatch.
 template <typename T>
-void rmsnorm(tvm::ffi::TensorView out, tvm::ffi::TensorView input, tvm::ffi::TensorView weight, double eps,
-             double weight_offset, bool cast_x_before_out_mul, int64_t enable_pdl) {
+void rmsnorm(
+    tvm::ffi::TensorView out,
+    tvm::ffi::TensorView input,
+    tvm::ffi::TensorView weight,
+    double eps,
+    double weight_offset,
+    bool cast_x_before_out_mul,
+    int64_t enable_pdl) {
   using namespace host;
 
   // Validate
@@ -1087,15 +1132,18 @@ void rmsnorm(tvm::ffi::TensorView out, tvm::ffi::TensorView input, tvm::ffi::Ten
   params.weight_offset = static_cast<float>(weight_offset);
   params.cast_x_before_out_mul = cast_x_before_out_mul;
   const uint64_t row_bytes = n > 1 ? static_cast<uint64_t>(input.stride(0) | out.stride(0)) * sizeof(T) : 0;
-  const int64_t vec_bytes = widest_vector_bytes<T>({address_of(params.rows[0].input), address_of(params.rows[0].out),
-                                                    address_of(params.rows[0].weight), row_bytes,
-                                                    static_cast<uint64_t>(h) * sizeof(T)});
+  const int64_t vec_bytes = widest_vector_bytes<T>(
+      {address_of(params.rows[0].input),
+       address_of(params.rows[0].out),
+       address_of(params.rows[0].weight),
+       row_bytes,
+       static_cast<uint64_t>(h) * sizeof(T)});
 
   // Launch
   // In place: out is input (the overlap check above allows only the same view or none).
   const bool in_place = params.rows[0].out == params.rows[0].input;
-  launch_norm_rows_any_width<T, NormKind::kRMSNorm>(params, vec_bytes, device, resolve_pdl(enable_pdl, device),
-                                                    in_place);
+  launch_norm_rows_any_width<T, NormKind::kRMSNorm>(
+      params, vec_bytes, device, resolve_pdl(enable_pdl, device), in_place);
 }
 
 /// Benchmark hook: forces the geometry of every later norm launch of this module (all three ops)

@@ -30,18 +30,18 @@
 // k and all of v read, both caches written) ... see rope.py for the exact formula.
 #pragma once
 
-#include <sgl_kernel/runtime.cuh>  // For runtime::get_cc_major
-#include <sgl_kernel/tensor.h>     // For TensorMatcher, SymbolicSize, SymbolicDevice, kAnySize, data_ptr, verify_no_partial_overlap
-#include <sgl_kernel/utils.cuh>    // For LaunchKernel, SGL_DEVICE, pdl_wait_primary, pdl_launch_dependents
-#include <sgl_kernel/utils.h>      // For RuntimeCheck, div_ceil
-#include <sgl_kernel/vec.cuh>      // For AlignedVector, L2Policy, l2_evict_last_policy, l2_evict_normal_policy
+#include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDevice, kAnySize, data_ptr, verify_no_partial_overlap
+#include <sgl_kernel/utils.h>  // For RuntimeCheck, div_ceil
 
-#include <dlpack/dlpack.h>
-#include <tvm/ffi/container/tensor.h>
+#include <sgl_kernel/runtime.cuh>  // For runtime::get_cc_major
+#include <sgl_kernel/utils.cuh>    // For LaunchKernel, SGL_DEVICE, pdl_wait_primary, pdl_launch_dependents
+#include <sgl_kernel/vec.cuh>      // For AlignedVector, L2Policy, l2_evict_last_policy, l2_evict_normal_policy
 
 #include <algorithm>
 #include <cstdint>
+#include <dlpack/dlpack.h>
 #include <initializer_list>
+#include <tvm/ffi/container/tensor.h>
 #include <type_traits>
 #include <utility>
 
@@ -49,13 +49,13 @@ namespace {
 
 /// Launch facts of the RoPE kernels.
 struct RopeConfig {
-  static constexpr uint32_t kMaxThreads = 512;       // threads per CTA, upper bound (__launch_bounds__)
+  static constexpr uint32_t kMaxThreads = 512;  // threads per CTA, upper bound (__launch_bounds__)
   // CTAs of kMaxThreads per SM the registers must allow: 2 caps them at 64. At 4 (32 registers,
   // full occupancy) ptxas spills 300-400 bytes per thread in the 16-byte builds.
   static constexpr uint32_t kMinBlocks = 2;
-  static constexpr int64_t kTargetThreads = 256;     // tokens are packed into a CTA up to this many threads
-  static constexpr int64_t kMaxLanes = 512;          // lanes per head (chunks beyond: lanes loop)
-  static constexpr int kHeadsPerThread = 2;          // heads a thread loads before it stores (when there are 2+)
+  static constexpr int64_t kTargetThreads = 256;       // tokens are packed into a CTA up to this many threads
+  static constexpr int64_t kMaxLanes = 512;            // lanes per head (chunks beyond: lanes loop)
+  static constexpr int kHeadsPerThread = 2;            // heads a thread loads before it stores (when there are 2+)
   static constexpr int64_t kL2HintMinBytes = 1 << 20;  // in-place launches at least this large use the L2 hint
 };
 
@@ -74,20 +74,20 @@ struct RopeParams {
   const void* cos_sin_cache;  // [max_position, cache_stride] of CacheT: cos in [0, half), sin in [half, 2 * half)
   int64_t cache_stride;       // elements of CacheT between rows
   int64_t max_position;
-  const void* positions;      // [num_tokens], int32 or int64
+  const void* positions;  // [num_tokens], int32 or int64
   bool positions_int64;
   int64_t num_tokens;
-  int64_t half;               // R / 2
+  int64_t half;  // R / 2
   int64_t head_dim;
   // KV store (k_cache == nullptr: none)
-  const void* v;              // [num_tokens, num_kv_heads, head_dim]
+  const void* v;  // [num_tokens, num_kv_heads, head_dim]
   int64_t v_token_stride;
   int64_t v_head_stride;
-  void* k_cache;              // [cache_size, num_kv_heads * head_dim], row stride k_cache_stride
-  void* v_cache;              // [cache_size, num_kv_heads * head_dim], row stride v_cache_stride
+  void* k_cache;  // [cache_size, num_kv_heads * head_dim], row stride k_cache_stride
+  void* v_cache;  // [cache_size, num_kv_heads * head_dim], row stride v_cache_stride
   int64_t k_cache_stride;
   int64_t v_cache_stride;
-  const void* out_loc;        // [num_tokens], int32 or int64
+  const void* out_loc;  // [num_tokens], int32 or int64
   bool out_loc_int64;
   int64_t cache_size;
 };
@@ -146,9 +146,13 @@ SGL_DEVICE void chunk_offsets(int64_t chunk, int64_t half, int64_t& first, int64
 /// Rotates the kVecN pairs of z = [za, zb] (fp32) by (c[j], s[j]) and rounds the results once into
 /// (a, b). Pair j is (za[j], zb[j]) for NeoX, (z[2j], z[2j + 1]) for GPT-J.
 template <typename T, int kVecN, bool kNeox>
-SGL_DEVICE void rotate_pairs_fp32(const float (&za)[kVecN], const float (&zb)[kVecN], const float (&c)[kVecN],
-                                  const float (&s)[kVecN], device::AlignedVector<T, kVecN>& a,
-                                  device::AlignedVector<T, kVecN>& b) {
+SGL_DEVICE void rotate_pairs_fp32(
+    const float (&za)[kVecN],
+    const float (&zb)[kVecN],
+    const float (&c)[kVecN],
+    const float (&s)[kVecN],
+    device::AlignedVector<T, kVecN>& a,
+    device::AlignedVector<T, kVecN>& b) {
   float z[2 * kVecN];
 #pragma unroll
   for (int j = 0; j < kVecN; ++j) {
@@ -173,8 +177,11 @@ SGL_DEVICE void rotate_pairs_fp32(const float (&za)[kVecN], const float (&zb)[kV
 
 /// Rotates the kVecN pairs held in (a, b) in place (see rotate_pairs_fp32).
 template <typename T, int kVecN, bool kNeox>
-SGL_DEVICE void rotate_pairs(device::AlignedVector<T, kVecN>& a, device::AlignedVector<T, kVecN>& b,
-                             const float (&c)[kVecN], const float (&s)[kVecN]) {
+SGL_DEVICE void rotate_pairs(
+    device::AlignedVector<T, kVecN>& a,
+    device::AlignedVector<T, kVecN>& b,
+    const float (&c)[kVecN],
+    const float (&s)[kVecN]) {
   float za[kVecN], zb[kVecN];
 #pragma unroll
   for (int j = 0; j < kVecN; ++j) {
@@ -219,8 +226,8 @@ SGL_DEVICE T* head_at(const RopeParams& p, int64_t token, int64_t head) {
 /// Copies elements [begin, head_dim) of a k head and all of a v head to their cache rows, lanes
 /// striding over vectors (the KV store's part that needs no rotation).
 template <typename T, int kVecN>
-SGL_DEVICE void copy_kv_rest(const RopeParams& p, const T* k_head, int64_t token, int64_t kv_head, int64_t loc,
-                             int64_t begin) {
+SGL_DEVICE void copy_kv_rest(
+    const RopeParams& p, const T* k_head, int64_t token, int64_t kv_head, int64_t loc, int64_t begin) {
   using vec_t = device::AlignedVector<T, kVecN>;
   T* kc = static_cast<T*>(p.k_cache) + loc * p.k_cache_stride + kv_head * p.head_dim;
   T* vc = static_cast<T*>(p.v_cache) + loc * p.v_cache_stride + kv_head * p.head_dim;
@@ -359,8 +366,8 @@ inline dim3 rope_block(int64_t num_chunks, int64_t num_heads, int64_t num_tokens
   const int64_t lanes = std::clamp<int64_t>(num_chunks, 1, RopeConfig::kMaxLanes);
   const int64_t heads_total = std::max<int64_t>(num_heads, 1);
   const int64_t max_heads = std::max<int64_t>(1, RopeConfig::kMaxThreads / lanes);
-  const int64_t passes =
-      std::max<int64_t>(host::div_ceil(heads_total, max_heads), std::min<int64_t>(heads_total, RopeConfig::kHeadsPerThread));
+  const int64_t passes = std::max<int64_t>(
+      host::div_ceil(heads_total, max_heads), std::min<int64_t>(heads_total, RopeConfig::kHeadsPerThread));
   const int64_t heads = host::div_ceil(heads_total, passes);
   const int64_t per_token = lanes * heads;
   // blockDim.z is at most 64 (a CUDA limit)
@@ -382,19 +389,26 @@ void launch_rope(const RopeParams& p, int64_t vec_n, bool l2_hint, DLDevice devi
   constexpr bool kFull = kVecN * sizeof(T) == 16;
   if constexpr (kFull) {
     if (l2_hint) {
-      LaunchKernel(static_cast<uint32_t>(grid), block, device).enable_pdl(pdl)(
-          rope_kernel<T, CacheT, kVecN, kNeox, true>, p);
+      LaunchKernel(static_cast<uint32_t>(grid), block, device)
+          .enable_pdl(pdl)(rope_kernel<T, CacheT, kVecN, kNeox, true>, p);
       return;
     }
   }
-  LaunchKernel(static_cast<uint32_t>(grid), block, device).enable_pdl(pdl)(rope_kernel<T, CacheT, kVecN, kNeox, false>,
-                                                                           p);
+  LaunchKernel(static_cast<uint32_t>(grid), block, device)
+      .enable_pdl(pdl)(rope_kernel<T, CacheT, kVecN, kNeox, false>, p);
 }
 
 /// Validates q, k, cos_sin_cache and positions, fills the rotation part of `p`; returns R / 2.
 template <typename T, typename CacheT>
-void rope_bind(const char* op, tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView cos_sin_cache,
-               tvm::ffi::TensorView positions, int64_t rope_dim, RopeParams& p, DLDevice& device) {
+void rope_bind(
+    const char* op,
+    tvm::ffi::TensorView q,
+    tvm::ffi::TensorView k,
+    tvm::ffi::TensorView cos_sin_cache,
+    tvm::ffi::TensorView positions,
+    int64_t rope_dim,
+    RopeParams& p,
+    DLDevice& device) {
   using namespace host;
 
   SymbolicSize num_tokens{"num_tokens"};
@@ -424,10 +438,10 @@ void rope_bind(const char* op, tvm::ffi::TensorView q, tvm::ffi::TensorView k, t
       .with_dtype<int32_t, int64_t>()
       .with_device<kDLCUDA>(device_)
       .verify(positions, "positions");
-  RuntimeCheck(q.size(2) <= 1 || q.stride(2) == 1, op, ": q must be contiguous in its last dimension, got stride ",
-               q.stride(2));
-  RuntimeCheck(k.size(2) <= 1 || k.stride(2) == 1, op, ": k must be contiguous in its last dimension, got stride ",
-               k.stride(2));
+  RuntimeCheck(
+      q.size(2) <= 1 || q.stride(2) == 1, op, ": q must be contiguous in its last dimension, got stride ", q.stride(2));
+  RuntimeCheck(
+      k.size(2) <= 1 || k.stride(2) == 1, op, ": k must be contiguous in its last dimension, got stride ", k.stride(2));
   verify_no_self_overlap(q, "q");
   verify_no_self_overlap(k, "k");
   verify_no_partial_overlap(k, "k", q, "q", /*allow_same=*/false);
@@ -471,12 +485,13 @@ void rope_dispatch(const RopeParams& p, bool is_neox, DLDevice device, int64_t e
   if (p.k.num_heads > 1) strides |= static_cast<uint64_t>(p.k.head_stride);
   uint64_t kv_bits = 0;
   if (p.k_cache != nullptr) {
-    kv_bits = rope_address(p.v) | rope_address(p.k_cache) | rope_address(p.v_cache) |
-              static_cast<uint64_t>(p.v_token_stride | p.v_head_stride | p.k_cache_stride | p.v_cache_stride |
-                                    p.head_dim) * s;
+    kv_bits =
+        rope_address(p.v) | rope_address(p.k_cache) | rope_address(p.v_cache) |
+        static_cast<uint64_t>(p.v_token_stride | p.v_head_stride | p.k_cache_stride | p.v_cache_stride | p.head_dim) *
+            s;
   }
-  int64_t vec_n = rope_vector_elements<T>({rope_address(p.q.data), rope_address(p.k.data), strides * s,
-                                           static_cast<uint64_t>(p.half) * s, kv_bits});
+  int64_t vec_n = rope_vector_elements<T>(
+      {rope_address(p.q.data), rope_address(p.k.data), strides * s, static_cast<uint64_t>(p.half) * s, kv_bits});
   const uint64_t cs = sizeof(CacheT);
   const uint64_t cache_bits = rope_address(p.cos_sin_cache) |
                               static_cast<uint64_t>(p.max_position > 1 ? p.cache_stride : 0) * cs |
@@ -502,8 +517,14 @@ void rope_dispatch(const RopeParams& p, bool is_neox, DLDevice device, int64_t e
 /// even R <= min(head_dim, width). enable_pdl: 1 / 0 / -1 (auto). T = fp16_t | bf16_t | fp32_t.
 /// Throws PanicError (Python RuntimeError) naming the tensor before any launch.
 template <typename T>
-void apply_rope_inplace(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView cos_sin_cache,
-                        tvm::ffi::TensorView positions, bool is_neox, int64_t rope_dim, int64_t enable_pdl) {
+void apply_rope_inplace(
+    tvm::ffi::TensorView q,
+    tvm::ffi::TensorView k,
+    tvm::ffi::TensorView cos_sin_cache,
+    tvm::ffi::TensorView positions,
+    bool is_neox,
+    int64_t rope_dim,
+    int64_t enable_pdl) {
   RopeParams p{};
   DLDevice device{};
   rope_bind<T, fp32_t>("apply_rope_inplace", q, k, cos_sin_cache, positions, rope_dim, p, device);
@@ -513,8 +534,13 @@ void apply_rope_inplace(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi
 /// vLLM's rotary_embedding on [num_tokens, num_heads, head_size] views: the cos/sin cache in T.
 /// k may have 0 heads (no key). Same rules as apply_rope_inplace otherwise.
 template <typename T>
-void rotary_embedding(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView cos_sin_cache,
-                      tvm::ffi::TensorView positions, bool is_neox, int64_t enable_pdl) {
+void rotary_embedding(
+    tvm::ffi::TensorView q,
+    tvm::ffi::TensorView k,
+    tvm::ffi::TensorView cos_sin_cache,
+    tvm::ffi::TensorView positions,
+    bool is_neox,
+    int64_t enable_pdl) {
   RopeParams p{};
   DLDevice device{};
   rope_bind<T, T>("rotary_embedding", q, k, cos_sin_cache, positions, 0, p, device);
@@ -527,10 +553,18 @@ void rotary_embedding(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::
 /// every other tensor; out_loc: [num_tokens] int32/int64 (entries outside [0, cache_size) skip
 /// that token's store).
 template <typename T>
-void apply_rope_inplace_with_kvcache(tvm::ffi::TensorView q, tvm::ffi::TensorView k, tvm::ffi::TensorView v,
-                                     tvm::ffi::TensorView k_cache, tvm::ffi::TensorView v_cache,
-                                     tvm::ffi::TensorView cos_sin_cache, tvm::ffi::TensorView positions,
-                                     tvm::ffi::TensorView out_loc, bool is_neox, int64_t rope_dim, int64_t enable_pdl) {
+void apply_rope_inplace_with_kvcache(
+    tvm::ffi::TensorView q,
+    tvm::ffi::TensorView k,
+    tvm::ffi::TensorView v,
+    tvm::ffi::TensorView k_cache,
+    tvm::ffi::TensorView v_cache,
+    tvm::ffi::TensorView cos_sin_cache,
+    tvm::ffi::TensorView positions,
+    tvm::ffi::TensorView out_loc,
+    bool is_neox,
+    int64_t rope_dim,
+    int64_t enable_pdl) {
   using namespace host;
   constexpr const char* kOp = "apply_rope_inplace_with_kvcache";
   RopeParams p{};
@@ -564,11 +598,19 @@ void apply_rope_inplace_with_kvcache(tvm::ffi::TensorView q, tvm::ffi::TensorVie
       .with_dtype<int32_t, int64_t>()
       .with_device<kDLCUDA>(device_)
       .verify(out_loc, "out_loc");
-  RuntimeCheck(v.size(2) <= 1 || v.stride(2) == 1, kOp, ": v must be contiguous in its last dimension, got stride ",
-               v.stride(2));
+  RuntimeCheck(
+      v.size(2) <= 1 || v.stride(2) == 1,
+      kOp,
+      ": v must be contiguous in its last dimension, got stride ",
+      v.stride(2));
   // The caches are written while q, k, v, the cos/sin cache and the indices are read.
   const std::pair<const tvm::ffi::TensorView*, const char*> read[] = {
-      {&q, "q"}, {&k, "k"}, {&v, "v"}, {&cos_sin_cache, "cos_sin_cache"}, {&positions, "positions"}, {&out_loc, "out_loc"}};
+      {&q, "q"},
+      {&k, "k"},
+      {&v, "v"},
+      {&cos_sin_cache, "cos_sin_cache"},
+      {&positions, "positions"},
+      {&out_loc, "out_loc"}};
   for (const auto& [view, name] : read) {
     verify_no_partial_overlap(k_cache, "k_cache", *view, name, /*allow_same=*/false);
     verify_no_partial_overlap(v_cache, "v_cache", *view, name, /*allow_same=*/false);

@@ -9,16 +9,16 @@
 // narrower vector, so no access is ever misaligned. Measurements: docs/perf_notes.md.
 #pragma once
 
-#include <sgl_kernel/tensor.h>   // For TensorMatcher, SymbolicSize, SymbolicDevice, verify_no_partial_overlap
-#include <sgl_kernel/utils.h>    // For div_ceil
+#include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDevice, verify_no_partial_overlap
+#include <sgl_kernel/utils.h>   // For div_ceil
+
 #include <sgl_kernel/utils.cuh>  // For LaunchKernel, SGL_DEVICE
 #include <sgl_kernel/vec.cuh>    // For AlignedVector
 
-#include <dlpack/dlpack.h>
-#include <tvm/ffi/container/tensor.h>
-
 #include <algorithm>
 #include <cstdint>
+#include <dlpack/dlpack.h>
+#include <tvm/ffi/container/tensor.h>
 
 namespace {
 

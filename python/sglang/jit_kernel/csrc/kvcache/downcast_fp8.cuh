@@ -18,18 +18,18 @@
 // bytes, plus loc.
 #pragma once
 
+#include <sgl_kernel/tensor.h>  // For TensorMatcher, Symbolic{Size,DType,Device}, verify_no_{partial,self}_overlap
+#include <sgl_kernel/utils.h>   // For div_ceil, RuntimeCheck
+
 #include <sgl_kernel/runtime.cuh>  // For runtime::get_sm_count
-#include <sgl_kernel/tensor.h>     // For TensorMatcher, Symbolic{Size,DType,Device}, verify_no_{partial,self}_overlap
-#include <sgl_kernel/utils.h>      // For div_ceil, RuntimeCheck
 #include <sgl_kernel/utils.cuh>    // For LaunchKernel, SGL_DEVICE, fp16_t, bf16_t, fp8_e4m3_t, pointer::offset
 #include <sgl_kernel/vec.cuh>      // For AlignedVector
 
+#include <algorithm>
+#include <cstdint>
 #include <cuda_fp8.h>
 #include <dlpack/dlpack.h>
 #include <tvm/ffi/container/tensor.h>
-
-#include <algorithm>
-#include <cstdint>
 
 namespace {
 
@@ -48,10 +48,10 @@ struct DowncastSide {
 struct DowncastFp8Params {
   DowncastSide k;
   DowncastSide v;
-  const void* loc;           // [num_tokens] int32 or int64, loc_stride elements apart
+  const void* loc;  // [num_tokens] int32 or int64, loc_stride elements apart
   int64_t loc_stride;
   int64_t num_tokens;
-  int64_t num_slots;         // valid destination rows: [0, num_slots)
+  int64_t num_slots;  // valid destination rows: [0, num_slots)
   int64_t mult;
   int64_t offset;
   uint32_t vecs_per_head;    // head_dim / kVec
@@ -66,14 +66,15 @@ struct DowncastFp8Params {
 /// Launch facts of downcast_fp8.
 struct DowncastFp8Config {
   static constexpr uint32_t kThreads = 256;
-  static constexpr uint32_t kMaxRowsPerThread = 4;  // vectors in flight per thread at large sizes
+  static constexpr uint32_t kMaxRowsPerThread = 4;   // vectors in flight per thread at large sizes
   static constexpr int64_t kResidentThreads = 2048;  // per SM (H100/H200)
 };
 
 /// The destination row of `token`, or -1 when loc * mult + offset is outside [0, num_slots).
 SGL_DEVICE int64_t destination_row(const DowncastFp8Params& p, int64_t token) {
   const int64_t i = token * p.loc_stride;
-  const int64_t loc = p.int32_loc ? int64_t{static_cast<const int32_t*>(p.loc)[i]} : static_cast<const int64_t*>(p.loc)[i];
+  const int64_t loc =
+      p.int32_loc ? int64_t{static_cast<const int32_t*>(p.loc)[i]} : static_cast<const int64_t*>(p.loc)[i];
   const __int128 slot = static_cast<__int128>(loc) * p.mult + p.offset;  // exact: no wrap-around into range
   return (slot >= 0 && slot < p.num_slots) ? static_cast<int64_t>(slot) : int64_t{-1};
 }
@@ -160,9 +161,16 @@ inline int downcast_fp8_vector(const DowncastFp8Params& p, int64_t head_dim, int
 }
 
 /// Verifies `t` as [rows, num_heads, head_dim] with the last stride 1 and the others free.
-inline void verify_heads(tvm::ffi::TensorView t, const char* name, host::SymbolicSize& rows,
-                         host::SymbolicSize& heads, host::SymbolicSize& dim, host::SymbolicSize& token_stride,
-                         host::SymbolicSize& head_stride, host::SymbolicDType& dtype, host::SymbolicDevice& device) {
+inline void verify_heads(
+    tvm::ffi::TensorView t,
+    const char* name,
+    host::SymbolicSize& rows,
+    host::SymbolicSize& heads,
+    host::SymbolicSize& dim,
+    host::SymbolicSize& token_stride,
+    host::SymbolicSize& head_stride,
+    host::SymbolicDType& dtype,
+    host::SymbolicDevice& device) {
   host::TensorMatcher({rows, heads, dim})
       .with_strides({token_stride, head_stride, 1})
       .with_dtype(dtype)
@@ -178,9 +186,16 @@ inline void verify_heads(tvm::ffi::TensorView t, const char* name, host::Symboli
 /// outputs share no memory with any input. Throws PanicError (Python RuntimeError) before any launch
 /// on a mismatch; nothing is launched for 0 tokens, 0 slots or empty rows.
 template <typename T>
-void downcast_fp8(tvm::ffi::TensorView k, tvm::ffi::TensorView v, tvm::ffi::TensorView k_out,
-                  tvm::ffi::TensorView v_out, tvm::ffi::TensorView k_scale, tvm::ffi::TensorView v_scale,
-                  tvm::ffi::TensorView loc, int64_t mult, int64_t offset) {
+void downcast_fp8(
+    tvm::ffi::TensorView k,
+    tvm::ffi::TensorView v,
+    tvm::ffi::TensorView k_out,
+    tvm::ffi::TensorView v_out,
+    tvm::ffi::TensorView k_scale,
+    tvm::ffi::TensorView v_scale,
+    tvm::ffi::TensorView loc,
+    int64_t mult,
+    int64_t offset) {
   using namespace host;
   using Config = DowncastFp8Config;
 
@@ -213,10 +228,22 @@ void downcast_fp8(tvm::ffi::TensorView k, tvm::ffi::TensorView v, tvm::ffi::Tens
 
   // Unwrap
   DowncastFp8Params p{};
-  p.k = DowncastSide{k.data_ptr(), k_out.data_ptr(), static_cast<const float*>(k_scale.data_ptr()),
-                     k_ts.unwrap(), k_hs.unwrap(), ko_ts.unwrap(), ko_hs.unwrap()};
-  p.v = DowncastSide{v.data_ptr(), v_out.data_ptr(), static_cast<const float*>(v_scale.data_ptr()),
-                     v_ts.unwrap(), v_hs.unwrap(), vo_ts.unwrap(), vo_hs.unwrap()};
+  p.k = DowncastSide{
+      k.data_ptr(),
+      k_out.data_ptr(),
+      static_cast<const float*>(k_scale.data_ptr()),
+      k_ts.unwrap(),
+      k_hs.unwrap(),
+      ko_ts.unwrap(),
+      ko_hs.unwrap()};
+  p.v = DowncastSide{
+      v.data_ptr(),
+      v_out.data_ptr(),
+      static_cast<const float*>(v_scale.data_ptr()),
+      v_ts.unwrap(),
+      v_hs.unwrap(),
+      vo_ts.unwrap(),
+      vo_hs.unwrap()};
   p.loc = loc.data_ptr();
   p.loc_stride = loc_stride.unwrap();
   p.num_tokens = num_tokens.unwrap();
@@ -231,8 +258,12 @@ void downcast_fp8(tvm::ffi::TensorView k, tvm::ffi::TensorView v, tvm::ffi::Tens
   // Configure: the vector width; rows of a block; more rows per thread past one wave of threads
   const int vec = downcast_fp8_vector(p, dim, heads);
   const int64_t vecs_per_row = heads * (dim / vec);
-  RuntimeCheck(vecs_per_row < (int64_t{1} << 31), "downcast_fp8: num_heads * head_dim = ", heads * dim,
-               " elements per token: expected fewer than 2^31 vectors of ", vec);
+  RuntimeCheck(
+      vecs_per_row < (int64_t{1} << 31),
+      "downcast_fp8: num_heads * head_dim = ",
+      heads * dim,
+      " elements per token: expected fewer than 2^31 vectors of ",
+      vec);
   p.vecs_per_head = static_cast<uint32_t>(dim / vec);
   p.vecs_per_row = static_cast<uint32_t>(vecs_per_row);
   p.span = static_cast<uint32_t>(std::min<int64_t>(vecs_per_row, Config::kThreads));
@@ -243,16 +274,29 @@ void downcast_fp8(tvm::ffi::TensorView k, tvm::ffi::TensorView v, tvm::ffi::Tens
   const bool one_wave = num_rows * vecs_per_row <= resident;
   p.rows_per_thread = one_wave ? 1 : Config::kMaxRowsPerThread;
   const int64_t blocks = div_ceil(num_rows, int64_t{p.rows_per_pass} * p.rows_per_thread) * p.chunks_per_row;
-  RuntimeCheck(blocks < (int64_t{1} << 31), "downcast_fp8: ", p.num_tokens, " tokens of ", heads * dim,
-               " elements need ", blocks, " blocks: expected fewer than 2^31");
+  RuntimeCheck(
+      blocks < (int64_t{1} << 31),
+      "downcast_fp8: ",
+      p.num_tokens,
+      " tokens of ",
+      heads * dim,
+      " elements need ",
+      blocks,
+      " blocks: expected fewer than 2^31");
 
   // Launch
-  const auto launch = [&](auto kernel) { LaunchKernel(static_cast<uint32_t>(blocks), Config::kThreads, device)(kernel, p); };
+  const auto launch = [&](auto kernel) {
+    LaunchKernel(static_cast<uint32_t>(blocks), Config::kThreads, device)(kernel, p);
+  };
   switch (vec) {
-    case 8: return launch(downcast_fp8_kernel<T, 8>);
-    case 4: return launch(downcast_fp8_kernel<T, 4>);
-    case 2: return launch(downcast_fp8_kernel<T, 2>);
-    default: return launch(downcast_fp8_kernel<T, 1>);
+    case 8:
+      return launch(downcast_fp8_kernel<T, 8>);
+    case 4:
+      return launch(downcast_fp8_kernel<T, 4>);
+    case 2:
+      return launch(downcast_fp8_kernel<T, 2>);
+    default:
+      return launch(downcast_fp8_kernel<T, 1>);
   }
 }
 

@@ -24,15 +24,15 @@
 // pdl_wait_then_release for why the release follows the wait).
 #pragma once
 
-#include <sgl_kernel/runtime.cuh>  // For runtime::get_sm_count
-#include <sgl_kernel/utils.h>      // For div_ceil, RuntimeCheck
-#include <sgl_kernel/utils.cuh>    // For LaunchKernel, SGL_DEVICE, device::kWarpThreads, device::pointer::offset, device::pdl_*
-#include <sgl_kernel/vec.cuh>      // For AlignedVector
+#include <sgl_kernel/utils.h>  // For div_ceil, RuntimeCheck
 
-#include <dlpack/dlpack.h>
+#include <sgl_kernel/runtime.cuh>  // For runtime::get_sm_count
+#include <sgl_kernel/utils.cuh>  // For LaunchKernel, SGL_DEVICE, device::kWarpThreads, device::pointer::offset, device::pdl_*
+#include <sgl_kernel/vec.cuh>  // For AlignedVector
 
 #include <algorithm>
 #include <cstdint>
+#include <dlpack/dlpack.h>
 
 namespace {
 
@@ -69,23 +69,23 @@ struct RowDivider {
 struct RowScatterParams {
   RowPart part0;
   RowPart part1;
-  const void* indices;   // [num_rows] of the launch's index type, index_stride elements apart
-  int64_t index_stride;  // elements between indices
-  int64_t num_rows;      // rows to copy (entries of indices)
-  int64_t num_slots;     // valid slots: [0, num_slots)
-  int64_t num_split;     // warp kernel: chunks (warps) per row part, >= 1
-  uint32_t row_vecs;     // flat kernel: part0.num_vecs + part1.num_vecs; num_rows * row_vecs < 2^31
+  const void* indices;     // [num_rows] of the launch's index type, index_stride elements apart
+  int64_t index_stride;    // elements between indices
+  int64_t num_rows;        // rows to copy (entries of indices)
+  int64_t num_slots;       // valid slots: [0, num_slots)
+  int64_t num_split;       // warp kernel: chunks (warps) per row part, >= 1
+  uint32_t row_vecs;       // flat kernel: part0.num_vecs + part1.num_vecs; num_rows * row_vecs < 2^31
   RowDivider row_divider;  // flat kernel: divides by row_vecs
 };
 
 /// Launch facts of row_scatter.
 struct RowScatterConfig {
-  static constexpr uint32_t kThreads = 256;                                 // threads per block
-  static constexpr uint32_t kWarps = kThreads / device::kWarpThreads;       // warps per block
-  static constexpr int kUnroll = 4;                                         // vectors in flight per lane
-  static constexpr int64_t kMaxBlocks = 1 << 20;                            // grid cap; warps loop
-  static constexpr int64_t kFullWarps = 64;                                 // resident warps per SM (H100/H200)
-  static constexpr int64_t kMaxFlatVecs = int64_t{1} << 31;                 // flat kernel: 32-bit vector ids
+  static constexpr uint32_t kThreads = 256;                            // threads per block
+  static constexpr uint32_t kWarps = kThreads / device::kWarpThreads;  // warps per block
+  static constexpr int kUnroll = 4;                                    // vectors in flight per lane
+  static constexpr int64_t kMaxBlocks = 1 << 20;                       // grid cap; warps loop
+  static constexpr int64_t kFullWarps = 64;                            // resident warps per SM (H100/H200)
+  static constexpr int64_t kMaxFlatVecs = int64_t{1} << 31;            // flat kernel: 32-bit vector ids
 };
 
 /// Copies vectors [begin, end) of one row part from `src` to `dst` (both already at the row) with
@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(RowScatterConfig::kThreads) row_scatter_flat_k
   const uint32_t part0_vecs = static_cast<uint32_t>(params.part0.num_vecs);
   const uint32_t row_vecs = params.row_vecs;
   const uint32_t total = static_cast<uint32_t>(params.num_rows) * row_vecs;  // < 2^31 (launcher)
-  const uint32_t step = gridDim.x * blockDim.x;                               // <= 2^28: g + step < 2^32
+  const uint32_t step = gridDim.x * blockDim.x;                              // <= 2^28: g + step < 2^32
   for (uint32_t g = blockIdx.x * blockDim.x + threadIdx.x; g < total; g += step) {
     const uint32_t row = params.row_divider.divide(g);
     const uint32_t col = g - row * row_vecs;
@@ -218,8 +218,12 @@ inline int row_scatter_vector_bytes(const RowScatterParams& params, int64_t part
 
 /// Bytes per element of a dtype the engine copies: whole bytes only (no sub-byte or vector dtypes).
 inline int64_t row_scatter_element_bytes(DLDataType dtype, const char* name) {
-  host::RuntimeCheck(dtype.bits % 8 == 0 && dtype.bits > 0, name, ": dtype of ", int{dtype.bits},
-                     " bits: expected a whole number of bytes per element");
+  host::RuntimeCheck(
+      dtype.bits % 8 == 0 && dtype.bits > 0,
+      name,
+      ": dtype of ",
+      int{dtype.bits},
+      " bits: expected a whole number of bytes per element");
   return int64_t{dtype.bits} / 8 * dtype.lanes;
 }
 
@@ -266,17 +270,28 @@ void launch_row_scatter(RowScatterParams params, int64_t requested_split, DLDevi
 
 /// Launches row_scatter for int32 (`int32_indices`) or int64 indices and `vec_bytes` (from
 /// row_scatter_vector_bytes); num_vecs of both parts are derived from `part*_bytes` here.
-inline void dispatch_row_scatter(RowScatterParams params, int64_t part0_bytes, int64_t part1_bytes, int vec_bytes,
-                                 bool int32_indices, int64_t requested_split, DLDevice device) {
+inline void dispatch_row_scatter(
+    RowScatterParams params,
+    int64_t part0_bytes,
+    int64_t part1_bytes,
+    int vec_bytes,
+    bool int32_indices,
+    int64_t requested_split,
+    DLDevice device) {
   params.part0.num_vecs = part0_bytes / vec_bytes;
   params.part1.num_vecs = part1_bytes / vec_bytes;
   const auto launch = [&]<typename IndexT>() {
     switch (vec_bytes) {
-      case 16: return launch_row_scatter<IndexT, 16>(params, requested_split, device);
-      case 8: return launch_row_scatter<IndexT, 8>(params, requested_split, device);
-      case 4: return launch_row_scatter<IndexT, 4>(params, requested_split, device);
-      case 2: return launch_row_scatter<IndexT, 2>(params, requested_split, device);
-      default: return launch_row_scatter<IndexT, 1>(params, requested_split, device);
+      case 16:
+        return launch_row_scatter<IndexT, 16>(params, requested_split, device);
+      case 8:
+        return launch_row_scatter<IndexT, 8>(params, requested_split, device);
+      case 4:
+        return launch_row_scatter<IndexT, 4>(params, requested_split, device);
+      case 2:
+        return launch_row_scatter<IndexT, 2>(params, requested_split, device);
+      default:
+        return launch_row_scatter<IndexT, 1>(params, requested_split, device);
     }
   };
   if (int32_indices) return launch.template operator()<int32_t>();

@@ -8,19 +8,23 @@
 #include <sgl_kernel/tensor.h>  // For TensorMatcher, Symbolic{Size,DType,Device}, verify_no_partial_overlap
 #include <sgl_kernel/utils.h>   // For RuntimeCheck, pointer::offset
 
+#include <cstdint>
 #include <dlpack/dlpack.h>
 #include <tvm/ffi/container/tensor.h>
-
-#include <cstdint>
 
 #include "row_scatter.cuh"
 
 namespace {
 
 /// Verifies `t` as [rows, row] or [rows, 1, row]: the row contiguous, the stride of rows free.
-inline void verify_mla_rows(tvm::ffi::TensorView t, const char* name, host::SymbolicSize& rows,
-                            host::SymbolicSize& row, host::SymbolicSize& row_stride, host::SymbolicDType& dtype,
-                            host::SymbolicDevice& device) {
+inline void verify_mla_rows(
+    tvm::ffi::TensorView t,
+    const char* name,
+    host::SymbolicSize& rows,
+    host::SymbolicSize& row,
+    host::SymbolicSize& row_stride,
+    host::SymbolicDType& dtype,
+    host::SymbolicDevice& device) {
   using namespace host;
   if (t.ndim() == 3) {
     TensorMatcher({rows, 1, row})
@@ -40,8 +44,11 @@ inline void verify_mla_rows(tvm::ffi::TensorView t, const char* name, host::Symb
 /// [num_tokens] int32 or int64, any stride. One CUDA device; kv_buffer shares no memory with the
 /// sources or loc. Throws PanicError (Python RuntimeError) before any launch on a mismatch; nothing
 /// is launched for 0 tokens or 0 slots.
-void set_mla_kv_buffer(tvm::ffi::TensorView kv_buffer, tvm::ffi::TensorView loc, tvm::ffi::TensorView k_nope,
-                       tvm::ffi::TensorView k_rope) {
+void set_mla_kv_buffer(
+    tvm::ffi::TensorView kv_buffer,
+    tvm::ffi::TensorView loc,
+    tvm::ffi::TensorView k_nope,
+    tvm::ffi::TensorView k_rope) {
   using namespace host;
 
   // Validate
@@ -61,8 +68,14 @@ void set_mla_kv_buffer(tvm::ffi::TensorView kv_buffer, tvm::ffi::TensorView loc,
       .with_dtype(index_dtype)
       .with_device(device_)
       .verify(loc, "loc");
-  RuntimeCheck(nope.unwrap() + rope.unwrap() == kv_dim.unwrap(), "set_mla_kv_buffer: kv_buffer row of ",
-               kv_dim.unwrap(), " elements: expected nope + rope = ", nope.unwrap(), " + ", rope.unwrap());
+  RuntimeCheck(
+      nope.unwrap() + rope.unwrap() == kv_dim.unwrap(),
+      "set_mla_kv_buffer: kv_buffer row of ",
+      kv_dim.unwrap(),
+      " elements: expected nope + rope = ",
+      nope.unwrap(),
+      " + ",
+      rope.unwrap());
   verify_no_partial_overlap(kv_buffer, "kv_buffer", k_nope, "cache_k_nope", /*allow_same=*/false);
   verify_no_partial_overlap(kv_buffer, "kv_buffer", k_rope, "cache_k_rope", /*allow_same=*/false);
   verify_no_partial_overlap(kv_buffer, "kv_buffer", loc, "loc", /*allow_same=*/false);
@@ -73,14 +86,16 @@ void set_mla_kv_buffer(tvm::ffi::TensorView kv_buffer, tvm::ffi::TensorView loc,
   const int64_t rope_bytes = rope.unwrap() * elem;
   const int64_t rows = num_tokens.unwrap();
   RowScatterParams params{};
-  params.part0 = RowPart{.src = k_nope.data_ptr(),
-                         .dst = kv_buffer.data_ptr(),
-                         .src_stride = nope_stride.unwrap() * elem,
-                         .dst_stride = kv_stride.unwrap() * elem};
-  params.part1 = RowPart{.src = k_rope.data_ptr(),
-                         .dst = pointer::offset(kv_buffer.data_ptr(), nope_bytes),
-                         .src_stride = rope_stride.unwrap() * elem,
-                         .dst_stride = kv_stride.unwrap() * elem};
+  params.part0 = RowPart{
+      .src = k_nope.data_ptr(),
+      .dst = kv_buffer.data_ptr(),
+      .src_stride = nope_stride.unwrap() * elem,
+      .dst_stride = kv_stride.unwrap() * elem};
+  params.part1 = RowPart{
+      .src = k_rope.data_ptr(),
+      .dst = pointer::offset(kv_buffer.data_ptr(), nope_bytes),
+      .src_stride = rope_stride.unwrap() * elem,
+      .dst_stride = kv_stride.unwrap() * elem};
   params.indices = loc.data_ptr();
   params.index_stride = loc_stride.unwrap();
   params.num_rows = rows;

@@ -8,10 +8,9 @@
 #include <sgl_kernel/tensor.h>  // For TensorMatcher, Symbolic{Size,DType,Device}, verify_no_partial_overlap
 #include <sgl_kernel/utils.h>   // For RuntimeCheck
 
+#include <cstdint>
 #include <dlpack/dlpack.h>
 #include <tvm/ffi/container/tensor.h>
-
-#include <cstdint>
 
 #include "row_scatter.cuh"
 
@@ -26,8 +25,14 @@ namespace {
 /// no memory with k, v or indices. row_bytes: 0, or k_row * element size (checked). num_split: 0
 /// (auto) or the warps per row part. Throws PanicError (Python RuntimeError) before any launch on
 /// a mismatch; nothing is launched when num_indices or num_slots is 0.
-void store_cache(tvm::ffi::TensorView k, tvm::ffi::TensorView v, tvm::ffi::TensorView k_cache,
-                 tvm::ffi::TensorView v_cache, tvm::ffi::TensorView indices, int64_t row_bytes, int64_t num_split) {
+void store_cache(
+    tvm::ffi::TensorView k,
+    tvm::ffi::TensorView v,
+    tvm::ffi::TensorView k_cache,
+    tvm::ffi::TensorView v_cache,
+    tvm::ffi::TensorView indices,
+    int64_t row_bytes,
+    int64_t num_split) {
   using namespace host;
 
   // Validate
@@ -64,8 +69,13 @@ void store_cache(tvm::ffi::TensorView k, tvm::ffi::TensorView v, tvm::ffi::Tenso
       .with_dtype(index_dtype)
       .with_device(device_)
       .verify(indices, "indices");
-  RuntimeCheck(num_indices.unwrap() <= num_tokens.unwrap(), "store_cache: indices has ", num_indices.unwrap(),
-               " entries: expected at most num_tokens = ", num_tokens.unwrap(), " (the rows of k)");
+  RuntimeCheck(
+      num_indices.unwrap() <= num_tokens.unwrap(),
+      "store_cache: indices has ",
+      num_indices.unwrap(),
+      " entries: expected at most num_tokens = ",
+      num_tokens.unwrap(),
+      " (the rows of k)");
   verify_no_partial_overlap(k_cache, "k_cache", k, "k", /*allow_same=*/false);
   verify_no_partial_overlap(k_cache, "k_cache", v, "v", /*allow_same=*/false);
   verify_no_partial_overlap(k_cache, "k_cache", indices, "indices", /*allow_same=*/false);
@@ -78,19 +88,25 @@ void store_cache(tvm::ffi::TensorView k, tvm::ffi::TensorView v, tvm::ffi::Tenso
   const int64_t v_elem = row_scatter_element_bytes(v_dtype.unwrap(), "v");
   const int64_t k_bytes = k_row.unwrap() * k_elem;
   const int64_t v_bytes = v_row.unwrap() * v_elem;
-  RuntimeCheck(row_bytes == 0 || row_bytes == k_bytes, "store_cache: row_bytes = ", row_bytes,
-               ": expected 0 or k_row * element size = ", k_bytes);
+  RuntimeCheck(
+      row_bytes == 0 || row_bytes == k_bytes,
+      "store_cache: row_bytes = ",
+      row_bytes,
+      ": expected 0 or k_row * element size = ",
+      k_bytes);
   RuntimeCheck(num_split >= 0, "store_cache: num_split = ", num_split, ": expected >= 0 (0 = auto)");
   const int64_t rows = num_indices.unwrap();
   RowScatterParams params{};
-  params.part0 = RowPart{.src = k.data_ptr(),
-                         .dst = k_cache.data_ptr(),
-                         .src_stride = k_stride.unwrap() * k_elem,
-                         .dst_stride = k_cache_stride.unwrap() * k_elem};
-  params.part1 = RowPart{.src = v.data_ptr(),
-                         .dst = v_cache.data_ptr(),
-                         .src_stride = v_stride.unwrap() * v_elem,
-                         .dst_stride = v_cache_stride.unwrap() * v_elem};
+  params.part0 = RowPart{
+      .src = k.data_ptr(),
+      .dst = k_cache.data_ptr(),
+      .src_stride = k_stride.unwrap() * k_elem,
+      .dst_stride = k_cache_stride.unwrap() * k_elem};
+  params.part1 = RowPart{
+      .src = v.data_ptr(),
+      .dst = v_cache.data_ptr(),
+      .src_stride = v_stride.unwrap() * v_elem,
+      .dst_stride = v_cache_stride.unwrap() * v_elem};
   params.indices = indices.data_ptr();
   params.index_stride = index_stride.unwrap();
   params.num_rows = rows;

@@ -18,22 +18,37 @@ namespace {
 /// num_expert_group in [1, 32] dividing num_experts; topk_group in [1, num_expert_group];
 /// topk <= topk_group * num_experts / num_expert_group. Layouts and errors: unwrap_topk_rows.
 template <typename T>
-void grouped_topk(tvm::ffi::TensorView topk_values, tvm::ffi::TensorView topk_indices, tvm::ffi::TensorView scores,
-                  tvm::ffi::TensorView bias, int64_t num_expert_group, int64_t topk_group, bool renormalize,
-                  double scaling_factor) {
+void grouped_topk(
+    tvm::ffi::TensorView topk_values,
+    tvm::ffi::TensorView topk_indices,
+    tvm::ffi::TensorView scores,
+    tvm::ffi::TensorView bias,
+    int64_t num_expert_group,
+    int64_t topk_group,
+    bool renormalize,
+    double scaling_factor) {
   using namespace host;
   using namespace moe_routing;
   // Validate, unwrap
   DLDevice device;
   TopkRowsParams params = unwrap_topk_rows<T>(topk_values, topk_indices, scores, bias, device);
-  RuntimeCheck(num_expert_group >= 1 && num_expert_group <= 32 && params.num_experts % num_expert_group == 0,
-               "grouped_topk: num_expert_group must be in [1, 32] and divide num_experts = ", params.num_experts,
-               ", got ", num_expert_group);
-  RuntimeCheck(topk_group >= 1 && topk_group <= num_expert_group,
-               "grouped_topk: topk_group must be in [1, num_expert_group], got ", topk_group);
+  RuntimeCheck(
+      num_expert_group >= 1 && num_expert_group <= 32 && params.num_experts % num_expert_group == 0,
+      "grouped_topk: num_expert_group must be in [1, 32] and divide num_experts = ",
+      params.num_experts,
+      ", got ",
+      num_expert_group);
+  RuntimeCheck(
+      topk_group >= 1 && topk_group <= num_expert_group,
+      "grouped_topk: topk_group must be in [1, num_expert_group], got ",
+      topk_group);
   const int64_t group_size = params.num_experts / num_expert_group;
-  RuntimeCheck(params.topk <= topk_group * group_size, "grouped_topk: topk must be <= topk_group * group_size = ",
-               topk_group * group_size, ", got ", params.topk);
+  RuntimeCheck(
+      params.topk <= topk_group * group_size,
+      "grouped_topk: topk must be <= topk_group * group_size = ",
+      topk_group * group_size,
+      ", got ",
+      params.topk);
   if (params.num_tokens == 0) return;
   // Configure
   params.scoring = kSigmoid;

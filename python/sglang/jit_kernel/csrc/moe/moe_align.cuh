@@ -14,17 +14,17 @@
 // skipped: not counted, their flat index written nowhere.
 #pragma once
 
-#include <sgl_kernel/tensor.h>   // For TensorMatcher, SymbolicSize, SymbolicDevice, data_ptr, verify_no_partial_overlap
-#include <sgl_kernel/utils.h>    // For RuntimeCheck, div_ceil
-#include <sgl_kernel/utils.cuh>  // For LaunchKernel, SGL_DEVICE, kWarpThreads, RuntimeDeviceCheck, detail::cached_device_attribute
+#include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDevice, data_ptr, verify_no_partial_overlap
+#include <sgl_kernel/utils.h>   // For RuntimeCheck, div_ceil
 
-#include <dlpack/dlpack.h>
-#include <tvm/ffi/container/tensor.h>
+#include <sgl_kernel/utils.cuh>  // For LaunchKernel, SGL_DEVICE, kWarpThreads, RuntimeDeviceCheck, detail::cached_device_attribute
 
 #include <algorithm>
 #include <cstdint>
+#include <dlpack/dlpack.h>
 #include <limits>
 #include <source_location>
+#include <tvm/ffi/container/tensor.h>
 
 namespace {
 
@@ -41,9 +41,9 @@ struct MoeAlignParams {
   int32_t num_experts;
   int64_t sorted_len;
   int64_t expert_ids_len;
-  int32_t block_size;            // a power of two
-  int32_t sort_warps;            // warps 0 .. sort_warps-1 own ranges of ids_per_warp ids
-  int32_t ids_per_warp;          // a multiple of 32
+  int32_t block_size;    // a power of two
+  int32_t sort_warps;    // warps 0 .. sort_warps-1 own ranges of ids_per_warp ids
+  int32_t ids_per_warp;  // a multiple of 32
   bool pad_sorted_token_ids;
 };
 
@@ -52,9 +52,9 @@ struct MoeAlignConfig {
   static constexpr uint32_t kThreads = 1024;
   static constexpr int32_t kWarps = kThreads / device::kWarpThreads;
   static constexpr int32_t kItems = 16;
-  static constexpr int32_t kTile = kItems * device::kWarpThreads;  // ids a warp walks per tile
+  static constexpr int32_t kTile = kItems * device::kWarpThreads;      // ids a warp walks per tile
   static constexpr int64_t kMinIdsPerWarp = 4 * device::kWarpThreads;  // fewer ids: fewer sorting warps
-  static constexpr int64_t kMaxExperts = 8192;   // table + starts fit the smallest sm80+ opt-in smem
+  static constexpr int64_t kMaxExperts = 8192;  // table + starts fit the smallest sm80+ opt-in smem
   static constexpr int64_t kMaxBlockSize = 1024;
   static constexpr int64_t kDefaultSmemBytes = 48 * 1024;  // above: opt in per launch
 };
@@ -65,8 +65,12 @@ constexpr uint32_t kFullMask = 0xffffffffu;
 /// at tile + u * 32 + lane (u < kItems) as expert numbers, -1 for an id outside [0, num_experts)
 /// or a position at or past `warp_end`. Coalesced: a step reads 32 consecutive ids.
 template <typename T>
-SGL_DEVICE void load_tile(const MoeAlignParams<T>& p, int32_t tile, int32_t warp_end, int32_t lane,
-                          int32_t (&expert)[MoeAlignConfig::kItems]) {
+SGL_DEVICE void load_tile(
+    const MoeAlignParams<T>& p,
+    int32_t tile,
+    int32_t warp_end,
+    int32_t lane,
+    int32_t (&expert)[MoeAlignConfig::kItems]) {
 #pragma unroll
   for (int32_t u = 0; u < MoeAlignConfig::kItems; ++u) {
     const int32_t i = tile + u * device::kWarpThreads + lane;
@@ -137,9 +141,9 @@ __global__ void __launch_bounds__(MoeAlignConfig::kThreads) moe_align_kernel(con
   extern __shared__ int32_t smem[];
   __shared__ int32_t warp_sums[Config::kWarps];
   const int32_t num_experts = p.num_experts;
-  int32_t* rank = smem;                                  // [sort_warps, num_experts]
-  int32_t* counts = smem + p.sort_warps * num_experts;   // [num_experts]
-  int32_t* starts = counts + num_experts;                // [num_experts + 1]
+  int32_t* rank = smem;                                 // [sort_warps, num_experts]
+  int32_t* counts = smem + p.sort_warps * num_experts;  // [num_experts]
+  int32_t* starts = counts + num_experts;               // [num_experts + 1]
 
   const auto tid = static_cast<int32_t>(threadIdx.x);
   const int32_t lane = tid % device::kWarpThreads, warp = tid / device::kWarpThreads;
@@ -258,10 +262,15 @@ void allow_dynamic_smem(Kernel kernel, int64_t bytes, int device_id, const std::
 /// and expert_ids_len >= that / block_size; all on one CUDA device, disjoint. Throws PanicError
 /// (Python RuntimeError) otherwise. numel == 0 returns without a launch and writes nothing.
 template <typename T>
-void moe_align_block_size(tvm::ffi::TensorView topk_ids, int64_t num_experts, int64_t block_size,
-                          tvm::ffi::TensorView sorted_token_ids, tvm::ffi::TensorView expert_ids,
-                          tvm::ffi::TensorView num_tokens_post_pad, tvm::ffi::TensorView cumsum_buffer,
-                          bool pad_sorted_token_ids) {
+void moe_align_block_size(
+    tvm::ffi::TensorView topk_ids,
+    int64_t num_experts,
+    int64_t block_size,
+    tvm::ffi::TensorView sorted_token_ids,
+    tvm::ffi::TensorView expert_ids,
+    tvm::ffi::TensorView num_tokens_post_pad,
+    tvm::ffi::TensorView cumsum_buffer,
+    bool pad_sorted_token_ids) {
   using namespace host;
   using Config = MoeAlignConfig;
   const auto loc = std::source_location::current();
@@ -274,29 +283,56 @@ void moe_align_block_size(tvm::ffi::TensorView topk_ids, int64_t num_experts, in
   SymbolicDevice device_;
   device_.set_options<kDLCUDA>();
   TensorMatcher({numel}).with_dtype<T>().with_device<kDLCUDA>(device_).verify(topk_ids, "topk_ids");
-  TensorMatcher({sorted_len}).with_dtype<int32_t>().with_device<kDLCUDA>(device_).verify(sorted_token_ids,
-                                                                                          "sorted_token_ids");
+  TensorMatcher({sorted_len})
+      .with_dtype<int32_t>()
+      .with_device<kDLCUDA>(device_)
+      .verify(sorted_token_ids, "sorted_token_ids");
   TensorMatcher({expert_ids_len}).with_dtype<int32_t>().with_device<kDLCUDA>(device_).verify(expert_ids, "expert_ids");
-  TensorMatcher({1}).with_dtype<int32_t>().with_device<kDLCUDA>(device_).verify(num_tokens_post_pad,
-                                                                                "num_tokens_post_pad");
-  TensorMatcher({cumsum_len}).with_dtype<int32_t>().with_device<kDLCUDA>(device_).verify(cumsum_buffer,
-                                                                                         "cumsum_buffer");
-  RuntimeCheck(num_experts >= 1 && num_experts <= Config::kMaxExperts, "num_experts must be in [1, ",
-               Config::kMaxExperts, "], got ", num_experts);
-  RuntimeCheck(block_size >= 1 && block_size <= Config::kMaxBlockSize && (block_size & (block_size - 1)) == 0,
-               "block_size must be a power of two in [1, ", Config::kMaxBlockSize, "], got ", block_size);
+  TensorMatcher({1}).with_dtype<int32_t>().with_device<kDLCUDA>(device_).verify(
+      num_tokens_post_pad, "num_tokens_post_pad");
+  TensorMatcher({cumsum_len})
+      .with_dtype<int32_t>()
+      .with_device<kDLCUDA>(device_)
+      .verify(cumsum_buffer, "cumsum_buffer");
+  RuntimeCheck(
+      num_experts >= 1 && num_experts <= Config::kMaxExperts,
+      "num_experts must be in [1, ",
+      Config::kMaxExperts,
+      "], got ",
+      num_experts);
+  RuntimeCheck(
+      block_size >= 1 && block_size <= Config::kMaxBlockSize && (block_size & (block_size - 1)) == 0,
+      "block_size must be a power of two in [1, ",
+      Config::kMaxBlockSize,
+      "], got ",
+      block_size);
   const int64_t n = numel.unwrap();
   const int64_t max_padded = n + std::min(n, num_experts) * (block_size - 1);
-  RuntimeCheck(max_padded <= std::numeric_limits<int32_t>::max(), "topk_ids: numel + min(numel, num_experts) * ",
-               "(block_size - 1) must fit in int32, got ", max_padded);
-  RuntimeCheck(sorted_len.unwrap() >= max_padded, "sorted_token_ids: expected at least ", max_padded,
-               " slots (the worst case), got ", sorted_len.unwrap());
-  RuntimeCheck(expert_ids_len.unwrap() >= max_padded / block_size, "expert_ids: expected at least ",
-               max_padded / block_size, " blocks (the worst case), got ", expert_ids_len.unwrap());
-  RuntimeCheck(cumsum_len.unwrap() >= num_experts + 1, "cumsum_buffer: expected at least ", num_experts + 1,
-               " entries, got ", cumsum_len.unwrap());
-  const tvm::ffi::TensorView* views[] = {&topk_ids, &sorted_token_ids, &expert_ids, &num_tokens_post_pad,
-                                         &cumsum_buffer};
+  RuntimeCheck(
+      max_padded <= std::numeric_limits<int32_t>::max(),
+      "topk_ids: numel + min(numel, num_experts) * ",
+      "(block_size - 1) must fit in int32, got ",
+      max_padded);
+  RuntimeCheck(
+      sorted_len.unwrap() >= max_padded,
+      "sorted_token_ids: expected at least ",
+      max_padded,
+      " slots (the worst case), got ",
+      sorted_len.unwrap());
+  RuntimeCheck(
+      expert_ids_len.unwrap() >= max_padded / block_size,
+      "expert_ids: expected at least ",
+      max_padded / block_size,
+      " blocks (the worst case), got ",
+      expert_ids_len.unwrap());
+  RuntimeCheck(
+      cumsum_len.unwrap() >= num_experts + 1,
+      "cumsum_buffer: expected at least ",
+      num_experts + 1,
+      " entries, got ",
+      cumsum_len.unwrap());
+  const tvm::ffi::TensorView* views[] = {
+      &topk_ids, &sorted_token_ids, &expert_ids, &num_tokens_post_pad, &cumsum_buffer};
   const char* names[] = {"topk_ids", "sorted_token_ids", "expert_ids", "num_tokens_post_pad", "cumsum_buffer"};
   for (int a = 1; a < 5; ++a) {
     for (int b = 0; b < a; ++b) verify_no_partial_overlap(*views[a], names[a], *views[b], names[b], false);
@@ -327,12 +363,17 @@ void moe_align_block_size(tvm::ffi::TensorView topk_ids, int64_t num_experts, in
   const int64_t static_bytes = int64_t{Config::kWarps} * sizeof(int32_t);
   const int64_t fixed_ints = 2 * num_experts + 1;  // counts + starts
   const int64_t rows_fit = ((smem_limit - static_bytes) / int64_t{sizeof(int32_t)} - fixed_ints) / num_experts;
-  RuntimeCheck(rows_fit >= 1, "num_experts = ", num_experts, " needs more shared memory than the device's ",
-               smem_limit, " bytes");
+  RuntimeCheck(
+      rows_fit >= 1,
+      "num_experts = ",
+      num_experts,
+      " needs more shared memory than the device's ",
+      smem_limit,
+      " bytes");
   const int64_t wanted = std::clamp<int64_t>(div_ceil(n, Config::kMinIdsPerWarp), 1, Config::kWarps);
   const int64_t sort_warps_max = std::min(wanted, rows_fit);
-  const int64_t ids_per_warp = div_ceil(div_ceil(n, sort_warps_max), int64_t{device::kWarpThreads}) *
-                               device::kWarpThreads;
+  const int64_t ids_per_warp =
+      div_ceil(div_ceil(n, sort_warps_max), int64_t{device::kWarpThreads}) * device::kWarpThreads;
   const int64_t sort_warps = div_ceil(n, ids_per_warp);  // every sorting warp has ids
   params.sort_warps = static_cast<int32_t>(sort_warps);
   params.ids_per_warp = static_cast<int32_t>(ids_per_warp);

@@ -7,31 +7,31 @@
 // the one-element chunk. 64-bit offsets, any token and k strides.
 #pragma once
 
-#include <sgl_kernel/tensor.h>   // For TensorMatcher, SymbolicSize, SymbolicDevice, data_ptr, verify_no_partial_overlap
-#include <sgl_kernel/utils.h>    // For div_ceil
+#include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDevice, data_ptr, verify_no_partial_overlap
+#include <sgl_kernel/utils.h>   // For div_ceil
+
 #include <sgl_kernel/utils.cuh>  // For LaunchKernel, fp16_t, bf16_t, fp32_t
 #include <sgl_kernel/vec.cuh>    // For AlignedVector
 
-#include <dlpack/dlpack.h>
-#include <tvm/ffi/container/tensor.h>
-
 #include <algorithm>
 #include <cstdint>
+#include <dlpack/dlpack.h>
+#include <tvm/ffi/container/tensor.h>
 
 namespace {
 
 /// Kernel arguments of moe_sum_reduce. Strides in elements.
 template <typename T>
 struct SumReduceParams {
-  const T* input;         // [num_tokens, topk, hidden_size], strides (token_stride, k_stride, 1)
-  T* output;              // [num_tokens, hidden_size], strides (out_stride, 1)
+  const T* input;  // [num_tokens, topk, hidden_size], strides (token_stride, k_stride, 1)
+  T* output;       // [num_tokens, hidden_size], strides (out_stride, 1)
   int64_t num_tokens;
   int64_t topk;
   int64_t hidden_size;
   int64_t token_stride;
   int64_t k_stride;
   int64_t out_stride;
-  float scale;            // routed_scaling_factor
+  float scale;  // routed_scaling_factor
 };
 
 /// Launch facts: kThreads per block; the grid covers every chunk up to kMaxBlocks, then loops.

@@ -16,17 +16,17 @@
 // or sequential in selection order: the same input gives the same bits on every run.
 #pragma once
 
-#include <sgl_kernel/tensor.h>   // For TensorMatcher, SymbolicSize, SymbolicDevice, data_ptr, verify_no_partial_overlap
-#include <sgl_kernel/utils.h>    // For RuntimeCheck, div_ceil
+#include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDevice, data_ptr, verify_no_partial_overlap
+#include <sgl_kernel/utils.h>   // For RuntimeCheck, div_ceil
+
 #include <sgl_kernel/utils.cuh>  // For LaunchKernel, SGL_DEVICE, kWarpThreads, pdl_wait_primary, pdl_launch_dependents
 #include <sgl_kernel/warp.cuh>   // For warp::reduce_max, warp::reduce_sum
-
-#include <dlpack/dlpack.h>
-#include <tvm/ffi/container/tensor.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <dlpack/dlpack.h>
+#include <tvm/ffi/container/tensor.h>
 
 namespace moe_routing {
 
@@ -108,8 +108,8 @@ struct SoftmaxStats {
 };
 
 /// (weight, key) of expert e from its logit v.
-SGL_DEVICE void score(const TopkRowsParams& p, const SoftmaxStats& stats, float v, int32_t e, float& weight,
-                      uint32_t& key) {
+SGL_DEVICE void score(
+    const TopkRowsParams& p, const SoftmaxStats& stats, float v, int32_t e, float& weight, uint32_t& key) {
   if (p.scoring == kSoftmax) {
     weight = expf(v - stats.max) / stats.sum;
     key = order_key(weight);
@@ -213,9 +213,7 @@ __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_kernel(con
   for (int64_t row = first_row; row < p.num_tokens; row += row_step) {
     const T* logits = static_cast<const T*>(p.gating) + row * p.gating_stride;
     const uint32_t groups = p.num_groups > 1 ? select_groups(p, logits, lane) : 0xFFFFFFFFu;
-    const auto eligible = [&](int32_t e) {
-      return p.num_groups <= 1 || ((groups >> (e / p.group_size)) & 1u) != 0;
-    };
+    const auto eligible = [&](int32_t e) { return p.num_groups <= 1 || ((groups >> (e / p.group_size)) & 1u) != 0; };
 
     if constexpr (kSlots > 0) {
       float v[kSlots];
@@ -292,10 +290,10 @@ template <typename T>
 void launch_topk_rows(const TopkRowsParams& params, DLDevice device) {
   using namespace host;
   const int32_t e = params.num_experts;
-  const auto kernel = e <= 64    ? topk_rows_kernel<T, 2>
-                      : e <= 128 ? topk_rows_kernel<T, 4>
-                      : e <= 256 ? topk_rows_kernel<T, 8>
-                      : e <= 512 ? topk_rows_kernel<T, 16>
+  const auto kernel = e <= 64     ? topk_rows_kernel<T, 2>
+                      : e <= 128  ? topk_rows_kernel<T, 4>
+                      : e <= 256  ? topk_rows_kernel<T, 8>
+                      : e <= 512  ? topk_rows_kernel<T, 16>
                       : e <= 1024 ? topk_rows_kernel<T, 32>
                                   : topk_rows_kernel<T, 0>;
   const int64_t blocks = div_ceil(params.num_tokens, int64_t{TopkRowsConfig::kWarps});
@@ -314,9 +312,12 @@ namespace moe_routing {
 /// contiguous [num_experts], or [0] for none. Outputs may not overlap each other or the inputs.
 /// Throws PanicError (Python RuntimeError) naming the tensor on a mismatch.
 template <typename T>
-TopkRowsParams unwrap_topk_rows(tvm::ffi::TensorView topk_weights, tvm::ffi::TensorView topk_ids,
-                                tvm::ffi::TensorView gating_output, tvm::ffi::TensorView correction_bias,
-                                DLDevice& device) {
+TopkRowsParams unwrap_topk_rows(
+    tvm::ffi::TensorView topk_weights,
+    tvm::ffi::TensorView topk_ids,
+    tvm::ffi::TensorView gating_output,
+    tvm::ffi::TensorView correction_bias,
+    DLDevice& device) {
   using namespace host;
 
   // Validate
@@ -348,13 +349,22 @@ TopkRowsParams unwrap_topk_rows(tvm::ffi::TensorView topk_weights, tvm::ffi::Ten
       .with_dtype<float>()
       .with_device<kDLCUDA>(device_)
       .verify(correction_bias, "correction_bias");
-  RuntimeCheck(num_experts.unwrap() >= 1 && num_experts.unwrap() < (int64_t{1} << 31),
-               "gating_output: num_experts must be in [1, 2^31), got ", num_experts.unwrap());
-  RuntimeCheck(topk.unwrap() >= 1 && topk.unwrap() <= num_experts.unwrap(),
-               "topk_weights: topk must be in [1, num_experts = ", num_experts.unwrap(), "], got ", topk.unwrap());
-  RuntimeCheck(bias_len.unwrap() == 0 || bias_len.unwrap() == num_experts.unwrap(),
-               "correction_bias: length must be num_experts = ", num_experts.unwrap(), " (or 0 for none), got ",
-               bias_len.unwrap());
+  RuntimeCheck(
+      num_experts.unwrap() >= 1 && num_experts.unwrap() < (int64_t{1} << 31),
+      "gating_output: num_experts must be in [1, 2^31), got ",
+      num_experts.unwrap());
+  RuntimeCheck(
+      topk.unwrap() >= 1 && topk.unwrap() <= num_experts.unwrap(),
+      "topk_weights: topk must be in [1, num_experts = ",
+      num_experts.unwrap(),
+      "], got ",
+      topk.unwrap());
+  RuntimeCheck(
+      bias_len.unwrap() == 0 || bias_len.unwrap() == num_experts.unwrap(),
+      "correction_bias: length must be num_experts = ",
+      num_experts.unwrap(),
+      " (or 0 for none), got ",
+      bias_len.unwrap());
   verify_no_self_overlap(topk_weights, "topk_weights");
   verify_no_self_overlap(topk_ids, "topk_ids");
   verify_no_partial_overlap(topk_weights, "topk_weights", topk_ids, "topk_ids", /*allow_same=*/false);

@@ -13,8 +13,12 @@ namespace {
 /// [num_tokens, num_experts] of T (fp16_t | bf16_t | fp32_t); correction_bias fp32 [num_experts]
 /// or [0]. Layouts and errors: unwrap_topk_rows. Empty inputs return without a launch.
 template <typename T>
-void topk_sigmoid(tvm::ffi::TensorView topk_weights, tvm::ffi::TensorView topk_ids, tvm::ffi::TensorView gating_output,
-                  tvm::ffi::TensorView correction_bias, bool renormalize) {
+void topk_sigmoid(
+    tvm::ffi::TensorView topk_weights,
+    tvm::ffi::TensorView topk_ids,
+    tvm::ffi::TensorView gating_output,
+    tvm::ffi::TensorView correction_bias,
+    bool renormalize) {
   using namespace moe_routing;
   // Validate, unwrap
   DLDevice device;

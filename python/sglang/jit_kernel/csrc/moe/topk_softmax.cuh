@@ -14,8 +14,13 @@ namespace {
 /// or [0]; moe_softcapping > 0 applies cap * tanh(x / cap) first. Layouts and errors:
 /// unwrap_topk_rows. Empty inputs return without a launch.
 template <typename T>
-void topk_softmax(tvm::ffi::TensorView topk_weights, tvm::ffi::TensorView topk_ids, tvm::ffi::TensorView gating_output,
-                  tvm::ffi::TensorView correction_bias, bool renormalize, double moe_softcapping) {
+void topk_softmax(
+    tvm::ffi::TensorView topk_weights,
+    tvm::ffi::TensorView topk_ids,
+    tvm::ffi::TensorView gating_output,
+    tvm::ffi::TensorView correction_bias,
+    bool renormalize,
+    double moe_softcapping) {
   using namespace moe_routing;
   // Validate, unwrap
   DLDevice device;

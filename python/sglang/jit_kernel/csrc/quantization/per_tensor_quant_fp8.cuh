@@ -15,21 +15,21 @@
 // kernel (the quantize pass for the absmax pass) before its first access.
 #pragma once
 
-#include <sgl_kernel/atomic.cuh>  // For atomic::max
-#include <sgl_kernel/cta.cuh>     // For cta::reduce_max
+#include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDevice, data_ptr
+#include <sgl_kernel/utils.h>   // For div_ceil
+
+#include <sgl_kernel/atomic.cuh>   // For atomic::max
+#include <sgl_kernel/cta.cuh>      // For cta::reduce_max
 #include <sgl_kernel/runtime.cuh>  // For runtime::get_sm_count
-#include <sgl_kernel/tensor.h>    // For TensorMatcher, SymbolicSize, SymbolicDevice, data_ptr
-#include <sgl_kernel/utils.h>     // For div_ceil
-#include <sgl_kernel/utils.cuh>   // For LaunchKernel, SGL_DEVICE, kWarpThreads, fp8_e4m3_t, pdl_wait_primary
-
-#include <dlpack/dlpack.h>
-#include <tvm/ffi/container/tensor.h>
-
-#include "quantize_8bit.cuh"  // For quant::Chunk, load_row_chunk, store_row_chunk, block_scale, quantize_chunk
+#include <sgl_kernel/utils.cuh>    // For LaunchKernel, SGL_DEVICE, kWarpThreads, fp8_e4m3_t, pdl_wait_primary
 
 #include <algorithm>
 #include <cfloat>
 #include <cstdint>
+#include <dlpack/dlpack.h>
+#include <tvm/ffi/container/tensor.h>
+
+#include "quantize_8bit.cuh"  // For quant::Chunk, load_row_chunk, store_row_chunk, block_scale, quantize_chunk
 
 namespace {
 
@@ -53,16 +53,20 @@ struct TensorQuantConfig {
   static constexpr uint32_t kThreads = 256;
   static constexpr int kVecsPerThread = 2;
   static constexpr int64_t kFusedMaxThreads = 1024;
-  static constexpr int64_t kMaxRowBlocks = 65535;  // gridDim.y limit; rows past it are looped over
-  static constexpr uint32_t kAbsmaxThreads = 1024;  // absmax: a block per SM at most
+  static constexpr int64_t kMaxRowBlocks = 65535;       // gridDim.y limit; rows past it are looped over
+  static constexpr uint32_t kAbsmaxThreads = 1024;      // absmax: a block per SM at most
   static constexpr uint32_t kAbsmaxSmallThreads = 256;  // absmax blocks when fewer than one per SM
-  static constexpr int kAbsmaxItems = 8;            // absmax: 128 bytes in flight per thread
+  static constexpr int kAbsmaxItems = 8;                // absmax: 128 bytes in flight per thread
 };
 
 /// Loads this thread's kVecs chunks (chunk first + c * blockDim.x) of a row; returns their |x| max.
 template <int kVecs, typename TIn, int kVecN, bool kAligned>
-SGL_DEVICE float load_chunks(device::quant::Chunk<TIn, kVecN, kAligned> (&x)[kVecs], const TIn* src, int64_t first,
-                             int64_t num_chunks, int64_t num_cols) {
+SGL_DEVICE float load_chunks(
+    device::quant::Chunk<TIn, kVecN, kAligned> (&x)[kVecs],
+    const TIn* src,
+    int64_t first,
+    int64_t num_chunks,
+    int64_t num_cols) {
 #pragma unroll
   for (int c = 0; c < kVecs; ++c) {
     const int64_t index = first + int64_t{c} * blockDim.x;
@@ -78,8 +82,13 @@ SGL_DEVICE float load_chunks(device::quant::Chunk<TIn, kVecN, kAligned> (&x)[kVe
 
 /// Quantizes and stores the chunks load_chunks read.
 template <int kVecs, typename TIn, int kVecN, bool kAligned>
-SGL_DEVICE void store_chunks(const device::quant::Chunk<TIn, kVecN, kAligned> (&x)[kVecs], fp8_e4m3_t* dst,
-                             int64_t first, int64_t num_chunks, int64_t num_cols, float inv_scale) {
+SGL_DEVICE void store_chunks(
+    const device::quant::Chunk<TIn, kVecN, kAligned> (&x)[kVecs],
+    fp8_e4m3_t* dst,
+    int64_t first,
+    int64_t num_chunks,
+    int64_t num_cols,
+    float inv_scale) {
   constexpr float kQMax = device::quant::kTypeMax<fp8_e4m3_t>;
 #pragma unroll
   for (int c = 0; c < kVecs; ++c) {
@@ -93,9 +102,7 @@ SGL_DEVICE void store_chunks(const device::quant::Chunk<TIn, kVecN, kAligned> (&
 }
 
 /// The reciprocal of a stored scale, floored so that 0 or NaN never gives inf * 0.
-SGL_DEVICE float inverse_scale(float scale) {
-  return __fdiv_rn(1.0f, fminf(fmaxf(scale, FLT_MIN), FLT_MAX));
-}
+SGL_DEVICE float inverse_scale(float scale) { return __fdiv_rn(1.0f, fminf(fmaxf(scale, FLT_MIN), FLT_MAX)); }
 
 /// Single pass: one block (1 row, all chunks in registers) -> scale and bytes.
 template <typename TIn, bool kAligned>
@@ -112,10 +119,10 @@ __global__ void __launch_bounds__(TensorQuantConfig::kFusedMaxThreads)
   const float amax = load_chunks<kVecs>(x, src, threadIdx.x, num_chunks, p.num_cols);
   device::cta::reduce_max(amax, smem, 0.0f);
   __syncthreads();
-  const float scale = fmaxf(device::quant::block_scale(smem[0], p.eps, device::quant::kTypeMax<fp8_e4m3_t>, false),
-                            *p.output_s);
-  store_chunks<kVecs>(x, static_cast<fp8_e4m3_t*>(p.output_q), threadIdx.x, num_chunks, p.num_cols,
-                      inverse_scale(scale));
+  const float scale =
+      fmaxf(device::quant::block_scale(smem[0], p.eps, device::quant::kTypeMax<fp8_e4m3_t>, false), *p.output_s);
+  store_chunks<kVecs>(
+      x, static_cast<fp8_e4m3_t*>(p.output_q), threadIdx.x, num_chunks, p.num_cols, inverse_scale(scale));
   __syncthreads();  // every thread has read *output_s before it is overwritten
   if (threadIdx.x == 0) *p.output_s = scale;
 }
@@ -143,8 +150,13 @@ __global__ void __launch_bounds__(TensorQuantConfig::kAbsmaxThreads)
   device::cta::reduce_max(amax, smem, 0.0f);
   __syncthreads();
   if (threadIdx.x == 0) {
-    device::atomic::max(p.output_s, device::quant::block_scale(smem[0], p.eps, device::quant::kTypeMax<fp8_e4m3_t>,
-                                                               /*ue8m0=*/false));
+    device::atomic::max(
+        p.output_s,
+        device::quant::block_scale(
+            smem[0],
+            p.eps,
+            device::quant::kTypeMax<fp8_e4m3_t>,
+            /*ue8m0=*/false));
   }
 }
 
@@ -164,8 +176,8 @@ __global__ void __launch_bounds__(TensorQuantConfig::kThreads) per_tensor_quant_
     device::quant::Chunk<TIn, kVecN, kAligned> x[kVecs];
     const TIn* src = static_cast<const TIn*>(p.input) + row * p.input_row_stride;
     load_chunks<kVecs>(x, src, first, num_chunks, p.num_cols);
-    store_chunks<kVecs>(x, static_cast<fp8_e4m3_t*>(p.output_q) + row * p.q_row_stride, first, num_chunks, p.num_cols,
-                        inv_scale);
+    store_chunks<kVecs>(
+        x, static_cast<fp8_e4m3_t*>(p.output_q) + row * p.q_row_stride, first, num_chunks, p.num_cols, inv_scale);
   }
 }
 
@@ -175,8 +187,12 @@ __global__ void __launch_bounds__(TensorQuantConfig::kThreads) per_tensor_quant_
 /// All on one CUDA device, output_s overlapping neither. Empty inputs return without a launch.
 /// Throws PanicError (Python RuntimeError) naming the tensor on any mismatch.
 template <typename TIn>
-void per_tensor_quant_fp8(tvm::ffi::TensorView input, tvm::ffi::TensorView output_q, tvm::ffi::TensorView output_s,
-                          bool is_static, double eps) {
+void per_tensor_quant_fp8(
+    tvm::ffi::TensorView input,
+    tvm::ffi::TensorView output_q,
+    tvm::ffi::TensorView output_s,
+    bool is_static,
+    double eps) {
   using namespace host;
   constexpr int64_t kVecN = 16 / sizeof(TIn);
   constexpr int64_t kVecs = TensorQuantConfig::kVecsPerThread;
@@ -230,15 +246,19 @@ void per_tensor_quant_fp8(tvm::ffi::TensorView input, tvm::ffi::TensorView outpu
   const int64_t num_chunks = div_ceil(params.num_cols, kVecN);
   const bool fused = !is_static && params.num_rows == 1 && num_chunks <= TensorQuantConfig::kFusedMaxThreads * kVecs;
   const int64_t chunks_per_block = int64_t{TensorQuantConfig::kThreads} * kVecs;
-  const dim3 grid(static_cast<uint32_t>(div_ceil(num_chunks, chunks_per_block)),
-                  static_cast<uint32_t>(std::min<int64_t>(params.num_rows, TensorQuantConfig::kMaxRowBlocks)));
-  RuntimeCheck(div_ceil(num_chunks, chunks_per_block) <= 0x7fffffff, "per_tensor_quant_fp8: a row of ",
-               params.num_cols, " elements exceeds the grid");
+  const dim3 grid(
+      static_cast<uint32_t>(div_ceil(num_chunks, chunks_per_block)),
+      static_cast<uint32_t>(std::min<int64_t>(params.num_rows, TensorQuantConfig::kMaxRowBlocks)));
+  RuntimeCheck(
+      div_ceil(num_chunks, chunks_per_block) <= 0x7fffffff,
+      "per_tensor_quant_fp8: a row of ",
+      params.num_cols,
+      " elements exceeds the grid");
 
   // Launch
   if (fused) {
-    const int64_t threads = std::clamp<int64_t>(div_ceil(div_ceil(num_chunks, kVecs), int64_t{32}) * 32, 32,
-                                                TensorQuantConfig::kFusedMaxThreads);
+    const int64_t threads = std::clamp<int64_t>(
+        div_ceil(div_ceil(num_chunks, kVecs), int64_t{32}) * 32, 32, TensorQuantConfig::kFusedMaxThreads);
     const auto kernel =
         aligned ? per_tensor_quant_fp8_fused_kernel<TIn, true> : per_tensor_quant_fp8_fused_kernel<TIn, false>;
     LaunchKernel(1, static_cast<uint32_t>(threads), device).enable_pdl(true)(kernel, params);
@@ -247,8 +267,9 @@ void per_tensor_quant_fp8(tvm::ffi::TensorView input, tvm::ffi::TensorView outpu
   if (!is_static) {
     // A block per SM of kAbsmaxThreads, or smaller blocks when that would leave most SMs idle.
     const int64_t num_sms = runtime::get_sm_count(device.device_id);
-    const int64_t big_tiles = params.num_rows * div_ceil(num_chunks, int64_t{TensorQuantConfig::kAbsmaxThreads} *
-                                                                           TensorQuantConfig::kAbsmaxItems);
+    const int64_t big_tiles =
+        params.num_rows *
+        div_ceil(num_chunks, int64_t{TensorQuantConfig::kAbsmaxThreads} * TensorQuantConfig::kAbsmaxItems);
     const uint32_t threads =
         2 * big_tiles >= num_sms ? TensorQuantConfig::kAbsmaxThreads : TensorQuantConfig::kAbsmaxSmallThreads;
     params.tiles_per_row = div_ceil(num_chunks, int64_t{threads} * TensorQuantConfig::kAbsmaxItems);

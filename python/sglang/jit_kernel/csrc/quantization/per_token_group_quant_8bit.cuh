@@ -15,46 +15,46 @@
 // buffers are the same code. Launched with PDL (waits for the previous kernel before any access).
 #pragma once
 
-#include <sgl_kernel/tensor.h>   // For TensorMatcher, SymbolicSize, SymbolicDevice, kAnySize, data_ptr
-#include <sgl_kernel/utils.h>    // For RuntimeCheck, div_ceil
+#include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDevice, kAnySize, data_ptr
+#include <sgl_kernel/utils.h>   // For RuntimeCheck, div_ceil
+
 #include <sgl_kernel/utils.cuh>  // For LaunchKernel, SGL_DEVICE, kWarpThreads, fp8_e4m3_t, pdl_wait_primary
 
+#include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <dlpack/dlpack.h>
 #include <tvm/ffi/container/tensor.h>
 
 #include "quantize_8bit.cuh"  // For quant::Chunk, block_scale, quantize_chunk, chunk_absmax, is_aligned
 
-#include <algorithm>
-#include <bit>
-#include <cstdint>
-
 namespace {
 
 /// Kernel arguments of per_token_group_quant_8bit. Strides in elements of their own tensor.
 struct GroupQuantParams {
-  const void* input;         // [num_tokens, hidden_size], row stride input_row_stride
-  void* output_q;            // [num_tokens, hidden_size] of TOut, row stride q_row_stride
-  void* output_s;            // fp32 [num_tokens, num_groups]; ue8m0: int32 [num_tokens, ceil(num_groups / 4)]
-  int64_t num_tokens;        // rows
-  int64_t num_groups;        // hidden_size / group_size, groups per row
-  int64_t row_chunks;        // hidden_size / kVecN, 16-byte chunks per row
-  int64_t tiles_per_row;     // ceil(row_chunks / kTileChunks)
-  int64_t input_row_stride;  // elements of TIn
-  int64_t q_row_stride;      // elements of TOut
-  int64_t s_row_stride;      // elements of output_s (fp32, or int32 words for ue8m0)
-  int64_t s_group_stride;    // per group (fp32) or per word of 4 groups (ue8m0)
-  int32_t log2_group_chunks; // log2(group_size / kVecN), at most log2(kTileChunks)
-  float eps;                 // floor of the group maximum
-  float q_min, q_max;        // clamp bounds
-  bool scale_ue8m0;          // power-of-two scales stored as exponent bytes
+  const void* input;          // [num_tokens, hidden_size], row stride input_row_stride
+  void* output_q;             // [num_tokens, hidden_size] of TOut, row stride q_row_stride
+  void* output_s;             // fp32 [num_tokens, num_groups]; ue8m0: int32 [num_tokens, ceil(num_groups / 4)]
+  int64_t num_tokens;         // rows
+  int64_t num_groups;         // hidden_size / group_size, groups per row
+  int64_t row_chunks;         // hidden_size / kVecN, 16-byte chunks per row
+  int64_t tiles_per_row;      // ceil(row_chunks / kTileChunks)
+  int64_t input_row_stride;   // elements of TIn
+  int64_t q_row_stride;       // elements of TOut
+  int64_t s_row_stride;       // elements of output_s (fp32, or int32 words for ue8m0)
+  int64_t s_group_stride;     // per group (fp32) or per word of 4 groups (ue8m0)
+  int32_t log2_group_chunks;  // log2(group_size / kVecN), at most log2(kTileChunks)
+  float eps;                  // floor of the group maximum
+  float q_min, q_max;         // clamp bounds
+  bool scale_ue8m0;           // power-of-two scales stored as exponent bytes
 };
 
 /// Launch facts: kThreads per block (a tile per warp); a lane keeps kItems 16-byte chunks of its tile.
 struct GroupQuantConfig {
   static constexpr uint32_t kThreads = 128;
-  static constexpr int kItems = 4;                                  // 64 bytes of input in flight per lane
-  static constexpr int64_t kTileChunks = 32 * kItems;               // group_size <= kTileChunks * kVecN
-  static constexpr int64_t kMaxBlocks = 1 << 20;                    // grid cap; warps loop over the remaining tiles
+  static constexpr int kItems = 4;                     // 64 bytes of input in flight per lane
+  static constexpr int64_t kTileChunks = 32 * kItems;  // group_size <= kTileChunks * kVecN
+  static constexpr int64_t kMaxBlocks = 1 << 20;       // grid cap; warps loop over the remaining tiles
 };
 
 /// Writes the scale of group `group` of row `row` (one lane per group calls it).
@@ -158,9 +158,15 @@ void launch_per_token_group_quant_8bit(const GroupQuantParams& params, bool alig
 /// on one CUDA device; output_s must not overlap the others. Empty inputs return without a launch.
 /// Throws PanicError (Python RuntimeError) naming the tensor on any mismatch.
 template <typename TIn>
-void per_token_group_quant_8bit(tvm::ffi::TensorView input, tvm::ffi::TensorView output_q,
-                                tvm::ffi::TensorView output_s, int64_t group_size, double eps, double q_min,
-                                double q_max, bool scale_ue8m0) {
+void per_token_group_quant_8bit(
+    tvm::ffi::TensorView input,
+    tvm::ffi::TensorView output_q,
+    tvm::ffi::TensorView output_s,
+    int64_t group_size,
+    double eps,
+    double q_min,
+    double q_max,
+    bool scale_ue8m0) {
   using namespace host;
   constexpr int64_t kVecN = 16 / sizeof(TIn);
   constexpr int64_t kMaxGroupSize = GroupQuantConfig::kTileChunks * kVecN;
@@ -182,13 +188,22 @@ void per_token_group_quant_8bit(tvm::ffi::TensorView input, tvm::ffi::TensorView
       .with_dtype<fp8_e4m3_t, int8_t>()
       .with_device<kDLCUDA>(device_)
       .verify(output_q, "output_q");
-  RuntimeCheck(group_size >= 16 && group_size <= kMaxGroupSize && (group_size & (group_size - 1)) == 0,
-               "per_token_group_quant_8bit: group_size must be a power of two in [16, ", kMaxGroupSize, "], got ",
-               group_size);
-  RuntimeCheck(!scale_ue8m0 || output_q.dtype().code != kDLInt,
-               "per_token_group_quant_8bit: output_q dtype: expected float8_e4m3fn (scale_ue8m0 is for fp8), got int8");
-  RuntimeCheck(hidden_size.unwrap() % group_size == 0, "per_token_group_quant_8bit: hidden_size (",
-               hidden_size.unwrap(), ") must be a multiple of group_size (", group_size, ")");
+  RuntimeCheck(
+      group_size >= 16 && group_size <= kMaxGroupSize && (group_size & (group_size - 1)) == 0,
+      "per_token_group_quant_8bit: group_size must be a power of two in [16, ",
+      kMaxGroupSize,
+      "], got ",
+      group_size);
+  RuntimeCheck(
+      !scale_ue8m0 || output_q.dtype().code != kDLInt,
+      "per_token_group_quant_8bit: output_q dtype: expected float8_e4m3fn (scale_ue8m0 is for fp8), got int8");
+  RuntimeCheck(
+      hidden_size.unwrap() % group_size == 0,
+      "per_token_group_quant_8bit: hidden_size (",
+      hidden_size.unwrap(),
+      ") must be a multiple of group_size (",
+      group_size,
+      ")");
   const int64_t num_groups = hidden_size.unwrap() / group_size;
   SymbolicSize scale_cols{"scale_cols"};
   scale_cols.set_value(scale_ue8m0 ? div_ceil(num_groups, int64_t{4}) : num_groups);

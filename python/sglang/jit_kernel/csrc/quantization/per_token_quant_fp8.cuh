@@ -13,20 +13,20 @@
 // 64-bit offsets, any row strides. Launched with PDL (waits for the previous kernel first).
 #pragma once
 
-#include <sgl_kernel/cta.cuh>    // For cta::reduce_max
-#include <sgl_kernel/runtime.cuh>  // For runtime::get_sm_count
-#include <sgl_kernel/tensor.h>   // For TensorMatcher, SymbolicSize, SymbolicDevice, data_ptr
-#include <sgl_kernel/utils.h>    // For RuntimeCheck, div_ceil
-#include <sgl_kernel/utils.cuh>  // For LaunchKernel, SGL_DEVICE, kWarpThreads, fp8_e4m3_t, pdl_wait_primary
-#include <sgl_kernel/warp.cuh>   // For warp::reduce_max
+#include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDevice, data_ptr
+#include <sgl_kernel/utils.h>   // For RuntimeCheck, div_ceil
 
+#include <sgl_kernel/cta.cuh>      // For cta::reduce_max
+#include <sgl_kernel/runtime.cuh>  // For runtime::get_sm_count
+#include <sgl_kernel/utils.cuh>    // For LaunchKernel, SGL_DEVICE, kWarpThreads, fp8_e4m3_t, pdl_wait_primary
+#include <sgl_kernel/warp.cuh>     // For warp::reduce_max
+
+#include <algorithm>
+#include <cstdint>
 #include <dlpack/dlpack.h>
 #include <tvm/ffi/container/tensor.h>
 
 #include "quantize_8bit.cuh"  // For quant::Chunk, load_row_chunk, store_row_chunk, block_scale, quantize_chunk
-
-#include <algorithm>
-#include <cstdint>
 
 namespace {
 
@@ -49,7 +49,7 @@ struct TokenQuantParams {
 struct TokenQuantConfig {
   static constexpr int kVecsPerThread = 2;
   static constexpr int64_t kMaxThreads = 1024;
-  static constexpr int kWarpItems = 16;             // a 4096-wide bf16 row in one warp (64 registers)
+  static constexpr int kWarpItems = 16;  // a 4096-wide bf16 row in one warp (64 registers)
   static constexpr uint32_t kWarpBlockThreads = 128;
   static constexpr int64_t kWarpRowsPerSm = 2;
   static constexpr int64_t kMaxBlocks = 1 << 20;
@@ -92,8 +92,8 @@ __global__ void __launch_bounds__(TokenQuantConfig::kWarpBlockThreads)
     for (int c = 0; c < kItems; ++c) {
       const int64_t index = int64_t{c} * device::kWarpThreads + lane;
       if (index < num_chunks) {
-        store_row_chunk(quantize_chunk<fp8_e4m3_t, /*kClamp=*/false>(x[c], inv_scale, -kQMax, kQMax), dst, index,
-                        p.hidden_size);
+        store_row_chunk(
+            quantize_chunk<fp8_e4m3_t, /*kClamp=*/false>(x[c], inv_scale, -kQMax, kQMax), dst, index, p.hidden_size);
       }
     }
     if (lane == 0) p.output_s[row * p.s_stride] = scale;
@@ -163,8 +163,8 @@ __global__ void __launch_bounds__(TokenQuantConfig::kMaxThreads) per_token_quant
 /// column), all on one CUDA device, output_s overlapping neither. Empty inputs return without a
 /// launch. Throws PanicError (Python RuntimeError) naming the tensor on any mismatch.
 template <typename TIn>
-void per_token_quant_fp8(tvm::ffi::TensorView input, tvm::ffi::TensorView output_q, tvm::ffi::TensorView output_s,
-                         double eps) {
+void per_token_quant_fp8(
+    tvm::ffi::TensorView input, tvm::ffi::TensorView output_q, tvm::ffi::TensorView output_s, double eps) {
   using namespace host;
   constexpr int64_t kVecN = 16 / sizeof(TIn);
 

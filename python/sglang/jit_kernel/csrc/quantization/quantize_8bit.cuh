@@ -42,9 +42,7 @@ SGL_DEVICE float block_scale(float amax, float eps, float type_max, bool ue8m0) 
 }
 
 /// The exponent byte (ue8m0) of a power-of-two scale from block_scale(..., ue8m0 = true).
-SGL_DEVICE uint8_t scale_exponent(float s) {
-  return static_cast<uint8_t>(__float_as_uint(s) >> 23);
-}
+SGL_DEVICE uint8_t scale_exponent(float s) { return static_cast<uint8_t>(__float_as_uint(s) >> 23); }
 
 /// Quantizes one fp32 value: clamp(x * inv_scale, q_min, q_max) rounded to TOut (fp8_e4m3_t or
 /// int8_t). NaN stays NaN for fp8 (e4m3 has a NaN) and becomes 0 for int8.
@@ -170,9 +168,11 @@ SGL_DEVICE Chunk<TOut, kN, kAligned> quantize_values(const float (&f)[kN], float
 #pragma unroll
     for (int i = 0; i < kN; i += 4) {
       // One 32-bit write per four bytes (a byte-wise copy costs a mask and shift per byte).
-      reinterpret_cast<uint32_t*>(out.vec.data)[i / 4] =
-          fp8x4_satfinite(__fmul_rn(f[i], inv_scale), __fmul_rn(f[i + 1], inv_scale), __fmul_rn(f[i + 2], inv_scale),
-                          __fmul_rn(f[i + 3], inv_scale));
+      reinterpret_cast<uint32_t*>(out.vec.data)[i / 4] = fp8x4_satfinite(
+          __fmul_rn(f[i], inv_scale),
+          __fmul_rn(f[i + 1], inv_scale),
+          __fmul_rn(f[i + 2], inv_scale),
+          __fmul_rn(f[i + 3], inv_scale));
     }
   } else {
 #pragma unroll
@@ -183,8 +183,8 @@ SGL_DEVICE Chunk<TOut, kN, kAligned> quantize_values(const float (&f)[kN], float
 
 /// Quantizes a chunk of T into a chunk of TOut (see quantize and quantize_values).
 template <typename TOut, bool kClamp = true, typename T, int kN, bool kAligned>
-SGL_DEVICE Chunk<TOut, kN, kAligned> quantize_chunk(const Chunk<T, kN, kAligned>& chunk, float inv_scale, float q_min,
-                                                    float q_max) {
+SGL_DEVICE Chunk<TOut, kN, kAligned> quantize_chunk(
+    const Chunk<T, kN, kAligned>& chunk, float inv_scale, float q_min, float q_max) {
   float f[kN];
   chunk_to_float(chunk, f);
   return quantize_values<TOut, kClamp, kN, kAligned>(f, inv_scale, q_min, q_max);
@@ -219,8 +219,6 @@ namespace host::quant {
 inline bool is_aligned(const void* address, int64_t bytes) {
   return reinterpret_cast<std::uintptr_t>(address) % static_cast<std::uintptr_t>(bytes) == 0;
 }
-inline bool is_aligned(int64_t byte_stride, int64_t bytes) {
-  return byte_stride % bytes == 0;
-}
+inline bool is_aligned(int64_t byte_stride, int64_t bytes) { return byte_stride % bytes == 0; }
 
 }  // namespace host::quant

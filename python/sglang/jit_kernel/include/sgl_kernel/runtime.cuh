@@ -7,10 +7,9 @@
 
 #include <sgl_kernel/utils.cuh>  // For RuntimeDeviceCheck, detail::cached_device_attribute
 
-#include <cuda_runtime.h>
-
 #include <cstddef>
 #include <cstdint>
+#include <cuda_runtime.h>
 #include <source_location>
 
 namespace host::runtime {
@@ -21,13 +20,14 @@ namespace host::runtime {
 /// site, as in `static const uint32_t occ = get_blocks_per_sm(kernel, 256);`.
 /// Throws PanicError on CUDA errors.
 template <typename... KernelArgs>
-[[nodiscard]] inline uint32_t get_blocks_per_sm(void (*kernel)(KernelArgs...), uint32_t block_dim,
-                                                std::size_t smem_bytes = 0,
-                                                std::source_location loc = std::source_location::current()) {
+[[nodiscard]] inline uint32_t get_blocks_per_sm(
+    void (*kernel)(KernelArgs...),
+    uint32_t block_dim,
+    std::size_t smem_bytes = 0,
+    std::source_location loc = std::source_location::current()) {
   int num_blocks = 0;
-  RuntimeDeviceCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&num_blocks, kernel, static_cast<int>(block_dim),
-                                                                    smem_bytes),
-                     loc);
+  RuntimeDeviceCheck(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&num_blocks, kernel, static_cast<int>(block_dim), smem_bytes), loc);
   return static_cast<uint32_t>(num_blocks);
 }
 

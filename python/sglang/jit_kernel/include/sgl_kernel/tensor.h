@@ -14,21 +14,20 @@
 
 #include <sgl_kernel/utils.h>  // For PanicError, detail::panic_at
 
-#include <dlpack/dlpack.h>
-#include <tvm/ffi/container/tensor.h>
-#include <tvm/ffi/dtype.h>
-
 #include <array>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <dlpack/dlpack.h>
 #include <initializer_list>
 #include <optional>
-#include <concepts>
-#include <sstream>
 #include <ostream>
 #include <source_location>
+#include <sstream>
 #include <string>
 #include <string_view>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/dtype.h>
 #include <type_traits>
 
 #if __has_include(<cuda_fp16.h>) && __has_include(<cuda_bf16.h>) && __has_include(<cuda_fp8.h>)
@@ -52,9 +51,9 @@ namespace host {
 template <typename T>
 struct dl_dtype;
 
-#define SGL_DEFINE_DL_DTYPE(TYPE, CODE, BITS)                                                    \
-  template <>                                                                                    \
-  struct dl_dtype<TYPE> {                                                                        \
+#define SGL_DEFINE_DL_DTYPE(TYPE, CODE, BITS)                                                     \
+  template <>                                                                                     \
+  struct dl_dtype<TYPE> {                                                                         \
     static constexpr DLDataType value{static_cast<uint8_t>(CODE), static_cast<uint8_t>(BITS), 1}; \
   }
 
@@ -89,18 +88,30 @@ inline constexpr DLDataType dl_dtype_v = dl_dtype<std::remove_cv_t<T>>::value;
 /// Short device-type name used in error messages ("cpu", "cuda", "cuda_host", ...).
 [[nodiscard]] inline const char* device_type_name(int32_t device_type) noexcept {
   switch (device_type) {
-    case kDLCPU: return "cpu";
-    case kDLCUDA: return "cuda";
-    case kDLCUDAHost: return "cuda_host";
-    case kDLCUDAManaged: return "cuda_managed";
-    case kDLROCM: return "rocm";
-    case kDLROCMHost: return "rocm_host";
-    case kDLOpenCL: return "opencl";
-    case kDLVulkan: return "vulkan";
-    case kDLMetal: return "metal";
-    case kDLOneAPI: return "oneapi";
-    case kDLWebGPU: return "webgpu";
-    default: return "unknown_device";
+    case kDLCPU:
+      return "cpu";
+    case kDLCUDA:
+      return "cuda";
+    case kDLCUDAHost:
+      return "cuda_host";
+    case kDLCUDAManaged:
+      return "cuda_managed";
+    case kDLROCM:
+      return "rocm";
+    case kDLROCMHost:
+      return "rocm_host";
+    case kDLOpenCL:
+      return "opencl";
+    case kDLVulkan:
+      return "vulkan";
+    case kDLMetal:
+      return "metal";
+    case kDLOneAPI:
+      return "oneapi";
+    case kDLWebGPU:
+      return "webgpu";
+    default:
+      return "unknown_device";
   }
 }
 
@@ -270,8 +281,10 @@ class SymbolicDevice {
   /// Records `view` for `TensorMatcher::with_device<kType>(device).verify(a).verify(b)`; the
   /// matcher's `>` then runs its full checks (this device included) on each recorded tensor, in
   /// order (see DeviceClause). Nothing is checked here, so the result must not be discarded.
-  [[nodiscard]]   PendingDeviceVerify verify(const tvm::ffi::TensorView& view, const char* name = nullptr,
-                             std::source_location loc = std::source_location::current());
+  [[nodiscard]] PendingDeviceVerify verify(
+      const tvm::ffi::TensorView& view,
+      const char* name = nullptr,
+      std::source_location loc = std::source_location::current());
 
   /// Writes "cuda:0" (bound) / "cuda" / "one of [cuda, cpu]" / "any" for error messages.
   void describe_expected(std::ostream& os) const {
@@ -304,8 +317,10 @@ class PendingDeviceVerify {
   explicit PendingDeviceVerify(SymbolicDevice& device) : device_(&device) {}
 
   /// Records `view` (labelled `name` in errors) for the matcher; returns *this.
-  PendingDeviceVerify& verify(const tvm::ffi::TensorView& view, const char* name = nullptr,
-                              std::source_location loc = std::source_location::current()) {
+  PendingDeviceVerify& verify(
+      const tvm::ffi::TensorView& view,
+      const char* name = nullptr,
+      std::source_location loc = std::source_location::current()) {
     record(view, name, loc);
     return *this;
   }
@@ -335,8 +350,8 @@ class PendingDeviceVerify {
   std::size_t num_tensors_ = 0;
 };
 
-inline PendingDeviceVerify SymbolicDevice::verify(const tvm::ffi::TensorView& view, const char* name,
-                                                  std::source_location loc) {
+inline PendingDeviceVerify SymbolicDevice::verify(
+    const tvm::ffi::TensorView& view, const char* name, std::source_location loc) {
   PendingDeviceVerify pending(*this);
   pending.record(view, name, loc);
   return pending;
@@ -489,8 +504,8 @@ class TensorMatcher {
   TensorMatcher& operator=(const TensorMatcher&) = delete;
 
   /// Expected strides (in elements), one per dimension; replaces the default contiguity check.
-  TensorMatcher& with_strides(std::initializer_list<SizeRef> strides,
-                              std::source_location loc = std::source_location::current()) {
+  TensorMatcher& with_strides(
+      std::initializer_list<SizeRef> strides, std::source_location loc = std::source_location::current()) {
     if (strides.size() != ndim_) [[unlikely]] {
       detail::panic_at(loc, "TensorMatcher::with_strides: got ", strides.size(), " strides for ", ndim_, " dims");
     }
@@ -501,8 +516,10 @@ class TensorMatcher {
   }
 
   /// Checks `view` (see class comment); `name` labels it in errors. Throws PanicError on mismatch.
-  TensorMatcher& verify(const tvm::ffi::TensorView& view, const char* name = nullptr,
-                        std::source_location loc = std::source_location::current()) {
+  TensorMatcher& verify(
+      const tvm::ffi::TensorView& view,
+      const char* name = nullptr,
+      std::source_location loc = std::source_location::current()) {
     const std::size_t index = num_verified_++;
     check_dtype(view, name, index, loc);
     check_device(view, name, index, loc);
@@ -549,15 +566,30 @@ class TensorMatcher {
   };
 
   template <typename... Args>
-  [[noreturn]] static void fail(const tvm::ffi::TensorView& view, const char* name, std::size_t index,
-                                const std::source_location& loc, Args&&... args) {
-    detail::panic_at(loc, TensorName{name, index}, ": ", std::forward<Args>(args)...,
-                     " (shape ", ShapeString{&view, false}, ", dtype ", tvm::ffi::DLDataTypeToString(view.dtype()),
-                     ", device ", device_type_name(view.device().device_type), ':', view.device().device_id, ')');
+  [[noreturn]] static void fail(
+      const tvm::ffi::TensorView& view,
+      const char* name,
+      std::size_t index,
+      const std::source_location& loc,
+      Args&&... args) {
+    detail::panic_at(
+        loc,
+        TensorName{name, index},
+        ": ",
+        std::forward<Args>(args)...,
+        " (shape ",
+        ShapeString{&view, false},
+        ", dtype ",
+        tvm::ffi::DLDataTypeToString(view.dtype()),
+        ", device ",
+        device_type_name(view.device().device_type),
+        ':',
+        view.device().device_id,
+        ')');
   }
 
-  void check_dtype(const tvm::ffi::TensorView& view, const char* name, std::size_t index,
-                   const std::source_location& loc) {
+  void check_dtype(
+      const tvm::ffi::TensorView& view, const char* name, std::size_t index, const std::source_location& loc) {
     if (!has_dtype_check_) return;
     SymbolicDType& dtype = external_dtype_ != nullptr ? *external_dtype_ : own_dtype_;
     if (!dtype.match(view.dtype())) [[unlikely]] {
@@ -565,15 +597,19 @@ class TensorMatcher {
     }
   }
 
-  [[noreturn]] static void fail_dtype(const tvm::ffi::TensorView& view, const char* name, std::size_t index,
-                                      const std::source_location& loc, const SymbolicDType& expected) {
+  [[noreturn]] static void fail_dtype(
+      const tvm::ffi::TensorView& view,
+      const char* name,
+      std::size_t index,
+      const std::source_location& loc,
+      const SymbolicDType& expected) {
     std::ostringstream os;
     expected.describe_expected(os);
     fail(view, name, index, loc, "dtype expected ", os.str(), ", got ", tvm::ffi::DLDataTypeToString(view.dtype()));
   }
 
-  void check_device(const tvm::ffi::TensorView& view, const char* name, std::size_t index,
-                    const std::source_location& loc) {
+  void check_device(
+      const tvm::ffi::TensorView& view, const char* name, std::size_t index, const std::source_location& loc) {
     if (!has_device_check_) return;
     const DLDevice device = view.device();
     if (!device_types_.match(device)) [[unlikely]] {
@@ -584,31 +620,62 @@ class TensorMatcher {
     }
   }
 
-  [[noreturn]] static void fail_device(const tvm::ffi::TensorView& view, const char* name, std::size_t index,
-                                       const std::source_location& loc, const SymbolicDevice& expected) {
+  [[noreturn]] static void fail_device(
+      const tvm::ffi::TensorView& view,
+      const char* name,
+      std::size_t index,
+      const std::source_location& loc,
+      const SymbolicDevice& expected) {
     std::ostringstream os;
     expected.describe_expected(os);
-    fail(view, name, index, loc, "device expected ", os.str(), ", got ", device_type_name(view.device().device_type),
-         ':', view.device().device_id);
+    fail(
+        view,
+        name,
+        index,
+        loc,
+        "device expected ",
+        os.str(),
+        ", got ",
+        device_type_name(view.device().device_type),
+        ':',
+        view.device().device_id);
   }
 
-  static void check_entry(const tvm::ffi::TensorView& view, const char* name, std::size_t index,
-                          const std::source_location& loc, const char* what, std::size_t d, const SizeRef& expected,
-                          int64_t actual) {
+  static void check_entry(
+      const tvm::ffi::TensorView& view,
+      const char* name,
+      std::size_t index,
+      const std::source_location& loc,
+      const char* what,
+      std::size_t d,
+      const SizeRef& expected,
+      int64_t actual) {
     if (SymbolicSize* symbol = expected.symbol()) {
       if (!symbol->has_value()) {
         symbol->set_value(actual);
       } else if (symbol->unwrap() != actual) [[unlikely]] {
-        fail(view, name, index, loc, what, ' ', d, " (", symbol->name(), ") expected ", symbol->unwrap(), ", got ",
-             actual);
+        fail(
+            view,
+            name,
+            index,
+            loc,
+            what,
+            ' ',
+            d,
+            " (",
+            symbol->name(),
+            ") expected ",
+            symbol->unwrap(),
+            ", got ",
+            actual);
       }
     } else if (!expected.is_any() && expected.value() != actual) [[unlikely]] {
       fail(view, name, index, loc, what, ' ', d, " expected ", expected.value(), ", got ", actual);
     }
   }
 
-  void check_strides(const tvm::ffi::TensorView& view, const char* name, std::size_t index,
-                     const std::source_location& loc) const {
+  void check_strides(
+      const tvm::ffi::TensorView& view, const char* name, std::size_t index, const std::source_location& loc) const {
     if (ndim_ == 0) return;
     // TVM-FFI fills strides for every tensor it imports (DLPack null strides become compact ones).
     const int64_t* shape = view.shape().data();
@@ -623,8 +690,20 @@ class TensorMatcher {
     int64_t expected_stride = 1;
     for (std::size_t d = ndim_; d-- > 0;) {
       if (shape[d] != 1 && strides[d] != expected_stride) [[unlikely]] {
-        fail(view, name, index, loc, "expected contiguous strides, got strides ", ShapeString{&view, true},
-             " (dim ", d, " has stride ", strides[d], ", expected ", expected_stride, ")");
+        fail(
+            view,
+            name,
+            index,
+            loc,
+            "expected contiguous strides, got strides ",
+            ShapeString{&view, true},
+            " (dim ",
+            d,
+            " has stride ",
+            strides[d],
+            ", expected ",
+            expected_stride,
+            ")");
       }
       expected_stride *= shape[d];
     }
@@ -637,9 +716,9 @@ class TensorMatcher {
   bool has_dtype_check_ = false;
   bool has_device_check_ = false;
   std::size_t num_verified_ = 0;
-  SymbolicDType own_dtype_;             // options from with_dtype<Ts...>()
+  SymbolicDType own_dtype_;                  // options from with_dtype<Ts...>()
   SymbolicDType* external_dtype_ = nullptr;  // from with_dtype(SymbolicDType&)
-  SymbolicDevice device_types_;         // options from with_device<kTypes...>()
+  SymbolicDevice device_types_;              // options from with_device<kTypes...>()
   SymbolicDevice* external_device_ = nullptr;
 };
 
@@ -841,7 +920,7 @@ enum class Sharing { kDisjoint, kShared, kUndecided };
   const int64_t sa = a.ndim > 0 ? a.stride[a.ndim - 1] : 0;
   const int64_t sb = b.ndim > 0 ? b.stride[b.ndim - 1] : 0;
   int64_t s = 0, ta = 1, tb = 1;
-  int32_t pa = a.ndim, pb = b.ndim;  // dims that make up one row
+  int32_t pa = a.ndim, pb = b.ndim;                              // dims that make up one row
   const bool rows_a = a.ndim > 0 && (sa == sb || b.span <= sa);  // else a is one row
   const bool rows_b = b.ndim > 0 && (sa == sb || a.span <= sb);
   if (rows_a && rows_b) {
@@ -865,8 +944,7 @@ enum class Sharing { kDisjoint, kShared, kUndecided };
     pb = b.ndim - 1;
   }
   const RunWalk runs_a(a, pa, 0);
-  if (runs_a.num_runs(kMaxRunsPerRow) > kMaxRunsPerRow ||
-      RunWalk(b, pb, 0).num_runs(kMaxRunsPerRow) > kMaxRunsPerRow) {
+  if (runs_a.num_runs(kMaxRunsPerRow) > kMaxRunsPerRow || RunWalk(b, pb, 0).num_runs(kMaxRunsPerRow) > kMaxRunsPerRow) {
     *reason = "a row has more than 65536 runs";
     return Sharing::kUndecided;
   }
@@ -897,9 +975,13 @@ enum class Sharing { kDisjoint, kShared, kUndecided };
 /// k = x[:, 4:6] -> ok (q and k of one qkv buffer); k = x[:, 3:5] -> "k overlaps q in memory
 /// (partially); they must be disjoint". out = y[1:] with src = y[:-1] -> "out overlaps src in
 /// memory (partially); ...".
-inline void verify_no_partial_overlap(const tvm::ffi::TensorView& a, const char* a_name,
-                                      const tvm::ffi::TensorView& b, const char* b_name, bool allow_same,
-                                      std::source_location loc = std::source_location::current()) {
+inline void verify_no_partial_overlap(
+    const tvm::ffi::TensorView& a,
+    const char* a_name,
+    const tvm::ffi::TensorView& b,
+    const char* b_name,
+    bool allow_same,
+    std::source_location loc = std::source_location::current()) {
   const ByteSpan sa = byte_span(a), sb = byte_span(b);
   if (sa.first == sa.last || sb.first == sb.last) return;  // an empty tensor overlaps nothing
   if (sa.last <= sb.first || sb.last <= sa.first) return;
@@ -921,9 +1003,16 @@ inline void verify_no_partial_overlap(const tvm::ffi::TensorView& a, const char*
   if (sharing == detail::Sharing::kShared) [[unlikely]] {
     detail::panic_at(loc, a_name, " overlaps ", b_name, " in memory (partially); ", fix);
   }
-  detail::panic_at(loc, a_name, " and ", b_name, " share memory in a layout whose disjointness cannot be verified (",
-                   who != nullptr ? who : "", who != nullptr ? " has " : "", reason,
-                   "); pass disjoint buffers, or views of one buffer with the same largest stride (the token stride)");
+  detail::panic_at(
+      loc,
+      a_name,
+      " and ",
+      b_name,
+      " share memory in a layout whose disjointness cannot be verified (",
+      who != nullptr ? who : "",
+      who != nullptr ? " has " : "",
+      reason,
+      "); pass disjoint buffers, or views of one buffer with the same largest stride (the token stride)");
 }
 
 /// Throws PanicError if two elements of `view` can share an address, which an output or in-place
@@ -933,16 +1022,22 @@ inline void verify_no_partial_overlap(const tvm::ffi::TensorView& a, const char*
 /// Examples: [T, H, D] with strides (W, D, 1), W >= H * D (a fused qkv view), or head-major
 /// (D, T * D, 1) -> ok; strides (H * 128, 64, 1) with D = 128 -> "q: elements of q may overlap each
 /// other (dim 1 stride 64 < extent 128 of the dims with smaller strides); ...".
-inline void verify_no_self_overlap(const tvm::ffi::TensorView& view, const char* name,
-                                   std::source_location loc = std::source_location::current()) {
+inline void verify_no_self_overlap(
+    const tvm::ffi::TensorView& view, const char* name, std::source_location loc = std::source_location::current()) {
   const int32_t ndim = view.ndim();
   const int64_t* shape = view.shape().data();
   const int64_t* strides = view.strides().data();
   bool empty = false;
   for (int32_t d = 0; d < ndim; ++d) {
     if (shape[d] > 1 && strides[d] == 0) [[unlikely]] {
-      detail::panic_at(loc, name, ": dim ", d, " has stride 0 with size ", shape[d],
-                       " (an expanded tensor); its elements alias each other, pass a tensor with its own storage");
+      detail::panic_at(
+          loc,
+          name,
+          ": dim ",
+          d,
+          " has stride 0 with size ",
+          shape[d],
+          " (an expanded tensor); its elements alias each other, pass a tensor with its own storage");
     }
     empty = empty || shape[d] == 0;
   }
@@ -969,9 +1064,19 @@ inline void verify_no_self_overlap(const tvm::ffi::TensorView& view, const char*
       if (e != d && shape[e] > 1 && (other < stride || (other == stride && e < d))) extent += (shape[e] - 1) * other;
     }
     if (stride < extent) [[unlikely]] {
-      detail::panic_at(loc, name, ": elements of ", name, " may overlap each other (dim ", d, " stride ", strides[d],
-                       " < extent ", extent, " of the dims with smaller strides); pass a tensor whose elements ",
-                       "have distinct addresses");
+      detail::panic_at(
+          loc,
+          name,
+          ": elements of ",
+          name,
+          " may overlap each other (dim ",
+          d,
+          " stride ",
+          strides[d],
+          " < extent ",
+          extent,
+          " of the dims with smaller strides); pass a tensor whose elements ",
+          "have distinct addresses");
     }
   }
 }

@@ -14,34 +14,33 @@
 
 #include <sgl_kernel/utils.h>  // For PanicError, Panic, RuntimeCheck, detail::panic_at
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
-#include <cuda_runtime.h>
-#include <dlpack/dlpack.h>
-#include <tvm/ffi/extra/c_env_api.h>
-
 #include <array>
 #include <atomic>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <dlpack/dlpack.h>
 #include <source_location>
+#include <tvm/ffi/extra/c_env_api.h>
 #include <utility>
 
 // ---------------------------------------------------------------------------------------------
 // Type aliases (global namespace, as used by kernels and by make_cpp_args on the Python side).
 // ---------------------------------------------------------------------------------------------
 
-using fp16_t = __half;               ///< IEEE binary16.
-using bf16_t = __nv_bfloat16;        ///< bfloat16.
-using fp32_t = float;                ///< IEEE binary32.
-using fp64_t = double;               ///< IEEE binary64.
-using fp8_e4m3_t = __nv_fp8_e4m3;    ///< FP8 E4M3 (torch.float8_e4m3fn).
-using fp8_e5m2_t = __nv_fp8_e5m2;    ///< FP8 E5M2 (torch.float8_e5m2).
-using fp16x2_t = __half2;            ///< Two fp16 in one 32-bit register.
-using bf16x2_t = __nv_bfloat162;     ///< Two bf16 in one 32-bit register.
-using fp32x2_t = float2;             ///< Two fp32 (8 bytes, 8-byte aligned).
+using fp16_t = __half;                 ///< IEEE binary16.
+using bf16_t = __nv_bfloat16;          ///< bfloat16.
+using fp32_t = float;                  ///< IEEE binary32.
+using fp64_t = double;                 ///< IEEE binary64.
+using fp8_e4m3_t = __nv_fp8_e4m3;      ///< FP8 E4M3 (torch.float8_e4m3fn).
+using fp8_e5m2_t = __nv_fp8_e5m2;      ///< FP8 E5M2 (torch.float8_e5m2).
+using fp16x2_t = __half2;              ///< Two fp16 in one 32-bit register.
+using bf16x2_t = __nv_bfloat162;       ///< Two bf16 in one 32-bit register.
+using fp32x2_t = float2;               ///< Two fp32 (8 bytes, 8-byte aligned).
 using fp8x2_e4m3_t = __nv_fp8x2_e4m3;  ///< Two FP8 E4M3 in 16 bits.
 using fp8x2_e5m2_t = __nv_fp8x2_e5m2;  ///< Two FP8 E5M2 in 16 bits.
 
@@ -161,20 +160,32 @@ template <cudaDeviceAttr kAttr>
 class LaunchKernel {
  public:
   /// Launch on `device`'s current TVM-FFI stream with `device` made current.
-  LaunchKernel(dim3 grid, dim3 block, DLDevice device, std::size_t smem_bytes = 0,
-               std::source_location loc = std::source_location::current())
+  LaunchKernel(
+      dim3 grid,
+      dim3 block,
+      DLDevice device,
+      std::size_t smem_bytes = 0,
+      std::source_location loc = std::source_location::current())
       : grid_(grid), block_(block), smem_bytes_(smem_bytes), device_id_(device.device_id), loc_(loc) {
     if (device.device_type != kDLCUDA) [[unlikely]] {
-      detail::panic_at(loc, "LaunchKernel: expected a CUDA device (device_type ", static_cast<int>(kDLCUDA),
-                       "), got device_type ", static_cast<int>(device.device_type));
+      detail::panic_at(
+          loc,
+          "LaunchKernel: expected a CUDA device (device_type ",
+          static_cast<int>(kDLCUDA),
+          "), got device_type ",
+          static_cast<int>(device.device_type));
     }
     stream_ = static_cast<cudaStream_t>(TVMFFIEnvGetStream(device.device_type, device.device_id));
     check_config();
   }
 
   /// Launch on an explicit `stream` with the current device.
-  LaunchKernel(dim3 grid, dim3 block, cudaStream_t stream, std::size_t smem_bytes = 0,
-               std::source_location loc = std::source_location::current())
+  LaunchKernel(
+      dim3 grid,
+      dim3 block,
+      cudaStream_t stream,
+      std::size_t smem_bytes = 0,
+      std::source_location loc = std::source_location::current())
       : grid_(grid), block_(block), smem_bytes_(smem_bytes), stream_(stream), device_id_(-1), loc_(loc) {
     check_config();
   }
@@ -242,22 +253,39 @@ class LaunchKernel {
     if (device < 0) (void)cudaGetDevice(&device);
     (void)cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
     (void)cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-    detail::panic_at(loc_, "CUDA error: cudaErrorNoKernelImageForDevice: this JIT module has no code for cuda:", device,
-                     " (compute capability ", major, ".", minor, "); build it for that GPU (SGLANG_JIT_CUDA_ARCH=",
-                     major, ".", minor, ", or unset to target the visible GPUs); sglang.jit_kernel supports "
-                     "compute capability 8.0 and newer");
+    detail::panic_at(
+        loc_,
+        "CUDA error: cudaErrorNoKernelImageForDevice: this JIT module has no code for cuda:",
+        device,
+        " (compute capability ",
+        major,
+        ".",
+        minor,
+        "); build it for that GPU (SGLANG_JIT_CUDA_ARCH=",
+        major,
+        ".",
+        minor,
+        ", or unset to target the visible GPUs); sglang.jit_kernel supports "
+        "compute capability 8.0 and newer");
   }
 
   void check_config() const {
     const uint64_t num_blocks = uint64_t{grid_.x} * grid_.y * grid_.z;
     const uint64_t num_threads = uint64_t{block_.x} * block_.y * block_.z;
     if (num_blocks == 0) [[unlikely]] {
-      detail::panic_at(loc_, "LaunchKernel: grid has 0 blocks (grid = (", grid_.x, ", ", grid_.y, ", ", grid_.z,
-                       ")); return before launching on empty input");
+      detail::panic_at(
+          loc_,
+          "LaunchKernel: grid has 0 blocks (grid = (",
+          grid_.x,
+          ", ",
+          grid_.y,
+          ", ",
+          grid_.z,
+          ")); return before launching on empty input");
     }
     if (num_threads == 0) [[unlikely]] {
-      detail::panic_at(loc_, "LaunchKernel: block has 0 threads (block = (", block_.x, ", ", block_.y, ", ",
-                       block_.z, "))");
+      detail::panic_at(
+          loc_, "LaunchKernel: block has 0 threads (block = (", block_.x, ", ", block_.y, ", ", block_.z, "))");
     }
   }
 

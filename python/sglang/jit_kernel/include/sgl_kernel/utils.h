@@ -10,9 +10,6 @@
 //   host::pointer::offset(...)  byte-offset arithmetic on void* / const void*
 #pragma once
 
-#include <tvm/ffi/c_api.h>
-#include <tvm/ffi/error.h>
-
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -20,6 +17,8 @@
 #include <source_location>
 #include <sstream>
 #include <string>
+#include <tvm/ffi/c_api.h>
+#include <tvm/ffi/error.h>
 #include <type_traits>
 #include <utility>
 
@@ -34,8 +33,10 @@ class PanicError : public tvm::ffi::Error {
  public:
   /// Builds the error from an already formatted `message` and the failing call site `loc`.
   PanicError(const std::string& message, const std::source_location& loc)
-      : tvm::ffi::Error("RuntimeError", FormatMessage(message, loc),
-                        TVMFFIBacktrace(loc.file_name(), static_cast<int>(loc.line()), loc.function_name(), 0)) {}
+      : tvm::ffi::Error(
+            "RuntimeError",
+            FormatMessage(message, loc),
+            TVMFFIBacktrace(loc.file_name(), static_cast<int>(loc.line()), loc.function_name(), 0)) {}
 
   /// Appends the location suffix " [at <file>:<line>]" to `message`.
   static std::string FormatMessage(const std::string& message, const std::source_location& loc) {

@@ -149,13 +149,17 @@ struct alignas(sizeof(T) * N) AlignedVector {
       (void)policy;
       *dst = *src;
     } else if constexpr (sizeof(storage_type) == 16) {
-      asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(dst), "r"(src->x), "r"(src->y),
-                   "r"(src->z), "r"(src->w), "l"(policy.bits)
-                   : "memory");
-    } else if constexpr (sizeof(storage_type) == 8) {
-      asm volatile("st.global.L2::cache_hint.v2.u32 [%0], {%1, %2}, %3;" ::"l"(dst), "r"(src->x), "r"(src->y),
+      asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(dst),
+                   "r"(src->x),
+                   "r"(src->y),
+                   "r"(src->z),
+                   "r"(src->w),
                    "l"(policy.bits)
                    : "memory");
+    } else if constexpr (sizeof(storage_type) == 8) {
+      asm volatile(
+          "st.global.L2::cache_hint.v2.u32 [%0], {%1, %2}, %3;" ::"l"(dst), "r"(src->x), "r"(src->y), "l"(policy.bits)
+          : "memory");
     } else if constexpr (sizeof(storage_type) == 4) {
       asm volatile("st.global.L2::cache_hint.u32 [%0], %1, %2;" ::"l"(dst), "r"(*src), "l"(policy.bits) : "memory");
     } else if constexpr (sizeof(storage_type) == 2) {

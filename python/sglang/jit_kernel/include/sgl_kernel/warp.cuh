@@ -20,8 +20,9 @@ namespace device::warp {
 /// 0..15 get 120 and lanes 16..31 get 376.
 template <typename T, uint32_t kNumLanes = kWarpThreads>
 SGL_DEVICE T reduce_sum(T value) {
-  static_assert(kNumLanes >= 1 && kNumLanes <= kWarpThreads && (kNumLanes & (kNumLanes - 1)) == 0,
-                "kNumLanes must be a power of two in [1, 32]");
+  static_assert(
+      kNumLanes >= 1 && kNumLanes <= kWarpThreads && (kNumLanes & (kNumLanes - 1)) == 0,
+      "kNumLanes must be a power of two in [1, 32]");
 #pragma unroll
   for (uint32_t mask = kNumLanes / 2; mask > 0; mask >>= 1) {
     value = value + __shfl_xor_sync(0xffffffffu, value, mask, kWarpThreads);
@@ -39,8 +40,9 @@ SGL_DEVICE T reduce_sum(T value) {
 /// 0..7 get 7, lanes 8..15 get 15, and so on.
 template <typename T, uint32_t kNumLanes = kWarpThreads>
 SGL_DEVICE T reduce_max(T value) {
-  static_assert(kNumLanes >= 1 && kNumLanes <= kWarpThreads && (kNumLanes & (kNumLanes - 1)) == 0,
-                "kNumLanes must be a power of two in [1, 32]");
+  static_assert(
+      kNumLanes >= 1 && kNumLanes <= kWarpThreads && (kNumLanes & (kNumLanes - 1)) == 0,
+      "kNumLanes must be a power of two in [1, 32]");
 #pragma unroll
   for (uint32_t mask = kNumLanes / 2; mask > 0; mask >>= 1) {
     value = math::max<T>(value, __shfl_xor_sync(0xffffffffu, value, mask, kWarpThreads));

@@ -86,8 +86,9 @@ def check_sass(smoke_so: Path) -> None:
         return
     sass = _run([cuobjdump, "-sass", str(smoke_so)])
     functions = re.split(r"\n\s*Function : ", sass)
-    bf16_scale = [f for f in functions if f.startswith("_Z") and "scale_kernel" in f.split()[0]
-                  and "nv_bfloat16" in f.split()[0]]
+    bf16_scale = [
+        f for f in functions if f.startswith("_Z") and "scale_kernel" in f.split()[0] and "nv_bfloat16" in f.split()[0]
+    ]
     assert len(bf16_scale) == 1, "scale_kernel<bf16_t, 8> not found in SASS"
     body = bf16_scale[0]
     loads = sorted(set(re.findall(r"\bLDG\.[A-Z0-9.]+", body)))
@@ -115,38 +116,62 @@ def expect_error(fn: Callable[[], object], *needles: str) -> str:
 def check_host(smoke, host_only) -> None:
     import torch
 
-    for name in ["scale_fp16", "scale_bf16", "scale_fp32", "smoke_fp16", "smoke_bf16", "smoke_fp32",
-                 "match_2d", "match_pair", "match_cuda", "match_strided", "match_contiguous",
-                 "raise_error", "utils_probe"]:
+    for name in [
+        "scale_fp16",
+        "scale_bf16",
+        "scale_fp32",
+        "smoke_fp16",
+        "smoke_bf16",
+        "smoke_fp32",
+        "match_2d",
+        "match_pair",
+        "match_cuda",
+        "match_strided",
+        "match_contiguous",
+        "raise_error",
+        "utils_probe",
+    ]:
         assert callable(getattr(smoke, name)), name
     print("smoke.so exports all symbols")
 
     bf16 = torch.zeros(8, 4096, dtype=torch.bfloat16)
     smoke.match_2d(bf16)
     smoke.match_2d(torch.zeros(0, 4096, dtype=torch.float16))
-    expect_error(lambda: smoke.match_2d(torch.zeros(8, 4095, dtype=torch.bfloat16)),
-                 "src: dim 1 (hidden_size) expected 4096, got 4095", "smoke.cu:")
-    expect_error(lambda: smoke.match_2d(torch.zeros(8, 4096, dtype=torch.float32)),
-                 "src: dtype expected one of [bfloat16, float16], got float32")
-    expect_error(lambda: smoke.match_2d(torch.zeros(2, 8, 4096, dtype=torch.bfloat16)),
-                 "src: ndim expected 2, got 3")
-    expect_error(lambda: smoke.match_2d(torch.zeros(4096, 8, dtype=torch.bfloat16).t()),
-                 "src: expected contiguous strides", "got strides [1, 8]")
+    expect_error(
+        lambda: smoke.match_2d(torch.zeros(8, 4095, dtype=torch.bfloat16)),
+        "src: dim 1 (hidden_size) expected 4096, got 4095",
+        "smoke.cu:",
+    )
+    expect_error(
+        lambda: smoke.match_2d(torch.zeros(8, 4096, dtype=torch.float32)),
+        "src: dtype expected one of [bfloat16, float16], got float32",
+    )
+    expect_error(lambda: smoke.match_2d(torch.zeros(2, 8, 4096, dtype=torch.bfloat16)), "src: ndim expected 2, got 3")
+    expect_error(
+        lambda: smoke.match_2d(torch.zeros(4096, 8, dtype=torch.bfloat16).t()),
+        "src: expected contiguous strides",
+        "got strides [1, 8]",
+    )
 
     smoke.match_pair(torch.zeros(3, 5), torch.zeros(3, 5))
-    expect_error(lambda: smoke.match_pair(torch.zeros(3, 5), torch.zeros(3, 6)),
-                 "tensor #1: dim 1 (hidden_size) expected 5, got 6")
-    expect_error(lambda: smoke.match_pair(torch.zeros(3, 5), torch.zeros(3, 5, dtype=torch.bfloat16)),
-                 "tensor #1: dtype expected float32, got bfloat16")
-    expect_error(lambda: smoke.match_pair(torch.zeros(3, 5, dtype=torch.float16), torch.zeros(3, 5)),
-                 "tensor #0: dtype expected one of [float32, bfloat16], got float16")
+    expect_error(
+        lambda: smoke.match_pair(torch.zeros(3, 5), torch.zeros(3, 6)),
+        "tensor #1: dim 1 (hidden_size) expected 5, got 6",
+    )
+    expect_error(
+        lambda: smoke.match_pair(torch.zeros(3, 5), torch.zeros(3, 5, dtype=torch.bfloat16)),
+        "tensor #1: dtype expected float32, got bfloat16",
+    )
+    expect_error(
+        lambda: smoke.match_pair(torch.zeros(3, 5, dtype=torch.float16), torch.zeros(3, 5)),
+        "tensor #0: dtype expected one of [float32, bfloat16], got float16",
+    )
 
     expect_error(lambda: smoke.match_cuda(torch.zeros(4)), "x: device expected cuda, got cpu:0")
 
     wide = torch.zeros(4, 24)
     assert smoke.match_strided(wide[:, 8:16]) == 24
-    expect_error(lambda: smoke.match_strided(torch.zeros(4, 16)[:, ::2]),
-                 "x: stride 1 expected 1, got 2")
+    expect_error(lambda: smoke.match_strided(torch.zeros(4, 16)[:, ::2]), "x: stride 1 expected 1, got 2")
     smoke.match_contiguous(torch.zeros(5, 1)[:, :])
     smoke.match_contiguous(torch.zeros(1, 7).expand(1, 7))
     expect_error(lambda: smoke.match_contiguous(wide[:, 8:16]), "x: expected contiguous strides")
@@ -162,11 +187,15 @@ def check_host(smoke, host_only) -> None:
     assert smoke.utils_probe(10, 4) == 3 + 6 + 10
 
     assert host_only.match_host(torch.zeros(3, 4), torch.zeros(3, dtype=torch.int64)) == 12
-    expect_error(lambda: host_only.match_host(torch.zeros(3, 4, dtype=torch.float64),
-                                              torch.zeros(3, dtype=torch.int64)),
-                 "matrix: dtype expected one of [float32, int32], got float64", "host_only.cc:")
-    expect_error(lambda: host_only.match_host(torch.zeros(3, 4), torch.zeros(2, dtype=torch.int64)),
-                 "row_ids: dim 0 (num_rows) expected 3, got 2")
+    expect_error(
+        lambda: host_only.match_host(torch.zeros(3, 4, dtype=torch.float64), torch.zeros(3, dtype=torch.int64)),
+        "matrix: dtype expected one of [float32, int32], got float64",
+        "host_only.cc:",
+    )
+    expect_error(
+        lambda: host_only.match_host(torch.zeros(3, 4), torch.zeros(2, dtype=torch.int64)),
+        "row_ids: dim 0 (num_rows) expected 3, got 2",
+    )
     print("host-side checks passed")
 
 
@@ -212,7 +241,9 @@ def check_gpu(smoke) -> None:
         smoke.scale_bf16(dst, src, 2.0)
         torch.cuda.synchronize(1)
         torch.testing.assert_close(dst, (src.float() * 2).to(torch.bfloat16), rtol=0, atol=0)
-        expect_error(lambda: smoke.scale_bf16(dst, src.to("cuda:0"), 2.0), "tensor #1: device expected cuda:1, got cuda:0")
+        expect_error(
+            lambda: smoke.scale_bf16(dst, src.to("cuda:0"), 2.0), "tensor #1: device expected cuda:1, got cuda:0"
+        )
         print("cuda:1 launch while cuda:0 is current: ok")
     print("GPU checks passed")
 

@@ -5,10 +5,9 @@
 #include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDType, SymbolicDevice
 #include <sgl_kernel/utils.h>   // For RuntimeCheck, div_ceil, irange
 
+#include <cstdint>
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/function.h>
-
-#include <cstdint>
 
 namespace {
 

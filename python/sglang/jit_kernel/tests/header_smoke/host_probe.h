@@ -4,11 +4,10 @@
 
 #include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, verify_no_partial_overlap, verify_no_self_overlap
 
+#include <cstdint>
 #include <dlpack/dlpack.h>
 #include <tvm/ffi/container/shape.h>
 #include <tvm/ffi/container/tensor.h>
-
-#include <cstdint>
 
 /// Raises unless a and b share no element (or are the same view when allow_same).
 void probe_partial_overlap(tvm::ffi::TensorView a, tvm::ffi::TensorView b, bool allow_same) {
@@ -18,8 +17,14 @@ void probe_partial_overlap(tvm::ffi::TensorView a, tvm::ffi::TensorView b, bool 
 /// Raises unless two hand-built bf16 DLTensor views are disjoint (or the same view when allow_same).
 /// Each is (shape, strides, offset): its first element `offset` elements past one base address that
 /// is never read, so strides may be negative (a flipped view), which torch tensors cannot express.
-void probe_partial_overlap_dl(tvm::ffi::Shape a_shape, tvm::ffi::Shape a_strides, int64_t a_offset,
-                              tvm::ffi::Shape b_shape, tvm::ffi::Shape b_strides, int64_t b_offset, bool allow_same) {
+void probe_partial_overlap_dl(
+    tvm::ffi::Shape a_shape,
+    tvm::ffi::Shape a_strides,
+    int64_t a_offset,
+    tvm::ffi::Shape b_shape,
+    tvm::ffi::Shape b_strides,
+    int64_t b_offset,
+    bool allow_same) {
   const auto view = [](const tvm::ffi::Shape& shape, const tvm::ffi::Shape& strides, int64_t offset) {
     DLTensor t{};
     t.data = reinterpret_cast<void*>(std::uintptr_t{1} << 40);

@@ -7,24 +7,24 @@
 //        -gencode=arch=compute_90,code=sm_90 -DSGL_CUDA_ARCH=900
 //        -I python/sglang/jit_kernel/include -I <tvm_ffi include> smoke.cu -o smoke.so
 //        -L<tvm_ffi lib> -ltvm_ffi -L<cuda>/lib64 -lcudart
+#include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDType, SymbolicDevice, data_ptr
+#include <sgl_kernel/utils.h>   // For Panic, RuntimeCheck, div_ceil, irange, pointer::offset
+
 #include <sgl_kernel/atomic.cuh>   // For atomic::max
 #include <sgl_kernel/cta.cuh>      // For cta::reduce_max, cta::reduce_sum
 #include <sgl_kernel/math.cuh>     // For math::max/min/abs/sqrt/rsqrt/exp/sin/cos
 #include <sgl_kernel/runtime.cuh>  // For runtime::get_blocks_per_sm, get_sm_count, get_cc_major
-#include <sgl_kernel/tensor.h>     // For TensorMatcher, SymbolicSize, SymbolicDType, SymbolicDevice, data_ptr
 #include <sgl_kernel/tile.cuh>     // For tile::Memory
 #include <sgl_kernel/type.cuh>     // For dtype_trait, packed_t, cast
 #include <sgl_kernel/utils.cuh>    // For LaunchKernel, SGL_DEVICE, load_as, store_as, pdl_*, aliases
-#include <sgl_kernel/utils.h>      // For Panic, RuntimeCheck, div_ceil, irange, pointer::offset
 #include <sgl_kernel/vec.cuh>      // For AlignedVector
 #include <sgl_kernel/warp.cuh>     // For warp::reduce_sum, warp::reduce_max
 
+#include <cmath>
+#include <cstdint>
 #include <dlpack/dlpack.h>
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/function.h>
-
-#include <cmath>
-#include <cstdint>
 #include <type_traits>
 
 // The tutorial's Step 1 code, copied verbatim (defines scale<T> in an anonymous namespace).
@@ -43,15 +43,16 @@ static_assert(sizeof(device::AlignedVector<bf16_t, 8>) == 16 && alignof(device::
 static_assert(device::AlignedVector<fp32_t, 4>::size() == 4);
 static_assert(host::div_ceil(4097, 256) == 17);
 static_assert(host::div_ceil(uint32_t{0}, 8u) == 0);
-static_assert(host::div_ceil(int64_t{4096}, 256) == 16 && std::is_same_v<decltype(host::div_ceil(int64_t{1}, 2)), int64_t>);
+static_assert(
+    host::div_ceil(int64_t{4096}, 256) == 16 && std::is_same_v<decltype(host::div_ceil(int64_t{1}, 2)), int64_t>);
 static_assert(host::dtype_equal(host::dl_dtype_v<bf16_t>, DLDataType{kDLBfloat, 16, 1}));
 static_assert(host::dtype_equal(host::dl_dtype_v<fp16_t>, DLDataType{kDLFloat, 16, 1}));
 static_assert(host::dtype_equal(host::dl_dtype_v<fp8_e4m3_t>, DLDataType{kDLFloat8_e4m3fn, 8, 1}));
 static_assert([] {
   int64_t total = 0;
-  for (auto i : host::irange(5)) total += i;         // 0+1+2+3+4
+  for (auto i : host::irange(5)) total += i;              // 0+1+2+3+4
   for (auto i : host::irange(2, int64_t{4})) total += i;  // 2+3
-  for (auto i : host::irange(3, 1)) total += 100 * i;    // empty
+  for (auto i : host::irange(3, 1)) total += 100 * i;     // empty
   return total;
 }() == 15);
 
@@ -65,9 +66,9 @@ constexpr uint32_t kSmokeThreads = 256;
 constexpr int kNumResults = 16;
 
 struct SmokeParams {
-  const void* src;   // [n] of T
-  void* dst;         // [n] of T, dst = |src| in T
-  float* results;    // [kNumResults] fp32, results[2] pre-filled with -inf by the caller
+  const void* src;  // [n] of T
+  void* dst;        // [n] of T, dst = |src| in T
+  float* results;   // [kNumResults] fp32, results[2] pre-filled with -inf by the caller
   int64_t n;
 };
 
