@@ -363,13 +363,15 @@ def override_jit_cuda_arch(major: int, minor: int, suffix: str = "") -> Iterator
     ValueError
         If ``major`` is not a non-negative int, ``minor`` not an int in 0..9, or ``suffix`` not ``""``,
         ``"a"`` or ``"f"`` (a ValueError also for a wrong type, e.g. a bool or float ``major``):
-        ``override_jit_cuda_arch: minor must be an int in 0..9, got 10``.
+        ``override_jit_cuda_arch: minor value: expected an int in 0..9, got 10``.
     """
     for label, value, top in (("major", major, None), ("minor", minor, 9)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (top is not None and value > top):
-            raise ValueError(f"override_jit_cuda_arch: {label} must be an int in 0..{top or 'N'}, got {value!r}")
+            raise ValueError(
+                f"override_jit_cuda_arch: {label} value: expected an int in 0..{top or 'N'}, got {value!r}"
+            )
     if suffix not in ("", "a", "f"):
-        raise ValueError(f"override_jit_cuda_arch: suffix must be '', 'a' or 'f', got {suffix!r}")
+        raise ValueError(f"override_jit_cuda_arch: suffix value: expected '', 'a' or 'f', got {suffix!r}")
     arch = CUDAArch(*parse_arch(f"{major}.{minor}{suffix}"))
     token = arch_override.set((str(arch),))
     try:

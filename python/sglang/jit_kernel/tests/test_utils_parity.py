@@ -129,10 +129,10 @@ def test_override_holds_in_its_own_thread_only(no_gpu):
 @pytest.mark.parametrize(
     "args, message",
     [
-        ((9, 0, "b"), "suffix must be"),
-        ((9, 10), "minor must be"),
-        ((-1, 0), "major must be"),
-        ((9.0, 0), "major must be"),
+        ((9, 0, "b"), "suffix value: expected .., .a. or .f., got .b."),
+        ((9, 10), "minor value: expected an int in 0..9, got 10"),
+        ((-1, 0), "major value: expected an int in 0..N, got -1"),
+        ((9.0, 0), "major value: expected an int in 0..N, got 9.0"),
     ],
 )
 def test_override_rejects_bad_architectures(args, message):
