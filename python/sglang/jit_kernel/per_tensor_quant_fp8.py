@@ -37,17 +37,21 @@ def _fn(dtype: torch.dtype) -> Callable[..., None]:
     "sglang_jit_kernel::per_tensor_quant_fp8", mutates_args=("output_q", "output_s"), device_types="cuda"
 )
 def _per_tensor_quant_fp8_op(
-    input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor, is_static: bool, eps: float
+    input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor, is_static: bool, eps: float, accumulate: bool
 ) -> None:
-    _launch(input, output_q, output_s, is_static, eps)
+    _launch(input, output_q, output_s, is_static, eps, accumulate)
 
 
 @_per_tensor_quant_fp8_op.register_fake
-def _(input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor, is_static: bool, eps: float) -> None:
+def _(
+    input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor, is_static: bool, eps: float, accumulate: bool
+) -> None:
     return None
 
 
-def _launch(input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor, is_static: bool, eps: float) -> None:
+def _launch(
+    input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor, is_static: bool, eps: float, accumulate: bool
+) -> None:
     # A contiguous tensor is one row of numel elements (one grid over it, and the single-block pass
     # when it is small); otherwise [num_tokens, hidden_size] rows with their strides.
     if input.is_contiguous() and output_q.is_contiguous():
@@ -57,11 +61,11 @@ def _launch(input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor,
         num_tokens = input.numel() // hidden_size
         rows_in = as_rows(_OP, "input", input, num_tokens, copy_ok=True)
         rows_q = as_rows(_OP, "output_q", output_q, num_tokens, copy_ok=False)
-    _fn(input.dtype)(rows_in, rows_q, output_s.view(1), is_static, eps)
+    _fn(input.dtype)(rows_in, rows_q, output_s.view(1), is_static, eps, accumulate)
 
 
 def _check(
-    input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor, is_static: bool, eps: float
+    input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor, is_static: bool, eps: float, accumulate: bool
 ) -> torch.Tensor:
     check_tensor(_OP, "input", input, dtypes=FLOAT_DTYPES)
     if input.dim() == 0:
@@ -70,6 +74,7 @@ def _check(
     check_tensor(_OP, "output_s", output_s, dtypes=(torch.float32,), device_as=(input, "input"))
     check_scalar(_OP, "is_static", is_static, bool)
     check_scalar(_OP, "eps", eps, float, minimum=0.0)
+    check_scalar(_OP, "accumulate", accumulate, bool)
     if output_q.shape != input.shape:
         fail(
             RuntimeError, _OP, "output_q", "shape", f"{tuple(input.shape)} (the shape of input)", tuple(output_q.shape)
@@ -90,16 +95,25 @@ def _check(
 
 
 def per_tensor_quant_fp8(
-    input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor, is_static: bool = False, *, eps: float = 1e-10
+    input: torch.Tensor,
+    output_q: torch.Tensor,
+    output_s: torch.Tensor,
+    is_static: bool = False,
+    *,
+    eps: float = 1e-10,
+    accumulate: bool = True,
 ) -> None:
     """Quantize a whole tensor to fp8 e4m3 with one scale.
 
     fp32 arithmetic, IEEE roundings, in this order::
 
         dynamic: output_s = max(output_s, clamp(max(max|x|, eps) / 448, FLT_MIN, FLT_MAX))
+                 (accumulate=False: output_s = clamp(max(max|x|, eps) / 448, FLT_MIN, FLT_MAX))
         q = round(clamp(x * (1 / s), -448, 448))      # s = clamp(output_s, FLT_MIN, FLT_MAX)
 
-    Dynamic mode max-reduces into ``output_s``: the caller zeroes it first (as in the original).
+    Dynamic mode max-reduces into ``output_s``: the caller zeroes it first (as in the original); with
+    ``accumulate=False`` it overwrites ``output_s`` and needs no zeroing (one launch instead of a fill
+    plus a launch for small inputs; the two-pass path resets it in a one-thread kernel).
     Static mode reads the given scale (a zero or NaN scale is floored at FLT_MIN, so no NaN). An
     all-zero or tiny tensor gets ``s = eps / 448`` and zeros; NaN inputs are ignored by the maximum
     and quantize to NaN. Moves ``N*s_in + N + 4`` bytes (dynamic reads the input twice unless it is
@@ -120,6 +134,9 @@ def per_tensor_quant_fp8(
         Use the scale in ``output_s`` instead of computing it. Default False.
     eps : float, keyword-only
         Floor of the tensor's maximum (>= 0). Default 1e-10.
+    accumulate : bool, keyword-only
+        Dynamic mode: max with the value already in ``output_s`` (the original's contract, default
+        True), or overwrite it (False). Ignored in static mode.
 
     Returns
     -------
@@ -130,7 +147,8 @@ def per_tensor_quant_fp8(
     Raises
     ------
     TypeError
-        A tensor argument that is not a tensor, ``is_static`` not a bool, ``eps`` not a number.
+        A tensor argument that is not a tensor, ``is_static`` or ``accumulate`` not a bool, ``eps`` not
+        a number.
     ValueError
         ``eps`` negative or NaN.
     RuntimeError
@@ -145,22 +163,23 @@ def per_tensor_quant_fp8(
             if (
                 fn is not None
                 and type(is_static) is bool
+                and type(accumulate) is bool
                 and eps >= 0
                 and input.is_contiguous()
                 and output_q.is_contiguous()
                 and output_q.shape == input.shape
             ):
-                fn(input.view(1, -1), output_q.view(1, -1), output_s.view(1), is_static, eps)
+                fn(input.view(1, -1), output_q.view(1, -1), output_s.view(1), is_static, eps, accumulate)
                 return
         except (AttributeError, TypeError, RuntimeError):  # raised before any launch: the checked path explains
             pass
-    input = _check(input, output_q, output_s, is_static, eps)
+    input = _check(input, output_q, output_s, is_static, eps, accumulate)
     if input.numel() == 0:
         return
     if torch.compiler.is_compiling():
-        torch.ops.sglang_jit_kernel.per_tensor_quant_fp8(input, output_q, output_s, is_static, eps)
+        torch.ops.sglang_jit_kernel.per_tensor_quant_fp8(input, output_q, output_s, is_static, eps, accumulate)
     else:
-        _launch(input, output_q, output_s, is_static, eps)
+        _launch(input, output_q, output_s, is_static, eps, accumulate)
 
 
 def reference(

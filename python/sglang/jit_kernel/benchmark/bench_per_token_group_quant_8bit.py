@@ -71,11 +71,25 @@ def main() -> None:
         x = torch.randn(t, HIDDEN, dtype=torch.bfloat16, device="cuda")
         return x, torch.empty(t, HIDDEN, dtype=FP8, device="cuda"), torch.empty(t, HIDDEN // GROUP, device="cuda")
 
+    from sglang.jit_kernel._quant_8bit import jit_quant_8bit_module  # noqa: PLC0415
+
     compiled = torch.compile(_torch_group_quant)
+    module_fn = jit_quant_8bit_module(torch.bfloat16).per_token_group_quant_8bit
+
+    def variant(v: int) -> Callable[..., None]:
+        # The module function with the launcher's kernel variant v (see dispatch_per_token_group_quant_8bit)
+        return lambda x, q, s: module_fn(x, q, s, GROUP, EPS, -448.0, 448.0, False, v)
+
     providers = {
         "jit": lambda x, q, s: per_token_group_quant_8bit(x, q, s, GROUP, EPS, -448.0, 448.0),
         "torch": _torch_group_quant,
         "torch.compile": compiled,
+        # old vs new kernels in one run: v0 the 1-D kernel of 9f15607; v2 / v3 / v4 the 2-D kernel with
+        # tiles of 1 x 2 / 2 x 2 / 4 x 1 chunks per lane ("jit" is v2 up to 256 tokens, else v3)
+        "jit v0 old": variant(0),
+        "jit v2 1x2": variant(2),
+        "jit v3 2x2": variant(3),
+        "jit v4 4x1": variant(4),
     }
     roof = copy_roof_gbps()
     rows = quant_rows(

@@ -147,6 +147,36 @@ def test_more_than_2_pow_31_elements():
 
 
 @requires_cuda
+@pytest.mark.parametrize("shape", [(1, 4096), (7, 129), (4097, 1024), (3, 100003)])
+@pytest.mark.parametrize("prior", [100.0, float("nan"), -5.0, float("inf")])
+def test_dynamic_without_accumulate_overwrites_output_s(shape, prior):
+    """accumulate=False: output_s gets the tensor's own scale whatever it held (no zeroing needed),
+    on the single pass and on the two-pass path (and a strided input, which takes rows)."""
+    x = (torch.randn(shape, device="cuda") * 3).to(torch.bfloat16)
+    for view in (x, torch.cat([x, x], dim=-1)[:, : shape[1]]):
+        q = torch.empty(view.shape, dtype=FP8, device="cuda")
+        s = torch.full((1,), prior, device="cuda")
+        per_tensor_quant_fp8(view, q, s, accumulate=False)
+        assert_bitwise(q, s, view)
+
+
+@requires_cuda
+@pytest.mark.parametrize("shape", [(1, 4096), (2048, 4096)])
+def test_cuda_graph_replay_without_accumulate(shape):
+    x = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
+    q, s = run(x)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        per_tensor_quant_fp8(x, q, s, accumulate=False)
+    for _ in range(2):  # the second replay must not keep the first one's scale
+        x.copy_(torch.randn_like(x) * 3)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_bitwise(q, s, x)
+        x.mul_(0.01)
+
+
+@requires_cuda
 @pytest.mark.parametrize("shape", [(1, 4096), (2048, 4096)])
 def test_cuda_graph_replay(shape):
     x = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
@@ -163,14 +193,15 @@ def test_cuda_graph_replay(shape):
 
 @requires_cuda
 @pytest.mark.parametrize("is_static", [False, True])
-def test_torch_compile_fullgraph(is_static):
+@pytest.mark.parametrize("accumulate", [True, False])
+def test_torch_compile_fullgraph(is_static, accumulate):
     torch._dynamo.reset()
 
     def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         y = x * 2
         q = torch.empty(y.shape, dtype=FP8, device=y.device)
         s = torch.full((1,), 0.05, device=y.device) if is_static else torch.zeros(1, device=y.device)
-        per_tensor_quant_fp8(y, q, s, is_static)
+        per_tensor_quant_fp8(y, q, s, is_static, accumulate=accumulate)
         return q, s
 
     x = torch.randn(64, 4096, dtype=torch.bfloat16, device="cuda")
@@ -225,6 +256,8 @@ def test_bad_arguments():
             per_tensor_quant_fp8(*args)
     with pytest.raises(ValueError, match=op + r"eps value: expected >= 0.0, got -1.0$"):
         per_tensor_quant_fp8(x, q, s, eps=-1.0)
+    with pytest.raises(TypeError, match=op + r"accumulate type: expected a bool, got int"):
+        per_tensor_quant_fp8(x, q, s, accumulate=0)
     assert (s == -1).all(), "an output was written before the error"
 
 

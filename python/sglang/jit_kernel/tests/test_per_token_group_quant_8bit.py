@@ -149,6 +149,43 @@ def test_values_against_fp64_and_fp32_arithmetic(in_dtype, out_dtype, shape, gro
 
 
 @requires_cuda
+@pytest.mark.parametrize("variant", [0, 1, 2, 3, 4])
+@pytest.mark.parametrize("in_dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("case", ["row", "col", "ue8m0", "int8", "offset", "clamp"])
+@pytest.mark.parametrize(("m", "k", "group_size"), [(1, 7168, 128), (5, 384, 16), (3, 2048, 1024), (300, 256, 64)])
+def test_kernel_variants(variant, in_dtype, case, m, k, group_size):
+    """Every launcher variant (the benchmark's old-vs-new rows) gives the bytes of the fp32 emulation:
+    both tile shapes, the unpaired fallback (odd offsets), column-major, ue8m0, int8, clamped fp8."""
+    from sglang.jit_kernel._quant_8bit import jit_quant_8bit_module
+
+    if group_size > max_group_size(in_dtype):
+        pytest.skip("group_size exceeds the dtype's maximum")
+    fn = jit_quant_8bit_module(in_dtype).per_token_group_quant_8bit
+    dtype = torch.int8 if case == "int8" else FP8
+    lo, hi = (-100.0, 300.0) if case == "clamp" else BOUNDS[dtype]
+    ue8m0 = case == "ue8m0"
+    g = k // group_size
+    # "offset": input and output_q start 8 / 8 elements into wider rows (output not 16-byte aligned)
+    pad = 8 if case == "offset" else 0
+    x = torch.randn(m, k + pad, device="cuda").to(in_dtype)[:, pad:]
+    q_buffer = torch.full((m, k + pad), 0x7F, dtype=torch.uint8, device="cuda")
+    q = q_buffer[:, pad:].view(dtype)
+    if ue8m0:
+        s = column_major(m, (g + 3) // 4, torch.int32)
+    else:
+        s = column_major(m, g) if case == "col" else torch.full((m, g), float("nan"), device="cuda")
+    fn(x, q, s, group_size, EPS, lo, hi, ue8m0, variant)
+    q_ref, s_ref = reference(x, group_size, EPS, lo, hi, dtype, ue8m0)
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+    if ue8m0:
+        torch.testing.assert_close(decode_ue8m0(s, g), s_ref, rtol=0, atol=0)
+    else:
+        assert torch.equal(s, s_ref)
+    if pad:
+        assert (q_buffer[:, :pad] == 0x7F).all(), "wrote before the row"
+
+
+@requires_cuda
 @pytest.mark.parametrize("in_dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("group_size", [16, 128])
 @pytest.mark.parametrize("m", [1, 7, 130])
@@ -450,11 +487,13 @@ def test_launcher_rejects_mismatch_from_cpp():
     fn = jit_quant_8bit_module(torch.bfloat16).per_token_group_quant_8bit
     x, q, s = _args()
     with pytest.raises(RuntimeError, match="output_q"):
-        fn(x, q.view(torch.uint8), s, 128, EPS, -448.0, 448.0, False)
+        fn(x, q.view(torch.uint8), s, 128, EPS, -448.0, 448.0, False, 1)
     with pytest.raises(RuntimeError, match="group_size"):
-        fn(x, q, s, 96, EPS, -448.0, 448.0, False)
+        fn(x, q, s, 96, EPS, -448.0, 448.0, False, 1)
     with pytest.raises(RuntimeError, match="output_s"):
-        fn(x, q, s[:, :3], 128, EPS, -448.0, 448.0, False)
+        fn(x, q, s[:, :3], 128, EPS, -448.0, 448.0, False, 1)
+    with pytest.raises(RuntimeError, match="variant"):
+        fn(x, q, s, 128, EPS, -448.0, 448.0, False, 5)
     assert math.isclose(float(s[0, 0]), -1.0)
 
 

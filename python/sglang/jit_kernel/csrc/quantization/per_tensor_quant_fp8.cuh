@@ -1,6 +1,8 @@
 // per_tensor_quant_fp8: one scale for the whole tensor. Dynamic: output_s = max(output_s,
-// max(max|x|, eps) / 448) (the caller zeroes output_s first), then q = clamp(x / s, -448, 448) in fp8
-// e4m3; static: q from the given output_s (floored at FLT_MIN). Arithmetic: quantize_8bit.cuh.
+// max(max|x|, eps) / 448) (the caller zeroes output_s first), or with accumulate false output_s =
+// max(max|x|, eps) / 448 (no zeroing needed: the single pass overwrites it, the two-pass path resets it
+// in a one-thread kernel first), then q = clamp(x / s, -448, 448) in fp8 e4m3; static: q from the
+// given output_s (floored at FLT_MIN). Arithmetic: quantize_8bit.cuh.
 //
 // The input is [num_rows, num_cols] rows (the wrapper passes a contiguous tensor as one row):
 //   - small dynamic inputs (one row of at most kFusedMaxThreads * kVecsPerThread chunks): one block
@@ -45,6 +47,7 @@ struct TensorQuantParams {
   int64_t tiles_per_row;     // absmax: ceil(chunks per row / (blockDim.x * kAbsmaxItems))
   float eps;                 // floor of the tensor maximum (dynamic)
   bool reverse;              // quantize: walk the blocks in reverse order
+  bool accumulate;           // dynamic: max with the value already in output_s (else overwrite it)
 };
 
 /// Launch facts: a block of kThreads threads covers kThreads * kVecsPerThread chunks of a row; the
@@ -116,15 +119,25 @@ __global__ void __launch_bounds__(TensorQuantConfig::kFusedMaxThreads)
   const auto* src = static_cast<const TIn*>(p.input);
   device::pdl_wait_primary();  // the input, and output_s zeroed by the caller, may be earlier kernels' work
   device::pdl_launch_dependents();
+  // With accumulate the old scale is loaded beside the input (one round trip, not one after the reduction)
+  const float prior = p.accumulate ? *p.output_s : 0.0f;
   const float amax = load_chunks<kVecs>(x, src, threadIdx.x, num_chunks, p.num_cols);
   device::cta::reduce_max(amax, smem, 0.0f);
   __syncthreads();
   const float scale =
-      fmaxf(device::quant::block_scale(smem[0], p.eps, device::quant::kTypeMax<fp8_e4m3_t>, false), *p.output_s);
+      fmaxf(device::quant::block_scale(smem[0], p.eps, device::quant::kTypeMax<fp8_e4m3_t>, false), prior);
   store_chunks<kVecs>(
       x, static_cast<fp8_e4m3_t*>(p.output_q), threadIdx.x, num_chunks, p.num_cols, inverse_scale(scale));
   __syncthreads();  // every thread has read *output_s before it is overwritten
   if (threadIdx.x == 0) *p.output_s = scale;
+}
+
+/// Dynamic without accumulate, two passes: output_s = 0 before the absmax pass max-reduces into it
+/// (one thread; PDL keeps it off the critical path of the launches).
+__global__ void per_tensor_reset_scale_kernel(float* output_s) {
+  device::pdl_wait_primary();  // an earlier kernel may still read output_s
+  *output_s = 0.0f;
+  device::pdl_launch_dependents();
 }
 
 /// Pass 1 of the dynamic path: each block's maximum over the tiles it strides over, max-reduced
@@ -192,7 +205,8 @@ void per_tensor_quant_fp8(
     tvm::ffi::TensorView output_q,
     tvm::ffi::TensorView output_s,
     bool is_static,
-    double eps) {
+    double eps,
+    bool accumulate) {
   using namespace host;
   constexpr int64_t kVecN = 16 / sizeof(TIn);
   constexpr int64_t kVecs = TensorQuantConfig::kVecsPerThread;
@@ -235,6 +249,7 @@ void per_tensor_quant_fp8(
       .tiles_per_row = 0,
       .eps = static_cast<float>(eps),
       .reverse = false,
+      .accumulate = accumulate,
   };
   const DLDevice device = device_.unwrap();
   if (params.num_rows == 0 || params.num_cols == 0) return;
@@ -274,6 +289,7 @@ void per_tensor_quant_fp8(
         2 * big_tiles >= num_sms ? TensorQuantConfig::kAbsmaxThreads : TensorQuantConfig::kAbsmaxSmallThreads;
     params.tiles_per_row = div_ceil(num_chunks, int64_t{threads} * TensorQuantConfig::kAbsmaxItems);
     const auto blocks = static_cast<uint32_t>(std::min<int64_t>(params.num_rows * params.tiles_per_row, num_sms));
+    if (!accumulate) LaunchKernel(1, 1, device).enable_pdl(true)(per_tensor_reset_scale_kernel, params.output_s);
     const auto absmax = aligned ? per_tensor_absmax_kernel<TIn, true> : per_tensor_absmax_kernel<TIn, false>;
     LaunchKernel(blocks, threads, device).enable_pdl(true)(absmax, params);
     params.reverse = true;

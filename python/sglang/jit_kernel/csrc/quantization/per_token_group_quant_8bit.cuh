@@ -13,6 +13,9 @@
 // 64-bit offsets; any row stride of the input and of output_q; the scale is written at
 // (row * s_row_stride + group * s_group_stride), so row-major and column-major (TMA-aligned) scale
 // buffers are the same code. Launched with PDL (waits for the previous kernel before any access).
+// That is variant 0; the default launches the 2-D kernel (per_token_group_quant_8bit_tile_kernel:
+// 32-bit index arithmetic before the PDL wait, no division, two adjacent chunks per lane so that
+// bf16 / fp16 rows store 16 fp8 bytes at once); see dispatch_per_token_group_quant_8bit.
 #pragma once
 
 #include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDevice, kAnySize, data_ptr
@@ -55,6 +58,9 @@ struct GroupQuantConfig {
   static constexpr int kItems = 4;                     // 64 bytes of input in flight per lane
   static constexpr int64_t kTileChunks = 32 * kItems;  // group_size <= kTileChunks * kVecN
   static constexpr int64_t kMaxBlocks = 1 << 20;       // grid cap; warps loop over the remaining tiles
+  static constexpr uint32_t kTileMaxThreads = 256;     // 2-D kernel: a row's tiles in one block
+  static constexpr int64_t kMaxRowBlocks = 65535;      // gridDim.y cap; rows past it are looped over
+  static constexpr int64_t kSmallTokens = 256;         // variant 1: Shape<1, 2> up to here
 };
 
 /// Writes the scale of group `group` of row `row` (one lane per group calls it).
@@ -139,6 +145,107 @@ __global__ void __launch_bounds__(GroupQuantConfig::kThreads)
   }
 }
 
+/// Tile geometry of the 2-D kernel (variants 2..4): a lane keeps kItems steps of kPack adjacent
+/// 16-byte chunks (kPack * 16 bytes of input per step, kPack * kVecN output bytes stored at once).
+template <int kItems_, int kPack_>
+struct TileShape {
+  static constexpr int kItems = kItems_;
+  static constexpr int kPack = kPack_;
+  static constexpr int kStepChunks = device::kWarpThreads * kPack;  // chunks of one step of a warp
+  static constexpr int kTileChunks = kStepChunks * kItems;          // chunks of one warp's tile
+};
+
+/// The 2-D kernel (variants 2..4): block (32 * warps_x, rows_y) threads; warp (threadIdx.x / 32) of
+/// block column blockIdx.x takes tile blockIdx.x * warps_x + warp of row blockIdx.y * rows_y +
+/// threadIdx.y (rows past gridDim.y * rows_y looped over). The index arithmetic is 32-bit within a
+/// row and runs before the PDL wait; lanes of tiles past the row end exit (no shuffle partner is
+/// lost: a warp is one tile). Step c of lane l holds chunks (c * 32 + l) * kPack .. + kPack - 1 of
+/// the tile, so each step of a warp is kPack coalesced 16-byte loads and, for kPack * kVecN = 16
+/// (bf16 / fp16 with kPack 2), one 16-byte store of fp8 bytes per lane. A group of group_chunks
+/// chunks (>= kPack) is group_chunks / kPack consecutive lanes of a step, or, larger than a step,
+/// group_chunks / kStepChunks consecutive steps of every lane.
+template <typename TIn, typename TOut, bool kAligned, bool kClamp, typename Shape>
+__global__ void __launch_bounds__(GroupQuantConfig::kTileMaxThreads)
+    per_token_group_quant_8bit_tile_kernel(const GroupQuantParams p) {
+  using namespace device::quant;
+  constexpr int kVecN = 16 / sizeof(TIn);
+  constexpr int kItems = Shape::kItems;
+  constexpr int kPack = Shape::kPack;
+  using in_t = Chunk<TIn, kVecN, kAligned>;
+
+  const int32_t lane = threadIdx.x % device::kWarpThreads;
+  const int32_t tile = blockIdx.x * (blockDim.x / device::kWarpThreads) + threadIdx.x / device::kWarpThreads;
+  const int32_t row_chunks = static_cast<int32_t>(p.row_chunks);
+  const int32_t first = tile * Shape::kTileChunks + lane * kPack;  // chunk of step 0 in the row
+  if (tile >= static_cast<int32_t>(p.tiles_per_row)) return;       // whole warps: no shuffle partner lost
+  const int32_t group_chunks = 1 << p.log2_group_chunks;
+  const int32_t lanes_per_group = min(group_chunks / kPack, device::kWarpThreads);
+  const float type_max = kTypeMax<TOut>;
+  int64_t row = int64_t{blockIdx.y} * blockDim.y + threadIdx.y;
+  const int64_t row_step = int64_t{gridDim.y} * blockDim.y;
+  device::pdl_wait_primary();  // the input may be the previous kernel's output
+  device::pdl_launch_dependents();
+
+  for (; row < p.num_tokens; row += row_step) {
+    const TIn* src = static_cast<const TIn*>(p.input) + row * p.input_row_stride;
+    TOut* dst = static_cast<TOut*>(p.output_q) + row * p.q_row_stride;
+    in_t x[kItems][kPack];
+#pragma unroll
+    for (int c = 0; c < kItems; ++c) {
+      const int32_t index = first + c * Shape::kStepChunks;  // whole kPack runs: row_chunks is whole groups
+#pragma unroll
+      for (int j = 0; j < kPack; ++j) {
+        if (index < row_chunks) x[c][j].load(src, index + j);
+      }
+    }
+    float amax[kItems];
+#pragma unroll
+    for (int c = 0; c < kItems; ++c) {
+      amax[c] = 0.0f;
+      if (first + c * Shape::kStepChunks < row_chunks) {
+#pragma unroll
+        for (int j = 0; j < kPack; ++j) amax[c] = chunk_absmax(x[c][j], amax[c]);
+      }
+    }
+    // Groups longer than a step: steps c .. c + span - 1 of a lane are one group.
+#pragma unroll
+    for (int span = 2; span <= kItems; span *= 2) {
+      if (group_chunks >= span * Shape::kStepChunks) {
+#pragma unroll
+        for (int c = 0; c < kItems; c += span) {
+          const float m = fmaxf(amax[c], amax[c + span / 2]);
+#pragma unroll
+          for (int i = 0; i < span; ++i) amax[c + i] = m;
+        }
+      }
+    }
+    for (int mask = lanes_per_group / 2; mask > 0; mask /= 2) {
+#pragma unroll
+      for (int c = 0; c < kItems; ++c) amax[c] = fmaxf(amax[c], __shfl_xor_sync(0xffffffffu, amax[c], mask));
+    }
+#pragma unroll
+    for (int c = 0; c < kItems; ++c) {
+      const int32_t index = first + c * Shape::kStepChunks;
+      if (index < row_chunks) {
+        const float scale = block_scale(amax[c], p.eps, type_max, p.scale_ue8m0);
+        const float inv_scale = __fdiv_rn(1.0f, scale);
+        float f[kVecN * kPack];
+#pragma unroll
+        for (int j = 0; j < kPack; ++j) {
+          float part[kVecN];
+          chunk_to_float(x[c][j], part);
+#pragma unroll
+          for (int i = 0; i < kVecN; ++i) f[j * kVecN + i] = part[i];
+        }
+        // kPack * kVecN output bytes in one store (the launcher checked that output_q allows it)
+        quantize_values<TOut, kClamp, kVecN * kPack, kAligned>(f, inv_scale, p.q_min, p.q_max)
+            .store(dst, index / kPack);
+        if ((index & (group_chunks - 1)) == 0) store_group_scale(p, row, index >> p.log2_group_chunks, scale);
+      }
+    }
+  }
+}
+
 template <typename TIn, typename TOut, bool kClamp>
 void launch_per_token_group_quant_8bit(const GroupQuantParams& params, bool aligned, DLDevice device) {
   using namespace host;
@@ -148,6 +255,52 @@ void launch_per_token_group_quant_8bit(const GroupQuantParams& params, bool alig
   const auto kernel = aligned ? per_token_group_quant_8bit_kernel<TIn, TOut, true, kClamp>
                               : per_token_group_quant_8bit_kernel<TIn, TOut, false, kClamp>;
   LaunchKernel(grid, GroupQuantConfig::kThreads, device).enable_pdl(true)(kernel, params);
+}
+
+/// The 2-D kernel with tile Shape: a block holds warps_x tiles of each of rows_y rows (all of a
+/// row's tiles when there are at most 8, so no warp idles), grid (row tiles / warps_x, rows / rows_y).
+template <typename TIn, typename TOut, bool kClamp, typename Shape>
+void launch_group_quant_tiles(GroupQuantParams params, bool aligned, DLDevice device) {
+  using namespace host;
+  params.tiles_per_row = div_ceil(params.row_chunks, int64_t{Shape::kTileChunks});
+  const int64_t max_warps = GroupQuantConfig::kTileMaxThreads / device::kWarpThreads;
+  const int64_t warps_x = params.tiles_per_row <= max_warps ? params.tiles_per_row : 4;
+  const int64_t rows_y = std::max<int64_t>(1, 4 / warps_x);
+  const dim3 block(static_cast<uint32_t>(warps_x * device::kWarpThreads), static_cast<uint32_t>(rows_y));
+  const dim3 grid(
+      static_cast<uint32_t>(div_ceil(params.tiles_per_row, warps_x)),
+      static_cast<uint32_t>(std::min(div_ceil(params.num_tokens, rows_y), GroupQuantConfig::kMaxRowBlocks)));
+  const auto kernel = aligned ? per_token_group_quant_8bit_tile_kernel<TIn, TOut, true, kClamp, Shape>
+                              : per_token_group_quant_8bit_tile_kernel<TIn, TOut, false, kClamp, Shape>;
+  LaunchKernel(grid, block, device).enable_pdl(true)(kernel, params);
+}
+
+/// Kernel variants (the `variant` argument; 1 is the default, the others are kept for A/B runs):
+/// 0 the 1-D kernel (64-bit tile division, kItems = 4, 8-byte fp8 stores); 1 = 2 up to kSmallTokens
+/// rows, else 3; 2 the 2-D kernel with tiles of 1 step x 2 chunks per lane; 3 of 2 steps x 2
+/// chunks; 4 of 4 steps x 1 chunk. A 2-D shape whose tile is shorter than a group, whose pair of
+/// chunks is longer than a group, or whose paired output stores output_q does not align, takes
+/// Shape<4, 1>; rows of 2^30 chunks or more take variant 0 (its offsets are 64-bit).
+template <typename TIn, typename TOut, bool kClamp>
+void dispatch_per_token_group_quant_8bit(
+    const GroupQuantParams& params, bool aligned, bool pair_aligned, int64_t variant, DLDevice device) {
+  using Small = TileShape<1, 2>;
+  using Large = TileShape<2, 2>;
+  using Single = TileShape<4, 1>;
+  const int64_t group_chunks = int64_t{1} << params.log2_group_chunks;
+  if (variant == 0 || params.row_chunks >= (int64_t{1} << 30)) {
+    launch_per_token_group_quant_8bit<TIn, TOut, kClamp>(params, aligned, device);
+    return;
+  }
+  if (variant == 1) variant = params.num_tokens <= GroupQuantConfig::kSmallTokens ? 2 : 3;
+  const bool pairs_ok = pair_aligned && group_chunks >= 2;
+  if (variant == 2 && pairs_ok && group_chunks <= Small::kTileChunks) {
+    launch_group_quant_tiles<TIn, TOut, kClamp, Small>(params, aligned, device);
+  } else if (variant == 3 && pairs_ok && group_chunks <= Large::kTileChunks) {
+    launch_group_quant_tiles<TIn, TOut, kClamp, Large>(params, aligned, device);
+  } else {
+    launch_group_quant_tiles<TIn, TOut, kClamp, Single>(params, aligned, device);
+  }
 }
 
 /// Quantizes input [num_tokens, hidden_size] (TIn = fp16_t | bf16_t | fp32_t, last dim contiguous,
@@ -166,7 +319,8 @@ void per_token_group_quant_8bit(
     double eps,
     double q_min,
     double q_max,
-    bool scale_ue8m0) {
+    bool scale_ue8m0,
+    int64_t variant) {
   using namespace host;
   constexpr int64_t kVecN = 16 / sizeof(TIn);
   constexpr int64_t kMaxGroupSize = GroupQuantConfig::kTileChunks * kVecN;
@@ -219,6 +373,7 @@ void per_token_group_quant_8bit(
   verify_no_partial_overlap(output_s, "output_s", input, "input", /*allow_same=*/false);
   verify_no_partial_overlap(output_s, "output_s", output_q, "output_q", /*allow_same=*/false);
   RuntimeCheck(q_min < q_max, "per_token_group_quant_8bit: fp8_min must be < fp8_max, got ", q_min, " and ", q_max);
+  RuntimeCheck(variant >= 0 && variant <= 4, "per_token_group_quant_8bit: variant must be in [0, 4], got ", variant);
 
   // Unwrap
   const int64_t row_chunks = hidden_size.unwrap() / kVecN;
@@ -247,15 +402,18 @@ void per_token_group_quant_8bit(
   const bool aligned = quant::is_aligned(params.input, 16) &&
                        quant::is_aligned(params.input_row_stride * int64_t{sizeof(TIn)}, 16) &&
                        quant::is_aligned(params.output_q, kVecN) && quant::is_aligned(params.q_row_stride, kVecN);
+  // Two chunks' output bytes (2 * kVecN) in one store: output_q and its row stride aligned to them
+  const bool pair_aligned =
+      aligned && quant::is_aligned(params.output_q, 2 * kVecN) && quant::is_aligned(params.q_row_stride, 2 * kVecN);
 
   // Launch: fp8 with bounds at or past +-448 needs no clamp (the conversion saturates the same way)
   constexpr double kFp8Max = device::quant::kTypeMax<fp8_e4m3_t>;
   if (output_q.dtype().code == kDLInt) {
-    launch_per_token_group_quant_8bit<TIn, int8_t, true>(params, aligned, device);
+    dispatch_per_token_group_quant_8bit<TIn, int8_t, true>(params, aligned, pair_aligned, variant, device);
   } else if (q_min <= -kFp8Max && q_max >= kFp8Max) {
-    launch_per_token_group_quant_8bit<TIn, fp8_e4m3_t, false>(params, aligned, device);
+    dispatch_per_token_group_quant_8bit<TIn, fp8_e4m3_t, false>(params, aligned, pair_aligned, variant, device);
   } else {
-    launch_per_token_group_quant_8bit<TIn, fp8_e4m3_t, true>(params, aligned, device);
+    dispatch_per_token_group_quant_8bit<TIn, fp8_e4m3_t, true>(params, aligned, pair_aligned, variant, device);
   }
 }
 

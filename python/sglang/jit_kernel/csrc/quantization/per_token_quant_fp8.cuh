@@ -110,25 +110,28 @@ __global__ void __launch_bounds__(TokenQuantConfig::kMaxThreads) per_token_quant
 
   const int64_t num_chunks = (p.hidden_size + kVecN - 1) / kVecN;
   const int64_t chunks_in_registers = int64_t{blockDim.x} * kVecs;
+  // Parameter-only arithmetic before the PDL wait (it overlaps the previous kernel's tail).
+  int64_t row = blockIdx.x;
+  const TIn* src = static_cast<const TIn*>(p.input) + row * p.input_row_stride;
+  auto* dst = static_cast<fp8_e4m3_t*>(p.output_q) + row * p.q_row_stride;
   device::pdl_wait_primary();  // the input may be the previous kernel's output
   device::pdl_launch_dependents();
 
-  for (int64_t row = blockIdx.x; row < p.num_tokens; row += gridDim.x) {
-    const TIn* src = static_cast<const TIn*>(p.input) + row * p.input_row_stride;
-    auto* dst = static_cast<fp8_e4m3_t*>(p.output_q) + row * p.q_row_stride;
-
+  for (; row < p.num_tokens; row += gridDim.x) {
     // The first chunks_in_registers chunks (chunk c * blockDim.x + threadIdx.x of each thread) stay in
-    // registers; later ones are read here for the maximum and again for the quantization.
+    // registers; later ones are read here for the maximum and again for the quantization. Missing
+    // chunks are zeros (neutral for the maximum), so the maximum runs unpredicated.
     chunk_t x[kVecs];
-    float amax = 0.0f;
 #pragma unroll
     for (int c = 0; c < kVecs; ++c) {
       const int64_t index = int64_t{c} * blockDim.x + threadIdx.x;
-      if (index < num_chunks) {
-        load_row_chunk(x[c], src, index, p.hidden_size);
-        amax = chunk_absmax(x[c], amax);
-      }
+#pragma unroll
+      for (int i = 0; i < kVecN; ++i) x[c][i] = TIn(0.0f);
+      if (index < num_chunks) load_row_chunk(x[c], src, index, p.hidden_size);
     }
+    float amax = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kVecs; ++c) amax = chunk_absmax(x[c], amax);
     for (int64_t index = chunks_in_registers + threadIdx.x; index < num_chunks; index += blockDim.x) {
       chunk_t extra;
       load_row_chunk(extra, src, index, p.hidden_size);
@@ -154,6 +157,8 @@ __global__ void __launch_bounds__(TokenQuantConfig::kMaxThreads) per_token_quant
     }
     if (threadIdx.x == 0) p.output_s[row * p.s_stride] = scale;
     __syncthreads();  // smem[0] is read above before the next row's reduction overwrites it
+    src += gridDim.x * p.input_row_stride;
+    dst += gridDim.x * p.q_row_stride;
   }
 }
 
