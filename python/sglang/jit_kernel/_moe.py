@@ -3,6 +3,13 @@
 One ``moe_routing`` module per gating dtype (float16, bfloat16, float32) serves ``topk_softmax``,
 ``topk_sigmoid`` and ``grouped_topk`` (kernels: ``csrc/moe/topk_rows.cuh``, one warp per token row).
 Each op's wrapper registers itself with ``module=MOE_ROUTING_MODULE``.
+
+Two engines share the module: v2 (the default: a lane owns a run of consecutive experts, one integer
+warp reduction and one ballot per chosen expert; rows of <= 1024 experts, ``topk <= 32``, groups made
+of whole lane runs) and the first one (experts strided across lanes, 64-bit codes; every other
+shape). ``SGLANG_MOE_ROUTING_ENGINE=1`` in the environment, read at each call (so at graph capture),
+makes every call use the first engine, for old-vs-new comparisons (``benchmark/bench_moe.py`` rows
+"jit v1"). Both choose the same experts wherever the fp32 scores are not within a rounding of a tie.
 """
 
 from __future__ import annotations

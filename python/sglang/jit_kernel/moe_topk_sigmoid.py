@@ -53,7 +53,9 @@ def topk_sigmoid(
     ties to the lower expert index. ``topk_weights[t, i]`` gets the un-biased ``p`` of the i-th
     (divided by ``sum of the topk chosen p + 1e-20`` with ``renormalize``), ``topk_ids[t, i]`` its
     expert. A NaN logit is read as ``-inf`` (``p = 0``); a NaN biased score ranks below every
-    number. Deterministic: the same input gives the same bits.
+    number. Deterministic: the same input gives the same bits. Without a bias the choice is made on
+    the logit ``x`` (sigmoid is monotone), so logits whose fp32 ``p`` round equal (``x > ~17`` gives
+    ``p = 1``) are still ordered by ``x``; equal logits go to the lower index.
 
     Parameters
     ----------

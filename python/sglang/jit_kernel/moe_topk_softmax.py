@@ -62,6 +62,9 @@ def topk_softmax(
     ``renormalize``), ``topk_ids[t, i]`` its expert. A NaN logit is read as ``-inf`` before step 1
     (probability 0 unless softcapped; such experts are chosen last); a row of only ``-inf`` has NaN
     probabilities and gets experts ``0..topk-1``. Deterministic: the same input gives the same bits.
+    The choice is made on the fp32 logit of step 2 (the softmax is monotone in it), so two experts
+    whose fp32 probabilities round to the same value are still ordered by their logits; equal
+    logits go to the lower index.
 
     Parameters
     ----------

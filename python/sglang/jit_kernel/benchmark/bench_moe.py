@@ -2,11 +2,21 @@
 importable (the sglang comparator).
 
 Rows: CUDA-graph median µs; "1 input" replays one input set (the issue's method), "cold" rotates
-input sets past the L2 size. Bytes moved per call: num_tokens * (num_experts * gating element size
+input sets past the L2 size (timed at the largest token count of each op only, to keep the run
+short). Each row prints as soon as it is measured; the whole run stays under a minute on an H200
+(short graphs: ``BENCH_MOE_REP_MS`` ms per capture, 3 captures, the middle one reported; rows past
+``BENCH_MOE_BUDGET_S`` seconds are skipped with a note).
+
+Old-vs-new rows in the same run: "jit v1" is the first routing engine
+(``SGLANG_MOE_ROUTING_ENGINE=1``), "jit match" the moe_align scatter with ``__match_any_sync``
+(``SGLANG_MOE_ALIGN_PEERS=match``); "jit" is the default path. Bytes moved per call: num_tokens * (num_experts * gating element size
 + topk * (4 + 4)) (read the logits, write fp32 weights and int32 ids); moe_sum_reduce
 (topk + 1) * num_tokens * hidden_size * element size (read every expert output, write the sum),
 against the device copy roof (% copy).
 """
+
+import os
+import time
 
 import torch
 
@@ -35,6 +45,36 @@ register_cuda_ci(est_time=120, suite="stage-b-kernel-benchmark-1-gpu-large")
 TOKENS = get_benchmark_range(full_range=[1, 64, 4096], ci_range=[1, 4096])
 EXPERTS = get_benchmark_range(full_range=[128, 256], ci_range=[256])
 TOPK = 8
+REP_MS = int(os.environ.get("BENCH_MOE_REP_MS", "4"))
+CAPTURES = 3
+BUDGET_S = float(os.environ.get("BENCH_MOE_BUDGET_S", "55"))
+_START = time.monotonic()
+_ROOF: list[float] = []
+
+
+def with_env(name, value, fn):
+    """``fn`` called with environment variable ``name`` set to ``value`` (read by the C++ launcher at
+    each call, so at graph capture), restored afterwards."""
+
+    def call(*args):
+        old = os.environ.get(name)
+        os.environ[name] = value
+        try:
+            return fn(*args)
+        finally:
+            if old is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = old
+
+    return call
+
+
+def emit(row: BenchRow) -> BenchRow:
+    """Print one row now (flushed), in the table's format."""
+    print(format_rows([row], _ROOF[0]).splitlines()[-1], flush=True)
+    return row
+
 
 try:  # the sglang comparator, when installed
     import sgl_kernel  # noqa: PLC0415
@@ -77,16 +117,24 @@ def routing_sets(num_tokens, num_experts, dtype, n_sets):
     ]
 
 
-def time_providers(op, case, providers, make_sets, nbytes, rows):
-    for mode, n_sets in (("1 input", 1), ("cold", num_rotating_sets(nbytes))):
+def time_providers(op, case, providers, make_sets, nbytes, rows, cold=True, one_input_only=()):
+    """Rows of every provider, "1 input" and (``cold``) "cold"; providers named in ``one_input_only``
+    get the "1 input" row only."""
+    modes = [("1 input", 1)] + ([("cold", num_rotating_sets(nbytes))] if cold else [])
+    for mode, n_sets in modes:
         sets = make_sets(n_sets)
         for name, call in providers.items():
-            try:
-                median, _, _ = bench_rotating(call, sets)
-            except Exception as error:  # noqa: BLE001  (a comparator that rejects the case)
-                print(f"# {op} {case} {name}: skipped ({type(error).__name__}: {error})")
+            if mode != "1 input" and name in one_input_only:
                 continue
-            rows.append(BenchRow(op, f"{case} {mode}", name, median, nbytes))
+            if time.monotonic() - _START > BUDGET_S:
+                print(f"# {op} {case} {mode} {name}: skipped (past the {BUDGET_S:g} s budget)", flush=True)
+                continue
+            try:
+                median, _, _ = bench_rotating(call, sets, rep_ms=REP_MS, captures=CAPTURES)
+            except Exception as error:  # noqa: BLE001  (a comparator that rejects the case)
+                print(f"# {op} {case} {name}: skipped ({type(error).__name__}: {error})", flush=True)
+                continue
+            rows.append(emit(BenchRow(op, f"{case} {mode}", name, median, nbytes)))
         del sets
 
 
@@ -100,7 +148,12 @@ def routing_rows() -> list[BenchRow]:
         compiled = torch.compile(eager)
         for num_experts in EXPERTS:
             for num_tokens in TOKENS:
-                providers = {"jit": lambda w, i, g, f=jit: f(w, i, g), "torch": eager, "torch.compile": compiled}
+                providers = {
+                    "jit": lambda w, i, g, f=jit: f(w, i, g),
+                    "jit v1": with_env("SGLANG_MOE_ROUTING_ENGINE", "1", lambda w, i, g, f=jit: f(w, i, g)),
+                    "torch": eager,
+                    "torch.compile": compiled,
+                }
                 if sgl_kernel is not None and hasattr(sgl_kernel, op):
                     providers["sgl_kernel"] = lambda w, i, g, f=getattr(sgl_kernel, op): f(w, i, g)  # noqa: B008 (binds this op)
                 nbytes = num_tokens * (num_experts * 4 + TOPK * 8)
@@ -111,11 +164,16 @@ def routing_rows() -> list[BenchRow]:
                     lambda n: routing_sets(num_tokens, num_experts, dtype, n),
                     nbytes,
                     rows,
+                    cold=num_tokens == TOKENS[-1],
+                    one_input_only=("jit v1",),
                 )
     compiled = torch.compile(torch_grouped)
     for num_tokens in TOKENS:
         providers = {
             "jit": lambda g, b: grouped_topk(g, b, 8, 4, TOPK, True, 2.5),
+            "jit v1": with_env(
+                "SGLANG_MOE_ROUTING_ENGINE", "1", lambda g, b: grouped_topk(g, b, 8, 4, TOPK, True, 2.5)
+            ),
             "torch": torch_grouped,
             "torch.compile": compiled,
         }
@@ -124,7 +182,16 @@ def routing_rows() -> list[BenchRow]:
         def make(n, t=num_tokens):
             return [(torch.randn(t, 256, device="cuda"), torch.randn(256, device="cuda") * 0.1) for _ in range(n)]
 
-        time_providers("grouped_topk", f"[{num_tokens}, 256] g8 tg4 top8", providers, make, nbytes, rows)
+        time_providers(
+            "grouped_topk",
+            f"[{num_tokens}, 256] g8 tg4 top8",
+            providers,
+            make,
+            nbytes,
+            rows,
+            cold=num_tokens == TOKENS[-1],
+            one_input_only=("jit v1",),
+        )
     return rows
 
 
@@ -154,7 +221,7 @@ def sum_reduce_rows() -> list[BenchRow]:
                 for _ in range(n)
             ]
 
-        time_providers("moe_sum_reduce", f"[{t}, {k}, {h}] bf16", providers, make, nbytes, rows)
+        time_providers("moe_sum_reduce", f"[{t}, {k}, {h}] bf16", providers, make, nbytes, rows, cold=t >= 4096)
         torch.cuda.empty_cache()
     return rows
 
@@ -177,7 +244,7 @@ def torch_align(ids, sorted_ids, expert_ids, total, cumsum, num_experts, block_s
     blocks = torch.arange(expert_ids.numel(), device=ids.device) * block_size
     expert_ids.copy_(torch.searchsorted(ends, blocks, right=True).clamp_max(num_experts - 1))
     total.copy_(ends[-1:])
-    cumsum[0] = 0
+    cumsum[:1].zero_()  # not `cumsum[0] = 0`: a host-to-device copy, which graph capture refuses
     cumsum[1 : num_experts + 1] = ends
 
 
@@ -189,6 +256,11 @@ def align_rows() -> list[BenchRow]:
     compiled = torch.compile(torch_align)
     providers = {
         "jit": lambda *a: moe_align_block_size(*a[:1], num_experts, block_size, *a[1:], True),
+        "jit match": with_env(
+            "SGLANG_MOE_ALIGN_PEERS",
+            "match",
+            lambda *a: moe_align_block_size(*a[:1], num_experts, block_size, *a[1:], True),
+        ),
         "torch": lambda *a: torch_align(*a, num_experts, block_size),
         "torch.compile": lambda *a: compiled(*a, num_experts, block_size),
     }
@@ -220,11 +292,15 @@ def align_rows() -> list[BenchRow]:
             make,
             4 * (numel + sorted_len + blocks),
             rows,
+            cold=t == ALIGN_TOKENS[-1],
+            one_input_only=("jit match",),
         )
     return rows
 
 
 if __name__ == "__main__":
     exit_unless_gpu("bench_moe.py")
-    roof = copy_roof_gbps()
-    print(format_rows(routing_rows() + sum_reduce_rows() + align_rows(), roof))
+    _ROOF.append(copy_roof_gbps())
+    print(format_rows([], _ROOF[0]), flush=True)  # the header; rows follow as they are measured
+    all_rows = routing_rows() + align_rows() + sum_reduce_rows()
+    print(f"# {len(all_rows)} rows in {time.monotonic() - _START:.1f} s", flush=True)

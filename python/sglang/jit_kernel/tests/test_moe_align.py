@@ -328,3 +328,18 @@ if __name__ == "__main__":
     import sys
 
     sys.exit(pytest.main([__file__, "-v", "-s"]))
+
+
+@requires_cuda
+@pytest.mark.parametrize(
+    "num_tokens,topk,num_experts,block_size",
+    [(4096, 8, 257, 64), (129, 6, 64, 16), (3000, 64, 1024, 128), (7, 8, 4096, 32)],
+)
+def test_moe_align_peer_finders_agree(monkeypatch, num_tokens, topk, num_experts, block_size):
+    """The scatter's same-expert lanes by ballots (default) and by __match_any_sync
+    (SGLANG_MOE_ALIGN_PEERS=match): both against the reference, and the same bits (a stable order)."""
+    ids = routed_ids(num_tokens, topk, 256 if num_experts == 257 else num_experts)  # 257: sglang's +1
+    new = [t.copy() for t in check(ids, num_experts, block_size)]
+    monkeypatch.setenv("SGLANG_MOE_ALIGN_PEERS", "match")
+    old = check(ids, num_experts, block_size)
+    assert all(np.array_equal(a, b) for a, b in zip(new, old))

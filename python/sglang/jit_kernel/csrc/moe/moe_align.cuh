@@ -21,9 +21,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <dlpack/dlpack.h>
 #include <limits>
 #include <source_location>
+#include <string_view>
 #include <tvm/ffi/container/tensor.h>
 
 namespace {
@@ -45,6 +47,8 @@ struct MoeAlignParams {
   int32_t sort_warps;    // warps 0 .. sort_warps-1 own ranges of ids_per_warp ids
   int32_t ids_per_warp;  // a multiple of 32
   bool pad_sorted_token_ids;
+  bool match_peers;   // __match_any_sync (SGLANG_MOE_ALIGN_PEERS=match) instead of ballots
+  int32_t peer_bits;  // bits of num_experts (the id value set [0, num_experts])
 };
 
 /// Launch facts: one CTA of kThreads; a sorting lane holds kItems ids (one tile) in registers.
@@ -117,6 +121,20 @@ SGL_DEVICE void cta_exclusive_scan(int32_t* data, int32_t n, int32_t* warp_sums,
   }
   if (tid == kThreads - 1) data[n] = run;
   __syncthreads();
+}
+
+/// The lanes of the warp whose e equals this lane's (e in [-1, num_experts), -1 read as
+/// num_experts), from one ballot per bit of the value: the same mask as __match_any_sync, built on
+/// the vote unit (peer_bits ballots per 32 ids). Called by all 32 lanes.
+SGL_DEVICE uint32_t ballot_peers(int32_t e, int32_t num_experts, int32_t peer_bits) {
+  const auto v = static_cast<uint32_t>(e < 0 ? num_experts : e);
+  uint32_t peers = kFullMask;
+  for (int32_t b = 0; b < peer_bits; ++b) {
+    const bool bit = ((v >> b) & 1u) != 0;
+    const uint32_t set = __ballot_sync(kFullMask, bit);
+    peers &= bit ? set : ~set;
+  }
+  return peers;
 }
 
 /// value into ptr[begin, end) by the whole CTA: 16-byte stores on the aligned middle.
@@ -197,7 +215,8 @@ __global__ void __launch_bounds__(MoeAlignConfig::kThreads) moe_align_kernel(con
       for (int32_t u = 0; u < Config::kItems; ++u) {
         if (tile + u * device::kWarpThreads >= warp_end) break;  // warp-uniform: no lane is left in a sync
         const int32_t e = expert[u];
-        const uint32_t peers = __match_any_sync(kFullMask, e);
+        const uint32_t peers =
+            p.match_peers ? __match_any_sync(kFullMask, e) : ballot_peers(e, num_experts, p.peer_bits);
         const int32_t leader = __ffs(peers) - 1;
         int32_t base = 0;
         if (lane == leader && e >= 0) {
@@ -239,6 +258,13 @@ __global__ void __launch_bounds__(MoeAlignConfig::kThreads) moe_align_kernel(con
   }
   for (int32_t e = tid; e <= num_experts; e += Config::kThreads) p.cumsum_buffer[e] = starts[e];
   if (tid == 0) *p.num_tokens_post_pad = total;
+}
+
+/// SGLANG_MOE_ALIGN_PEERS=match: the scatter finds a step's same-expert lanes with
+/// __match_any_sync (the first design); otherwise (default) with one ballot per id bit.
+inline bool peers_by_match() {
+  const char* value = std::getenv("SGLANG_MOE_ALIGN_PEERS");
+  return value != nullptr && std::string_view(value) == "match";
 }
 
 /// Lets `kernel` use `bytes` of dynamic shared memory on CUDA device `device_id` (its own setting
@@ -355,6 +381,8 @@ void moe_align_block_size(
       .sort_warps = 1,
       .ids_per_warp = 0,
       .pad_sorted_token_ids = pad_sorted_token_ids,
+      .match_peers = peers_by_match(),
+      .peer_bits = 32 - __builtin_clz(static_cast<uint32_t>(num_experts)),
   };
 
   // Configure: as many sorting warps as have >= kMinIdsPerWarp ids and a table row in shared memory

@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <dlpack/dlpack.h>
 #include <tvm/ffi/container/tensor.h>
 
@@ -57,6 +58,7 @@ struct TopkRowsParams {
   float renorm_eps;        // added to the sum of the chosen weights when renormalising
   float scale;             // multiplies every written weight (after renormalising)
   bool renormalize;        // weight_i <- weight_i / (sum of the k chosen weights + renorm_eps)
+  bool vec;                // engine v2: every row start is aligned for the run vector loads
 };
 
 /// Launch facts: kWarps rows per block of kThreads threads; rows past the grid cap are looped over.
@@ -284,11 +286,300 @@ __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_kernel(con
   }
 }
 
-/// Launches topk_rows_kernel with the smallest register tier holding num_experts (or the
-/// recomputing one past 1024 experts). num_tokens > 0.
+// ---------------------------------------------------------------------------------------------
+// Engine v2 (the default; SGLANG_MOE_ROUTING_ENGINE=1 selects the engine above for comparison).
+//
+// Layout: lane l owns the kPer consecutive experts [l * kPer, l * kPer + kPer) (a "run"), loaded
+// with 16-byte vector loads when every row start is aligned (vec), so a group of consecutive
+// experts lies in consecutive lanes. Selection keys are 32-bit order keys of a score whose order is
+// the selection order: the logit itself where the weight is a monotone function of it (softmax:
+// softcap(x) + bias; sigmoid without bias: x), else sigmoid(x) + bias. Choosing on the logit is
+// exact: two logits whose fp32 probabilities round equal are still ordered as the exact
+// probabilities are. Each lane keeps the best (key, slot) of its run (ties to the lower slot);
+// a step is one __reduce_max_sync of the lane bests and one ballot: the lowest lane holding the
+// top key holds the lowest expert with it (runs are ordered), so ties go to the lower expert
+// with one integer reduction per step. The winner lane records its expert in shared memory,
+// clears that slot and rescans its run (a depth-log2(kPer) tree). After k steps lane i < k reads
+// winner i, reloads its logit (L1-resident) and computes its weight; sums are warp butterflies
+// (deterministic). Grouped routing (runs never straddle groups: group_size % kPer == 0 and
+// group_size / kPer a power of two) scores a group by the top-2 of its runs merged over its lanes
+// (butterfly), keeps topk_group groups by topk_group reduce+ballot steps, and clears the keys of
+// the other groups' lanes.
+// ---------------------------------------------------------------------------------------------
+
+/// Inverse of order_key for keys >= 2 (key 1, NaN, decodes to NaN).
+SGL_DEVICE float order_key_value(uint32_t key) {
+  if (key == 1u) return __uint_as_float(0x7FC00000u);
+  return __uint_as_float((key & 0x80000000u) ? (key & 0x7FFFFFFFu) : ~key);
+}
+
+/// The vector type of `kBytes` (2, 4, 8 or 16) bytes.
+template <int kBytes>
+struct VecOf;
+template <>
+struct VecOf<2> {
+  using type = uint16_t;
+};
+template <>
+struct VecOf<4> {
+  using type = uint32_t;
+};
+template <>
+struct VecOf<8> {
+  using type = uint2;
+};
+template <>
+struct VecOf<16> {
+  using type = uint4;
+};
+
+/// Bytes of the widest load a run of kPer elements of T is read with (the host's alignment test).
+template <typename T, int kPer>
+constexpr int run_vec_bytes() {
+  constexpr int bytes = kPer * static_cast<int>(sizeof(T));
+  return bytes >= 16 ? 16 : bytes;
+}
+
+/// The run of `lane` as floats (NaN read as -inf); experts >= num_experts read as -inf.
+template <typename T, int kPer>
+SGL_DEVICE void load_run(const TopkRowsParams& p, const T* row, int32_t base, float (&x)[kPer]) {
+  constexpr int kVecBytes = run_vec_bytes<T, kPer>();
+  constexpr int kPerVec = kVecBytes / static_cast<int>(sizeof(T));
+  using Vec = typename VecOf<kVecBytes>::type;
+  if (p.vec && base + kPer <= p.num_experts) {
+    alignas(16) T tmp[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer / kPerVec; ++j) {
+      reinterpret_cast<Vec*>(tmp)[j] = reinterpret_cast<const Vec*>(row + base)[j];
+    }
+#pragma unroll
+    for (int s = 0; s < kPer; ++s) x[s] = static_cast<float>(tmp[s]);
+  } else {
+#pragma unroll
+    for (int s = 0; s < kPer; ++s) x[s] = base + s < p.num_experts ? static_cast<float>(row[base + s]) : -INFINITY;
+  }
+#pragma unroll
+  for (int s = 0; s < kPer; ++s) {
+    if (x[s] != x[s]) x[s] = -INFINITY;
+  }
+}
+
+/// The best (key, slot) of a run, ties to the lower slot (a tree: the right half wins only when
+/// strictly greater).
+template <int kPer>
+SGL_DEVICE void run_best(const uint32_t (&key)[kPer], uint32_t& best_key, int32_t& best_slot) {
+  uint32_t k[kPer];
+  int32_t i[kPer];
+#pragma unroll
+  for (int s = 0; s < kPer; ++s) {
+    k[s] = key[s];
+    i[s] = s;
+  }
+#pragma unroll
+  for (int width = 1; width < kPer; width *= 2) {
+#pragma unroll
+    for (int s = 0; s + width < kPer; s += 2 * width) {
+      const bool right = k[s + width] > k[s];
+      k[s] = right ? k[s + width] : k[s];
+      i[s] = right ? i[s + width] : i[s];
+    }
+  }
+  best_key = k[0];
+  best_slot = i[0];
+}
+
+/// The weight written for expert e of the row (its logit reloaded: L1-resident), from the softmax
+/// statistics (softmax) or the sigmoid.
+template <typename T>
+SGL_DEVICE float v2_weight(const TopkRowsParams& p, const T* row, int32_t e, float row_max, float row_sum) {
+  float x = static_cast<float>(row[e]);
+  if (x != x) x = -INFINITY;
+  if (p.scoring == kSoftmax) {
+    if (p.softcap > 0.0f) x = p.softcap * tanhf(x / p.softcap);
+    if (p.bias != nullptr) x += p.bias[e];
+    return expf(x - row_max) / row_sum;
+  }
+  return sigmoid(x);
+}
+
+/// One warp per row (grid-stride), runs of kPer experts per lane; topk <= 32; num_experts <= 32 *
+/// kPer; grouped rows with the run conditions above (the host checks them).
+template <typename T, int kPer>
+__global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_kernel(const TopkRowsParams p) {
+  __shared__ int32_t winners[TopkRowsConfig::kWarps][device::kWarpThreads];
+  const uint32_t lane = threadIdx.x % device::kWarpThreads;
+  const uint32_t warp = threadIdx.x / device::kWarpThreads;
+  const int64_t first_row = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / device::kWarpThreads;
+  const int64_t row_step = int64_t{gridDim.x} * blockDim.x / device::kWarpThreads;
+  const int32_t base = static_cast<int32_t>(lane) * kPer;
+  device::pdl_wait_primary();
+  device::pdl_launch_dependents();
+
+  for (int64_t row = first_row; row < p.num_tokens; row += row_step) {
+    const T* logits = static_cast<const T*>(p.gating) + row * p.gating_stride;
+    float x[kPer];
+    load_run<T, kPer>(p, logits, base, x);
+
+    // Keys (and, with a bias, the biased sigmoids the grouping scores).
+    uint32_t key[kPer];
+    float biased[kPer];  // sigmoid with bias: sigmoid(x) + bias, NaN as -inf
+#pragma unroll
+    for (int s = 0; s < kPer; ++s) {
+      const int32_t e = base + s;
+      const bool valid = e < p.num_experts;
+      biased[s] = -INFINITY;
+      if (p.scoring == kSoftmax) {
+        float v = x[s];
+        if (p.softcap > 0.0f) v = p.softcap * tanhf(v / p.softcap);
+        if (valid && p.bias != nullptr) v += p.bias[e];
+        x[s] = v;
+        key[s] = valid ? order_key(v) : 0u;
+      } else if (p.bias != nullptr) {
+        const float sb = valid ? sigmoid(x[s]) + p.bias[e] : -INFINITY;
+        key[s] = valid ? order_key(sb) : 0u;
+        biased[s] = sb != sb ? -INFINITY : sb;
+      } else {
+        key[s] = valid ? order_key(x[s]) : 0u;  // sigmoid is monotone: choose on the logit
+      }
+    }
+
+    // Grouped (sigmoid only): keep the topk_group best groups, clear the keys of the others.
+    if (p.num_groups > 1) {
+      const int32_t lanes_per_group = p.group_size / kPer;  // a power of two, >= 1
+      float first = -INFINITY, second = -INFINITY;
+#pragma unroll
+      for (int s = 0; s < kPer; ++s) {
+        const float v = p.bias != nullptr ? biased[s] : (base + s < p.num_experts ? sigmoid(x[s]) : -INFINITY);
+        second = fmaxf(second, fminf(first, v));
+        first = fmaxf(first, v);
+      }
+      for (int32_t m = 1; m < lanes_per_group; m *= 2) {  // merge the top-2 of the group's lanes
+        const float o1 = __shfl_xor_sync(0xFFFFFFFFu, first, m);
+        const float o2 = __shfl_xor_sync(0xFFFFFFFFu, second, m);
+        second = fmaxf(fminf(first, o1), fmaxf(second, o2));
+        first = fmaxf(first, o1);
+      }
+      const int32_t group = static_cast<int32_t>(lane) / lanes_per_group;
+      uint32_t gkey = group < p.num_groups ? order_key(p.group_size >= 2 ? first + second : first) : 0u;
+      bool kept = false;
+      for (int32_t i = 0; i < p.topk_group; ++i) {  // the lowest lane holding the top: the lower group
+        const uint32_t top = __reduce_max_sync(0xFFFFFFFFu, gkey);
+        const uint32_t holders = __ballot_sync(0xFFFFFFFFu, gkey == top);
+        const int32_t winner_group = (__ffs(holders) - 1) / lanes_per_group;
+        if (group == winner_group) {
+          kept = true;
+          gkey = 0u;
+        }
+      }
+      if (!kept) {
+#pragma unroll
+        for (int s = 0; s < kPer; ++s) key[s] = 0u;
+      }
+    }
+
+    uint32_t best_key;
+    int32_t best_slot;
+    run_best<kPer>(key, best_key, best_slot);
+    uint32_t top = __reduce_max_sync(0xFFFFFFFFu, best_key);
+
+    // Softmax statistics (independent of the selection steps below: overlapped).
+    float row_max = 0.0f, row_sum = 1.0f;
+    if (p.scoring == kSoftmax) {
+      row_max = order_key_value(top);  // the largest logit (top is the first step's key)
+      float local = 0.0f;
+#pragma unroll
+      for (int s = 0; s < kPer; ++s) {
+        if (base + s < p.num_experts) local += expf(x[s] - row_max);
+      }
+      row_sum = device::warp::reduce_sum<float>(local);
+    }
+
+    // k selection steps.
+    for (int32_t i = 0; i < p.topk; ++i) {
+      const uint32_t holders = __ballot_sync(0xFFFFFFFFu, best_key == top);
+      if (lane == static_cast<uint32_t>(__ffs(holders) - 1)) {
+        winners[warp][i] = base + best_slot;
+#pragma unroll
+        for (int s = 0; s < kPer; ++s) {
+          if (s == best_slot) key[s] = 0u;
+        }
+        run_best<kPer>(key, best_key, best_slot);
+      }
+      if (i + 1 < p.topk) top = __reduce_max_sync(0xFFFFFFFFu, best_key);
+    }
+    __syncwarp();
+
+    // Weights and output.
+    int32_t id = 0;
+    float weight = 0.0f;
+    if (lane < static_cast<uint32_t>(p.topk)) {
+      id = winners[warp][lane];
+      weight = v2_weight(p, logits, id, row_max, row_sum);
+    }
+    __syncwarp();  // the next row's winners overwrite these
+    if (p.renormalize) weight = weight / (device::warp::reduce_sum<float>(weight) + p.renorm_eps);
+    if (lane < static_cast<uint32_t>(p.topk)) {
+      p.weights[row * p.weights_stride + lane] = weight * p.scale;
+      p.ids[row * p.ids_stride + lane] = id;
+    }
+  }
+}
+
+/// The run length of engine v2 for a row of `num_experts` (0: engine v2 does not take it).
+inline int32_t v2_run_length(const TopkRowsParams& params) {
+  const int32_t e = params.num_experts;
+  const int32_t per = e <= 32 ? 1 : e <= 64 ? 2 : e <= 128 ? 4 : e <= 256 ? 8 : e <= 512 ? 16 : e <= 1024 ? 32 : 0;
+  if (per == 0 || params.topk > static_cast<int32_t>(device::kWarpThreads)) return 0;
+  if (params.num_groups > 1) {
+    if (params.group_size % per != 0) return 0;
+    const int32_t lanes = params.group_size / per;
+    if ((lanes & (lanes - 1)) != 0) return 0;
+  }
+  return per;
+}
+
+/// Which engine launch_topk_rows uses: SGLANG_MOE_ROUTING_ENGINE=1 the first (scores in slots
+/// across lanes, 64-bit codes), anything else (default) v2 where it applies.
+inline int routing_engine() {
+  const char* value = std::getenv("SGLANG_MOE_ROUTING_ENGINE");
+  return value != nullptr && value[0] == '1' && value[1] == '\0' ? 1 : 2;
+}
+
+template <typename T, int kPer>
+void launch_topk_rows_v2(TopkRowsParams params, DLDevice device) {
+  using namespace host;
+  constexpr int kVecBytes = run_vec_bytes<T, kPer>();
+  params.vec = reinterpret_cast<std::uintptr_t>(params.gating) % kVecBytes == 0 &&
+               (params.gating_stride * static_cast<int64_t>(sizeof(T))) % kVecBytes == 0;
+  const int64_t blocks = div_ceil(params.num_tokens, int64_t{TopkRowsConfig::kWarps});
+  const auto grid = static_cast<uint32_t>(std::min<int64_t>(blocks, TopkRowsConfig::kMaxBlocks));
+  LaunchKernel(grid, TopkRowsConfig::kThreads, device).enable_pdl(true)(topk_rows_v2_kernel<T, kPer>, params);
+}
+
+/// Launches engine v2 where it applies (and is not deselected), else topk_rows_kernel with the
+/// smallest register tier holding num_experts (or the recomputing one past 1024 experts).
+/// num_tokens > 0.
 template <typename T>
 void launch_topk_rows(const TopkRowsParams& params, DLDevice device) {
   using namespace host;
+  if (routing_engine() == 2) {
+    switch (v2_run_length(params)) {
+      case 1:
+        return launch_topk_rows_v2<T, 1>(params, device);
+      case 2:
+        return launch_topk_rows_v2<T, 2>(params, device);
+      case 4:
+        return launch_topk_rows_v2<T, 4>(params, device);
+      case 8:
+        return launch_topk_rows_v2<T, 8>(params, device);
+      case 16:
+        return launch_topk_rows_v2<T, 16>(params, device);
+      case 32:
+        return launch_topk_rows_v2<T, 32>(params, device);
+      default:
+        break;
+    }
+  }
   const int32_t e = params.num_experts;
   const auto kernel = e <= 64     ? topk_rows_kernel<T, 2>
                       : e <= 128  ? topk_rows_kernel<T, 4>
@@ -394,6 +685,7 @@ TopkRowsParams unwrap_topk_rows(
       .renorm_eps = 0.0f,
       .scale = 1.0f,
       .renormalize = false,
+      .vec = false,
   };
 }
 
