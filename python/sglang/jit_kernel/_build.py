@@ -823,11 +823,19 @@ def resource_usage_lines(log: str) -> list[str]:
     return [line.strip() for line in log.splitlines() if "ptxas" in line and "info" in line]
 
 
-def _owner_of(lock_path: Path) -> str:
-    try:
-        return (lock_path.with_suffix(".owner")).read_text().strip() or "unknown"
-    except OSError:
-        return "unknown"
+def _owner_of(lock_path: Path, wait_s: float = 1.0) -> str:
+    """The pid written by the process holding ``lock_path`` (it writes it right after taking the lock,
+    and removes it before releasing it): polled for up to ``wait_s`` seconds, else ``"unknown"``."""
+    owner_path = lock_path.with_suffix(".owner")
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            owner = owner_path.read_text().strip()
+        except OSError:
+            owner = ""
+        if owner or time.monotonic() >= deadline:
+            return owner or "unknown"
+        time.sleep(0.02)
 
 
 #: Per-thread count of modules this thread compiled (not loaded from the cache): ``build`` and ``check``
@@ -935,6 +943,8 @@ def build_artifact(spec: BuildSpec, root: Path, key: str, force: bool = False) -
             if staging.exists():
                 shutil.rmtree(staging, ignore_errors=True)
     finally:
+        # no stale pid for the next waiter to name
+        lock_path.with_suffix(".owner").unlink(missing_ok=True)
         lock.release()
 
 
