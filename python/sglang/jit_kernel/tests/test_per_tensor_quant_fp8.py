@@ -78,8 +78,15 @@ def test_zero_tiny_inf_nan_and_zero_static_scale(shape):
     assert torch.isfinite(s).all() and s[0] > 0 and (q.float() == 0).all()
     q, s = run(torch.full(shape, 1e-30, device="cuda"))
     assert s[0] > 0 and torch.isfinite(q.float()).all()
-    q, s = run(torch.randn(shape, device="cuda"), is_static=True, scale=0.0)  # floored at FLT_MIN
+    x_static = torch.randn(shape, device="cuda")
+    q, s = run(x_static, is_static=True, scale=0.0)  # floored at FLT_MIN
     assert not torch.isnan(q.float()).any()
+    # a NaN static scale is floored at FLT_MIN as well (documented): the same bits as scale = FLT_MIN
+    q_nan, _ = run(x_static, is_static=True, scale=float("nan"))
+    q_min, _ = run(x_static, is_static=True, scale=torch.finfo(torch.float32).tiny)
+    assert not torch.isnan(q_nan.float()).any()
+    assert torch.equal(q_nan.view(torch.uint8), q_min.view(torch.uint8))
+    assert torch.equal(q.view(torch.uint8), q_min.view(torch.uint8))
     x = torch.randn(shape, device="cuda")
     x.view(-1)[5] = float("nan")
     q, s = run(x)
