@@ -62,7 +62,10 @@ def _jit_activation_module(dtype: torch.dtype) -> Module:
         *args,
         cuda_files=["elementwise/activation.cuh"],
         cuda_wrappers=[(op, f"gated_act_and_mul<{args}, {enum}>") for op, enum in _OPS.values()]
-        + [("_set_launch_override", "set_gated_act_launch_override")],  # bench_activation.py --sweep only
+        + [
+            ("_set_launch_override", "set_gated_act_launch_override"),  # bench_activation.py --sweep only
+            ("_set_launch_variant", "set_gated_act_launch_variant"),
+        ],  # bench_activation.py old-vs-new rows
     )
 
 

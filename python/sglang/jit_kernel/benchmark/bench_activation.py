@@ -8,6 +8,10 @@ medians (calls under 5 us: the middle of five captures, see bench_rotating):
 Then: the expert filter with half the rows skipped, PDL on / off at decode sizes, eager wall time per
 call at T = 1, and the issue's targets checked against this run.
 
+Last, the launch variants (``_set_launch_variant``) side by side: the default, the previous
+launch code (9f465cb: two rows per thread past 4 waves, its CTA-size rule), evict_last loads, fast
+math (16-bit: ex2/rcp approximations, outside the documented rounding), cold and one input.
+
 ``python bench_activation.py --sweep`` times forced CTA sizes and vector widths against the
 heuristic's choice (the launch hook ``_set_launch_override``).
 """
@@ -153,6 +157,50 @@ def expert_filter_rows() -> list[BenchRow]:
     return rows
 
 
+#: Launch variants timed against the default (_set_launch_variant(variant, old_geometry)): the code
+#: before this change is (1, 1) (pair rows past 4 waves, 9f465cb's CTA-size rule).
+VARIANTS = {
+    "jit": (0, 0),
+    "jit 9f465cb (pairs, old CTAs)": (1, 1),
+    "jit old CTA rule": (0, 1),
+    "jit evict_last loads": (2, 0),
+    "jit fast math": (4, 0),
+    "jit fast math + evict_last": (6, 0),
+}
+
+
+def variant_rows() -> list[BenchRow]:
+    """Every op at every T under each launch variant, cold and one input (the old-vs-new A/B of one run)."""
+    from sglang.jit_kernel.activation import _jit_activation_module
+
+    module = _jit_activation_module(DTYPE)
+    rows = []
+    try:
+        for tokens in TOKENS:
+            moved = nbytes(tokens)
+            sets = input_sets(tokens, num_rotating_sets(moved))
+            case = f"[{tokens}, 2 x {HIDDEN}]"
+            for op, fn in JIT.items():
+                for label, (variant, old_geometry) in VARIANTS.items():
+                    if op == "gelu_and_mul" and variant & 4:
+                        continue  # gelu keeps erff in the fast-math variant: same kernel code
+                    module._set_launch_variant(variant, old_geometry)
+                    call = lambda x, o, fn=fn: fn(x, o)
+                    rows += [
+                        r
+                        for r in (
+                            timed(op, case, label, call, sets, moved),
+                            timed(op, case, f"{label} one input", call, sets[:1], moved),
+                        )
+                        if r
+                    ]
+            del sets
+            torch.cuda.empty_cache()
+    finally:
+        module._set_launch_variant(0, 0)
+    return rows
+
+
 def pdl_rows() -> list[BenchRow]:
     """Decode sizes, 64 input sets in one graph, PDL on and off."""
     rows = []
@@ -218,7 +266,7 @@ def targets_table(rows: list[BenchRow], roof: float, eager_us: float) -> str:
 # ---------------------------------------------------------------------------------------------
 # Launch sweep (--sweep)
 # ---------------------------------------------------------------------------------------------
-SWEEP_THREADS = [0, 64, 128, 256, 512]
+SWEEP_THREADS = [0, 64, 128, 256, 512]  # 512: 448-thread CTAs on [*, 2 x 14336] bf16 rows
 SWEEP_VEC_BYTES = [0, 4, 8, 16]
 
 
@@ -263,6 +311,8 @@ def main() -> None:
     print("# PDL at decode sizes (64 input sets per graph)")
     print(format_rows(pdl_rows(), roof))
     print(targets_table(rows, roof, eager_us))
+    print("# launch variants (old vs new in one run; 'jit' = the default, as in the main table)")
+    print(format_rows(variant_rows(), roof))
 
 
 if __name__ == "__main__":

@@ -223,6 +223,53 @@ def test_forced_geometries_agree(dtype, threads, vec_bytes):
 
 
 @requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("variant,old_geometry", [(0, 1), (1, 0), (1, 1), (2, 0), (4, 0), (6, 0)])
+def test_launch_variants(dtype, variant, old_geometry):
+    """The benchmark's old-vs-new variants of 16-byte launches (_set_launch_variant): pair rows, evict_last
+    loads and 9f465cb's CTA-size rule compute the same bits as the default; fast math (4, 6; 16-bit
+    types, fp32 ignores the bit) stays within the ulp check. Cases cover one-shot grids past 4 waves
+    (pair rows on), several chunks per row, row groups and narrow vectors."""
+    from sglang.jit_kernel.activation import _jit_activation_module
+
+    module = _jit_activation_module(dtype)
+    exact = variant & 4 == 0 or dtype == torch.float32
+    for num_tokens, hidden_size in [(1, 14336), (64, 14336), (2100, 14336), (129, 64), (4097, 4), (7, 1234)]:
+        x = make_input((num_tokens, 2 * hidden_size), dtype)
+        for name in NAMES:
+            expected = OPS[name](x)
+            module._set_launch_variant(variant, old_geometry)
+            try:
+                got = OPS[name](x)
+            finally:
+                module._set_launch_variant(0, 0)
+            if exact or name == "gelu":
+                assert torch.equal(got, expected), (name, num_tokens, hidden_size)
+            else:
+                assert_matches_reference(name, got, x)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fast_math_every_16_bit_gate(dtype):
+    """The fast-math variant (4) on every finite 16-bit gate, against the reference."""
+    from sglang.jit_kernel.activation import _jit_activation_module
+
+    bits = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
+    gate = bits.view(dtype)
+    gate = gate[torch.isfinite(gate)].cuda()
+    gate = gate[: gate.numel() // 8 * 8]
+    x = torch.cat([gate, torch.full_like(gate, 1.5)]).view(1, -1)
+    module = _jit_activation_module(dtype)
+    module._set_launch_variant(4, 0)
+    try:
+        for name in ("silu", "gelu_tanh"):
+            assert_matches_reference(name, OPS[name](x), x)
+    finally:
+        module._set_launch_variant(0, 0)
+
+
+@requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_silu_every_16_bit_gate(dtype):
     """silu's branch-free division equals __fdiv_rn for every 16-bit gate: the 65536 bit patterns in
@@ -638,6 +685,8 @@ def test_ffi_rejects_mismatches_from_cpp():
         module._set_launch_override(48, 0)
     with pytest.raises(RuntimeError, match="_set_launch_override: vec_bytes"):
         module._set_launch_override(0, 32)
+    with pytest.raises(RuntimeError, match="_set_launch_variant: variant"):
+        module._set_launch_variant(3, 0)
 
 
 if __name__ == "__main__":

@@ -16,9 +16,12 @@
 // pointer, row stride and H * sizeof(T) allow it, else 8 / 4 / 2 bytes down to one element, so no
 // access is misaligned and no row needs a tail), threadIdx.y the rows. The grid is (column chunks
 // of a row, row groups): one CTA per chunk, so a few long rows (decode: one token, 2 x 14336) still
-// spread over tens of SMs instead of one CTA per row. Large launches give each thread two rows
-// (half the row groups; both rows' loads issued before either is computed). gridDim.y is capped at
-// 65535; CTAs then stride over row groups. Offsets are 64-bit throughout (any element count).
+// spread over tens of SMs instead of one CTA per row; a row longer than a CTA is split into equal
+// chunks. Each thread moves one vector of one row per iteration: large launches are a one-shot grid
+// of 256-thread CTAs, launches of a wave or two take the largest CTAs that keep the SMs evenly
+// loaded (gated_act_threads). gridDim.y is capped at 65535; CTAs then stride over row groups.
+// Offsets are 64-bit throughout (any element count). Benchmark-only variants of the 16-byte kernel
+// (two rows per thread, evict_last loads, fast math) are selected by set_gated_act_launch_variant.
 //
 // Expert filter (MoE): with expert_ids, row t is computed only if expert_ids[t / expert_step] !=
 // -1; a filtered row reads its id and nothing else, and its out row is not written.
@@ -67,14 +70,19 @@ struct GatedActParams {
 
 /// Launch facts of gated_act_and_mul_kernel.
 struct GatedActConfig {
-  static constexpr uint32_t kMaxThreads = 512;      // __launch_bounds__; the benchmark override's limit
+  static constexpr uint32_t kMaxThreads = 512;      // __launch_bounds__, the largest CTA of the heuristic
+                                                    // and the benchmark override's limit (1024 made
+                                                    // ptxas spill the fp32 gelu_tanh build)
   static constexpr uint32_t kDefaultThreads = 256;  // CTA size for large launches
   static constexpr uint32_t kMinThreads = 64;       // smallest CTA the heuristic picks
   static constexpr int64_t kMinCtasPerSm = 2;       // decode rule: narrower vectors until the launch has
                                                     // this many kMinThreads CTAs per SM
   static constexpr int64_t kMaxGridY = 65535;       // CUDA's limit on gridDim.y
   static constexpr int64_t kThreadsPerSm = 2048;    // resident threads per SM (SM80 / SM90)
-  static constexpr int64_t kPairRowsMinWaves = 4;   // two rows per thread from this many full waves
+  static constexpr int64_t kPairRowsMinWaves = 4;   // pair-rows variant: two rows per thread from this
+                                                    // many full waves
+  static constexpr int64_t kSmallLaunchWaves = 2;   // up to this many waves of 256-thread CTAs the
+                                                    // fewest-CTAs rule picks the CTA size
   static constexpr int64_t kMinDecodeVecBytes = 4;  // narrowest vector the decode rule picks
 };
 
@@ -114,12 +122,58 @@ SGL_DEVICE float silu_fast_division(float g, bool& in_range) {
   return __fmaf_rn(r, __fmaf_rn(-d, q, g), q);
 }
 
-/// act(g[i]) in fp32 for the N gates of one vector, each bit-identical to activate<kAct>(g[i]). silu
+/// exp(x) from ex2.approx with the argument split in two (x * log2(e) as a rounded product plus
+/// its FMA remainder, log2(e) itself as two floats): a few fp32 ulps over the whole range, where
+/// ex2.approx(x * log2e) alone loses |x| * 2^-24 of relative accuracy to the product's rounding.
+/// x is clamped to [-128, 128] (exp is 0 / inf in fp32 beyond; no NaN from inf - inf); a NaN x
+/// gives some finite value, and the callers' final product with g carries g's NaN.
+SGL_DEVICE float fast_exp(float x) {
+  constexpr float kLog2eHi = 1.44269502162933349609375f;  // fp32 nearest to log2(e)
+  constexpr float kLog2eLo = 1.925963033500011079e-08f;   // log2(e) - kLog2eHi
+  constexpr float kLn2 = 0.69314718055994530942f;
+  x = fmaxf(fminf(x, 128.0f), -128.0f);
+  const float hi = __fmul_rn(x, kLog2eHi);
+  const float lo = __fmaf_rn(x, kLog2eLo, __fmaf_rn(x, kLog2eHi, -hi));
+  float e;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(hi));
+  return __fmaf_rn(e, __fmul_rn(lo, kLn2), e);
+}
+
+/// g / (1 + e) as g * rcp.approx(1 + e) (1 ulp reciprocal; subnormal results kept: no ftz).
+SGL_DEVICE float fast_gated_quotient(float g, float e) {
+  float r;
+  asm("rcp.approx.f32 %0, %1;" : "=f"(r) : "f"(__fadd_rn(1.0f, e)));
+  return __fmul_rn(g, r);
+}
+
+/// kGatedActFastMath's activations (16-bit types only; gelu keeps erff): silu(g) = g / (1 + exp(-g))
+/// and gelu_tanh(g) = g * sigmoid(2 * inner) = g / (1 + exp(-2 * inner)) (0.5 * (1 + tanh(y)) =
+/// sigmoid(2y), no cancellation for negative gates), with fast_exp and one approximate reciprocal.
+/// A few fp32 ulps from activate<kAct>, so the 16-bit rounding of the activation can differ from the
+/// documented one near a rounding midpoint; for timing comparisons (test_fast_math_variant bounds it).
+template <GatedActivation kAct>
+SGL_DEVICE float activate_fast(float g) {
+  if constexpr (kAct == GatedActivation::kSilu) {
+    return fast_gated_quotient(g, fast_exp(-g));
+  } else {
+    constexpr float kBeta = 0.7978845608f;  // sqrt(2 / pi)
+    constexpr float kKappa = 0.044715f;
+    const float cube = __fmul_rn(__fmul_rn(g, g), g);
+    const float inner = __fmul_rn(kBeta, __fadd_rn(g, __fmul_rn(kKappa, cube)));
+    return fast_gated_quotient(g, fast_exp(-2.0f * inner));
+  }
+}
+
+/// act(g[i]) in fp32 for the N gates of one vector, each bit-identical to activate<kAct>(g[i]) (with
+/// kFast: activate_fast<kAct> for silu and gelu_tanh). silu
 /// takes silu_fast_division for all N and redoes the vector through activate only when one gate is
 /// out of its range (one branch per vector, rare on real activations).
-template <GatedActivation kAct, std::size_t N>
+template <GatedActivation kAct, bool kFast, std::size_t N>
 SGL_DEVICE void activate_vector(const float (&g)[N], float (&act)[N]) {
-  if constexpr (kAct == GatedActivation::kSilu) {
+  if constexpr (kFast && kAct != GatedActivation::kGelu) {
+#pragma unroll
+    for (std::size_t i = 0; i < N; ++i) act[i] = activate_fast<kAct>(g[i]);
+  } else if constexpr (kAct == GatedActivation::kSilu) {
     bool in_range = true;
 #pragma unroll
     for (std::size_t i = 0; i < N; ++i) act[i] = silu_fast_division(g[i], in_range);
@@ -135,7 +189,7 @@ SGL_DEVICE void activate_vector(const float (&g)[N], float (&act)[N]) {
 
 /// out[i] = round(float(round(act(float(gate[i])))) * float(up[i])) for the N elements of one vector.
 /// 16-bit types convert pairs (one packed conversion instruction per two elements).
-template <GatedActivation kAct, typename T, std::size_t N>
+template <GatedActivation kAct, bool kFast, typename T, std::size_t N>
 SGL_DEVICE device::AlignedVector<T, N> act_and_mul(
     const device::AlignedVector<T, N>& gate, const device::AlignedVector<T, N>& up) {
   device::AlignedVector<T, N> out;
@@ -143,12 +197,12 @@ SGL_DEVICE device::AlignedVector<T, N> act_and_mul(
   if constexpr (std::is_same_v<T, fp32_t>) {
 #pragma unroll
     for (std::size_t i = 0; i < N; ++i) g[i] = gate[i];
-    activate_vector<kAct>(g, act);
+    activate_vector<kAct, kFast && !std::is_same_v<T, fp32_t>>(g, act);
 #pragma unroll
     for (std::size_t i = 0; i < N; ++i) out[i] = __fmul_rn(act[i], up[i]);
   } else if constexpr (N == 1) {
     g[0] = dtype_trait<fp32_t>::from(gate[0]);
-    activate_vector<kAct>(g, act);
+    activate_vector<kAct, kFast && !std::is_same_v<T, fp32_t>>(g, act);
     const T rounded = dtype_trait<T>::from(act[0]);
     out[0] = dtype_trait<T>::from(__fmul_rn(dtype_trait<fp32_t>::from(rounded), dtype_trait<fp32_t>::from(up[0])));
   } else {
@@ -159,7 +213,7 @@ SGL_DEVICE device::AlignedVector<T, N> act_and_mul(
       g[i] = pair.x;
       g[i + 1] = pair.y;
     }
-    activate_vector<kAct>(g, act);
+    activate_vector<kAct, kFast && !std::is_same_v<T, fp32_t>>(g, act);
 #pragma unroll
     for (std::size_t i = 0; i < N; i += 2) {
       const fp32x2_t u = dtype_trait<fp32x2_t>::from(P{up[i], up[i + 1]});
@@ -180,14 +234,34 @@ SGL_DEVICE bool gated_act_row_kept(const GatedActParams& params, int64_t row) {
   return params.expert_ids[id_index] != -1;
 }
 
-/// One thread: vector threadIdx.x of column chunk blockIdx.x, for the row pairs (row, row + rows per
-/// grid column), row = threadIdx.y + blockIdx.y * blockDim.y + k * 2 * rows per grid column. Both
-/// rows' loads are issued before either row is computed (64 bytes in flight per thread at 16-byte
-/// vectors); a launch whose grid covers every row in its first rows leaves the second row of each
-/// pair past num_tokens (one row per thread). Threads past the row's last vector idle.
-template <typename T, int kVecN, GatedActivation kAct>
+/// Compile-time variants of gated_act_and_mul_kernel, bits of its kVariant parameter. Only 16-byte
+/// launches build more than kGatedActPlain (see launch_gated_act); the launcher runs
+/// kGatedActPlain unless the benchmark hook _set_launch_variant asks for another one.
+///   kGatedActPairRows  two rows per thread, rows_per_grid apart, both rows' loads before either is
+///                      computed (the large-launch default of 9f465cb: 91 % of copy at [16384,
+///                      2 x 14336] against 98.9 % for one row per thread the run before)
+///   kGatedActEvictLast loads with an L2 evict_last policy (norm probes: the L2 then writes dirty
+///                      lines back before it drops clean ones, 97.7 -> 100 % of copy for an
+///                      out-of-place rmsnorm; the input's lines stay evict_last after the kernel)
+///   kGatedActFastMath  16-bit types: ex2.approx / rcp.approx / tanh.approx based activations (see
+///                      activate_fast); not within the documented rounding, timing only
+inline constexpr int kGatedActPlain = 0;
+inline constexpr int kGatedActPairRows = 1;
+inline constexpr int kGatedActEvictLast = 2;
+inline constexpr int kGatedActFastMath = 4;
+
+/// One thread: vector threadIdx.x of column chunk blockIdx.x, for rows threadIdx.y + blockIdx.y *
+/// blockDim.y + k * rows_per_grid (one row per iteration; with kGatedActPairRows the rows k and
+/// k + 1 of each pair of iterations, both rows' loads first). Threads past the row's last vector
+/// idle.
+/// Registers (bf16, sm_90): 16-byte silu 44 (5 resident 256-thread CTAs), gelu / gelu_tanh 34, fast
+/// math 32; a cap of 40 (__launch_bounds__(512, 3)) spilled silu's 16-byte build, so there is none.
+template <typename T, int kVecN, GatedActivation kAct, int kVariant>
 __global__ void __launch_bounds__(GatedActConfig::kMaxThreads) gated_act_and_mul_kernel(const GatedActParams params) {
   using vec_t = device::AlignedVector<T, kVecN>;
+  constexpr bool kPairRows = (kVariant & kGatedActPairRows) != 0;
+  constexpr bool kEvictLast = (kVariant & kGatedActEvictLast) != 0;
+  constexpr bool kFast = (kVariant & kGatedActFastMath) != 0;
   const int64_t vec = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;  // vector index inside a row
   const int64_t row_step = int64_t{gridDim.y} * blockDim.y;
   device::pdl_wait_primary();  // before the first global access: the rows and ids may be the previous kernel's
@@ -195,29 +269,51 @@ __global__ void __launch_bounds__(GatedActConfig::kMaxThreads) gated_act_and_mul
   if (vec >= params.vecs_per_row) return;
   const auto* input = static_cast<const T*>(params.input);
   auto* out = static_cast<T*>(params.out);
-  for (int64_t row = int64_t{blockIdx.y} * blockDim.y + threadIdx.y; row < params.num_tokens; row += 2 * row_step) {
-    const int64_t next = row + row_step;
-    const bool keep = gated_act_row_kept(params, row);
-    const bool keep_next = gated_act_row_kept(params, next);
-    vec_t gate, up, next_gate, next_up;
-    if (keep) {
-      gate.load(input + row * params.input_stride, vec);
-      up.load(input + row * params.input_stride + params.hidden_size, vec);
+  const auto load = [&](vec_t& v, const T* ptr) {
+    if constexpr (kEvictLast) {
+      v.load(ptr, vec, device::l2_evict_last_policy());
+    } else {
+      v.load(ptr, vec);
     }
-    if (keep_next) {
-      next_gate.load(input + next * params.input_stride, vec);
-      next_up.load(input + next * params.input_stride + params.hidden_size, vec);
+  };
+  if constexpr (kPairRows) {
+    for (int64_t row = int64_t{blockIdx.y} * blockDim.y + threadIdx.y; row < params.num_tokens; row += 2 * row_step) {
+      const int64_t next = row + row_step;
+      const bool keep = gated_act_row_kept(params, row);
+      const bool keep_next = gated_act_row_kept(params, next);
+      vec_t gate, up, next_gate, next_up;
+      if (keep) {
+        load(gate, input + row * params.input_stride);
+        load(up, input + row * params.input_stride + params.hidden_size);
+      }
+      if (keep_next) {
+        load(next_gate, input + next * params.input_stride);
+        load(next_up, input + next * params.input_stride + params.hidden_size);
+      }
+      if (keep) act_and_mul<kAct, kFast>(gate, up).store(out + row * params.out_stride, vec);
+      if (keep_next) act_and_mul<kAct, kFast>(next_gate, next_up).store(out + next * params.out_stride, vec);
     }
-    if (keep) act_and_mul<kAct>(gate, up).store(out + row * params.out_stride, vec);
-    if (keep_next) act_and_mul<kAct>(next_gate, next_up).store(out + next * params.out_stride, vec);
+  } else {
+    for (int64_t row = int64_t{blockIdx.y} * blockDim.y + threadIdx.y; row < params.num_tokens; row += row_step) {
+      if (!gated_act_row_kept(params, row)) continue;
+      const T* gate_row = input + row * params.input_stride;
+      vec_t gate, up;
+      load(gate, gate_row);
+      load(up, gate_row + params.hidden_size);
+      act_and_mul<kAct, kFast>(gate, up).store(out + row * params.out_stride, vec);
+    }
   }
 }
 
-/// Benchmark hook state (_set_launch_override): threads per CTA and the widest vector in bytes
-/// forced on every launch; 0 leaves each to the heuristics.
+/// Benchmark hook state (_set_launch_override, _set_launch_variant): threads per CTA and the widest
+/// vector in bytes forced on every launch (0 leaves each to the heuristics); the kernel variant of
+/// 16-byte launches (kGatedAct* bits, one set_gated_act_launch_variant takes); old_geometry: the CTA-size
+/// rule of 9f465cb (fewest threads on the busiest SM) instead of the fewest-CTAs rule below.
 struct GatedActOverride {
   int64_t threads = 0;
   int64_t vec_bytes = 0;
+  int64_t variant = kGatedActPlain;
+  bool old_geometry = false;
 };
 inline GatedActOverride& gated_act_override() {
   static GatedActOverride forced;
@@ -230,13 +326,20 @@ struct GatedActGeometry {
   dim3 grid;
 };
 
-/// threads threads per CTA, as few row lanes as the row needs (a power of two >= its vectors, at
-/// most threads) times the rest in rows; rows_per_thread (1 or 2) rows of each thread in the grid's
-/// first pass (the kernel's row pairs).
+/// threads threads per CTA at most. Rows shorter than threads vectors: as few row lanes as the row
+/// needs (a power of two >= its vectors) times the rest in rows. Longer rows: one row per CTA, the
+/// row split into the fewest chunks of at most threads vectors, all chunks the same size (rounded up
+/// to whole warps): 1792 vectors ([*, 2 x 14336] bf16) are 7 x 256 or 4 x 448 threads, not
+/// 4 x 512 with half of the last CTA idle. rows_per_thread (1 or 2) rows of each thread in the
+/// grid's first pass (the pair-rows kernel).
 inline GatedActGeometry gated_act_geometry(
     int64_t num_tokens, int64_t vecs_per_row, uint32_t threads, int64_t rows_per_thread = 1) {
-  const auto row_lanes =
+  uint32_t row_lanes =
       static_cast<uint32_t>(std::min<uint64_t>(threads, std::bit_ceil(static_cast<uint64_t>(vecs_per_row))));
+  if (vecs_per_row > int64_t{threads}) {
+    const int64_t chunks = host::div_ceil(vecs_per_row, int64_t{threads});
+    row_lanes = static_cast<uint32_t>(host::div_ceil(host::div_ceil(vecs_per_row, chunks), int64_t{32}) * 32);
+  }
   const uint32_t rows_per_cta = threads / row_lanes;
   const int64_t chunks = host::div_ceil(vecs_per_row, int64_t{row_lanes});
   const int64_t row_groups = host::div_ceil(num_tokens, int64_t{rows_per_cta} * rows_per_thread);
@@ -245,8 +348,57 @@ inline GatedActGeometry gated_act_geometry(
       dim3(static_cast<uint32_t>(chunks), static_cast<uint32_t>(std::min(row_groups, GatedActConfig::kMaxGridY)))};
 }
 
-template <typename T, int kVecN, GatedActivation kAct>
-void launch_gated_act(GatedActParams params, DLDevice device, bool pdl) {
+/// Threads on the busiest SM of a launch with CTAs dealt out evenly: ceil(ctas / SMs) * CTA size.
+inline int64_t gated_act_busiest_sm(const GatedActGeometry& g, int64_t num_sms) {
+  return host::div_ceil(int64_t{g.grid.x} * g.grid.y, num_sms) * (int64_t{g.block.x} * g.block.y);
+}
+
+/// The CTA size of a launch the override leaves to the heuristics.
+///
+/// Large launches (the 256-thread grid is more than kSmallLaunchWaves waves of full SMs): 256, one
+/// vector of one row per thread, as many CTAs as that takes (one-shot grid; 98.9 % of copy at
+/// [16384, 2 x 14336] bf16 in the run of 9fd14a1).
+///
+/// Smaller launches, fewest-CTAs rule: among kMaxThreads down to kMinThreads, the largest CTA whose
+/// busiest SM holds at most 5/4 of the threads of the best size's busiest SM. Every CTA start is a
+/// serial cost on its SM (and PDL releases the next kernel only once every CTA has started), so a
+/// launch that fits in one wave wants one or two CTAs per SM, not seven small ones: [64, 2 x 14336]
+/// bf16 gets 256 CTAs of 448 threads (the 9f465cb rule below gave 896 CTAs of 128: 2.59 us one input
+/// against 1.71 for one 1024-thread CTA per row elsewhere). Decode rows on narrowed vectors keep
+/// small CTAs ([1, 2 x 14336]: 112 x 64, the bigger sizes put 2-16x the threads on one SM).
+///
+/// old_geometry (9f465cb): kDefaultThreads down to kMinThreads, the fewest threads on the busiest
+/// SM, a smaller CTA winning only by more than 1/16.
+inline uint32_t gated_act_threads(int64_t num_tokens, int64_t vecs_per_row, int64_t num_sms, bool old_geometry) {
+  using Config = GatedActConfig;
+  if (old_geometry) {
+    uint32_t threads = 0;
+    int64_t best_load = 0;
+    for (uint32_t t = Config::kDefaultThreads; t >= Config::kMinThreads; t /= 2) {
+      const int64_t load = gated_act_busiest_sm(gated_act_geometry(num_tokens, vecs_per_row, t), num_sms);
+      if (threads == 0 || load * 16 < best_load * 15) {
+        threads = t;
+        best_load = load;
+      }
+    }
+    return threads;
+  }
+  const GatedActGeometry large = gated_act_geometry(num_tokens, vecs_per_row, Config::kDefaultThreads);
+  const int64_t full_wave = num_sms * (Config::kThreadsPerSm / Config::kDefaultThreads);
+  if (int64_t{large.grid.x} * large.grid.y > Config::kSmallLaunchWaves * full_wave) return Config::kDefaultThreads;
+  int64_t best_load = -1;
+  for (uint32_t t = Config::kMaxThreads; t >= Config::kMinThreads; t /= 2) {
+    const int64_t load = gated_act_busiest_sm(gated_act_geometry(num_tokens, vecs_per_row, t), num_sms);
+    if (best_load < 0 || load < best_load) best_load = load;
+  }
+  for (uint32_t t = Config::kMaxThreads; t > Config::kMinThreads; t /= 2) {
+    if (gated_act_busiest_sm(gated_act_geometry(num_tokens, vecs_per_row, t), num_sms) * 4 <= best_load * 5) return t;
+  }
+  return Config::kMinThreads;
+}
+
+template <typename T, int kVecN, GatedActivation kAct, int kVariant>
+void launch_gated_act_variant(GatedActParams params, DLDevice device, bool pdl) {
   using namespace host;
   using Config = GatedActConfig;
   params.vecs_per_row = params.hidden_size / kVecN;
@@ -256,32 +408,51 @@ void launch_gated_act(GatedActParams params, DLDevice device, bool pdl) {
       "input: hidden_size must be < 2^36 elements, got ",
       params.hidden_size);
   const int64_t num_sms = runtime::get_sm_count(device.device_id);
-  uint32_t threads = static_cast<uint32_t>(gated_act_override().threads);
-  if (threads == 0) {
-    // The CTA size (kDefaultThreads down to kMinThreads) that puts the fewest threads on the busiest
-    // SM, CTAs dealt out evenly: ceil(ctas / SMs) * threads; a smaller CTA must win by more than
-    // 1/16. Decode sizes get small CTAs on many SMs ([1, 2 x 14336]: 64 threads), 64 rows 128
-    // (7 CTAs per SM rather than 3 or 4 of 256), large launches 256.
-    int64_t best_load = 0;
-    for (uint32_t t = Config::kDefaultThreads; t >= Config::kMinThreads; t /= 2) {
-      const GatedActGeometry g = gated_act_geometry(params.num_tokens, params.vecs_per_row, t);
-      const int64_t load = div_ceil(int64_t{g.grid.x} * g.grid.y, num_sms) * t;
-      if (threads == 0 || load * 16 < best_load * 15) {
-        threads = t;
-        best_load = load;
-      }
+  const GatedActOverride& forced = gated_act_override();
+  const uint32_t threads =
+      forced.threads > 0 ? static_cast<uint32_t>(forced.threads)
+                         : gated_act_threads(params.num_tokens, params.vecs_per_row, num_sms, forced.old_geometry);
+  GatedActGeometry geometry = gated_act_geometry(params.num_tokens, params.vecs_per_row, threads);
+  if constexpr ((kVariant & kGatedActPairRows) != 0) {
+    // 9f465cb: two rows per thread (half the row groups) once the one-row grid is
+    // kPairRowsMinWaves waves of full SMs or more.
+    const int64_t full_wave = num_sms * (Config::kThreadsPerSm / threads);
+    if (int64_t{geometry.grid.x} * geometry.grid.y >= Config::kPairRowsMinWaves * full_wave) {
+      geometry = gated_act_geometry(params.num_tokens, params.vecs_per_row, threads, 2);
     }
   }
-  // Two rows per thread (half the row groups) once the one-row grid is kPairRowsMinWaves waves of
-  // full SMs or more: each thread then has both rows' loads in flight before it computes, and half
-  // as many CTAs start and drain. Smaller launches keep one row per thread: with a wave or two, the
-  // finer grid balances the SMs better and the rows in flight are the same.
-  const GatedActGeometry one_row = gated_act_geometry(params.num_tokens, params.vecs_per_row, threads);
-  const int64_t full_wave = num_sms * (Config::kThreadsPerSm / threads);
-  const bool pair_rows = int64_t{one_row.grid.x} * one_row.grid.y >= Config::kPairRowsMinWaves * full_wave;
-  const GatedActGeometry geometry =
-      pair_rows ? gated_act_geometry(params.num_tokens, params.vecs_per_row, threads, 2) : one_row;
-  LaunchKernel(geometry.grid, geometry.block, device).enable_pdl(pdl)(gated_act_and_mul_kernel<T, kVecN, kAct>, params);
+  LaunchKernel(geometry.grid, geometry.block, device)
+      .enable_pdl(pdl)(gated_act_and_mul_kernel<T, kVecN, kAct, kVariant>, params);
+}
+
+/// The launch of kVecN-element vectors: 16-byte vectors run the variant the override names (one
+/// set_gated_act_launch_variant takes; fp32 has no fast-math builds and runs the variant without that bit),
+/// narrower ones the plain kernel.
+template <typename T, int kVecN, GatedActivation kAct>
+void launch_gated_act(GatedActParams params, DLDevice device, bool pdl) {
+  if constexpr (kVecN * sizeof(T) == 16) {
+    int64_t variant = gated_act_override().variant;
+    if constexpr (std::is_same_v<T, fp32_t>) variant &= ~int64_t{kGatedActFastMath};
+    switch (variant) {
+      case kGatedActPairRows:
+        return launch_gated_act_variant<T, kVecN, kAct, kGatedActPairRows>(params, device, pdl);
+      case kGatedActEvictLast:
+        return launch_gated_act_variant<T, kVecN, kAct, kGatedActEvictLast>(params, device, pdl);
+      case kGatedActFastMath:
+        if constexpr (!std::is_same_v<T, fp32_t>) {
+          return launch_gated_act_variant<T, kVecN, kAct, kGatedActFastMath>(params, device, pdl);
+        }
+        break;
+      case kGatedActFastMath | kGatedActEvictLast:
+        if constexpr (!std::is_same_v<T, fp32_t>) {
+          return launch_gated_act_variant<T, kVecN, kAct, kGatedActFastMath | kGatedActEvictLast>(params, device, pdl);
+        }
+        break;
+      default:
+        break;
+    }
+  }
+  return launch_gated_act_variant<T, kVecN, kAct, kGatedActPlain>(params, device, pdl);
 }
 
 /// Widest vector (bytes, 16 at most, sizeof(T) at least) that divides every value (addresses, byte
@@ -431,7 +602,22 @@ inline void set_gated_act_launch_override(int64_t threads, int64_t vec_bytes) {
       vec_bytes == 0 || vec_bytes == 2 || vec_bytes == 4 || vec_bytes == 8 || vec_bytes == 16,
       "_set_launch_override: vec_bytes must be 0, 2, 4, 8 or 16, got ",
       vec_bytes);
-  gated_act_override() = GatedActOverride{threads, vec_bytes};
+  gated_act_override().threads = threads;
+  gated_act_override().vec_bytes = vec_bytes;
+}
+
+/// Benchmark hook (bench_activation.py, old-vs-new rows): the kernel variant of later 16-byte
+/// launches of this module (0 plain, 1 pair rows, 2 loads evict_last, 4 fast math, 6 fast math +
+/// evict_last; fp32 ignores the fast-math bit) and whether the CTA size follows 9f465cb's rule
+/// (old_geometry != 0). (0, 0) is the default.
+inline void set_gated_act_launch_variant(int64_t variant, int64_t old_geometry) {
+  host::RuntimeCheck(
+      variant == kGatedActPlain || variant == kGatedActPairRows || variant == kGatedActEvictLast ||
+          variant == kGatedActFastMath || variant == (kGatedActFastMath | kGatedActEvictLast),
+      "_set_launch_variant: variant must be 0, 1, 2, 4 or 6, got ",
+      variant);
+  gated_act_override().variant = variant;
+  gated_act_override().old_geometry = old_geometry != 0;
 }
 
 }  // namespace
