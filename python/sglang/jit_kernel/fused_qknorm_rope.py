@@ -39,6 +39,7 @@ def _fused_qk_norm_rope_op(
     attention_factor: float,
     rotary_dim: int,
     enable_pdl: int,
+    variant: int,
 ) -> None:
     _load(qkv.dtype).fused_qk_norm_rope(
         qkv,
@@ -58,6 +59,7 @@ def _fused_qk_norm_rope_op(
         attention_factor,
         rotary_dim,
         enable_pdl,
+        variant,
     )
 
 
@@ -80,6 +82,7 @@ def _(
     attention_factor: float,
     rotary_dim: int,
     enable_pdl: int,
+    variant: int,
 ) -> None:
     return None
 
@@ -103,6 +106,7 @@ def fused_qk_norm_rope(
     rotary_dim: int | None = None,
     *,
     enable_pdl: bool | None = None,
+    _variant: int = 0,
 ) -> None:
     """RMSNorm each q and k head of a packed qkv buffer, then rotate it, in place (v untouched).
 
@@ -145,6 +149,10 @@ def fused_qk_norm_rope(
         ``R``: even, ``<= head_dim``; None (default) means ``head_dim``.
     enable_pdl : bool, optional
         Programmatic Dependent Launch; None means on for SM90+. Keyword-only.
+    _variant : int
+        Benchmark switch, not part of the API (keyword-only, default 0 = the default kernel): bit 0
+        precise ``sincosf``, bit 1 the previous kernel, bits 8-15 a heads-per-group override
+        (``QKNormRopeVariant`` in the kernel). Results agree within the documented tolerance.
 
     Returns
     -------
@@ -181,6 +189,7 @@ def fused_qk_norm_rope(
             fail(ValueError, op, name, "value", "a finite number", value)
     check_scalar(op, "rotary_dim", rotary_dim, int, optional=True)
     check_scalar(op, "enable_pdl", enable_pdl, bool, optional=True)
+    check_scalar(op, "_variant", _variant, int, minimum=0, maximum=0xFFFF)
     r = head_dim if rotary_dim is None else rotary_dim
     if r <= 0 or r % 2 != 0 or r > head_dim:
         fail(ValueError, op, "rotary_dim", "value", f"an even number in [2, head_dim={head_dim}]", r)
@@ -219,6 +228,7 @@ def fused_qk_norm_rope(
         float(attention_factor),
         r,
         _pdl_flag(enable_pdl),
+        _variant,
     )
     if torch.compiler.is_compiling():
         torch.ops.sglang_jit_kernel.fused_qk_norm_rope(*args)

@@ -45,6 +45,9 @@ TOKENS = get_benchmark_range(full_range=[1, 64, 2048, 16384], ci_range=[1, 16384
 HQ, HK, HV, D = 32, 8, 8, 128
 MAX_POS = 8192
 DTYPE = torch.bfloat16
+# fused_qk_norm_rope variants timed beside the default ("jit"): the previous kernel, the reduced
+# __sincosf trig, fixed heads per group (bits 8-15)
+QKNORM_VARIANTS = {"legacy": 2, "fast trig": 1, "hpg=2": 2 << 8, "hpg=8": 8 << 8}
 
 
 # ---- torch baselines (the same math, written with torch ops) ----
@@ -203,6 +206,24 @@ def qknorm_rope_rows() -> list[BenchRow]:
                 nbytes,
             )
         )
+        # old vs new in one run (QKNormRopeVariant bits of fused_qknorm_rope.cuh; drop once settled)
+        for label, variant in QKNORM_VARIANTS.items():
+
+            def call(qkv, pos, variant=variant):
+                fused_qk_norm_rope(
+                    qkv, HQ, HK, HV, D, 1e-6, qw, kw, base, True, pos, 1.0, 0.0, 0.0, 1.0, _variant=variant
+                )
+
+            rows.append(BenchRow("fused_qk_norm_rope", case, f"jit {label}", bench_rotating(call, sets)[0], nbytes))
+            rows.append(
+                BenchRow(
+                    "fused_qk_norm_rope",
+                    case,
+                    f"jit {label} one input",
+                    run_benchmark(lambda first=sets[0], call=call: call(*first))[0],
+                    nbytes,
+                )
+            )
         del sets
         torch.cuda.empty_cache()
     return rows

@@ -72,6 +72,46 @@ def test_fused_qk_norm_rope(dtype, is_neox, d, rotary_dim, hq, hk, hv, n, yarn):
     assert torch.equal(qkv[:, (hq + hk) * d :], v_before), "v was modified"
 
 
+# _variant bits (QKNormRopeVariant): 1 reduced __sincosf trig, 2 the previous kernel, bits 8-15 heads
+# per group; every one must meet the same tolerance as the default
+VARIANTS = [1, 2, 1 << 8, 3 << 8, 8 << 8, (5 << 8) | 1]
+
+
+@requires_cuda
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("hq,hk,hv", [(32, 8, 8), (3, 5, 1), (16, 0, 0), (0, 4, 4)])
+@pytest.mark.parametrize("n,d,rotary_dim", [(1, 128, None), (129, 128, 64), (70000, 64, None), (7, 512, 96)])
+def test_variants(variant, hq, hk, hv, n, d, rotary_dim):
+    """Benchmark variants agree with the reference too: heads per group that split q and k unevenly,
+    a group count that is not a multiple of anything, tokens past the large-size switch."""
+    qkv, qw, kw, positions = make(n, hq, hk, hv, d, torch.bfloat16)
+    expected = fused_qk_norm_rope_reference(
+        qkv, hq, hk, d, 1e-6, qw, kw, 1e4, True, positions, 4.0, 8.0, 40.0, 1.2, rotary_dim
+    )
+    v_before = qkv[:, (hq + hk) * d :].clone()
+    fused_qk_norm_rope(
+        qkv, hq, hk, hv, d, 1e-6, qw, kw, 1e4, True, positions, 4.0, 8.0, 40.0, 1.2, rotary_dim, _variant=variant
+    )
+    assert_rope_close(qkv, expected)
+    assert torch.equal(qkv[:, (hq + hk) * d :], v_before), "v was modified"
+
+
+@requires_cuda
+def test_large_positions_trig():
+    """Positions past sincosf's fast range (|angle| > 105615 rad: its slow path), below 2^20 rad (the
+    reduced trig's accurate range): both trig variants match the reference."""
+    n, hq, hk, hv, d = 64, 4, 2, 2, 128
+    qkv, qw, kw, _ = make(n, hq, hk, hv, d, torch.float32)
+    positions = torch.randint(100000, 1000000, (n,), device="cuda")
+    expected = fused_qk_norm_rope_reference(qkv, hq, hk, d, 1e-6, qw, kw, 1e4, True, positions, 1.0, 0.0, 0.0, 1.0)
+    for variant in (0, 1):
+        out = qkv.clone()
+        fused_qk_norm_rope(out, hq, hk, hv, d, 1e-6, qw, kw, 1e4, True, positions, 1.0, 0.0, 0.0, 1.0, _variant=variant)
+        assert torch.isfinite(out).all()
+        # the same fp32 angle as the reference: sincosf ~1 ulp, the reduced trig ~5e-7 abs, times |y| <= 16
+        torch.testing.assert_close(out, expected, rtol=1e-3, atol=1e-3)
+
+
 @requires_cuda
 @pytest.mark.parametrize("is_neox", [True, False])
 def test_against_unfused_qknorm_then_rope(is_neox):
@@ -196,6 +236,8 @@ def test_cpu_and_scalar_errors():
         call(low=float("nan"))
     with pytest.raises(TypeError, match=rf"^{op}: is_neox type: expected a bool, got int$"):
         call(is_neox=1)
+    with pytest.raises(ValueError, match=rf"^{op}: _variant value: expected >= 0 and <= 65535, got -1$"):
+        call(_variant=-1)
 
 
 @requires_cuda

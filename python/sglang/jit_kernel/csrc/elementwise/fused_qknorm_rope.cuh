@@ -7,15 +7,37 @@
 //   c, s   = cos(pos * f_i) * attention_factor, sin(pos * f_i) * attention_factor
 //   pairs of y (NeoX (i, i + R/2), GPT-J (2i, 2i + 1)) rotated as in rope.cuh; one rounding to T.
 //
+// Bytes moved: 2 * N * (Hq + Hk) * D * sizeof(T) (q and k read and written once; v never touched)
+// + 2 * D * sizeof(T) (weights) + N * sizeof(position). At the Qwen3 shape (40 heads x 128 bf16) that
+// is 20 KiB a token, 335 MB at 16384 tokens: 79.5 us at the 4.22 TB/s copy roof. Work per element
+// the roof allows: ~32 thread instructions (128 FP32 lanes per SM, 4 elements per SM cycle).
+//
 // Layout. A head's D elements are "units" of two vectors of kVecN elements: the R/(2 kVecN) pair
 // chunks of rope.cuh first, then the unrotated rest [R, D) two vectors at a time. G lanes (a power
 // of two <= 32, aligned in the warp) share a head, lane l holding units l and l + G (kUnits); the
-// sum of squares is reduced by shuffles within the G lanes. The block is (G, heads, tokens). A
-// thread computes its pairs' frequencies once (before the PDL wait: parameters only) and cos/sin
-// once per token, then normalises and rotates every head it walks: at large sizes each thread walks
-// up to kHeadPasses heads of its token, so that the sincosf work (about 40 instructions a pair) is
-// shared by several heads and stays below the memory time; at small sizes every head gets its own
-// threads (latency). Bytes moved: 2 * N * (Hq + Hk) * D * sizeof(T) + 2 * D * sizeof(T) + N * p.
+// sum of squares is reduced by shuffles within the G lanes.
+//
+// fused_qk_norm_rope_kernel (the default). The heads of a token are split into "groups" of up to
+// heads_per_group consecutive heads, q and k groups apart (a group never mixes the two weights, so a
+// thread loads one weight once). The block is (G lanes, groups, tokens); a thread walks its group's
+// heads kBatch at a time, all of a batch's loads issued before any is used: groups of kBatch heads at
+// small sizes (every head in flight at once: latency), kLargeHeadsPerGroup at large ones. The trig
+// is computed once per (token, pair) by the token's threads together, into shared memory: the
+// frequency table [R/2] once per CTA before the PDL wait (parameters only), the cos/sin rows after
+// it, while the first batch's data and the weight are in flight; one barrier, then every head reads
+// its pairs' cos/sin from shared memory. The legacy kernel instead computed 8 powf and 8 sincosf per
+// thread (~640 instructions, shared by <= 4 heads: ~40 % of the issue slots the roof allows at the
+// Qwen3 shape), loaded the weight only after the reduction (a second memory latency per head) and a
+// token's data only after its trig.
+//
+// Trig: sincosf (the reference's cosf/sinf of the same fp32 angle pos * f_i, ~1 ulp) by default; the
+// cooperative table makes it ~40 instructions per (token, pair), < 1 per element. QKNormRopeVariant::
+// kFastTrig selects sincos_reduced (Cody-Waite to [-pi, pi], then __sincosf: ~10 instructions, abs
+// error ~5e-7 for |angle| < 2^20; the tests' bound is |y| * pos * 2^-23, ~1000x looser) to time
+// whether the trig latency shows at one token.
+//
+// fused_qk_norm_rope_legacy_kernel (QKNormRopeVariant::kLegacy): the previous kernel, kept so that the
+// benchmark can time old and new in one run; remove once the new one is validated on the H200.
 #pragma once
 
 #include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDevice, kAnySize, data_ptr
@@ -34,19 +56,29 @@
 
 namespace {
 
-/// Launch facts of fused_qk_norm_rope_kernel.
+/// Launch facts of the fused_qk_norm_rope kernels.
 struct QKNormRopeConfig {
   static constexpr uint32_t kMaxThreads = 512;
   // CTAs of kMaxThreads per SM the registers must allow, by units per lane: one unit fits 64
   // registers; two (head_dim 256 at 16-byte vectors) spill 100-140 bytes at 64, so they get 128.
   static constexpr uint32_t min_blocks(int units) { return units == 1 ? 2 : 1; }
   static constexpr int64_t kTargetThreads = 256;              // tokens packed into a CTA up to this many threads
-  static constexpr int64_t kHeadPasses = 4;                   // heads per thread at large sizes
-  static constexpr int64_t kLargeThreads = int64_t{1} << 16;  // one thread per head below this many
+  static constexpr int64_t kHeadPasses = 4;                   // legacy kernel: heads per thread at large sizes
+  static constexpr int64_t kLargeThreads = int64_t{1} << 16;  // threads (one per head) from which a launch is "large"
   static constexpr int64_t kMaxLanes = 32;                    // lanes per head (one warp)
+  static constexpr int kBatch = 2;                            // heads whose loads a thread issues together
+  static constexpr int64_t kLargeHeadsPerGroup = 4;           // heads per group at large sizes
+  static constexpr int64_t kMaxSmemBytes = 48 * 1024;         // dynamic shared memory without an opt-in
 };
 
-/// Kernel arguments of fused_qk_norm_rope_kernel.
+/// Variant bits of fused_qk_norm_rope (the benchmark's switches; 0 is the default kernel).
+struct QKNormRopeVariant {
+  static constexpr int64_t kFastTrig = 1;    // the reduced __sincosf (sincos_reduced) instead of sincosf
+  static constexpr int64_t kLegacy = 2;      // the previous kernel (one thread per head, powf per thread)
+  static constexpr int64_t kHeadsShift = 8;  // bits [8, 16): heads per group override (0: automatic)
+};
+
+/// Kernel arguments of the fused_qk_norm_rope kernels.
 struct QKNormRopeParams {
   void* qkv;             // [num_tokens, row], head h of token t at t * token_stride + h * head_dim
   int64_t token_stride;  // elements
@@ -54,14 +86,18 @@ struct QKNormRopeParams {
   int64_t num_q_heads;
   int64_t num_heads;  // num_q_heads + num_k_heads (v is never touched)
   int64_t head_dim;
-  int64_t half;           // R / 2
-  int64_t num_units;      // pair chunks + rest units per head
-  int32_t lanes;          // G: lanes per head (power of two <= 32)
-  const void* q_weight;   // [head_dim]
-  const void* k_weight;   // [head_dim]
-  const void* positions;  // [num_tokens] int32 / int64
+  int64_t half;             // R / 2
+  int64_t num_units;        // pair chunks + rest units per head
+  int32_t lanes;            // G: lanes per head (power of two <= 32)
+  int32_t heads_per_group;  // default kernel: heads of one group (q and k groups apart)
+  int32_t num_q_groups;     // default kernel: ceil(num_q_heads / heads_per_group); k groups follow
+  bool fast_trig;           // default kernel: the reduced __sincosf instead of sincosf
+  const void* q_weight;     // [head_dim]
+  const void* k_weight;     // [head_dim]
+  const void* positions;    // [num_tokens] int32 / int64
   bool positions_int64;
   float eps;
+  float inv_dim;  // 1 / head_dim (fp32)
   float base;
   float factor;
   float low;
@@ -80,6 +116,20 @@ SGL_DEVICE float rope_frequency(const QKNormRopeParams& p, int64_t i) {
   return freq;
 }
 
+/// sin and cos of `x`: x reduced to r = x - k * 2pi in [-pi, pi] (k = rint(x / 2pi); 2pi = hi + lo
+/// with hi = fp32(2pi), two FMAs), then __sincosf(r) (MUFU; abs error <= 2^-21.41 on [-pi, pi]).
+/// Abs error ~5e-7 for |x| < 2^20; beyond, k loses bits and the error grows like |x| * 2^-24 (the
+/// fp32 angle itself is that coarse there).
+SGL_DEVICE void sincos_reduced(float x, float& s, float& c) {
+  constexpr float kInvTwoPi = 0.159154936671257019f;    // fp32(1 / 2pi)
+  constexpr float kTwoPiHi = 6.28318548202514648f;      // fp32(2pi), above 2pi
+  constexpr float kTwoPiLo = -1.74845553146951720e-7f;  // 2pi - kTwoPiHi
+  const float k = rintf(x * kInvTwoPi);
+  float r = fmaf(-k, kTwoPiHi, x);
+  r = fmaf(-k, kTwoPiLo, r);
+  __sincosf(r, &s, &c);
+}
+
 /// Sum over the G lanes of this lane's group (G a power of two, groups aligned in the warp); only
 /// the group's lanes need to be converged. Every lane of the group gets the total.
 SGL_DEVICE float group_sum(float value, int32_t lanes) {
@@ -92,9 +142,221 @@ SGL_DEVICE float group_sum(float value, int32_t lanes) {
   return value;
 }
 
-template <typename T, int kVecN, bool kNeox, int kUnits>
+/// group_sum of kN values at once (their shuffles interleave).
+template <int kN>
+SGL_DEVICE void group_sums(float (&value)[kN], int32_t lanes) {
+  uint32_t lane;
+  asm("mov.u32 %0, %%laneid;" : "=r"(lane));
+  const uint32_t group_mask = lanes == 32 ? 0xffffffffu : ((1u << lanes) - 1u) << (lane & ~(lanes - 1u));
+  for (int32_t m = lanes / 2; m > 0; m /= 2) {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) value[i] += __shfl_xor_sync(group_mask, value[i], m, device::kWarpThreads);
+  }
+}
+
+/// out = the N floats at `ptr` (shared memory, aligned to 16 bytes when N % 4 == 0). Volatile: the
+/// loads stay where the code has them (inside the head loop), so the cos/sin values are not hoisted
+/// into 2 * kVecN registers kept across every head (at 64 registers that spilled 90-130 bytes).
+template <int N>
+SGL_DEVICE void load_shared_floats(const float* ptr, float (&out)[N]) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < N; i += 4) {
+      asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                   : "=f"(out[i]), "=f"(out[i + 1]), "=f"(out[i + 2]), "=f"(out[i + 3])
+                   : "r"(addr + 4 * i));
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("ld.shared.f32 %0, [%1];" : "=f"(out[i]) : "r"(addr + 4 * i));
+  }
+}
+
+/// v, through an empty asm per 32-bit word: the compiler cannot hoist what is computed from the
+/// result out of a loop. Used on the weight inside the head loop: hoisted, its fp32 conversion is
+/// 2 * kVecN registers live across every head (spilled 88 bytes at 64 registers); packed, half that.
+template <typename T, std::size_t N>
+SGL_DEVICE device::AlignedVector<T, N> opaque(device::AlignedVector<T, N> v) {
+  if constexpr (sizeof(v) % 4 == 0) {
+    uint32_t words[sizeof(v) / 4];
+    memcpy(words, &v, sizeof(v));
+#pragma unroll
+    for (std::size_t i = 0; i < sizeof(v) / 4; ++i) asm volatile("" : "+r"(words[i]));
+    memcpy(&v, words, sizeof(v));
+  }
+  return v;
+}
+
+/// Dynamic shared memory of fused_qk_norm_rope_kernel: the frequency table [R/2] and, per token of
+/// the CTA, its cos and sin rows [tokens][2][R/2] (times attention_factor).
+inline int64_t qk_norm_rope_smem_bytes(int64_t half, int64_t tokens) {
+  return (half + tokens * 2 * half) * static_cast<int64_t>(sizeof(float));
+}
+
+/// The default kernel (see the file comment). Thread (x, y, z): units x, x + G of the heads of group
+/// y of token blockIdx.x * blockDim.z + z. Preconditions (the launcher's): dynamic shared memory of
+/// qk_norm_rope_smem_bytes(half, blockDim.z); qkv rows, head_dim, R/2 and the weights aligned to
+/// kVecN elements; heads_per_group >= 1.
+template <typename T, int kVecN, bool kNeox, int kUnits, bool kL2Hint>
 __global__ void __launch_bounds__(QKNormRopeConfig::kMaxThreads, QKNormRopeConfig::min_blocks(kUnits))
     fused_qk_norm_rope_kernel(const QKNormRopeParams p) {
+  using vec_t = device::AlignedVector<T, kVecN>;
+  constexpr int kBatch = QKNormRopeConfig::kBatch;
+  extern __shared__ float qk_norm_rope_smem[];
+  float* freq_table = qk_norm_rope_smem;                                   // [R/2]
+  float* cos_sin = qk_norm_rope_smem + p.half + threadIdx.z * 2 * p.half;  // [2][R/2] of this token
+
+  // Parameters only before the PDL wait: the CTA's frequency table, this thread's offsets and heads.
+  const uint32_t token_threads = blockDim.x * blockDim.y;
+  const uint32_t token_tid = threadIdx.y * blockDim.x + threadIdx.x;
+  const uint32_t tid = threadIdx.z * token_threads + token_tid;
+  for (int64_t i = tid; i < p.half; i += token_threads * blockDim.z) freq_table[i] = rope_frequency(p, i);
+
+  // Offsets within a head fit 32 bits (head_dim < 2^31 / 2: the launcher's unit bound).
+  const int32_t half = static_cast<int32_t>(p.half);
+  const int32_t num_chunks = half / kVecN;
+  const int64_t token = int64_t{blockIdx.x} * blockDim.z + threadIdx.z;
+  int32_t off_a[kUnits], off_b[kUnits];
+  bool unit_valid[kUnits], b_valid[kUnits], rotated[kUnits];
+#pragma unroll
+  for (int u = 0; u < kUnits; ++u) {
+    const int32_t unit = static_cast<int32_t>(threadIdx.x) + u * p.lanes;
+    unit_valid[u] = unit < p.num_units;
+    rotated[u] = unit < num_chunks;
+    if (rotated[u]) {
+      off_a[u] = kNeox ? unit * kVecN : unit * 2 * kVecN;
+      off_b[u] = kNeox ? half + unit * kVecN : off_a[u] + kVecN;
+    } else {
+      off_a[u] = 2 * half + (unit - num_chunks) * 2 * kVecN;
+      off_b[u] = off_a[u] + kVecN;
+    }
+    b_valid[u] = unit_valid[u] && off_b[u] < p.head_dim;
+  }
+  // Group y: q heads [y * hpg, ...) or, past the q groups, k heads; never both (one weight).
+  const int64_t group = threadIdx.y;
+  const bool is_q = group < p.num_q_groups;
+  const int64_t first_head =
+      is_q ? group * p.heads_per_group : p.num_q_heads + (group - p.num_q_groups) * p.heads_per_group;
+  const int64_t end_head = std::min<int64_t>(first_head + p.heads_per_group, is_q ? p.num_q_heads : p.num_heads);
+  const int32_t num_group_heads = static_cast<int32_t>(std::max<int64_t>(end_head - first_head, 0));
+  const bool token_valid = token < p.num_tokens;
+  const bool active = token_valid && num_group_heads > 0;
+  T* head_ptr = static_cast<T*>(p.qkv) + token * p.token_stride + first_head * p.head_dim;  // the batch's first head
+  const T* w = static_cast<const T*>(is_q ? p.q_weight : p.k_weight);
+  const RopeAccess<kL2Hint> access = RopeAccess<kL2Hint>::make();
+  __syncthreads();  // the frequency table
+
+  device::pdl_wait_primary();
+  device::pdl_launch_dependents();
+
+  vec_t a[kBatch][kUnits], b[kBatch][kUnits];
+  const auto load_batch = [&](int32_t left) {  // left: heads of the group from head_ptr on
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const T* ptr = head_ptr + i * p.head_dim;
+#pragma unroll
+      for (int u = 0; u < kUnits; ++u) {
+        a[i][u].fill(static_cast<T>(0.0f));
+        b[i][u].fill(static_cast<T>(0.0f));
+        if (active && i < left) {
+          if (unit_valid[u]) access.load(a[i][u], ptr + off_a[u]);
+          if (b_valid[u]) access.load(b[i][u], ptr + off_b[u]);
+        }
+      }
+    }
+  };
+  // The first batch and the weight are in flight while the token's threads compute its cos/sin rows.
+  load_batch(num_group_heads);
+  vec_t wa[kUnits], wb[kUnits];
+#pragma unroll
+  for (int u = 0; u < kUnits; ++u) {
+    wa[u].fill(static_cast<T>(0.0f));
+    wb[u].fill(static_cast<T>(0.0f));
+    if (active && unit_valid[u]) wa[u].load(w + off_a[u]);
+    if (active && b_valid[u]) wb[u].load(w + off_b[u]);
+  }
+  if (token_valid) {
+    const float pos = static_cast<float>(load_index(p.positions, p.positions_int64, token));
+    for (int32_t i = static_cast<int32_t>(token_tid); i < half; i += static_cast<int32_t>(token_threads)) {
+      const float angle = pos * freq_table[i];
+      float sv, cv;
+      if (p.fast_trig) {
+        sincos_reduced(angle, sv, cv);
+      } else {
+        sincosf(angle, &sv, &cv);
+      }
+      cos_sin[i] = cv * p.attention_factor;
+      cos_sin[half + i] = sv * p.attention_factor;
+    }
+  }
+  __syncthreads();  // the cos/sin rows
+  if (!active) return;
+
+  for (int32_t left = num_group_heads;;) {
+    float sum[kBatch];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      sum[i] = 0.0f;
+#pragma unroll
+      for (int u = 0; u < kUnits; ++u) {
+        float x[kVecN], y[kVecN];
+        rope_to_floats<T, kVecN>(a[i][u], x);
+        rope_to_floats<T, kVecN>(b[i][u], y);
+#pragma unroll
+        for (int j = 0; j < kVecN; ++j) sum[i] += x[j] * x[j] + y[j] * y[j];
+      }
+    }
+    group_sums<kBatch>(sum, p.lanes);
+    float rstd[kBatch];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) rstd[i] = rsqrtf(sum[i] * p.inv_dim + p.eps);
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u) {
+      if (!unit_valid[u]) continue;
+      float cf[kVecN], sf[kVecN];
+      if (rotated[u]) {
+        const int32_t pair0 = (static_cast<int32_t>(threadIdx.x) + u * p.lanes) * kVecN;
+        load_shared_floats<kVecN>(cos_sin + pair0, cf);
+        load_shared_floats<kVecN>(cos_sin + half + pair0, sf);
+      }
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        if (i >= left) continue;
+        T* ptr = head_ptr + i * p.head_dim;
+        float za[kVecN], zb[kVecN], fa[kVecN], fb[kVecN];
+        rope_to_floats<T, kVecN>(a[i][u], za);
+        rope_to_floats<T, kVecN>(b[i][u], zb);
+        rope_to_floats<T, kVecN>(opaque(wa[u]), fa);
+        rope_to_floats<T, kVecN>(opaque(wb[u]), fb);
+#pragma unroll
+        for (int j = 0; j < kVecN; ++j) {
+          za[j] = za[j] * rstd[i] * fa[j];
+          zb[j] = zb[j] * rstd[i] * fb[j];
+        }
+        if (rotated[u]) {
+          rotate_pairs_fp32<T, kVecN, kNeox>(za, zb, cf, sf, a[i][u], b[i][u]);
+        } else {
+          rope_from_floats<T, kVecN>(za, a[i][u]);
+          rope_from_floats<T, kVecN>(zb, b[i][u]);
+        }
+        access.store(a[i][u], ptr + off_a[u]);
+        if (b_valid[u]) access.store(b[i][u], ptr + off_b[u]);
+      }
+    }
+    left -= kBatch;
+    if (left <= 0) break;
+    head_ptr += kBatch * p.head_dim;
+    load_batch(left);
+  }
+}
+
+/// The previous kernel (QKNormRopeVariant::kLegacy), for the benchmark's old-vs-new rows: one thread
+/// per (unit, head) at small sizes, up to kHeadPasses heads per thread at large ones; powf and
+/// sincosf per thread.
+template <typename T, int kVecN, bool kNeox, int kUnits>
+__global__ void __launch_bounds__(QKNormRopeConfig::kMaxThreads, QKNormRopeConfig::min_blocks(kUnits))
+    fused_qk_norm_rope_legacy_kernel(const QKNormRopeParams p) {
   using vec_t = device::AlignedVector<T, kVecN>;
   const int64_t num_chunks = p.half / kVecN;
   const int64_t token = int64_t{blockIdx.x} * blockDim.z + threadIdx.z;
@@ -184,10 +446,10 @@ __global__ void __launch_bounds__(QKNormRopeConfig::kMaxThreads, QKNormRopeConfi
   }
 }
 
-/// Launches fused_qk_norm_rope_kernel with kVecN (kMaxVecN, or 1 when the layout is not aligned to
-/// it) and one or two units per lane.
+/// Launches a fused_qk_norm_rope kernel with kVecN (kMaxVecN, or 1 when the layout is not aligned to
+/// it) and one or two units per lane. variant: QKNormRopeVariant bits.
 template <typename T, int kVecN, bool kNeox>
-void launch_fused_qk_norm_rope(QKNormRopeParams p, DLDevice device, bool pdl) {
+void launch_fused_qk_norm_rope(QKNormRopeParams p, DLDevice device, bool pdl, int64_t variant) {
   using namespace host;
   const int64_t units = p.num_units;
   RuntimeCheck(
@@ -206,29 +468,83 @@ void launch_fused_qk_norm_rope(QKNormRopeParams p, DLDevice device, bool pdl) {
   p.lanes = static_cast<int32_t>(lanes);
   const int64_t per_token_all = lanes * p.num_heads;
   const bool large = per_token_all * p.num_tokens >= QKNormRopeConfig::kLargeThreads;
-  const int64_t passes = large ? std::min<int64_t>(QKNormRopeConfig::kHeadPasses, p.num_heads) : 1;
-  int64_t heads = div_ceil(p.num_heads, passes);
-  heads = std::min<int64_t>(heads, QKNormRopeConfig::kMaxThreads / lanes);
-  // blockDim.z is at most 64 (a CUDA limit)
+
+  if ((variant & QKNormRopeVariant::kLegacy) != 0) {
+    const int64_t passes = large ? std::min<int64_t>(QKNormRopeConfig::kHeadPasses, p.num_heads) : 1;
+    int64_t heads = div_ceil(p.num_heads, passes);
+    heads = std::min<int64_t>(heads, QKNormRopeConfig::kMaxThreads / lanes);
+    // blockDim.z is at most 64 (a CUDA limit)
+    const int64_t tokens = std::clamp<int64_t>(
+        QKNormRopeConfig::kTargetThreads / (lanes * heads), 1, std::clamp<int64_t>(p.num_tokens, 1, 64));
+    const dim3 block(static_cast<uint32_t>(lanes), static_cast<uint32_t>(heads), static_cast<uint32_t>(tokens));
+    const int64_t grid = div_ceil(p.num_tokens, tokens);
+    RuntimeCheck(
+        grid < (int64_t{1} << 31), "fused_qk_norm_rope: num_tokens too large for one launch, got ", p.num_tokens);
+    if (units <= lanes) {
+      LaunchKernel(static_cast<uint32_t>(grid), block, device)
+          .enable_pdl(pdl)(fused_qk_norm_rope_legacy_kernel<T, kVecN, kNeox, 1>, p);
+    } else {
+      LaunchKernel(static_cast<uint32_t>(grid), block, device)
+          .enable_pdl(pdl)(fused_qk_norm_rope_legacy_kernel<T, kVecN, kNeox, 2>, p);
+    }
+    return;
+  }
+
+  // Groups: kBatch heads (all in flight) at small sizes, kLargeHeadsPerGroup (trig shared) at large
+  // ones, doubled until the groups of one token fit a CTA; q and k groups apart.
+  const int64_t num_k_heads = p.num_heads - p.num_q_heads;
+  const int64_t override_hpg = (variant >> QKNormRopeVariant::kHeadsShift) & 0xff;
+  int64_t hpg = override_hpg > 0 ? override_hpg
+                : large          ? QKNormRopeConfig::kLargeHeadsPerGroup
+                                 : QKNormRopeConfig::kBatch;
+  const auto groups_of = [&](int64_t h) { return div_ceil(p.num_q_heads, h) + div_ceil(num_k_heads, h); };
+  while (lanes * groups_of(hpg) > QKNormRopeConfig::kMaxThreads) hpg *= 2;
+  p.heads_per_group = static_cast<int32_t>(hpg);
+  p.num_q_groups = static_cast<int32_t>(div_ceil(p.num_q_heads, hpg));
+  p.fast_trig = (variant & QKNormRopeVariant::kFastTrig) != 0;
+  const int64_t groups = groups_of(hpg);
+  // blockDim.z is at most 64 (a CUDA limit); the cos/sin rows of the CTA's tokens stay within
+  // kMaxSmemBytes (R/2 <= 512 pairs: at least 5 tokens)
+  const int64_t smem_tokens =
+      (QKNormRopeConfig::kMaxSmemBytes / static_cast<int64_t>(sizeof(float)) - p.half) / (2 * p.half);
   const int64_t tokens = std::clamp<int64_t>(
-      QKNormRopeConfig::kTargetThreads / (lanes * heads), 1, std::clamp<int64_t>(p.num_tokens, 1, 64));
-  const dim3 block(static_cast<uint32_t>(lanes), static_cast<uint32_t>(heads), static_cast<uint32_t>(tokens));
+      QKNormRopeConfig::kTargetThreads / (lanes * groups),
+      1,
+      std::clamp<int64_t>(std::min(p.num_tokens, smem_tokens), 1, 64));
+  const int64_t smem_bytes = qk_norm_rope_smem_bytes(p.half, tokens);
+  RuntimeCheck(
+      smem_bytes <= QKNormRopeConfig::kMaxSmemBytes, "fused_qk_norm_rope: rotary_dim ", 2 * p.half, " too large");
+  const dim3 block(static_cast<uint32_t>(lanes), static_cast<uint32_t>(groups), static_cast<uint32_t>(tokens));
   const int64_t grid = div_ceil(p.num_tokens, tokens);
   RuntimeCheck(
       grid < (int64_t{1} << 31), "fused_qk_norm_rope: num_tokens too large for one launch, got ", p.num_tokens);
+  constexpr bool kFull = kVecN * sizeof(T) == 16;
+  const bool l2_hint = kFull && 2 * p.num_tokens * p.num_heads * p.head_dim * static_cast<int64_t>(sizeof(T)) >=
+                                    RopeConfig::kL2HintMinBytes;
+  const auto launch = [&](auto kernel) {
+    LaunchKernel(static_cast<uint32_t>(grid), block, device, static_cast<std::size_t>(smem_bytes))
+        .enable_pdl(pdl)(kernel, p);
+  };
   if (units <= lanes) {
-    LaunchKernel(static_cast<uint32_t>(grid), block, device)
-        .enable_pdl(pdl)(fused_qk_norm_rope_kernel<T, kVecN, kNeox, 1>, p);
+    if (l2_hint) {
+      launch(fused_qk_norm_rope_kernel<T, kVecN, kNeox, 1, kFull>);
+    } else {
+      launch(fused_qk_norm_rope_kernel<T, kVecN, kNeox, 1, false>);
+    }
   } else {
-    LaunchKernel(static_cast<uint32_t>(grid), block, device)
-        .enable_pdl(pdl)(fused_qk_norm_rope_kernel<T, kVecN, kNeox, 2>, p);
+    if (l2_hint) {
+      launch(fused_qk_norm_rope_kernel<T, kVecN, kNeox, 2, kFull>);
+    } else {
+      launch(fused_qk_norm_rope_kernel<T, kVecN, kNeox, 2, false>);
+    }
   }
 }
 
 /// In place on qkv [num_tokens, (hq + hk + hv) * head_dim] (T, last dim contiguous, token stride
 /// free): RMSNorm of each q and k head with q_weight / k_weight ([head_dim], contiguous), then RoPE
 /// of its first rotary_dim elements (0: head_dim) with frequencies base^(-2i/R) (YaRN when factor
-/// != 1). position_ids: [num_tokens] int32/int64. enable_pdl: 1 / 0 / -1 (auto).
+/// != 1). position_ids: [num_tokens] int32/int64. enable_pdl: 1 / 0 / -1 (auto). variant:
+/// QKNormRopeVariant bits (0: the default kernel; the others are the benchmark's comparisons).
 /// T = fp16_t | bf16_t | fp32_t. Throws PanicError (Python RuntimeError) naming the tensor.
 template <typename T>
 void fused_qk_norm_rope(
@@ -248,7 +564,8 @@ void fused_qk_norm_rope(
     double high,
     double attention_factor,
     int64_t rotary_dim,
-    int64_t enable_pdl) {
+    int64_t enable_pdl,
+    int64_t variant) {
   using namespace host;
   constexpr const char* kOp = "fused_qk_norm_rope";
 
@@ -285,6 +602,7 @@ void fused_qk_norm_rope(
       "), got ",
       r);
   RuntimeCheck(eps >= 0.0, kOp, ": eps must be >= 0, got ", eps);
+  RuntimeCheck(variant >= 0 && (variant >> QKNormRopeVariant::kHeadsShift) <= 0xff, kOp, ": bad variant ", variant);
   verify_no_partial_overlap(qkv, "qkv", q_weight, "q_weight", /*allow_same=*/false);
   verify_no_partial_overlap(qkv, "qkv", k_weight, "k_weight", /*allow_same=*/false);
   verify_no_partial_overlap(qkv, "qkv", position_ids, "position_ids", /*allow_same=*/false);
@@ -303,6 +621,7 @@ void fused_qk_norm_rope(
   p.positions = data_ptr<const void>(position_ids);
   p.positions_int64 = position_ids.dtype().bits == 64;
   p.eps = static_cast<float>(eps);
+  p.inv_dim = 1.0f / static_cast<float>(head_dim);
   p.base = static_cast<float>(base);
   p.factor = static_cast<float>(factor);
   p.low = static_cast<float>(low);
@@ -328,9 +647,9 @@ void fused_qk_norm_rope(
   auto launch = [&]<int kVecN>() {
     p.num_units = p.half / kVecN + div_ceil((head_dim - r) / kVecN, int64_t{2});
     if (is_neox) {
-      launch_fused_qk_norm_rope<T, kVecN, true>(p, device, pdl);
+      launch_fused_qk_norm_rope<T, kVecN, true>(p, device, pdl, variant);
     } else {
-      launch_fused_qk_norm_rope<T, kVecN, false>(p, device, pdl);
+      launch_fused_qk_norm_rope<T, kVecN, false>(p, device, pdl, variant);
     }
   };
   if (vec_n == kMaxVecN) {

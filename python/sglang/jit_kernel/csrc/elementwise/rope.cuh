@@ -34,11 +34,13 @@
 #include <sgl_kernel/utils.h>  // For RuntimeCheck, div_ceil
 
 #include <sgl_kernel/runtime.cuh>  // For runtime::get_cc_major
+#include <sgl_kernel/type.cuh>     // For packed_t, cast, fp16x2_t
 #include <sgl_kernel/utils.cuh>    // For LaunchKernel, SGL_DEVICE, pdl_wait_primary, pdl_launch_dependents
 #include <sgl_kernel/vec.cuh>      // For AlignedVector, L2Policy, l2_evict_last_policy, l2_evict_normal_policy
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <dlpack/dlpack.h>
 #include <initializer_list>
 #include <tvm/ffi/container/tensor.h>
@@ -57,6 +59,8 @@ struct RopeConfig {
   static constexpr int64_t kMaxLanes = 512;            // lanes per head (chunks beyond: lanes loop)
   static constexpr int kHeadsPerThread = 2;            // heads a thread loads before it stores (when there are 2+)
   static constexpr int64_t kL2HintMinBytes = 1 << 20;  // in-place launches at least this large use the L2 hint
+  static constexpr int kKvPrefetch =
+      2;  // v vectors per thread loaded before the rotation (KV store; 16-48 B of spills at 64 registers, 1: 16-32 B)
 };
 
 /// One tensor of heads (q or k): element (t, h, e) at data + t * token_stride + h * head_stride + e.
@@ -143,6 +147,47 @@ SGL_DEVICE void chunk_offsets(int64_t chunk, int64_t half, int64_t& first, int64
   }
 }
 
+/// The N elements of v in fp32, two at a time: bf16 -> fp32 is a bit placement (one shift or mask
+/// per element), fp16 one paired conversion per two elements.
+template <typename T, int N>
+SGL_DEVICE void rope_to_floats(const device::AlignedVector<T, N>& v, float (&out)[N]) {
+  if constexpr ((std::is_same_v<T, bf16_t> || std::is_same_v<T, fp16_t>) && N >= 2) {
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) {
+      uint32_t bits;
+      memcpy(&bits, &v[2 * i], sizeof(bits));
+      if constexpr (std::is_same_v<T, bf16_t>) {
+        out[2 * i] = __uint_as_float(bits << 16);
+        out[2 * i + 1] = __uint_as_float(bits & 0xffff0000u);
+      } else {
+        fp16x2_t pair;
+        memcpy(&pair, &bits, sizeof(pair));
+        const float2 f = __half22float2(pair);
+        out[2 * i] = f.x;
+        out[2 * i + 1] = f.y;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = static_cast<float>(v[i]);
+  }
+}
+
+/// v = in rounded to T (round to nearest even), two elements per conversion for fp16 / bf16.
+template <typename T, int N>
+SGL_DEVICE void rope_from_floats(const float (&in)[N], device::AlignedVector<T, N>& v) {
+  if constexpr ((std::is_same_v<T, bf16_t> || std::is_same_v<T, fp16_t>) && N >= 2) {
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) {
+      const packed_t<T> pair = device::cast<packed_t<T>>(make_float2(in[2 * i], in[2 * i + 1]));
+      memcpy(&v[2 * i], &pair, sizeof(pair));
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = static_cast<T>(in[i]);
+  }
+}
+
 /// Rotates the kVecN pairs of z = [za, zb] (fp32) by (c[j], s[j]) and rounds the results once into
 /// (a, b). Pair j is (za[j], zb[j]) for NeoX, (z[2j], z[2j + 1]) for GPT-J.
 template <typename T, int kVecN, bool kNeox>
@@ -168,11 +213,14 @@ SGL_DEVICE void rotate_pairs_fp32(
     r[ix] = x * c[j] - y * s[j];
     r[iy] = x * s[j] + y * c[j];
   }
+  float ra[kVecN], rb[kVecN];
 #pragma unroll
   for (int j = 0; j < kVecN; ++j) {
-    a[j] = static_cast<T>(r[j]);
-    b[j] = static_cast<T>(r[kVecN + j]);
+    ra[j] = r[j];
+    rb[j] = r[kVecN + j];
   }
+  rope_from_floats<T, kVecN>(ra, a);
+  rope_from_floats<T, kVecN>(rb, b);
 }
 
 /// Rotates the kVecN pairs held in (a, b) in place (see rotate_pairs_fp32).
@@ -183,11 +231,8 @@ SGL_DEVICE void rotate_pairs(
     const float (&c)[kVecN],
     const float (&s)[kVecN]) {
   float za[kVecN], zb[kVecN];
-#pragma unroll
-  for (int j = 0; j < kVecN; ++j) {
-    za[j] = static_cast<float>(a[j]);
-    zb[j] = static_cast<float>(b[j]);
-  }
+  rope_to_floats<T, kVecN>(a, za);
+  rope_to_floats<T, kVecN>(b, zb);
   rotate_pairs_fp32<T, kVecN, kNeox>(za, zb, c, s, a, b);
 }
 
@@ -223,11 +268,11 @@ SGL_DEVICE T* head_at(const RopeParams& p, int64_t token, int64_t head) {
   return static_cast<T*>(heads.data) + token * heads.token_stride + h * heads.head_stride;
 }
 
-/// Copies elements [begin, head_dim) of a k head and all of a v head to their cache rows, lanes
-/// striding over vectors (the KV store's part that needs no rotation).
+/// Copies elements [begin, head_dim) of a k head and [v_begin, head_dim) of a v head to their cache
+/// rows, lanes striding over vectors (the KV store's part that needs no rotation).
 template <typename T, int kVecN>
 SGL_DEVICE void copy_kv_rest(
-    const RopeParams& p, const T* k_head, int64_t token, int64_t kv_head, int64_t loc, int64_t begin) {
+    const RopeParams& p, const T* k_head, int64_t token, int64_t kv_head, int64_t loc, int64_t begin, int64_t v_begin) {
   using vec_t = device::AlignedVector<T, kVecN>;
   T* kc = static_cast<T*>(p.k_cache) + loc * p.k_cache_stride + kv_head * p.head_dim;
   T* vc = static_cast<T*>(p.v_cache) + loc * p.v_cache_stride + kv_head * p.head_dim;
@@ -238,7 +283,7 @@ SGL_DEVICE void copy_kv_rest(
     x.load(k_head + e);
     x.store(kc + e);
   }
-  for (int64_t e = int64_t{threadIdx.x} * kVecN; e < p.head_dim; e += step) {
+  for (int64_t e = v_begin + int64_t{threadIdx.x} * kVecN; e < p.head_dim; e += step) {
     vec_t x;
     x.load(v_head + e);
     x.store(vc + e);
@@ -250,19 +295,38 @@ SGL_DEVICE void copy_kv_rest(
 /// Preconditions (the launcher's): every pointer, token/head stride and `half` a multiple of kVecN
 /// elements (of head_dim too with the KV store); the cache pointer, stride and half a multiple of
 /// kVecN elements of CacheT.
-template <typename T, typename CacheT, int kVecN, bool kNeox, bool kL2Hint>
+template <typename T, typename CacheT, int kVecN, bool kNeox, bool kL2Hint, bool kKvStore>
 __global__ void __launch_bounds__(RopeConfig::kMaxThreads, RopeConfig::kMinBlocks) rope_kernel(const RopeParams p) {
   using vec_t = device::AlignedVector<T, kVecN>;
   const int64_t token = int64_t{blockIdx.x} * blockDim.z + threadIdx.z;
   const int64_t num_heads = p.q.num_heads + p.k.num_heads;
   const int64_t num_chunks = p.half / kVecN;
-  const bool kv_store = p.k_cache != nullptr;
+  const bool kv_store = kKvStore && p.k_cache != nullptr;
   const RopeAccess<kL2Hint> access = RopeAccess<kL2Hint>::make();
 
   // Everything below may read what the previous kernel in the stream writes (PDL).
   device::pdl_wait_primary();
   device::pdl_launch_dependents();
   if (token >= p.num_tokens) return;
+
+  // KV store: this thread's first kKvPrefetch vectors of v (kv head threadIdx.y), loaded before
+  // the rotation so that their latency overlaps it (stored at the end, once loc is known; at one
+  // token the v copy after the rotation was a second memory latency in series).
+  using vec_t_kv = device::AlignedVector<T, kVecN>;
+  constexpr int kKvPrefetch = kKvStore ? RopeConfig::kKvPrefetch : 1;
+  vec_t_kv v_pre[kKvPrefetch];
+  const int64_t kv_step = int64_t{blockDim.x} * kVecN;
+  const T* v_head = nullptr;
+  if constexpr (kKvStore) {
+    if (kv_store && threadIdx.y < p.k.num_heads) {
+      v_head = static_cast<const T*>(p.v) + token * p.v_token_stride + int64_t{threadIdx.y} * p.v_head_stride;
+#pragma unroll
+      for (int i = 0; i < kKvPrefetch; ++i) {
+        const int64_t e = int64_t{threadIdx.x} * kVecN + i * kv_step;
+        if (e < p.head_dim) v_pre[i].load(v_head + e);
+      }
+    }
+  }
 
   int64_t loc = -1;  // cache row of this token (-1: no store)
   bool first_load = true;
@@ -329,9 +393,21 @@ __global__ void __launch_bounds__(RopeConfig::kMaxThreads, RopeConfig::kMinBlock
       if (loc < 0 || loc >= p.cache_size) loc = -1;
     }
     if (loc < 0) return;
+    if constexpr (kKvStore) {
+      if (v_head != nullptr) {
+        T* vc = static_cast<T*>(p.v_cache) + loc * p.v_cache_stride + int64_t{threadIdx.y} * p.head_dim;
+#pragma unroll
+        for (int i = 0; i < kKvPrefetch; ++i) {
+          const int64_t e = int64_t{threadIdx.x} * kVecN + i * kv_step;
+          if (e < p.head_dim) v_pre[i].store(vc + e);
+        }
+      }
+    }
     for (int64_t kv_head = threadIdx.y; kv_head < p.k.num_heads; kv_head += blockDim.y) {
       const T* k_head = static_cast<const T*>(p.k.data) + token * p.k.token_stride + kv_head * p.k.head_stride;
-      copy_kv_rest<T, kVecN>(p, k_head, token, kv_head, loc, 2 * p.half);
+      // the first head's first kKvPrefetch v vectors went above
+      const int64_t v_begin = kv_head == threadIdx.y ? kKvPrefetch * kv_step : 0;
+      copy_kv_rest<T, kVecN>(p, k_head, token, kv_head, loc, 2 * p.half, v_begin);
     }
   }
 }
@@ -377,11 +453,11 @@ inline dim3 rope_block(int64_t num_chunks, int64_t num_heads, int64_t num_tokens
 }
 
 /// Launches rope_kernel with the widest vector of at most kVecN elements that vec_n allows.
-template <typename T, typename CacheT, int kVecN, bool kNeox>
+template <typename T, typename CacheT, int kVecN, bool kNeox, bool kKvStore>
 void launch_rope(const RopeParams& p, int64_t vec_n, bool l2_hint, DLDevice device, bool pdl) {
   using namespace host;
   if constexpr (kVecN > 1) {
-    if (vec_n < kVecN) return launch_rope<T, CacheT, kVecN / 2, kNeox>(p, vec_n, false, device, pdl);
+    if (vec_n < kVecN) return launch_rope<T, CacheT, kVecN / 2, kNeox, kKvStore>(p, vec_n, false, device, pdl);
   }
   const dim3 block = rope_block(p.half / kVecN, p.q.num_heads + p.k.num_heads, p.num_tokens);
   const int64_t grid = div_ceil(p.num_tokens, int64_t{block.z});
@@ -390,12 +466,12 @@ void launch_rope(const RopeParams& p, int64_t vec_n, bool l2_hint, DLDevice devi
   if constexpr (kFull) {
     if (l2_hint) {
       LaunchKernel(static_cast<uint32_t>(grid), block, device)
-          .enable_pdl(pdl)(rope_kernel<T, CacheT, kVecN, kNeox, true>, p);
+          .enable_pdl(pdl)(rope_kernel<T, CacheT, kVecN, kNeox, true, kKvStore>, p);
       return;
     }
   }
   LaunchKernel(static_cast<uint32_t>(grid), block, device)
-      .enable_pdl(pdl)(rope_kernel<T, CacheT, kVecN, kNeox, false>, p);
+      .enable_pdl(pdl)(rope_kernel<T, CacheT, kVecN, kNeox, false, kKvStore>, p);
 }
 
 /// Validates q, k, cos_sin_cache and positions, fills the rotation part of `p`; returns R / 2.
@@ -475,7 +551,7 @@ void rope_bind(
 }
 
 /// The widest vector the bound tensors allow (see rope_kernel's preconditions) and the launch.
-template <typename T, typename CacheT>
+template <typename T, typename CacheT, bool kKvStore>
 void rope_dispatch(const RopeParams& p, bool is_neox, DLDevice device, int64_t enable_pdl) {
   if (p.num_tokens == 0 || p.q.num_heads + p.k.num_heads == 0) return;
   const uint64_t s = sizeof(T);
@@ -503,9 +579,9 @@ void rope_dispatch(const RopeParams& p, bool is_neox, DLDevice device, int64_t e
   const bool pdl = rope_resolve_pdl(enable_pdl, device);
   constexpr int kMaxVecN = static_cast<int>(16 / sizeof(T));
   if (is_neox) {
-    launch_rope<T, CacheT, kMaxVecN, true>(p, vec_n, l2_hint, device, pdl);
+    launch_rope<T, CacheT, kMaxVecN, true, kKvStore>(p, vec_n, l2_hint, device, pdl);
   } else {
-    launch_rope<T, CacheT, kMaxVecN, false>(p, vec_n, l2_hint, device, pdl);
+    launch_rope<T, CacheT, kMaxVecN, false, kKvStore>(p, vec_n, l2_hint, device, pdl);
   }
 }
 
@@ -528,7 +604,7 @@ void apply_rope_inplace(
   RopeParams p{};
   DLDevice device{};
   rope_bind<T, fp32_t>("apply_rope_inplace", q, k, cos_sin_cache, positions, rope_dim, p, device);
-  rope_dispatch<T, fp32_t>(p, is_neox, device, enable_pdl);
+  rope_dispatch<T, fp32_t, false>(p, is_neox, device, enable_pdl);
 }
 
 /// vLLM's rotary_embedding on [num_tokens, num_heads, head_size] views: the cos/sin cache in T.
@@ -544,7 +620,7 @@ void rotary_embedding(
   RopeParams p{};
   DLDevice device{};
   rope_bind<T, T>("rotary_embedding", q, k, cos_sin_cache, positions, 0, p, device);
-  rope_dispatch<T, T>(p, is_neox, device, enable_pdl);
+  rope_dispatch<T, T, false>(p, is_neox, device, enable_pdl);
 }
 
 /// apply_rope_inplace, then k (rotated) -> k_cache[out_loc[t]] and v -> v_cache[out_loc[t]], bit for bit.
@@ -631,8 +707,10 @@ void apply_rope_inplace_with_kvcache(
   p.cache_size = cache_size.unwrap();
   if (p.cache_size == 0 || p.k.num_heads == 0) {
     p.k_cache = nullptr;  // nothing can be stored: a plain rotation
+    rope_dispatch<T, fp32_t, false>(p, is_neox, device, enable_pdl);
+    return;
   }
-  rope_dispatch<T, fp32_t>(p, is_neox, device, enable_pdl);
+  rope_dispatch<T, fp32_t, true>(p, is_neox, device, enable_pdl);
 }
 
 }  // namespace
