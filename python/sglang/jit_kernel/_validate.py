@@ -163,16 +163,37 @@ def _byte_span(tensor: torch.Tensor) -> tuple[int, int]:
     return start, start + (extent + 1) * tensor.element_size()
 
 
+def _is_dense(tensor: torch.Tensor, span: tuple[int, int]) -> bool:
+    """Whether ``tensor``'s elements fill its byte span (contiguous, or a permutation of a contiguous
+    layout): then two such views share a byte exactly when their spans intersect."""
+    return tensor.numel() * tensor.element_size() == span[1] - span[0]
+
+
 def check_no_partial_overlap(
-    op: str, arg: str, out: torch.Tensor, ref: torch.Tensor, ref_arg: str, allow_same: bool = True
+    op: str,
+    arg: str,
+    out: torch.Tensor,
+    ref: torch.Tensor,
+    ref_arg: str,
+    allow_same: bool = True,
+    *,
+    dense_only: bool = False,
 ) -> None:
     """RuntimeError if the bytes spanned by ``out`` and ``ref`` intersect, unless (with ``allow_same``)
     ``out`` is exactly the view ``ref`` (same pointer, shape and strides: an in-place call).
 
+    The message names both byte spans, in the words of the C++ launchers' exact check
+    (``verify_no_partial_overlap``):
+    ``rmsnorm: out overlaps input: expected disjoint memory or the same tensor, got a partial overlap
+    (out [0x7f0000000010, 0x7f0000008010), input [0x7f0000000000, 0x7f0000008000))``;
+    ``... expected disjoint memory, got the same tensor (...)`` when ``allow_same`` is False.
+
     The test is on byte spans, exact for dense tensors and conservative for interleaved strided views
-    (two disjoint column slices of one buffer are refused); ops that accept interleaved views (q and k
-    of a fused qkv buffer) leave that decision to their launcher's exact element test. Skipped while
-    ``torch.compile`` traces (no data pointers then): the launcher's own overlap test runs at call time.
+    (two disjoint column slices of one buffer are refused: ``got overlapping byte ranges (...)``).
+    ``dense_only=True`` raises only where it is exact (both views dense, or the same view) and leaves
+    every other intersecting pair to the launcher's exact element test: for ops whose launchers accept
+    interleaved views (q and k of a fused qkv buffer, strided rows). Skipped while ``torch.compile`` traces (no data pointers then): the
+    launcher's own overlap test runs at call time.
     """
     if torch.compiler.is_compiling():
         return  # data pointers do not exist while tracing; the launcher checks overlap when the op runs
@@ -183,9 +204,20 @@ def check_no_partial_overlap(
     same = out.data_ptr() == ref.data_ptr() and out.shape == ref.shape and out.stride() == ref.stride()
     if same and allow_same:
         return
-    expected = f"no memory shared with {ref_arg}" + (" (or exactly the same view)" if allow_same else "")
-    got = f"bytes [{a0:#x}, {a1:#x}) against {ref_arg}'s [{b0:#x}, {b1:#x})"
-    fail(RuntimeError, op, arg, "memory", expected, got)
+    dense = _is_dense(out, (a0, a1)) and _is_dense(ref, (b0, b1))
+    if dense_only and not same and not dense:
+        return  # interleaved or strided views: the launcher decides element by element
+    expected = "disjoint memory or the same tensor" if allow_same else "disjoint memory"
+    # Strided views whose byte ranges intersect may still interleave without sharing an element.
+    what = "the same tensor" if same else "a partial overlap" if dense else "overlapping byte ranges"
+    fail(
+        RuntimeError,
+        op,
+        arg,
+        f"overlaps {ref_arg}",
+        expected,
+        f"{what} ({arg} [{a0:#x}, {a1:#x}), {ref_arg} [{b0:#x}, {b1:#x}))",
+    )
 
 
 def check_tensor(
@@ -334,9 +366,10 @@ def launcher_errors(op: str) -> Iterator[None]:
     """Prefix ``<op>: `` to a RuntimeError the C++ launcher raises inside the block.
 
     The launcher's checks that Python does not repeat (exact memory overlap of interleaved views,
-    expanded outputs) name the argument (``out overlaps input in memory (partially); ...``); under
-    this block the message starts like every other error of the op (``rmsnorm: out overlaps ...``).
-    Those checks run before any launch.
+    expanded outputs) read ``<arg> <what>: expected X, got Y`` without the op (``k overlaps q:
+    expected disjoint memory, got a partial overlap (...)``, ``out strides: expected no dim of size >
+    1 with stride 0 ...``); under this block the message starts like every other error of the op
+    (``fused_inplace_qknorm: k overlaps q: ...``). Those checks run before any launch.
     """
     try:
         yield

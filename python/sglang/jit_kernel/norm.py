@@ -11,9 +11,11 @@ rmsnorm / rmsnorm_hf ``2*N*H*s + H*s``; fused_add_rmsnorm ``4*N*H*s + H*s``;
 fused_inplace_qknorm ``2*N*(Hq+Hk)*D*s + 2*D*s``;
 fused_inplace_qknorm_across_heads ``2*N*(hidden_q+hidden_k)*s + (hidden_q+hidden_k)*s``.
 
-Errors raised by the Python checks read ``<op>: <arg> <what>: expected X, got Y``
-(``sglang.jit_kernel._validate``); aliasing errors come from the C++ launchers, which decide them
-exactly ("k overlaps q in memory (partially); they must be disjoint").
+Every error reads ``<op>: <arg> <what>: expected X, got Y``, raised before any launch: by the Python
+checks (``sglang.jit_kernel._validate``), which also refuse overlapping dense tensors, or, for the
+aliasing of strided and interleaved views, by the C++ launchers' exact test, in the same words
+(``fused_inplace_qknorm: k overlaps q: expected disjoint memory, got a partial overlap (k [...), q
+[...))``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sglang.jit_kernel._validate import FLOAT_DTYPES, check_scalar, check_tensor, fail, launcher_errors
+from sglang.jit_kernel._validate import (
+    FLOAT_DTYPES,
+    check_no_partial_overlap,
+    check_scalar,
+    check_tensor,
+    fail,
+    launcher_errors,
+)
 from sglang.jit_kernel.registry import CheckCase, register_module, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
 
@@ -76,6 +85,9 @@ def _jit_norm_module(dtype: torch.dtype) -> Module:
             ("_set_geometry_override", "set_norm_geometry_override"),
             # tests and benchmarks only: force the L2 hint of in-place launches (-1 auto, 0, 1)
             ("_set_l2_hint_override", "set_norm_l2_hint_override"),
+            # tests and benchmarks only: old vs new path of a choice (-1 auto, 0 old, 1 new):
+            # (packed_weight_mul of rmsnorm_hf, one_cta_per_token of qknorm across heads)
+            ("_set_path_override", "set_norm_path_override"),
         ],
     )
 
@@ -127,6 +139,18 @@ def _as_rows(op: str, name: str, tensor: torch.Tensor, copy_ok: bool = False) ->
             "leading dims that flatten to [num_tokens, hidden_size] without a copy",
             f"shape {tuple(tensor.shape)} with strides {tensor.stride()}",
         )
+
+
+def _check_qk_overlaps(
+    op: str, q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor
+) -> None:
+    """The in-place q / k launchers' aliasing rules, where a byte-span test decides them (dense
+    views); q and k interleaved in one buffer, and other strided views, are left to the launcher's
+    exact element test (verify_qk_in_place), which words its refusals the same way."""
+    check_no_partial_overlap(op, "k", k, q, "q", allow_same=False, dense_only=True)
+    for arg, t in (("q", q), ("k", k)):
+        check_no_partial_overlap(op, arg, t, q_weight, "q_weight", allow_same=False, dense_only=True)
+        check_no_partial_overlap(op, arg, t, k_weight, "k_weight", allow_same=False, dense_only=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,6 +279,9 @@ def _rmsnorm_checked(
         out = torch.empty(input.shape, dtype=input.dtype, device=input.device)
     else:
         check_tensor(op, "out", out, dtype_as=(input, "input"), shape_as=(input, "input"), last_dim_contiguous=True)
+        # Dense views decided here; strided ones (rows of a wider buffer) by the launcher's exact test.
+        check_no_partial_overlap(op, "out", out, input, "input", allow_same=True, dense_only=True)
+        check_no_partial_overlap(op, "out", out, weight, "weight", allow_same=False, dense_only=True)
     pdl = _pdl_flag(enable_pdl)
     if torch.compiler.is_compiling():
         torch.ops.sglang_jit_kernel.rmsnorm_out(out, input, weight, eps, weight_offset, cast_x_before_out_mul, pdl)
@@ -510,6 +537,9 @@ def _fused_add_rmsnorm(
     check_tensor(
         op, "weight", weight, dtype_as=(input, "input"), dims=[("hidden_size", input.shape[-1])], contiguous=True
     )
+    check_no_partial_overlap(op, "residual", residual, input, "input", allow_same=False, dense_only=True)
+    check_no_partial_overlap(op, "input", input, weight, "weight", allow_same=False, dense_only=True)
+    check_no_partial_overlap(op, "residual", residual, weight, "weight", allow_same=False, dense_only=True)
     pdl = _pdl_flag(enable_pdl)
     if torch.compiler.is_compiling():
         torch.ops.sglang_jit_kernel.fused_add_rmsnorm_inplace(input, residual, weight, eps, weight_offset, pdl)
@@ -700,6 +730,7 @@ def fused_inplace_qknorm(
     )
     check_tensor(op, "q_weight", q_weight, dtype_as=(q, "q"), dims=[("head_dim", dim)], contiguous=True)
     check_tensor(op, "k_weight", k_weight, dtype_as=(q, "q"), dims=[("head_dim", dim)], contiguous=True)
+    _check_qk_overlaps(op, q, k, q_weight, k_weight)
     pdl = _pdl_flag(enable_pdl)
     if torch.compiler.is_compiling():
         torch.ops.sglang_jit_kernel.qknorm_inplace(q, k, q_weight, k_weight, eps, pdl, False)
@@ -804,6 +835,7 @@ def fused_inplace_qknorm_across_heads(
     )
     check_tensor(op, "q_weight", q_weight, dtype_as=(q, "q"), dims=[("hidden_q", hidden_q)], contiguous=True)
     check_tensor(op, "k_weight", k_weight, dtype_as=(q, "q"), dims=[("hidden_k", k.shape[1])], contiguous=True)
+    _check_qk_overlaps(op, q, k, q_weight, k_weight)
     pdl = _pdl_flag(enable_pdl)
     if torch.compiler.is_compiling():
         torch.ops.sglang_jit_kernel.qknorm_inplace(q, k, q_weight, k_weight, eps, pdl, True)

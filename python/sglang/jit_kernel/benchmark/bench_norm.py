@@ -10,7 +10,9 @@ from the bytes each op must move, and % of a device copy measured in the same pr
   qknorm_across_heads   2*N*(HQ+HK)*s + (HQ+HK)*s (the same, whole rows: HQ = Hq*D, HK = Hk*D)
 The decode rows (1, 8, 64 tokens) of every op stand next to rmsnorm's at [N, 4096]: one launch each
 (qknorm_across_heads normalises q and k in one grid; its "jit 2x rmsnorm" row is the two-launch
-alternative).
+alternative). Older paths timed next to the automatic one (_set_path_override): rmsnorm_hf "jit fp32
+mul" (the weight multiply in fp32, against the packed fp16 / bf16 multiply), qknorm_across_heads
+"jit CTA per tensor" (q's and k's rows in CTAs of their own, against one token's q and k per CTA).
 Then: eager wall time per rmsnorm call at [1, 4096] (10k calls, one sync) vs F.rms_norm, and
 whether each op leaves the L2 fair to the next kernel (l2_after_table: the large in-place launches
 load with an evict_last L2 hint, see RowAccess in csrc/elementwise/rmsnorm.cuh).
@@ -173,9 +175,29 @@ def qk_rows(roof: float) -> list[BenchRow]:
     return rows
 
 
+def with_path(call: Callable, packed_weight_mul: int = -1, one_cta_per_token: int = -1) -> Callable:
+    """``call`` launched with a path of the norm module forced (_set_path_override: -1 automatic, 0
+    the older path, 1 the newer), reset after each call; the choice is made on the host at launch,
+    so a captured graph keeps it."""
+    from sglang.jit_kernel.norm import _jit_norm_module
+
+    module = _jit_norm_module(DTYPE)
+
+    def forced(*args: object) -> object:
+        module._set_path_override(packed_weight_mul, one_cta_per_token)
+        try:
+            return call(*args)
+        finally:
+            module._set_path_override(-1, -1)
+
+    return forced
+
+
 def hf_rows(roof: float) -> list[BenchRow]:
     providers: dict[str, Callable] = {
         "jit": lambda x, w, o: rmsnorm_hf(x, w, EPS, out=o),
+        # the older weight multiply (fp32, two scalar conversions per element) against "jit" (packed)
+        "jit fp32 mul": with_path(lambda x, w, o: rmsnorm_hf(x, w, EPS, out=o), packed_weight_mul=0),
         "torch": lambda x, w, o: torch_rmsnorm_hf(x, w),
         "torch.compile": lambda x, w, o: compiled("hf", torch_rmsnorm_hf)(x, w),
     }
@@ -192,6 +214,11 @@ def across_heads_rows(roof: float) -> list[BenchRow]:
 
     providers: dict[str, Callable] = {
         "jit": lambda q, k, qw, kw: fused_inplace_qknorm_across_heads(q, k, qw, kw, EPS),
+        # the older layout (q's rows and k's rows in CTAs of their own) against "jit" (a token's q
+        # and k rows in one CTA)
+        "jit CTA per tensor": with_path(
+            lambda q, k, qw, kw: fused_inplace_qknorm_across_heads(q, k, qw, kw, EPS), one_cta_per_token=0
+        ),
         "jit 2x rmsnorm": two_launches,
         "torch": torch_qknorm,
         "torch.compile": lambda q, k, qw, kw: compiled("across", torch_qknorm)(q, k, qw, kw),

@@ -602,7 +602,7 @@ def test_bad_arguments(name):
             RuntimeError,
             rf"^{op}: out row stride: expected >= hidden_size = 64 \(rows that do not overlap\), got 0$",
         ),
-        (dict(out=x[:, :64]), RuntimeError, rf"^{op}: out memory: expected no memory shared with input, got bytes "),
+        (dict(out=x[:, :64]), RuntimeError, rf"^{op}: out overlaps input: expected disjoint memory, got "),
         (dict(out="out"), TypeError, rf"^{op}: out type: expected a torch.Tensor, got str$"),
         (
             dict(expert_ids=torch.zeros(8, dtype=torch.int64, device="cuda")),
@@ -637,7 +637,7 @@ def test_bad_arguments(name):
         (
             dict(expert_ids=out.view(-1).view(torch.int32)[:8]),
             RuntimeError,
-            rf"^{op}: out memory: expected no memory shared with expert_ids, got bytes ",
+            rf"^{op}: out overlaps expert_ids: expected disjoint memory, got ",
         ),
         (dict(expert_ids=[0] * 8), TypeError, rf"^{op}: expert_ids type: expected a torch.Tensor, got list$"),
         (dict(expert_step=0), ValueError, rf"^{op}: expert_step value: expected >= 1, got 0$"),

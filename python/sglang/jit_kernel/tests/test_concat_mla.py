@@ -249,7 +249,7 @@ def test_concat_mla_k_bad_inputs(name, replacement, pattern):
 @requires_cuda
 def test_concat_mla_k_output_sharing_memory_with_a_source():
     buffer = random_of((4, 8, 192 + 128), torch.bfloat16)
-    with pytest.raises(RuntimeError, match=r"^concat_mla_k: k memory: expected no memory shared with k_nope, got "):
+    with pytest.raises(RuntimeError, match=r"^concat_mla_k: k overlaps k_nope: expected disjoint memory, got "):
         concat_mla_k(buffer[:, :, :192], buffer[:, :, 100:228], random_of((4, 1, 64), torch.bfloat16))
 
 

@@ -13,6 +13,13 @@ register_cpu_ci(est_time=40, suite="stage-a-kernel-cpu")
 
 PROBE = Path(__file__).resolve().parent / "header_smoke" / "host_probe.h"
 
+# verify_no_partial_overlap's messages: `<arg> <what>: expected X, got Y` with both byte spans.
+PARTIAL = (
+    r"^a overlaps b: expected disjoint memory( or the same tensor)?, got a partial overlap "
+    r"\(a \[0x[0-9a-f]+, 0x[0-9a-f]+\), b \[0x"
+)
+SAME = r"^a overlaps b: expected disjoint memory, got the same tensor \(a \[0x[0-9a-f]+, 0x[0-9a-f]+\), b \[0x"
+
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
@@ -33,12 +40,12 @@ def test_partial_overlap(probe):
     probe.probe_partial_overlap(x, x, True)  # in place: the same view
     probe.probe_partial_overlap(x[:50], x[50:], False)  # adjacent halves: disjoint
     probe.probe_partial_overlap(x[:0], x, False)  # empty overlaps nothing
-    with pytest.raises(RuntimeError, match=r"a overlaps b in memory \(partially\)"):
+    with pytest.raises(RuntimeError, match=PARTIAL):
         probe.probe_partial_overlap(x[1:], x[:-1], True)
-    with pytest.raises(RuntimeError, match=r"a overlaps b in memory \(the same tensor\); they must be disjoint"):
+    with pytest.raises(RuntimeError, match=SAME):
         probe.probe_partial_overlap(x, x, False)
     rows = torch.zeros(8, 16, dtype=torch.float32)
-    with pytest.raises(RuntimeError, match="partially"):
+    with pytest.raises(RuntimeError, match=PARTIAL):
         probe.probe_partial_overlap(rows[1:], rows[:-1], True)
 
 
@@ -79,7 +86,9 @@ def test_fused_qkv_views_disjoint_and_shifted_k_found(
     start = (num_q_heads - 1) * head_dim
     shifted = qkv[:, start : start + num_kv_heads * head_dim].view(num_tokens, num_kv_heads, head_dim)
     # with one q head and one k head the shifted k is q itself
-    with pytest.raises(RuntimeError, match=r"a overlaps b in memory \((partially|the same tensor)\); they must be"):
+    with pytest.raises(
+        RuntimeError, match=r"^a overlaps b: expected disjoint memory, got (a partial overlap|the same tensor) \("
+    ):
         probe.probe_partial_overlap(shifted, q, False)
 
 
@@ -93,7 +102,7 @@ def test_head_major_views_disjoint_and_shifted_k_found(probe, num_tokens, max_to
     k = buf[8:10, :num_tokens].transpose(0, 1)
     probe.probe_partial_overlap(k, q, False)
     probe.probe_partial_overlap(q, k, False)
-    with pytest.raises(RuntimeError, match=r"a overlaps b in memory \(partially\)"):
+    with pytest.raises(RuntimeError, match=PARTIAL):
         probe.probe_partial_overlap(buf[7:9, :num_tokens].transpose(0, 1), q, False)
 
 
@@ -103,7 +112,7 @@ def test_head_shared_by_strided_views_found(probe, num_tokens):
     """k = b[:, 3:5] with q = b[:, 0:4] (k's head 0 is q's head 3): once accepted because their first
     elements differ, now found; b[:, 4:6] is disjoint from q."""
     b = torch.zeros(num_tokens, 6, 128, dtype=torch.float32)
-    with pytest.raises(RuntimeError, match=r"a overlaps b in memory \(partially\)"):
+    with pytest.raises(RuntimeError, match=PARTIAL):
         probe.probe_partial_overlap(b[:, 3:5], b[:, 0:4], False)
     probe.probe_partial_overlap(b[:, 4:6], b[:, 0:4], False)
 
@@ -114,14 +123,14 @@ def test_single_rows(probe):
     the rows of a strided view (it fits inside one of them)."""
     x = torch.zeros(4, 64, dtype=torch.bfloat16)
     probe.probe_partial_overlap(x[0, 0:16], x[0, 16:32], False)
-    with pytest.raises(RuntimeError, match=r"a overlaps b in memory \(partially\)"):
+    with pytest.raises(RuntimeError, match=PARTIAL):
         probe.probe_partial_overlap(x[0, 0:16], x[0, 8:24], False)
-    with pytest.raises(RuntimeError, match=r"a overlaps b in memory \(partially\)"):
+    with pytest.raises(RuntimeError, match=PARTIAL):
         probe.probe_partial_overlap(x[0, 3], x[0, 3:4], False)
     probe.probe_partial_overlap(x[0, 3], x[0, 4], False)
     q, k, qkv = fused_qkv(6, 4, 2, 32)
     probe.probe_partial_overlap(qkv[2, : 4 * 32], k, False)
-    with pytest.raises(RuntimeError, match=r"a overlaps b in memory \(partially\)"):
+    with pytest.raises(RuntimeError, match=PARTIAL):
         probe.probe_partial_overlap(qkv[2, : 5 * 32], k, False)
 
 
@@ -134,12 +143,13 @@ def test_undecidable_layouts_rejected(probe):
     b = buf.as_strided((3, 8), (40, 1), 12)  # [12, 20), [52, 60), [92, 100): disjoint from a
     with pytest.raises(
         RuntimeError,
-        match=r"a and b share memory in a layout whose disjointness cannot be verified \(their row strides "
-        r"differ\); pass disjoint buffers, or views of one buffer with the same largest stride",
+        match=r"^a overlaps b: expected disjoint memory \(or views of one buffer with the same largest stride, the "
+        r"token stride\), got byte ranges that share memory in a layout whose disjointness cannot be verified "
+        r"\(their row strides differ; a \[0x[0-9a-f]+, 0x[0-9a-f]+\), b \[0x",
     ):
         probe.probe_partial_overlap(a, b, False)
     interleaved = buf.as_strided((3, 2), (2, 3))  # elements 0, 3, 2, 5, 4, 7
-    with pytest.raises(RuntimeError, match=r"cannot be verified \(a has dims that interleave\)"):
+    with pytest.raises(RuntimeError, match=r"cannot be verified \(a has dims that interleave; a \[0x"):
         probe.probe_partial_overlap(interleaved, buf[1:2], True)
 
 
@@ -153,7 +163,7 @@ def test_negative_strides_hand_built(probe):
     middle = ([4, 4], [8, 1], 2)
     for left in (rows_flipped, cols_flipped):
         probe.probe_partial_overlap_dl(*left, *right, False)
-        with pytest.raises(RuntimeError, match=r"a overlaps b in memory \(partially\)"):
+        with pytest.raises(RuntimeError, match=PARTIAL):
             probe.probe_partial_overlap_dl(*left, *middle, False)
     probe.probe_partial_overlap_dl(*right, *right, True)
 
@@ -162,7 +172,10 @@ def test_negative_strides_hand_built(probe):
 def test_self_overlap(probe):
     probe.probe_self_overlap(torch.zeros(4, 8))
     probe.probe_self_overlap(torch.zeros(1, 8).expand(1, 8))  # size-1 dim: no aliasing
-    with pytest.raises(RuntimeError, match=r"t: dim 0 has stride 0 with size 4"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"^t strides: expected no dim of size > 1 with stride 0 \(elements at addresses of their own\), got dim 0 of size 4 with stride 0 \(an expanded tensor\)",
+    ):
         probe.probe_self_overlap(torch.zeros(1, 8).expand(4, 8))
 
 
@@ -178,7 +191,8 @@ def test_self_overlap_of_strided_dims(probe):
     probe.probe_self_overlap(torch.zeros(0, 4).as_strided((0, 4), (1, 1)))  # empty: nothing to share
     overlapping = torch.zeros(7 * 4 * 128).as_strided((7, 4, 128), (4 * 128, 64, 1))
     with pytest.raises(
-        RuntimeError, match=r"t: elements of t may overlap each other \(dim 1 stride 64 < extent 128 of the dims"
+        RuntimeError,
+        match=r"^t strides: expected elements at addresses of their own \(each stride >= the extent of the dims with smaller strides\), got dim 1 stride 64 < extent 128 of the dims",
     ):
         probe.probe_self_overlap(overlapping)
     with pytest.raises(RuntimeError, match=r"dim 1 stride 4 < extent 13"):

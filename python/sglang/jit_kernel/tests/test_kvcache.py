@@ -469,7 +469,7 @@ def test_store_cache_bad_scalars():
 @requires_cuda
 def test_store_cache_cache_sharing_memory_with_a_source():
     k, v, k_cache, v_cache, indices = _store_args()
-    with pytest.raises(RuntimeError, match=r"^store_cache: k_cache memory: expected no memory shared with k, got "):
+    with pytest.raises(RuntimeError, match=r"^store_cache: k_cache overlaps k: expected disjoint memory, got "):
         store_cache(k, v, k, v_cache[:8], indices)
 
 

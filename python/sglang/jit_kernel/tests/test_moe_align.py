@@ -309,12 +309,12 @@ def test_moe_align_bad_arguments():
         ),
         (
             RuntimeError,
-            op + r"expert_ids memory: expected no memory shared with sorted_token_ids",
+            op + r"expert_ids overlaps sorted_token_ids: expected disjoint memory",
             dict(e=sorted_ids[:8]),
         ),
         (
             RuntimeError,
-            op + r"sorted_token_ids memory: expected no memory shared with topk_ids",
+            op + r"sorted_token_ids overlaps topk_ids: expected disjoint memory",
             dict(s=aliased, topk_ids=aliased[:8].view(4, 2)),
         ),
     ]

@@ -122,7 +122,7 @@ def test_moe_sum_reduce_bad_arguments():
         moe_sum_reduce(x, o, float("nan"))
     with pytest.raises(TypeError, match=r"^moe_sum_reduce: routed_scaling_factor type: expected a real number"):
         moe_sum_reduce(x, o, "2")
-    with pytest.raises(RuntimeError, match=r"^moe_sum_reduce: output memory: expected no memory shared with input"):
+    with pytest.raises(RuntimeError, match=r"^moe_sum_reduce: output overlaps input: expected disjoint memory"):
         moe_sum_reduce(x, x[:, 0])
     with pytest.raises(RuntimeError, match=r"^moe_sum_reduce: output last-dim stride: expected 1"):
         moe_sum_reduce(x, torch.empty(64, 4, device="cuda").t())

@@ -602,6 +602,46 @@ def test_norm_l2_hint_builds(dtype):
         module._set_l2_hint_override(2)
 
 
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_norm_path_override_old_and_new_agree(dtype):
+    """Both paths of each choice _set_path_override exposes are right: rmsnorm_hf's packed fp16 /
+    bf16 weight multiply gives the bits of the fp32 one (one correctly rounded product of two dtype
+    values either way); fused_inplace_qknorm_across_heads with one token's q and k rows per CTA and
+    with CTAs of their own per tensor both match the reference (rows whose threads per row the
+    one-CTA layout raises sum in another order: not bit-equal), for every ACROSS_SIZES pair (CTAs of
+    64 to 512 threads, shapes the one-CTA layout does not take), decode and many-wave token counts,
+    fused qkv views (v untouched) and unaligned storage (narrow vectors)."""
+    from sglang.jit_kernel.norm import _jit_norm_module
+
+    module = _jit_norm_module(dtype)
+
+    def run(packed: int, one_cta: int) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        module._set_path_override(packed, one_cta)
+        try:
+            results = []
+            for n, h in [(1, 4096), (64, 4096), (300, 5120), (17, 129), (4, 7)]:
+                x = make_rows(n, h, dtype)
+                w = make_weight(h, dtype)
+                out = rmsnorm_hf(x, w, 1e-6)
+                assert_hf_matches(out, x, w, 1e-6)
+                results.append(out)
+            for i, (hq, hk) in enumerate(ACROSS_SIZES):
+                for n, offset in ((1, 0), (3, 0), (300, i % 2)):
+                    q, k, v, _ = across_views(n, hq, hk, dtype, offset=offset)
+                    check_across_heads(q, k, v)
+            return results
+        finally:
+            module._set_path_override(-1, -1)
+
+    new, old = run(1, 1), run(0, 0)
+    for a, b in zip(new, old):
+        assert torch.equal(a, b)
+    with pytest.raises(RuntimeError, match="each mode must be -1, 0 or 1, got 2 and 0"):
+        module._set_path_override(2, 0)
+
+
 # ---------------------------------------------------------------------------------------------
 # rmsnorm_hf (Hugging Face order) and fused_inplace_qknorm's head_dim
 # ---------------------------------------------------------------------------------------------
@@ -878,15 +918,23 @@ def test_qknorm_across_heads_aliasing_rejected():
     b = make_rows(4, 1024, torch.bfloat16)
     before = b.clone()
     w = make_weight(512, torch.bfloat16)
-    with pytest.raises(RuntimeError, match=r"k overlaps q in memory \(partially\)"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"^fused_inplace_qknorm(_across_heads)?: k overlaps q: expected disjoint memory, got a partial overlap \(k \[0x",
+    ):
         fused_inplace_qknorm_across_heads(b[:, :512], b[:, 256:768], w, w)
-    with pytest.raises(RuntimeError, match="k overlaps q in memory"):
+    with pytest.raises(
+        RuntimeError, match=r"k overlaps q: expected disjoint memory, got (the same tensor|a partial overlap) \(k \[0x"
+    ):
         fused_inplace_qknorm_across_heads(b[:, :512], b[:, :512], w, w)
-    with pytest.raises(RuntimeError, match="q overlaps q_weight in memory"):
+    with pytest.raises(RuntimeError, match=r"q overlaps q_weight: expected disjoint memory, got a partial overlap"):
         fused_inplace_qknorm_across_heads(b[:2, :512], b[2:, :512], b[1, :512], w)
-    with pytest.raises(RuntimeError, match="k overlaps k_weight in memory"):
+    with pytest.raises(RuntimeError, match=r"k overlaps k_weight: expected disjoint memory, got a partial overlap"):
         fused_inplace_qknorm_across_heads(b[:2, :512], b[2:, :512], w, b[3, 256:768])
-    with pytest.raises(RuntimeError, match="k: dim 0 has stride 0"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"k strides: expected no dim of size > 1 with stride 0 .*, got dim 0 of size \d+ with stride 0",
+    ):
         fused_inplace_qknorm_across_heads(b[:, :512], b[:1, 512:].clone().expand(4, 512), w, w)
     assert torch.equal(b, before)
 
@@ -1168,14 +1216,24 @@ def test_norm_aliasing_rejected():
     x = make_rows(8, 256, torch.bfloat16)
     w = make_weight(256, torch.bfloat16)
     buffer = make_rows(9, 256, torch.bfloat16)
-    with pytest.raises(RuntimeError, match=r"out overlaps input in memory \(partially\)"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"^rmsnorm: out overlaps input: expected disjoint memory or the same tensor, got a partial overlap \(out \[0x[0-9a-f]+, 0x[0-9a-f]+\), input \[0x",
+    ):
         rmsnorm(buffer[:-1], w, out=buffer[1:])
-    with pytest.raises(RuntimeError, match="residual overlaps input in memory"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"^fused_add_rmsnorm: residual overlaps input: expected disjoint memory, got the same tensor",
+    ):
         fused_add_rmsnorm(x, x, w)
-    with pytest.raises(RuntimeError, match="residual: dim 0 has stride 0"):
+    with pytest.raises(
+        RuntimeError, match=r"^fused_add_rmsnorm: residual strides: expected no dim of size > 1 with stride 0"
+    ):
         fused_add_rmsnorm(x, x[:1].clone().expand(8, 256), w)
     q = make_rows(4 * 2, 128, torch.bfloat16).view(4, 2, 128)
-    with pytest.raises(RuntimeError, match="k overlaps q in memory"):
+    with pytest.raises(
+        RuntimeError, match=r"k overlaps q: expected disjoint memory, got (the same tensor|a partial overlap) \(k \[0x"
+    ):
         fused_inplace_qknorm(q, q, w[:128].contiguous(), w[:128].contiguous())
 
 
@@ -1187,21 +1245,27 @@ def test_norm_outputs_overlapping_weight_rejected():
     buffer = make_rows(3, 256, torch.bfloat16)
     before = buffer.clone()
     x, w = buffer[:2], buffer[2]
-    with pytest.raises(RuntimeError, match="out overlaps weight in memory"):
+    with pytest.raises(RuntimeError, match=r"out overlaps weight: expected disjoint memory, got a partial overlap"):
         rmsnorm(buffer[2:].clone(), w, out=buffer[2:])
-    with pytest.raises(RuntimeError, match="out overlaps weight in memory"):
+    with pytest.raises(RuntimeError, match=r"out overlaps weight: expected disjoint memory, got a partial overlap"):
         gemma_rmsnorm(buffer[1:2].clone(), buffer[1], out=buffer[1:2])
-    with pytest.raises(RuntimeError, match="input overlaps weight in memory"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"^fused_add_rmsnorm: input overlaps weight: expected disjoint memory, got a partial overlap",
+    ):
         fused_add_rmsnorm(buffer[1:], make_rows(2, 256, torch.bfloat16), w)
-    with pytest.raises(RuntimeError, match="residual overlaps weight in memory"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"^fused_add_rmsnorm: residual overlaps weight: expected disjoint memory, got a partial overlap",
+    ):
         fused_add_rmsnorm(x.clone(), buffer[1:], w)
     qkv = make_rows(4, 3 * 128, torch.bfloat16).view(4, 3, 128)
     qkv_before = qkv.clone()
     q, k = qkv[:, 0:2], qkv[:, 2:3]
     other = make_weight(128, torch.bfloat16)
-    with pytest.raises(RuntimeError, match="q overlaps q_weight in memory"):
+    with pytest.raises(RuntimeError, match=r"q overlaps q_weight: expected disjoint memory, got a partial overlap"):
         fused_inplace_qknorm(q, k, qkv[1, 1], other)
-    with pytest.raises(RuntimeError, match="k overlaps k_weight in memory"):
+    with pytest.raises(RuntimeError, match=r"k overlaps k_weight: expected disjoint memory, got a partial overlap"):
         fused_inplace_qknorm(q, k, other, qkv[3, 2])
     assert torch.equal(buffer, before)
     assert torch.equal(qkv, qkv_before)
@@ -1214,10 +1278,16 @@ def test_qknorm_overlapping_heads_rejected():
     b = make_rows(5 * 6, 128, torch.bfloat16).view(5, 6, 128)
     before = b.clone()
     w = make_weight(128, torch.bfloat16)
-    with pytest.raises(RuntimeError, match=r"k overlaps q in memory \(partially\)"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"^fused_inplace_qknorm(_across_heads)?: k overlaps q: expected disjoint memory, got a partial overlap \(k \[0x",
+    ):
         fused_inplace_qknorm(b[:, 0:4], b[:, 3:5], w, w)
     q = b.as_strided((5, 4, 128), (6 * 128, 64, 1))
-    with pytest.raises(RuntimeError, match=r"q: elements of q may overlap each other \(dim 1 stride 64 < extent 128"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"^fused_inplace_qknorm: q strides: expected elements at addresses of their own .*, got dim 1 stride 64 < extent 128",
+    ):
         fused_inplace_qknorm(q, b[:, 5:6], w, w)
     assert torch.equal(b, before)
 
@@ -1387,7 +1457,9 @@ def test_norm_launchers_reject_mismatch_from_cpp():
         module.fused_inplace_qknorm_across_heads(q2, q2[:3].clone(), w, w, 1e-6, -1)
     with pytest.raises(RuntimeError, match="k_weight"):
         module.fused_inplace_qknorm_across_heads(q2, q2.clone(), w.repeat(2), w[:32], 1e-6, -1)
-    with pytest.raises(RuntimeError, match="k overlaps q in memory"):
+    with pytest.raises(
+        RuntimeError, match=r"k overlaps q: expected disjoint memory, got (the same tensor|a partial overlap) \(k \[0x"
+    ):
         module.fused_inplace_qknorm_across_heads(q2, q2, w.repeat(2), w.repeat(2), 1e-6, -1)
 
 

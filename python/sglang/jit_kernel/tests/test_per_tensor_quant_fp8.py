@@ -255,7 +255,7 @@ def test_bad_arguments():
             r"output_s shape: expected one element \(\[1\] or \[\]\), got \(2,\)",
         ),
         ((x, q.T.contiguous().T, s), RuntimeError, r"output_q last-dim stride: expected 1"),
-        ((x, q, x.view(torch.float32)[0, :1]), RuntimeError, r"output_s memory: expected no memory shared with input"),
+        ((x, q, x.view(torch.float32)[0, :1]), RuntimeError, r"output_s overlaps input: expected disjoint memory"),
         ((x, q, s, 1), TypeError, r"is_static type: expected a bool, got int"),
     ]
     for args, error, pattern in cases:

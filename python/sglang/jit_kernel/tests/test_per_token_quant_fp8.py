@@ -209,7 +209,7 @@ def test_bad_arguments():
         ((x, q[:2], s), RuntimeError, r"output_q shape: expected \(4, 256\) \(the shape of input\), got \(2, 256\)"),
         ((x, q, s[:3]), RuntimeError, r"output_s shape: expected \[dim0=4, 1=1\], got \(3,\)"),
         ((x, q.T.contiguous().T, s), RuntimeError, r"output_q last-dim stride: expected 1"),
-        ((x, q, x.view(torch.float32)[0, :4]), RuntimeError, r"output_s memory: expected no memory shared with input"),
+        ((x, q, x.view(torch.float32)[0, :4]), RuntimeError, r"output_s overlaps input: expected disjoint memory"),
     ]
     for args, error, pattern in cases:
         with pytest.raises(error, match=op + pattern):

@@ -538,7 +538,7 @@ def test_overlapping_q_k_refused():
     qkv = torch.randn(4, 6, 128, dtype=torch.bfloat16, device="cuda")
     cache = make_cos_sin_cache(64, 128)
     positions = torch.zeros(4, dtype=torch.int64, device="cuda")
-    with pytest.raises(RuntimeError, match="k overlaps q in memory"):
+    with pytest.raises(RuntimeError, match=r"k overlaps q: expected disjoint memory, got a partial overlap"):
         apply_rope_inplace(qkv[:, 0:4], qkv[:, 3:5], cache, positions, is_neox=True)
 
 

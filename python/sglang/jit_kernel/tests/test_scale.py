@@ -221,7 +221,7 @@ def test_scale_partial_overlap_rejected():
     before = buffer.clone()
     with pytest.raises(
         RuntimeError,
-        match=r"^scale: out memory: expected no memory shared with src \(or exactly the same view\), got bytes ",
+        match=r"^scale: out overlaps src: expected disjoint memory or the same tensor, got ",
     ):
         scale(buffer[:-1], 2.0, out=buffer[1:])
     assert torch.equal(buffer, before)

@@ -10,7 +10,8 @@
 //   kRMSNorm          rows of `input` -> rows of `out`                         (this file)
 //   kFusedAddRMSNorm  residual <- round(input + residual); input <- rmsnorm(residual)  (fused_add_rmsnorm.cuh)
 //   kQKNorm           every head of q and of k normalised in place, two weights        (qknorm.cuh);
-//                     also every whole row of q and of k, two hidden sizes  (qknorm_across_heads.cuh)
+//                     also every whole row of q and of k, two hidden sizes  (qknorm_across_heads.cuh),
+//                     there with one token's q and k rows per CTA (kWide builds, norm_rows_split)
 //
 // Layout of the work. A "row" is one normalised vector of hidden_size elements: a token of
 // rmsnorm, a (token, head) pair of qknorm. threads_per_row (TPR) threads share a row; each holds
@@ -104,7 +105,12 @@ struct NormParams {
   float eps;                   // added to the mean square
   float weight_offset;         // 0 (RMSNorm) or 1 (Gemma: w + 1)
   bool cast_x_before_out_mul;  // round x * rstd to T before the weight multiply
+  bool packed_weight_mul;      // with it (fp16 / bf16, weight_offset 0): that multiply as one packed
+                               //   fp16 / bf16 multiply per pair (normalize; set by the launcher)
   bool interleave_segments;    // kQKNorm: q and k CTAs interleaved in launch order (cta_share)
+  int32_t split_threads;       // kQKNorm, the one-token-per-CTA layout (kWide builds): threads
+                               //   [0, split_threads) normalise row b of rows[0], the others row b
+                               //   of rows[1] (norm_rows_split); 0 otherwise
 };
 
 /// Launch facts of norm_rows_kernel.
@@ -118,6 +124,7 @@ struct NormConfig {
                                                              // for 256 x 4 (80 registers, spills)
   static constexpr uint32_t kBlockThreads = 256;             // CTA size when several rows share a CTA
   static constexpr uint32_t kMaxWarps = 32;                  // shared-memory partials per buffer
+  static constexpr uint32_t kSplitMaxThreads = 512;          // kQKNorm one-token-per-CTA layout (kWide builds)
   static constexpr int kMaxThreadBytes = 64;                 // x held per thread at most (registers)
   // In-place launches whose input rows (num_rows x hidden_size elements; the fused add reads as
   // many again from the residual) hold at least this many bytes take the L2 hint (RowAccess).
@@ -161,12 +168,20 @@ struct NormConfig {
     return 4;
   }
 
-  /// __launch_bounds__ of a kernel build: (threads, minimum resident CTAs).
+  /// __launch_bounds__ of a kernel build: (threads, minimum resident CTAs). The kQKNorm kWide
+  /// builds (one token per CTA, up to kSplitMaxThreads threads) keep the narrow builds' register
+  /// caps: 512 x 3 CTAs allow 40 registers, as 256 x 6 do; 512 x 2 allow 64, as 256 x 4.
   static constexpr uint32_t bound_threads(NormKind kind, int thread_bytes, bool two_pass, bool wide, int vecs) {
+    if (kind == NormKind::kQKNorm && wide && !two_pass) return kSplitMaxThreads;
     const uint32_t most = max_threads(kind, thread_bytes, two_pass, vecs);
     return two_pass || wide || most < kBlockThreads ? most : kBlockThreads;
   }
   static constexpr int bound_blocks(NormKind kind, int thread_bytes, bool two_pass, bool wide, int vecs) {
+    if (kind == NormKind::kQKNorm && wide && !two_pass) {
+      const int blocks = narrow_min_blocks(kind, thread_bytes, vecs) * static_cast<int>(kBlockThreads) /
+                         static_cast<int>(kSplitMaxThreads);
+      return blocks > 0 ? blocks : 1;
+    }
     return two_pass || wide ? 1 : narrow_min_blocks(kind, thread_bytes, vecs);
   }
 };
@@ -275,18 +290,44 @@ SGL_DEVICE RowScale row_scale(float rstd, float weight_offset) {
 /// round(x * rstd * (w + weight_offset)) element-wise, computed as x * fma(w, rstd, weight_offset *
 /// rstd) (fp32, one rounding). With cast_x_first, x * rstd is rounded to T first and then
 /// multiplied by (w + weight_offset): round(float(round(x * rstd)) * (w + weight_offset)).
+/// packed_mul (fp16 / bf16 with weight_offset 0, the launcher's choice): the same values with a
+/// third of the conversions. x * rstd is rounded a pair at a time (one packed conversion) and
+/// multiplied by w as one packed fp16 / bf16 multiply, which rounds the exact product once: the
+/// product of two fp16 (11-bit) or bf16 (8-bit) significands is exact in fp32, so round(float(r) *
+/// float(w)) is that same correctly rounded product (bf16 products below 2^-126, in fp32's subnormal
+/// range, aside). Why: the fp32 order converts every element twice (x * rstd to T, scalar, then the
+/// result, packed: 1.5 conversions per element against rmsnorm's 0.5), and conversions issue at a
+/// fraction of the FMA rate; at one token (one CTA of 256 threads, 16 elements each) that is the
+/// 0.1 us rmsnorm_hf measured over rmsnorm (1.14 vs 1.00 us, H200, same launch geometry and PDL).
+/// With the packed multiply it converts 0.5 per element, as rmsnorm does.
 template <typename T, std::size_t N>
 SGL_DEVICE device::AlignedVector<T, N> normalize(
     const device::AlignedVector<T, N>& x,
     const device::AlignedVector<T, N>& w,
     RowScale scale,
     float weight_offset,
-    bool cast_x_first) {
+    bool cast_x_first,
+    bool packed_mul) {
   if (!cast_x_first) {
     return map_pairs(x, w, [scale](float2 a, float2 b) {
       return make_float2(
           a.x * fmaf(b.x, scale.rstd, scale.offset_rstd), a.y * fmaf(b.y, scale.rstd, scale.offset_rstd));
     });
+  }
+  if constexpr ((std::is_same_v<T, bf16_t> || std::is_same_v<T, fp16_t>) && N >= 2) {
+    if (packed_mul) {
+      device::AlignedVector<T, N> out;
+#pragma unroll
+      for (std::size_t i = 0; i < N / 2; ++i) {
+        const float2 a = pair_as_float2(x, i);
+        const packed_t<T> rounded = device::cast<packed_t<T>>(make_float2(a.x * scale.rstd, a.y * scale.rstd));
+        packed_t<T> weight;
+        memcpy(&weight, &w[2 * i], sizeof(weight));
+        const packed_t<T> product = __hmul2_rn(rounded, weight);
+        memcpy(&out[2 * i], &product, sizeof(product));
+      }
+      return out;
+    }
   }
   const auto round = [](float v) { return device::cast<fp32_t>(device::cast<T>(v)); };
   return map_pairs(x, w, [scale, weight_offset, round](float2 a, float2 b) {
@@ -369,14 +410,17 @@ SGL_DEVICE void pdl_wait_then_release() {
 /// 4 or 8 warps, by a shuffle reduction in each warp otherwise. Every thread of the CTA must call it with
 /// the same tpr. `smem` (kMaxWarps floats) must not be rewritten until every thread has passed the
 /// next barrier: callers alternate two buffers.
+/// `warp_base`: the CTA's warp at which slot 0's row starts (0, except for rows[1] of the
+/// one-token-per-CTA layout, norm_rows_split).
 /// Example: tpr = 8, lanes holding their lane id: lanes 0..7 get 28, lanes 8..15 get 92, ...
-SGL_DEVICE float row_reduce_sum(float value, int tpr, int slot, float* smem) {
+SGL_DEVICE float row_reduce_sum(float value, int tpr, int slot, float* smem, int warp_base = 0) {
   const uint32_t lane = threadIdx.x % device::kWarpThreads;
   const uint32_t warp = threadIdx.x / device::kWarpThreads;
   const int warps_per_row = tpr / static_cast<int>(device::kWarpThreads);
   // Addresses first, so that their arithmetic is off the chain of shuffles and barrier below.
   float* const warp_partial = smem + warp;
-  const float4* const row_partials = reinterpret_cast<const float4*>(smem + slot * warps_per_row);
+  const int first_partial = warp_base + slot * warps_per_row;
+  const float4* const row_partials = reinterpret_cast<const float4*>(smem + first_partial);
   if (tpr < static_cast<int>(device::kWarpThreads)) {
     // Rows of lanes (qknorm heads, short rows): log2(tpr) shuffles, one uniform branch per level.
     // (All five shuffles with a predicated add cost qknorm at 16384 tokens 81.9 vs 81.4 us.)
@@ -395,7 +439,7 @@ SGL_DEVICE float row_reduce_sum(float value, int tpr, int slot, float* smem) {
   if (tpr == static_cast<int>(device::kWarpThreads)) return value;
   if (lane == 0) *warp_partial = value;
   __syncthreads();
-  if (warps_per_row == 4 || warps_per_row == 8) {
+  if ((warps_per_row == 4 || warps_per_row == 8) && warp_base % 4 == 0) {  // float4-aligned partials
     // Rows of 128 or 256 threads (decode rmsnorm): every thread reads the row's partials (broadcast
     // LDS.128) and sums them as a tree, shorter than five more shuffles (rmsnorm [1, 4096] on an
     // H200: 1.13 vs 1.18 us). Wider rows keep the shuffles (eight float4 would cost registers).
@@ -407,7 +451,7 @@ SGL_DEVICE float row_reduce_sum(float value, int tpr, int slot, float* smem) {
     }
     return total;
   }
-  value = static_cast<int>(lane) < warps_per_row ? smem[slot * warps_per_row + lane] : 0.0f;
+  value = static_cast<int>(lane) < warps_per_row ? smem[first_partial + lane] : 0.0f;
   return device::warp::reduce_sum<float>(value);
 }
 
@@ -456,11 +500,12 @@ struct RowPointers {
   T* residual;
 };
 
-template <typename T, NormKind kKind>
+/// kWholeRows: kQKNorm rows of one head per token (norm_rows_split), row = token.
+template <typename T, NormKind kKind, bool kWholeRows = false>
 SGL_DEVICE RowPointers<T> row_pointers(const NormRows& rows, int64_t row) {
   int64_t token = row;
   int64_t head = 0;
-  if constexpr (kKind == NormKind::kQKNorm) {
+  if constexpr (kKind == NormKind::kQKNorm && !kWholeRows) {
     // A multiply and a shift when row < 2^31 (the common case); 64-bit division otherwise.
     if (row < (int64_t{1} << 31) && rows.head_magic != 0) {
       token = static_cast<int64_t>((static_cast<uint64_t>(row) * rows.head_magic) >> rows.head_shift);
@@ -542,7 +587,13 @@ SGL_DEVICE void norm_rows_two_pass(const NormParams& params, float (*partials)[N
       for (int j = 0; j < kMaxVecs; ++j) {
         if (base + j * tpr < rows.num_vecs) {
           access.store(
-              normalize(x[j], w[j], scale, params.weight_offset, params.cast_x_before_out_mul),
+              normalize(
+                  x[j],
+                  w[j],
+                  scale,
+                  params.weight_offset,
+                  kKind == NormKind::kRMSNorm && params.cast_x_before_out_mul,
+                  params.packed_weight_mul),
               ptrs.out,
               base + j * tpr);
         }
@@ -557,7 +608,7 @@ SGL_DEVICE void norm_rows_two_pass(const NormParams& params, float (*partials)[N
 /// kLoadWeight: the weight vectors are loaded here, after x, so both loads are in flight together
 /// (every group, except the fused add with four or more vectors per thread); otherwise `weight`
 /// holds them (loaded once per CTA).
-template <typename T, int kVecN, NormKind kKind, int kVecs, bool kLoadWeight, bool kL2Hint>
+template <typename T, int kVecN, NormKind kKind, int kVecs, bool kLoadWeight, bool kL2Hint, bool kWholeRows = false>
 SGL_DEVICE void norm_group_in_registers(
     const NormParams& params,
     const NormRows& rows,
@@ -565,13 +616,14 @@ SGL_DEVICE void norm_group_in_registers(
     int slot,
     int lane,
     const device::AlignedVector<T, kVecN>* weight,
-    float* smem) {
+    float* smem,
+    int warp_base = 0) {
   using vec_t = device::AlignedVector<T, kVecN>;
   const int tpr = rows.threads_per_row;
   const int64_t row = group * rows.rows_per_cta + slot;
   const bool active = row < rows.num_rows;
   RowPointers<T> ptrs{};
-  if (active) ptrs = row_pointers<T, kKind>(rows, row);
+  if (active) ptrs = row_pointers<T, kKind, kWholeRows>(rows, row);
   bool valid[kVecs];  // this thread's vector j exists in this row
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) valid[j] = active && lane + j * tpr < rows.num_vecs;
@@ -625,7 +677,7 @@ SGL_DEVICE void norm_group_in_registers(
     }
   }
 
-  const float total = row_reduce_sum(sum, tpr, slot, smem);
+  const float total = row_reduce_sum(sum, tpr, slot, smem, warp_base);
   const float rstd = rsqrtf(total * rows.inv_hidden_size + params.eps);
   const RowScale scale = row_scale(rstd, params.weight_offset);
 
@@ -633,11 +685,37 @@ SGL_DEVICE void norm_group_in_registers(
   for (int j = 0; j < kVecs; ++j) {
     if (valid[j]) {
       access.store(
-          normalize(x[j], weight[j], scale, params.weight_offset, params.cast_x_before_out_mul),
+          normalize(
+              x[j],
+              weight[j],
+              scale,
+              params.weight_offset,
+              kKind == NormKind::kRMSNorm && params.cast_x_before_out_mul,
+              params.packed_weight_mul),
           ptrs.out,
           lane + j * tpr);
     }
   }
+}
+
+/// kQKNorm, one token per CTA (the kWide builds; fused_inplace_qknorm_across_heads): CTA b
+/// normalises row b of rows[0] with threads [0, split_threads) and row b of rows[1] with the
+/// others, each tensor with its own threads per row (one row each, so rows_per_cta = 1; both
+/// multiples of 32 and both above 32 or both 32, so that every thread passes the same barriers; the
+/// launcher sets this up, launch_norm_rows). A fused qkv buffer is then read as one contiguous q + k
+/// span per token and CTA (q [16384, 4096] + k [16384, 1024] bf16: 10 KiB in a 320-thread CTA),
+/// every CTA has the same work, and there is no split of the grid between the tensors to compute.
+template <typename T, int kVecN, int kVecs, bool kL2Hint>
+SGL_DEVICE void norm_rows_split(const NormParams& params, float (*partials)[NormConfig::kMaxWarps]) {
+  // One CTA per token (grid = num_tokens <= 2^30, set_split_layout): straight-line code, no loop
+  // (a loop over tokens cost the 40-register build 16 bytes of spills).
+  const int tid = static_cast<int>(threadIdx.x);
+  const bool second = tid >= params.split_threads;
+  const NormRows& rows = params.rows[second ? 1 : 0];
+  const int lane = second ? tid - params.split_threads : tid;
+  const int warp_base = second ? params.split_threads / static_cast<int>(device::kWarpThreads) : 0;
+  norm_group_in_registers<T, kVecN, NormKind::kQKNorm, kVecs, true, kL2Hint, true>(
+      params, rows, blockIdx.x, 0, lane, nullptr, partials[0], warp_base);
 }
 
 /// Register path: rows that fit kVecs vectors per thread. Thread t handles row slot t / tpr of
@@ -720,6 +798,8 @@ __global__ void __launch_bounds__(
   if constexpr (kVecs == 0) {
     pdl_wait_then_release();
     norm_rows_two_pass<T, kVecN, kKind, kL2Hint>(params, partials);
+  } else if constexpr (kKind == NormKind::kQKNorm && kWide) {
+    norm_rows_split<T, kVecN, kVecs, kL2Hint>(params, partials);
   } else {
     norm_rows_in_registers<T, kVecN, kKind, kVecs, kL2Hint>(params, partials);
   }
@@ -766,6 +846,21 @@ inline NormOverride& norm_override() {
 /// 1 every in-place launch whatever its size. Out-of-place launches never take it.
 inline int64_t& norm_l2_hint_override() {
   static int64_t value = -1;
+  return value;
+}
+
+/// Paths forced by _set_path_override (tests and benchmarks: the older and the newer path of a
+/// choice timed in one process): -1 automatic, 0 the older path, 1 the newer where it applies.
+struct NormPathOverride {
+  int64_t packed_weight_mul = -1;  // cast_x_before_out_mul, fp16 / bf16, weight_offset 0: packed
+                                   //   multiply (normalize; automatic: on), 0 the fp32 multiply
+  int64_t one_cta_per_token = -1;  // kQKNorm across heads: one token's q and k rows per CTA
+                                   //   (norm_rows_split; automatic: on where it applies), 0 each
+                                   //   tensor's rows in CTAs of their own
+};
+
+inline NormPathOverride& norm_path_override() {
+  static NormPathOverride value;
   return value;
 }
 
@@ -915,15 +1010,18 @@ void launch_norm_kernel(NormParams params, const NormGeometry& geometry, DLDevic
   const int64_t groups0 = params.rows[0].num_groups;
   const int64_t groups1 = kKind == NormKind::kQKNorm ? params.rows[1].num_groups : 0;
   const int64_t groups = groups0 + groups1;
-  int64_t grid = std::min(groups, int64_t{1} << 30);
+  // The one-token-per-CTA layout: one CTA per group of rows[0] (rows[1] has as many).
+  int64_t grid = std::min(params.split_threads > 0 ? groups0 : groups, int64_t{1} << 30);
   if (const int64_t blocks_per_sm = norm_override().blocks_per_sm; blocks_per_sm > 0) {
     const int64_t resident = int64_t{host::runtime::get_sm_count(device.device_id)} *
                              std::min<int64_t>(blocks_per_sm, cached_blocks_per_sm<kKernel>(geometry.block_threads));
     grid = std::min(grid, resident);
   }
-  params.interleave_segments =
-      kKind == NormKind::kQKNorm && grid > int64_t{host::runtime::get_sm_count(device.device_id)};
-  if (groups0 == 0) {
+  params.interleave_segments = kKind == NormKind::kQKNorm && params.split_threads == 0 &&
+                               grid > int64_t{host::runtime::get_sm_count(device.device_id)};
+  if (params.split_threads > 0) {
+    params.rows0_ctas = grid;  // unused by norm_rows_split
+  } else if (groups0 == 0) {
     params.rows0_ctas = 0;
   } else if (groups1 == 0) {
     params.rows0_ctas = grid;
@@ -939,6 +1037,12 @@ void launch_norm_kernel(NormParams params, const NormGeometry& geometry, DLDevic
 template <typename T, int kVecN, NormKind kKind, int kVecs, bool kL2Hint>
 void launch_norm_bucket_hint(const NormParams& params, const NormGeometry& geometry, DLDevice device, bool pdl) {
   constexpr int kBytes = kNormThreadBytes<T, kVecN, kVecs>;
+  // kQKNorm's kWide builds are the one-token-per-CTA layout (16-byte vectors only, set_split_layout).
+  if constexpr (kKind == NormKind::kQKNorm && kVecs > 0 && kVecN * sizeof(T) == 16) {
+    if (params.split_threads > 0) {
+      return launch_norm_kernel<T, kVecN, kKind, kVecs, true, kL2Hint>(params, geometry, device, pdl);
+    }
+  }
   if constexpr (kVecs > 0 && NormConfig::max_threads(kKind, kBytes, false, kVecs) > NormConfig::kBlockThreads) {
     if (geometry.block_threads > NormConfig::kBlockThreads) {
       return launch_norm_kernel<T, kVecN, kKind, kVecs, true, kL2Hint>(params, geometry, device, pdl);
@@ -981,6 +1085,44 @@ void set_row_geometry(NormRows& rows, const NormGeometry& geometry, int64_t geom
   set_head_divisor(rows);
 }
 
+/// The one-token-per-CTA layout of a kQKNorm launch (norm_rows_split), for rows filled by
+/// set_row_geometry: where it applies, sets each tensor's rows to one row per CTA (threads per row
+/// raised to 32 at least, and to 64 when the other tensor's rows need more than a warp, so that
+/// both reduce through the same barrier), params.split_threads to rows[0]'s threads, and returns
+/// the CTA size; otherwise returns 0 and changes nothing. It applies to whole rows of two tensors
+/// of as many rows (fused_inplace_qknorm_across_heads: num_heads 1), register-path geometries, both
+/// rows within NormConfig::kSplitMaxThreads threads together, at most 2^30 tokens (one CTA each),
+/// unless _set_path_override turned it off or a geometry override is in force. Example: bf16
+/// q [T, 4096] + k [T, 1024], 16-byte vectors: 256 x 2 + 64 x 2, 320-thread CTAs, one per token.
+inline uint32_t set_split_layout(NormParams& params, const NormGeometry& geometry) {
+  if (norm_path_override().one_cta_per_token == 0) return 0;
+  if (norm_override().threads_per_row > 0 || norm_override().blocks_per_sm > 0) return 0;
+  if (geometry.vecs_per_thread == 0) return 0;
+  NormRows& a = params.rows[0];
+  NormRows& b = params.rows[1];
+  if (a.num_heads != 1 || b.num_heads != 1 || a.num_rows == 0 || a.num_rows != b.num_rows) return 0;
+  if (a.num_rows > (int64_t{1} << 30)) return 0;  // one CTA per token, no loop (norm_rows_split)
+  constexpr int64_t kWarp = device::kWarpThreads;
+  int64_t threads_a = std::max<int64_t>(a.threads_per_row, kWarp);
+  int64_t threads_b = std::max<int64_t>(b.threads_per_row, kWarp);
+  if (threads_a > kWarp || threads_b > kWarp) {
+    threads_a = std::max(threads_a, 2 * kWarp);
+    threads_b = std::max(threads_b, 2 * kWarp);
+  }
+  if (threads_a + threads_b > NormConfig::kSplitMaxThreads) return 0;
+  const auto one_row_per_cta = [](NormRows& rows, int64_t threads) {
+    rows.threads_per_row = static_cast<int32_t>(threads);
+    rows.rows_per_cta = 1;
+    const uint64_t bits = static_cast<uint64_t>(threads);
+    rows.tpr_shift = std::has_single_bit(bits) ? std::countr_zero(bits) : -1;
+    rows.num_groups = rows.num_rows;
+  };
+  one_row_per_cta(a, threads_a);
+  one_row_per_cta(b, threads_b);
+  params.split_threads = static_cast<int32_t>(threads_a);
+  return static_cast<uint32_t>(threads_a + threads_b);
+}
+
 /// Chooses the geometry for kVecN-wide vectors (for the longer rows of the two tensors), fills it
 /// into each tensor's rows and launches the kernel of its vectors-per-thread bucket, the L2-hint
 /// build when use_l2_hint says so. in_place: every row read is written where it was read.
@@ -991,7 +1133,7 @@ void launch_norm_rows(NormParams params, DLDevice device, bool pdl, bool in_plac
                                params.rows[0].num_rows > 0 ? params.rows[0].hidden_size : 0,
                                params.rows[1].num_rows > 0 ? params.rows[1].hidden_size : 0) /
                            kVecN;
-  const NormGeometry geometry = choose_geometry(
+  NormGeometry geometry = choose_geometry(
       kKind,
       num_vecs,
       kVecN * sizeof(T),
@@ -1001,6 +1143,10 @@ void launch_norm_rows(NormParams params, DLDevice device, bool pdl, bool in_plac
   for (NormRows& rows : params.rows) {
     set_row_geometry<kVecN>(rows, geometry, num_vecs);
     input_elements += rows.num_rows * rows.hidden_size;
+  }
+  params.split_threads = 0;
+  if constexpr (kKind == NormKind::kQKNorm && kVecN * sizeof(T) == 16) {
+    if (const uint32_t threads = set_split_layout(params, geometry); threads > 0) geometry.block_threads = threads;
   }
   const bool l2_hint = use_l2_hint(in_place, input_elements * static_cast<int64_t>(sizeof(T)));
   switch (geometry.vecs_per_thread) {
@@ -1131,6 +1277,8 @@ void rmsnorm(
   params.eps = static_cast<float>(eps);
   params.weight_offset = static_cast<float>(weight_offset);
   params.cast_x_before_out_mul = cast_x_before_out_mul;
+  params.packed_weight_mul =
+      cast_x_before_out_mul && weight_offset == 0.0 && sizeof(T) == 2 && norm_path_override().packed_weight_mul != 0;
   const uint64_t row_bytes = n > 1 ? static_cast<uint64_t>(input.stride(0) | out.stride(0)) * sizeof(T) : 0;
   const int64_t vec_bytes = widest_vector_bytes<T>(
       {address_of(params.rows[0].input),
@@ -1153,6 +1301,18 @@ void rmsnorm(
 /// occupancy); 0 or < 0 keeps the default, one CTA per group of rows.
 inline void set_norm_geometry_override(int64_t threads_per_row, int64_t vecs_per_thread, int64_t blocks_per_sm) {
   norm_override() = NormOverride{threads_per_row, vecs_per_thread, blocks_per_sm};
+}
+
+/// Tests and benchmarks only: forces the paths of NormPathOverride (each -1 automatic, 0 the older
+/// path, 1 the newer where it applies) for every later launch of this module.
+inline void set_norm_path_override(int64_t packed_weight_mul, int64_t one_cta_per_token) {
+  host::RuntimeCheck(
+      packed_weight_mul >= -1 && packed_weight_mul <= 1 && one_cta_per_token >= -1 && one_cta_per_token <= 1,
+      "_set_path_override: each mode must be -1, 0 or 1, got ",
+      packed_weight_mul,
+      " and ",
+      one_cta_per_token);
+  norm_path_override() = NormPathOverride{packed_weight_mul, one_cta_per_token};
 }
 
 /// Tests and benchmarks only: forces the L2 hint of in-place launches (see norm_l2_hint_override).

@@ -961,6 +961,17 @@ enum class Sharing { kDisjoint, kShared, kUndecided };
 
 }  // namespace detail
 
+namespace detail {
+
+/// A byte span as the overlap messages print it: "[0x7f0000, 0x7f0400)".
+inline std::string span_text(const ByteSpan& span) {
+  std::ostringstream os;
+  os << std::hex << "[0x" << span.first << ", 0x" << span.last << ')';
+  return os.str();
+}
+
+}  // namespace detail
+
 /// Throws PanicError unless `a` and `b` share no byte or (when `allow_same`) are exactly the same
 /// view (same address, shape and strides: an in-place call). Partially overlapping operands would
 /// make a kernel read elements it has already overwritten.
@@ -971,10 +982,18 @@ enum class Sharing { kDisjoint, kShared, kUndecided };
 /// ranges intersect in a layout it cannot decide (different row strides, dims that interleave, more
 /// than 65536 runs per row, sub-byte dtypes) are refused: "<a> and <b> share memory in a layout
 /// whose disjointness cannot be verified (...)".
+/// Messages, in the form of every argument error (`<arg> <what>: expected X, got Y`; the Python
+/// wrappers prefix the op), with the byte spans [first, last) of both views:
+///   "k overlaps q: expected disjoint memory, got a partial overlap (k [0x.., 0x..), q [0x.., 0x..))"
+///   "out overlaps input: expected disjoint memory or the same tensor, got a partial overlap (...)"
+///   "k overlaps q: expected disjoint memory, got the same tensor (k [...), q [...))"
+///   "k overlaps q: expected disjoint memory (or views of one buffer with the same largest stride,
+///    the token stride), got byte ranges that share memory in a layout whose disjointness cannot be
+///    verified (k has dims that interleave; k [...), q [...))"
 /// Examples: verify_no_partial_overlap(k, "k", q, "q", false) with q = x[:, 0:4] of x = [T, 6, D]:
-/// k = x[:, 4:6] -> ok (q and k of one qkv buffer); k = x[:, 3:5] -> "k overlaps q in memory
-/// (partially); they must be disjoint". out = y[1:] with src = y[:-1] -> "out overlaps src in
-/// memory (partially); ...".
+/// k = x[:, 4:6] -> ok (q and k of one qkv buffer); k = x[:, 3:5] -> "k overlaps q: expected
+/// disjoint memory, got a partial overlap (...)". out = y[1:] with src = y[:-1], allow_same ->
+/// "out overlaps src: expected disjoint memory or the same tensor, got a partial overlap (...)".
 inline void verify_no_partial_overlap(
     const tvm::ffi::TensorView& a,
     const char* a_name,
@@ -990,9 +1009,24 @@ inline void verify_no_partial_overlap(
     same = a.shape()[d] == b.shape()[d] && (a.shape()[d] == 1 || a.strides()[d] == b.strides()[d]);
   }
   if (same && allow_same) return;
-  const char* fix = allow_same ? "pass the same tensor for in place, or disjoint tensors" : "they must be disjoint";
+  const char* expected =
+      allow_same ? ": expected disjoint memory or the same tensor, got " : ": expected disjoint memory, got ";
   if (same) [[unlikely]] {
-    detail::panic_at(loc, a_name, " overlaps ", b_name, " in memory (the same tensor); ", fix);
+    detail::panic_at(
+        loc,
+        a_name,
+        " overlaps ",
+        b_name,
+        expected,
+        "the same tensor (",
+        a_name,
+        " ",
+        detail::span_text(sa),
+        ", ",
+        b_name,
+        " ",
+        detail::span_text(sb),
+        ")");
   }
   const detail::ByteDims da = detail::byte_dims(a), db = detail::byte_dims(b);
   const char* reason = da.reason != nullptr ? da.reason : db.reason;
@@ -1001,27 +1035,55 @@ inline void verify_no_partial_overlap(
   if (reason == nullptr) sharing = detail::byte_sharing(da, db, &reason);
   if (sharing == detail::Sharing::kDisjoint) return;
   if (sharing == detail::Sharing::kShared) [[unlikely]] {
-    detail::panic_at(loc, a_name, " overlaps ", b_name, " in memory (partially); ", fix);
+    detail::panic_at(
+        loc,
+        a_name,
+        " overlaps ",
+        b_name,
+        expected,
+        "a partial overlap (",
+        a_name,
+        " ",
+        detail::span_text(sa),
+        ", ",
+        b_name,
+        " ",
+        detail::span_text(sb),
+        ")");
   }
   detail::panic_at(
       loc,
       a_name,
-      " and ",
+      " overlaps ",
       b_name,
-      " share memory in a layout whose disjointness cannot be verified (",
+      allow_same ? ": expected disjoint memory or the same tensor" : ": expected disjoint memory",
+      " (or views of one buffer with the same largest stride, the token stride), got byte ranges that "
+      "share memory in a layout whose disjointness cannot be verified (",
       who != nullptr ? who : "",
       who != nullptr ? " has " : "",
       reason,
-      "); pass disjoint buffers, or views of one buffer with the same largest stride (the token stride)");
+      "; ",
+      a_name,
+      " ",
+      detail::span_text(sa),
+      ", ",
+      b_name,
+      " ",
+      detail::span_text(sb),
+      ")");
 }
 
 /// Throws PanicError if two elements of `view` can share an address, which an output or in-place
 /// operand must not: a dim of size > 1 with stride 0 (an expanded tensor), or, with the dims of size
 /// > 1 ordered by |stride|, a stride below the extent 1 + sum((size - 1) * |stride|) of the dims
 /// before it (torch's rule; conservative: a few interleaved but disjoint layouts are refused too).
+/// Messages (`<arg> <what>: expected X, got Y`, as verify_no_partial_overlap's):
+///   "t strides: expected no dim of size > 1 with stride 0 (elements at addresses of their own), got
+///    dim 0 of size 4 with stride 0 (an expanded tensor)"
+///   "q strides: expected elements at addresses of their own (each stride >= the extent of the dims
+///    with smaller strides), got dim 1 stride 64 < extent 128 of the dims with smaller strides"
 /// Examples: [T, H, D] with strides (W, D, 1), W >= H * D (a fused qkv view), or head-major
-/// (D, T * D, 1) -> ok; strides (H * 128, 64, 1) with D = 128 -> "q: elements of q may overlap each
-/// other (dim 1 stride 64 < extent 128 of the dims with smaller strides); ...".
+/// (D, T * D, 1) -> ok; strides (H * 128, 64, 1) with D = 128 -> the second message.
 inline void verify_no_self_overlap(
     const tvm::ffi::TensorView& view, const char* name, std::source_location loc = std::source_location::current()) {
   const int32_t ndim = view.ndim();
@@ -1033,11 +1095,12 @@ inline void verify_no_self_overlap(
       detail::panic_at(
           loc,
           name,
-          ": dim ",
+          " strides: expected no dim of size > 1 with stride 0 (elements at addresses of their own), "
+          "got dim ",
           d,
-          " has stride 0 with size ",
+          " of size ",
           shape[d],
-          " (an expanded tensor); its elements alias each other, pass a tensor with its own storage");
+          " with stride 0 (an expanded tensor)");
     }
     empty = empty || shape[d] == 0;
   }
@@ -1067,16 +1130,14 @@ inline void verify_no_self_overlap(
       detail::panic_at(
           loc,
           name,
-          ": elements of ",
-          name,
-          " may overlap each other (dim ",
+          " strides: expected elements at addresses of their own (each stride >= the extent of the "
+          "dims with smaller strides), got dim ",
           d,
           " stride ",
           strides[d],
           " < extent ",
           extent,
-          " of the dims with smaller strides); pass a tensor whose elements ",
-          "have distinct addresses");
+          " of the dims with smaller strides");
     }
   }
 }
