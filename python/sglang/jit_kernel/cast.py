@@ -114,6 +114,12 @@ def _check_destinations(loc: torch.Tensor, mult: int, offset: int, num_slots: in
     )
 
 
+#: Kernel variants of the launcher (A/B benches; each writes the same bytes): the flat kernel with the
+#: division's reciprocal done once per thread (the default), the flat kernel with ``__fdiv_rn`` per
+#: element, the legacy kernel (up to 4 rows per thread, scale and loc loaded after each store).
+VARIANTS = {"flat": 0, "flat fdiv": 1, "legacy": 2}
+
+
 def _run(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -124,10 +130,31 @@ def _run(
     loc: torch.Tensor,
     mult: int,
     offset: int,
+    variant: int = 0,
 ) -> None:
     """The checked call: the optional host index check, then the launcher."""
     _check_destinations(loc, mult, offset, k_out.shape[0])
-    _load(k.dtype)(k, v, k_out, v_out, k_scale, v_scale, loc, mult, offset)
+    _load(k.dtype)(k, v, k_out, v_out, k_scale, v_scale, loc, mult, offset, variant)
+
+
+def downcast_fp8_variant(
+    variant: str,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_out: torch.Tensor,
+    v_out: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    loc: torch.Tensor,
+    mult: int = 1,
+    offset: int = 0,
+) -> None:
+    """:func:`downcast_fp8` through one kernel variant (a key of ``VARIANTS``), eager only: for A/B
+    benchmarks and tests. Arguments as :func:`downcast_fp8` (the launcher validates them)."""
+    if variant not in VARIANTS:
+        fail(ValueError, "downcast_fp8_variant", "variant", "value", f"one of {sorted(VARIANTS)}", repr(variant))
+    check_tensor("downcast_fp8_variant", "k", k, dtypes=SOURCE_DTYPES)
+    _run(k, v, k_out, v_out, k_scale.reshape(1), v_scale.reshape(1), loc, mult, offset, VARIANTS[variant])
 
 
 @torch.library.custom_op("sglang_jit_kernel::downcast_fp8", mutates_args=("k_out", "v_out"), device_types="cuda")
@@ -185,8 +212,10 @@ def downcast_fp8(
     -448, 448))``, and the same for ``v`` with ``v_scale``, for every token ``i``.
 
     Rounding, in this order: each element is widened to fp32 (exact), divided by the fp32 scale
-    (one correctly rounded IEEE division; no reciprocal is formed), clamped to ``[-448, 448]`` and
-    rounded once to e4m3 (to nearest, ties to even). The result equals, bit for bit,
+    (the correctly rounded IEEE quotient: the kernel runs the compiler's own division fast path
+    with its reciprocal step done once per thread, where the exponents are ordinary, and the full
+    division elsewhere), clamped to ``[-448, 448]`` and rounded once to e4m3 (to nearest, ties to
+    even). The result equals, bit for bit,
     ``(k.float() / k_scale).clamp(-448, 448).to(torch.float8_e4m3fn)``, except that NaN always
     gives the byte ``0x7F`` (torch keeps a NaN's sign bit). ``+-inf`` gives ``+-448``; a scale of
     0 gives ``+-448`` for nonzero elements and NaN for zeros; a NaN scale gives NaN everywhere.
@@ -243,7 +272,7 @@ def downcast_fp8(
         fn = _FNS.get(getattr(k, "dtype", None))
         if fn is not None and type(mult) is int and type(offset) is int:  # the FFI would take a bool
             try:
-                fn(k, v, k_out, v_out, k_scale, v_scale, loc, mult, offset)  # the launcher checks everything
+                fn(k, v, k_out, v_out, k_scale, v_scale, loc, mult, offset, 0)  # the launcher checks everything
                 return
             except (TypeError, RuntimeError, ValueError, OverflowError):  # before any launch: explain
                 pass

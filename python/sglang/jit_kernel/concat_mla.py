@@ -96,7 +96,7 @@ def _check_parts(
 def _call(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     key = (_row_bytes(a), _row_bytes(b))
     fn = _FNS.get(key) or _load(*key)
-    fn(out, a, b)
+    fn(out, a, b, 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -154,7 +154,7 @@ def concat_mla_k(k: torch.Tensor, k_nope: torch.Tensor, k_rope: torch.Tensor) ->
             fn = None
         if fn is not None:
             try:
-                fn(k, k_nope, k_rope)  # the launcher checks everything
+                fn(k, k_nope, k_rope, 0)  # the launcher checks everything
                 return
             except (TypeError, RuntimeError):  # raised before any launch: the checked path explains
                 pass
@@ -224,7 +224,7 @@ def concat_mla_absorb_q(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         if fn is not None and a.dim() == 3:
             out = a.new_empty(a.shape[0], a.shape[1], a.shape[2] + b.shape[-1])
             try:
-                fn(out, a, b)  # the launcher checks everything
+                fn(out, a, b, 0)  # the launcher checks everything
                 return out
             except (TypeError, RuntimeError):  # raised before any launch: the checked path explains
                 pass

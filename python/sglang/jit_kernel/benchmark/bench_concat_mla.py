@@ -7,6 +7,8 @@ GB/s from the bytes each op must move, % of a 1 GiB device copy measured in the 
   concat_mla_k         T*H*(nope + rope)*s + T*H*nope*s + T*rope*s   (write k, read k_nope, read k_rope once)
   concat_mla_absorb_q  2*T*H*(A + B)*s                              (read a and b, write out)
 DeepSeek shapes: k [T, 128, 128 + 64] from k_nope [T, 128, 128] and k_rope [T, 1, 64]; q [T, 128, 512 + 64].
+A/B rows: "jit evict_last" is the launcher's variant 1 (loads a and b with an L2 evict_last policy;
+see concat_mla.cuh), the same bytes as "jit".
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from sglang.jit_kernel.benchmark.utils import (
     get_benchmark_range,
     sweep_rows,
 )
-from sglang.jit_kernel.concat_mla import concat_mla_absorb_q, concat_mla_k
+from sglang.jit_kernel.concat_mla import _load, concat_mla_absorb_q, concat_mla_k
 from sglang.test.ci.ci_register import register_cuda_ci
 
 register_cuda_ci(est_time=120, suite="stage-b-kernel-benchmark-1-gpu-large")
@@ -40,6 +42,16 @@ def torch_absorb_q(a, b) -> torch.Tensor:
     return torch.cat([a, b], dim=-1)
 
 
+def evict_last_k(k, k_nope, k_rope) -> None:
+    _load(NOPE * 2, ROPE * 2)(k, k_nope, k_rope, 1)
+
+
+def evict_last_q(a, b) -> torch.Tensor:
+    out = torch.empty(*a.shape[:2], Q_NOPE + ROPE, dtype=a.dtype, device=a.device)
+    _load(Q_NOPE * 2, ROPE * 2)(out, a, b, 1)
+    return out
+
+
 def k_set(t: int) -> tuple:
     k = torch.empty(t, HEADS, NOPE + ROPE, dtype=DTYPE, device="cuda")
     k_nope = torch.randn(t, HEADS, NOPE, dtype=DTYPE, device="cuda")
@@ -56,11 +68,13 @@ def main() -> None:
     roof = copy_roof_gbps()
     k_providers = {
         "jit": concat_mla_k,
+        "jit evict_last": evict_last_k,
         "torch two copies": torch_concat_k,
         "torch.compile": lambda *a: compiled_once("k", torch_concat_k)(*a),
     }
     q_providers = {
         "jit": concat_mla_absorb_q,
+        "jit evict_last": evict_last_q,
         "torch.cat": torch_absorb_q,
         "torch.compile": lambda *a: compiled_once("q", torch_absorb_q)(*a),
     }

@@ -8,7 +8,9 @@ measured in the same process:
   downcast_fp8   2*T*H*D*(2 + 1) + T*8   (read k and v in bf16, write one e4m3 byte each, read loc)
 Shapes: k, v [T, H, 128] bf16 into uint8 caches [4T + 1, H, 128] at distinct random rows; H = 8 for
 T in {1, 64, 2048, 16384} and the issue's decode case 64 x 32 x 128. Targets (issue 17): <= 1.5 us at
-64 x 32 x 128, >= 95 % of copy at 16384 x 8 x 128.
+64 x 32 x 128, >= 95 % of copy at 16384 x 8 x 128. A/B rows (the same bytes as "jit", the default
+flat kernel with the division's reciprocal done once per thread): "jit flat fdiv" (flat kernel,
+__fdiv_rn per element) and "jit legacy" (the previous kernel); see downcast_fp8.cuh.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from sglang.jit_kernel.benchmark.utils import (
     get_benchmark_range,
     sweep_rows,
 )
-from sglang.jit_kernel.cast import downcast_fp8
+from sglang.jit_kernel.cast import downcast_fp8, downcast_fp8_variant
 from sglang.test.ci.ci_register import register_cuda_ci
 
 register_cuda_ci(est_time=90, suite="stage-b-kernel-benchmark-1-gpu-large")
@@ -62,6 +64,8 @@ def bytes_moved(case: tuple[int, int]) -> int:
 def rows() -> list[BenchRow]:
     providers = {
         "jit": downcast_fp8,
+        "jit flat fdiv": lambda *a: downcast_fp8_variant("flat fdiv", *a),
+        "jit legacy": lambda *a: downcast_fp8_variant("legacy", *a),
         "torch eager": torch_downcast,
         "torch.compile": lambda *a: compiled_once("downcast_fp8", torch_downcast)(*a),
     }

@@ -284,11 +284,36 @@ def test_concat_mla_ffi_rejects_mismatch_from_cpp():
         random_of((4, 1, 64), torch.bfloat16),
     )
     with pytest.raises(RuntimeError, match="built for 256 \\+ 128"):
-        module.concat_mla(k[:, :, :160], k_nope, k_rope[:, :, :32])
+        module.concat_mla(k[:, :, :160], k_nope, k_rope[:, :, :32], 0)
     with pytest.raises(RuntimeError, match="k_nope|a"):
-        module.concat_mla(k, k_nope.half(), k_rope)
+        module.concat_mla(k, k_nope.half(), k_rope, 0)
     with pytest.raises(RuntimeError, match="overlaps|share memory"):  # refused either as shared or as undecidable
-        module.concat_mla(k, k[:, :, :128], k_rope)
+        module.concat_mla(k, k[:, :, :128], k_rope, 0)
+
+
+@requires_cuda
+@pytest.mark.parametrize("a_dim,b_dim", [(128, 64), (512, 64)])
+def test_concat_mla_evict_last_variant_writes_the_same_bytes(a_dim, b_dim):
+    """The launcher's variant 1 (L2 evict_last loads, an A/B knob of bench_concat_mla): the same output
+    as the default, broadcast and per-head b, and an unaligned view (narrower vectors, no hint)."""
+    from sglang.jit_kernel.concat_mla import _load
+
+    fn = _load(a_dim * 2, b_dim * 2)
+    for b_heads in (1, 16):
+        a, b = random_of((37, 16, a_dim), torch.bfloat16), random_of((37, b_heads, b_dim), torch.bfloat16)
+        out = sentinel_filled((37, 16, a_dim + b_dim), torch.bfloat16)
+        expected = out.clone()
+        fn(expected, a, b, 0)
+        fn(out, a, b, 1)
+        assert_bits_equal(out, expected)
+    storage = sentinel_filled((37 * 16 * (a_dim + b_dim) + 1,), torch.bfloat16)
+    out = storage[1:].view(37, 16, a_dim + b_dim)
+    expected = out.clone()
+    fn(expected, a, b, 0)
+    fn(out, a, b, 1)
+    assert_bits_equal(out, expected)
+    with pytest.raises(RuntimeError, match="variant"):
+        fn(out, a, b, 2)
 
 
 if __name__ == "__main__":

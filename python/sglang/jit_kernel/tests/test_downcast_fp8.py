@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sglang.jit_kernel._validate import CHECK_INDICES_ENV
-from sglang.jit_kernel.cast import downcast_fp8, reference_downcast_fp8
+from sglang.jit_kernel.cast import VARIANTS, downcast_fp8, downcast_fp8_variant, reference_downcast_fp8
 from sglang.jit_kernel.testing import (
     SENTINEL_BYTE,
     assert_bits_equal,
@@ -124,14 +124,85 @@ def test_downcast_fp8_boundary_values_bit_exact(dtype, scale):
 @requires_cuda
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_downcast_fp8_head_dims_cover_every_vector_width(dtype):
-    """Boundary values spread over rows of 8 (8-wide vectors), 4, 2 and 1 elements."""
+    """Boundary values spread over rows of 16 (16-wide vectors), 8, 4, 2 and 1 elements."""
     values = boundary_values(dtype).cuda()
-    for dim in (8, 4, 2, 1):
+    for dim in (16, 8, 4, 2, 1):
         n = values.numel() // dim
         k = values[: n * dim].view(n, 1, dim)
         out = sentinel_filled((n + 1, 1, dim), torch.uint8)
         out_v = sentinel_filled((n + 1, 1, dim), torch.uint8)
         run_and_check(k, k.clone(), out, out_v, scale_of(1.0), scale_of(0.75), torch.arange(n, device="cuda") + 1)
+
+
+# Scales around the flat kernel's fast-division range [2^-40, 2^40] (inside, at and past both ends),
+# ordinary ones, and those that always take __fdiv_rn (negative, subnormal, huge).
+EXHAUSTIVE_SCALES = [
+    0.37,
+    1.7,
+    3.0,
+    1.0,
+    0.1,
+    1e-3,
+    7.1e-5,
+    12345.678,
+    2.0**-20 * 1.3,
+    2.0**-40,
+    2.0**40,
+    2.0**-40 * 0.999,
+    2.0**40 * 1.001,
+    2.0**-60,
+    2.0**70,
+    -0.37,
+    1e-40,
+    3e38,
+]
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_downcast_fp8_every_source_value_bit_exact(dtype, variant):
+    """Every 16-bit pattern of the source dtype (zeros, subnormals, inf, NaN, the largest values) in
+    16-element vectors, k and v with different scales, bit for bit against torch's cast, through each
+    kernel variant (the flat kernel's fast division takes only ordinary exponents; file comment of
+    downcast_fp8.cuh)."""
+    patterns = torch.arange(-(2**15), 2**15, dtype=torch.int32, device="cuda").to(torch.int16).view(dtype)
+    k = patterns.view(4096, 1, 16)
+    v = patterns.flip(0).contiguous().view(4096, 1, 16)
+    loc = torch.arange(4096, device="cuda")
+    for i, scale in enumerate(EXHAUSTIVE_SCALES):
+        v_scale = EXHAUSTIVE_SCALES[(i + 1) % len(EXHAUSTIVE_SCALES)]
+        out_k, out_v = sentinel_filled((4096, 1, 16), torch.uint8), sentinel_filled((4096, 1, 16), torch.uint8)
+        downcast_fp8_variant(variant, k, v, out_k, out_v, scale_of(scale), scale_of(v_scale), loc)
+        assert_bits_equal(out_k, reference_downcast_fp8(k, scale_of(scale)))
+        assert_bits_equal(out_v, reference_downcast_fp8(v, scale_of(v_scale)))
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_downcast_fp8_variants_write_the_same_bytes(dtype):
+    """The flat kernel (both divisions) and the legacy kernel: the same caches, bit for bit, on a
+    decode-like shape with mult / offset, -1 and out-of-range loc entries."""
+    k, v = source((300, 8, 128), dtype, spread=300.0), source((300, 8, 128), dtype, spread=300.0)
+    loc = torch.randperm(700, device="cuda")[:300]
+    loc[::7] = -1
+    loc[3] = 10**9
+    caches = {}
+    for variant in sorted(VARIANTS):
+        k_out, v_out = sentinel_filled((1402, 8, 128), torch.uint8), sentinel_filled((1402, 8, 128), torch.uint8)
+        downcast_fp8_variant(variant, k, v, k_out, v_out, scale_of(0.37), scale_of(1.7), loc, 2, 1)
+        caches[variant] = (k_out, v_out)
+    fresh = sentinel_filled((1402, 8, 128), torch.uint8)
+    assert_bits_equal(caches["flat"][0], expected_cache(fresh, k, scale_of(0.37), loc, 2, 1))
+    assert_bits_equal(caches["flat"][1], expected_cache(fresh, v, scale_of(1.7), loc, 2, 1))
+    for variant in VARIANTS:
+        assert_bits_equal(caches[variant][0], caches["legacy"][0])
+        assert_bits_equal(caches[variant][1], caches["legacy"][1])
+
+
+def test_downcast_fp8_variant_name_is_checked():
+    with pytest.raises(ValueError, match="^downcast_fp8_variant: variant value: expected one of"):
+        downcast_fp8_variant("fast", *([None] * 7))
 
 
 def original_path(x: torch.Tensor, scale: float) -> torch.Tensor:
@@ -463,15 +534,15 @@ def test_downcast_fp8_ffi_rejects_mismatch_from_cpp():
     module = _jit_cast_module(torch.bfloat16)
     k, v, k_out, v_out, ks, vs, loc = _args()
     with pytest.raises(RuntimeError, match="k_out"):
-        module.downcast_fp8(k, v, k_out.view(torch.int8), v_out, ks, vs, loc, 1, 0)
+        module.downcast_fp8(k, v, k_out.view(torch.int8), v_out, ks, vs, loc, 1, 0, 0)
     with pytest.raises(RuntimeError, match="k_scale"):
-        module.downcast_fp8(k, v, k_out, v_out, ks.half(), vs, loc, 1, 0)
+        module.downcast_fp8(k, v, k_out, v_out, ks.half(), vs, loc, 1, 0, 0)
     with pytest.raises(RuntimeError, match="loc"):
-        module.downcast_fp8(k, v, k_out, v_out, ks, vs, loc[:7], 1, 0)
+        module.downcast_fp8(k, v, k_out, v_out, ks, vs, loc[:7], 1, 0, 0)
     with pytest.raises(RuntimeError, match="overlaps"):
-        module.downcast_fp8(k, v, k_out, k_out, ks, vs, loc, 1, 0)
+        module.downcast_fp8(k, v, k_out, k_out, ks, vs, loc, 1, 0, 0)
     with pytest.raises(RuntimeError):
-        module.downcast_fp8(k.half(), v.half(), k_out, v_out, ks, vs, loc, 1, 0)
+        module.downcast_fp8(k.half(), v.half(), k_out, v_out, ks, vs, loc, 1, 0, 0)
 
 
 if __name__ == "__main__":

@@ -376,6 +376,31 @@ def test_store_cache_cpu_and_non_tensors():
         store_cache([1.0], k, k, k, k)
 
 
+@requires_cuda
+@pytest.mark.parametrize("k_row,v_row", [(1024, 1024), (64, 96), (98, 100), (4096, 576)])
+def test_store_cache_evict_last_variant_writes_the_same_bytes(k_row, v_row):
+    """The launcher's variant 1 (source loads L2 evict_last, an A/B knob of bench_kvcache) writes what
+    the default does: padded slot maps, 16-, 8- and narrower vectors (the hint applies to 8/16 only)."""
+    from sglang.jit_kernel.kvcache import _load
+
+    module = _load()
+    k, v, k_cache, v_cache = make_store(300, 700, k_row, v_row)
+    indices = slot_map("padded", 300, 700)
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    module.store_cache(k, v, expected_k, expected_v, indices, 0, 0, 0)
+    module.store_cache(k, v, k_cache, v_cache, indices, 0, 0, 1)
+    assert_bits_equal(k_cache, expected_k)
+    assert_bits_equal(v_cache, expected_v)
+    kv = sentinel_filled((700, 1, 576), torch.bfloat16)
+    expected_kv = kv.clone()
+    nope, rope = random_of((300, 1, 512), torch.bfloat16), random_of((300, 1, 64), torch.bfloat16)
+    module.set_mla_kv_buffer(expected_kv, indices, nope, rope, 0)
+    module.set_mla_kv_buffer(kv, indices, nope, rope, 1)
+    assert_bits_equal(kv, expected_kv)
+    with pytest.raises(RuntimeError, match="variant"):
+        module.store_cache(k, v, k_cache, v_cache, indices, 0, 0, 2)
+
+
 def _store_args() -> list[torch.Tensor]:
     return [*make_store(8, 16, 64), slot_map("random", 8, 16)]
 
@@ -482,15 +507,15 @@ def test_store_cache_ffi_rejects_mismatch_from_cpp():
     module = _jit_kvcache_module()
     k, v, k_cache, v_cache, indices = _store_args()
     with pytest.raises(RuntimeError, match="k_cache"):
-        module.store_cache(k, v, k_cache.half(), v_cache, indices, 0, 0)
+        module.store_cache(k, v, k_cache.half(), v_cache, indices, 0, 0, 0)
     with pytest.raises(RuntimeError, match="indices"):
-        module.store_cache(k, v, k_cache, v_cache, indices.float(), 0, 0)
+        module.store_cache(k, v, k_cache, v_cache, indices.float(), 0, 0, 0)
     with pytest.raises(RuntimeError, match="at most num_tokens"):
-        module.store_cache(k, v, k_cache, v_cache, torch.zeros(9, dtype=torch.int64, device="cuda"), 0, 0)
+        module.store_cache(k, v, k_cache, v_cache, torch.zeros(9, dtype=torch.int64, device="cuda"), 0, 0, 0)
     with pytest.raises(RuntimeError, match="row_bytes"):
-        module.store_cache(k, v, k_cache, v_cache, indices, 7, 0)
+        module.store_cache(k, v, k_cache, v_cache, indices, 7, 0, 0)
     with pytest.raises(RuntimeError, match="overlaps"):
-        module.store_cache(k, v, k, v_cache[:8], indices, 0, 0)
+        module.store_cache(k, v, k, v_cache[:8], indices, 0, 0, 0)
 
 
 # ---- set_mla_kv_buffer ----

@@ -10,6 +10,12 @@
 // broadcast (head stride 0) is read by every head and comes from L1/L2 after the first.
 // Moves num_tokens * heads * (2 * (kABytes + kBBytes)) bytes (b once per token when broadcast).
 //
+// variant (an A/B knob, 8- and 16-byte vectors; the same bytes either way): 1 loads a and b with an
+// L2 evict_last policy. docs/perf_notes.md session 6: a copy whose loads are evict_last has the L2
+// write its dirty lines back first and ran at the copy roof (plain loads: 95 %); the lines read stay
+// evict_last after the kernel, which pushes the next kernel's data out of L2 first, so it is off by
+// default.
+//
 // PDL: the kernel waits for the previous kernel (griddepcontrol.wait) before its first global load
 // (a and b may be its output; out may be what it reads) and then releases the next kernel at once,
 // so the next launch overlaps this one (rmsnorm.cuh's pdl_wait_then_release says why in that order).
@@ -47,9 +53,10 @@ struct ConcatMlaConfig {
   static constexpr int64_t kMaxHeadBlocks = 65535;            // grid.y cap; blocks loop over vectors
 };
 
-template <int64_t kABytes, int64_t kBBytes, int kVecBytes>
+template <int64_t kABytes, int64_t kBBytes, int kVecBytes, bool kEvictLast = false>
 __global__ void __launch_bounds__(ConcatMlaConfig::kThreads) concat_mla_kernel(const ConcatMlaParams params) {
   using vec_t = device::AlignedVector<uint8_t, kVecBytes>;
+  static_assert(!kEvictLast || kVecBytes >= 8, "concat_mla: the L2 hint takes 8- and 16-byte vectors");
   constexpr uint32_t kAVecs = kABytes / kVecBytes;
   constexpr uint32_t kRowVecs = (kABytes + kBBytes) / kVecBytes;
   const uint32_t token_vecs = params.num_heads * kRowVecs;  // < 2^32, checked by the launcher
@@ -67,14 +74,18 @@ __global__ void __launch_bounds__(ConcatMlaConfig::kThreads) concat_mla_kernel(c
                             : device::pointer::offset(params.b, n * params.b_token_stride, head * params.b_head_stride);
       void* dst = device::pointer::offset(params.out, n * params.out_token_stride, head * params.out_head_stride);
       vec_t v;
-      v.load(src, from_a ? col : col - kAVecs);
+      if constexpr (kEvictLast) {
+        v.load(src, from_a ? col : col - kAVecs, device::l2_evict_last_policy());
+      } else {
+        v.load(src, from_a ? col : col - kAVecs);
+      }
       v.store(dst, col);
     }
   }
 }
 
 template <int64_t kABytes, int64_t kBBytes, int kVecBytes>
-void launch_concat_mla(const ConcatMlaParams& params, DLDevice device) {
+void launch_concat_mla(const ConcatMlaParams& params, bool evict_last, DLDevice device) {
   using namespace host;
   using Config = ConcatMlaConfig;
   constexpr int64_t kRowVecs = (kABytes + kBBytes) / kVecBytes;
@@ -82,11 +93,16 @@ void launch_concat_mla(const ConcatMlaParams& params, DLDevice device) {
   const dim3 grid(
       static_cast<uint32_t>(std::min(params.num_tokens, Config::kMaxTokenBlocks)),
       static_cast<uint32_t>(std::min(head_blocks, Config::kMaxHeadBlocks)));
-  LaunchKernel(grid, Config::kThreads, device).enable_pdl()(concat_mla_kernel<kABytes, kBBytes, kVecBytes>, params);
+  LaunchKernel launch(grid, Config::kThreads, device);
+  launch.enable_pdl();
+  if constexpr (kVecBytes >= 8) {
+    if (evict_last) return launch(concat_mla_kernel<kABytes, kBBytes, kVecBytes, true>, params);
+  }
+  launch(concat_mla_kernel<kABytes, kBBytes, kVecBytes>, params);
 }
 
-/// concat_mla<kABytes, kBBytes>(out, a, b): out[n, h] = cat(a[n, h], b[n, h]) (b[n, 0] when b has
-/// one head: a broadcast).
+/// concat_mla<kABytes, kBBytes>(out, a, b, variant): out[n, h] = cat(a[n, h], b[n, h]) (b[n, 0]
+/// when b has one head: a broadcast). variant: 0 plain loads, 1 L2 evict_last loads (file comment).
 ///
 /// out [num_tokens, num_heads, out_dim], a [num_tokens, num_heads, a_dim], b [num_tokens, num_heads
 /// or 1, b_dim]: one dtype of whole bytes, token and head strides free, last stride 1; a_dim and
@@ -94,7 +110,7 @@ void launch_concat_mla(const ConcatMlaParams& params, DLDevice device) {
 /// element with a or b. Throws PanicError (Python RuntimeError) before any launch on a mismatch;
 /// nothing is launched for 0 tokens or 0 heads.
 template <int64_t kABytes, int64_t kBBytes>
-void concat_mla(tvm::ffi::TensorView out, tvm::ffi::TensorView a, tvm::ffi::TensorView b) {
+void concat_mla(tvm::ffi::TensorView out, tvm::ffi::TensorView a, tvm::ffi::TensorView b, int64_t variant) {
   using namespace host;
   static_assert(kABytes > 0 && kBBytes > 0, "concat_mla: both parts need at least one byte");
 
@@ -154,6 +170,7 @@ void concat_mla(tvm::ffi::TensorView out, tvm::ffi::TensorView a, tvm::ffi::Tens
       ": expected at most 2^31 output bytes per token");
   verify_no_partial_overlap(out, "out", a, "a", /*allow_same=*/false);
   verify_no_partial_overlap(out, "out", b, "b", /*allow_same=*/false);
+  RuntimeCheck(variant == 0 || variant == 1, "concat_mla: variant = ", variant, ": expected 0 or 1");
 
   // Unwrap
   const bool broadcast = b_heads.unwrap() == 1;
@@ -187,15 +204,15 @@ void concat_mla(tvm::ffi::TensorView out, tvm::ffi::TensorView a, tvm::ffi::Tens
   // Launch
   switch (vec_bytes) {
     case 16:
-      return launch_concat_mla<kABytes, kBBytes, 16>(params, device);
+      return launch_concat_mla<kABytes, kBBytes, 16>(params, variant == 1, device);
     case 8:
-      return launch_concat_mla<kABytes, kBBytes, 8>(params, device);
+      return launch_concat_mla<kABytes, kBBytes, 8>(params, variant == 1, device);
     case 4:
-      return launch_concat_mla<kABytes, kBBytes, 4>(params, device);
+      return launch_concat_mla<kABytes, kBBytes, 4>(params, variant == 1, device);
     case 2:
-      return launch_concat_mla<kABytes, kBBytes, 2>(params, device);
+      return launch_concat_mla<kABytes, kBBytes, 2>(params, variant == 1, device);
     default:
-      return launch_concat_mla<kABytes, kBBytes, 1>(params, device);
+      return launch_concat_mla<kABytes, kBBytes, 1>(params, variant == 1, device);
   }
 }
 

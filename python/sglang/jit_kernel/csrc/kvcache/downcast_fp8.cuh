@@ -2,20 +2,39 @@
 // same for v, for every token i.
 //
 // Rounding path (what the tests hold bit for bit against torch): x is widened to fp32 exactly, divided
-// by the fp32 scale with a correctly rounded division (__fdiv_rn: no reciprocal is formed), and the
-// quotient is rounded once to e4m3, to nearest even, saturating at +-448 (cvt.rn.satfinite, which
-// equals the clamp followed by the rounding). +-inf -> +-448; NaN -> 0x7F whatever its sign.
+// by the fp32 scale with a correctly rounded division, and the quotient is rounded once to e4m3, to
+// nearest even, saturating at +-448 (cvt.rn.satfinite, which equals the clamp followed by the
+// rounding). +-inf -> +-448; NaN -> 0x7F whatever its sign.
 // The original rounds 1 / scale and the product to the input dtype first; the two agree bit for bit
 // when the scale is a power of two (both extra roundings are exact then), and otherwise can differ
 // by one e4m3 step near a rounding midpoint.
 //
+// The division (flat kernel, kFastDivide): the steps of the compiler's own div.rn.f32 fast path, with
+// the reciprocal part (rcp.approx, one Newton step), which depends on the scale only, done once per
+// thread instead of once per element: q0 = x * r, e = fma(-s, q0, x), q = fma(r, e, q0). The compiler
+// takes that path whenever its FCHK test allows (ordinary exponents) and calls a slow routine
+// otherwise; here the fast path is used only where the exponents are far from every limit: s in
+// [2^-40, 2^40] (positive; checked per thread) and every |x| of the vector at most 2^60 (checked per
+// vector), so q lies in [2^-100, 2^100] and the residual e is exact. Elements with |x| < 2^-60
+// (zeros, subnormals) give quotients below 2^-20, which round to a signed e4m3 zero whatever the
+// last fp32 bits, of the sign of x (the fast steps turn -0 / s into +0; the sign bit of x is ORed
+// back in, a no-op for every other element). Any other vector (an inf, |x| > 2^60) or scale
+// (negative, 0, NaN, inf, below 2^-40, above 2^40) takes __fdiv_rn per element.
+//
 // Destination rows whose slot loc[i] * mult + offset (exact, 128-bit) lies outside [0, num_slots)
 // are skipped: nothing is written out of bounds and there is no device trap.
 //
-// Work unit: one thread converts one vector (kVec elements of one head) of up to kMaxRowsPerThread
-// rows; a row is (token, k or v), k and v of a token adjacent. The source loads do not depend on loc,
-// so they are in flight together with the loc load. Moves num_tokens * H * D * 2 * (sizeof(T) + 1)
+// Flat kernel (the default): thread g converts vector g of the rows laid end to end (row = (token, k
+// or v), k and v of a token adjacent; vector = kVec elements of one head, up to 16: two 16-byte
+// loads of bf16 and one 16-byte store of e4m3). Every load of a thread (its scale, loc, source
+// vector) is issued before any compute or store, so a thread waits one memory latency; the row and
+// head of g come from multiply-shifts (RowDivider). The legacy kernel (up to 4 rows of 8-element
+// vectors per thread, __fdiv_rn per element, scale and loc loaded after the previous row's store)
+// stays selectable for A/B benches (variant 2). Moves num_tokens * H * D * 2 * (sizeof(T) + 1)
 // bytes, plus loc.
+//
+// PDL (flat kernel): it waits for the previous kernel (griddepcontrol.wait) before its first global
+// load and then releases the next kernel at once (see rmsnorm.cuh's pdl_wait_then_release).
 #pragma once
 
 #include <sgl_kernel/tensor.h>  // For TensorMatcher, Symbolic{Size,DType,Device}, verify_no_{partial,self}_overlap
@@ -30,6 +49,8 @@
 #include <cuda_fp8.h>
 #include <dlpack/dlpack.h>
 #include <tvm/ffi/container/tensor.h>
+
+#include "access.cuh"  // For RowDivider, load_issued_here
 
 namespace {
 
@@ -144,6 +165,144 @@ __global__ void __launch_bounds__(DowncastFp8Config::kThreads) downcast_fp8_kern
   }
 }
 
+/// Kernel arguments of the flat downcast kernel (the shared fields in `base`).
+struct DowncastFp8FlatParams {
+  DowncastFp8Params base;
+  uint32_t vecs_per_head;   // head_dim / kVec
+  uint32_t vecs_per_side;   // num_heads * vecs_per_head: the vectors of one row
+  uint32_t total;           // 2 * num_tokens * vecs_per_side < 2^31
+  RowDivider row_divider;   // divides by vecs_per_side
+  RowDivider head_divider;  // divides by vecs_per_head
+};
+
+/// Launch facts of the flat kernel.
+struct DowncastFp8FlatConfig {
+  static constexpr uint32_t kThreads = 256;
+  static constexpr int64_t kMaxBlocks = 1 << 20;         // grid cap; threads loop past it
+  static constexpr int64_t kMaxVecs = int64_t{1} << 31;  // 32-bit vector ids (RowDivider)
+};
+
+/// Division x / s by the fast path's steps with the reciprocal r of s done once (file comment).
+/// Valid for s in [2^-40, 2^40] and |x| <= 2^60; the sign of a zero quotient is not kept.
+SGL_DEVICE float divide_by_reciprocal(float x, float s, float r) {
+  const float q0 = __fmul_rn(x, r);
+  const float e = __fmaf_rn(-s, q0, x);
+  return __fmaf_rn(r, e, q0);
+}
+
+/// The refined reciprocal of the fast path: rcp.approx (MUFU.RCP), then one Newton step.
+SGL_DEVICE float division_reciprocal(float s) {
+  float r0;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r0) : "f"(s));
+  return __fmaf_rn(r0, __fmaf_rn(-s, r0, 1.0f), r0);
+}
+
+/// Four e4m3 bytes in a word: a NaN byte (0x7F or 0xFF; satfinite never gives magnitude 0x7F to a
+/// number) becomes 0x7F. m + 1 carries into a byte's top bit exactly when its low 7 bits are 0x7F.
+SGL_DEVICE uint32_t canonical_nan_bytes(uint32_t w) {
+  const uint32_t nan_bytes = ((w & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u;
+  return w & ~nan_bytes;
+}
+
+/// kVec elements (widened to fp32 in `y`) -> kVec e4m3 bytes, packed pairwise by cvt.rn.satfinite.
+template <int kVec>
+SGL_DEVICE device::AlignedVector<uint8_t, kVec> pack_e4m3(const float (&y)[kVec]) {
+  device::AlignedVector<uint8_t, kVec> q;
+  if constexpr (kVec == 1) {
+    q[0] = e4m3_byte(y[0]);
+  } else if constexpr (kVec == 2) {
+    const auto pair = static_cast<uint16_t>(__nv_cvt_float2_to_fp8x2(float2{y[0], y[1]}, __NV_SATFINITE, __NV_E4M3));
+    const uint32_t w = canonical_nan_bytes(pair);
+    q[0] = static_cast<uint8_t>(w & 0xFF);
+    q[1] = static_cast<uint8_t>(w >> 8);
+  } else {
+    uint32_t* words = reinterpret_cast<uint32_t*>(&q);
+#pragma unroll
+    for (int i = 0; i < kVec; i += 4) {
+      const auto lo =
+          static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(float2{y[i], y[i + 1]}, __NV_SATFINITE, __NV_E4M3));
+      const auto hi =
+          static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(float2{y[i + 2], y[i + 3]}, __NV_SATFINITE, __NV_E4M3));
+      words[i / 4] = canonical_nan_bytes(lo | (hi << 16));
+    }
+  }
+  return q;
+}
+
+/// Flat kernel: thread g converts vector g (of kVec elements, one head) of the rows laid end to end;
+/// row = g / vecs_per_side = 2 * token + (0 for k, 1 for v). kFastDivide: the division with the
+/// reciprocal done once (file comment); otherwise __fdiv_rn per element.
+template <typename T, int kVec, bool kFastDivide>
+__global__ void __launch_bounds__(DowncastFp8FlatConfig::kThreads)
+    downcast_fp8_flat_kernel(const DowncastFp8FlatParams fp) {
+  constexpr int kLoadElems = kVec < 8 ? kVec : 8;  // 16-byte loads at most
+  constexpr int kLoads = kVec / kLoadElems;
+  using load_vec = device::AlignedVector<T, kLoadElems>;
+  const DowncastFp8Params& p = fp.base;
+  device::pdl_wait_primary();  // before the first global load (see the file comment)
+  device::pdl_launch_dependents();
+  const uint32_t step = gridDim.x * blockDim.x;  // <= 2^28: g + step < 2^32
+  for (uint32_t g = blockIdx.x * blockDim.x + threadIdx.x; g < fp.total; g += step) {
+    const uint32_t row = fp.row_divider.divide(g);
+    const uint32_t col = g - row * fp.vecs_per_side;
+    const uint32_t head = fp.head_divider.divide(col);
+    const uint32_t head_vec = col - head * fp.vecs_per_head;
+    const int64_t token = row >> 1;
+    const bool is_v = row & 1;
+    // Field by field (not a reference to one side): keeps the params in constant space.
+    const void* src_base = is_v ? p.v.src : p.k.src;
+    void* dst_base = is_v ? p.v.dst : p.k.dst;
+    const float* scale_ptr = is_v ? p.v.scale : p.k.scale;
+    const int64_t src_ts = is_v ? p.v.src_token_stride : p.k.src_token_stride;
+    const int64_t src_hs = is_v ? p.v.src_head_stride : p.k.src_head_stride;
+    const int64_t dst_ts = is_v ? p.v.dst_token_stride : p.k.dst_token_stride;
+    const int64_t dst_hs = is_v ? p.v.dst_head_stride : p.k.dst_head_stride;
+
+    // Loads, all issued before any use: scale, loc, the source vector
+    const float s = *scale_ptr;
+    const int64_t slot = destination_row(p, token);
+    const auto* src = static_cast<const T*>(src_base) + token * src_ts + head * src_hs + int64_t{head_vec} * kVec;
+    load_vec x[kLoads];
+#pragma unroll
+    for (int l = 0; l < kLoads; ++l) {
+      x[l] = load_issued_here<load_vec>(src + l * kLoadElems, 0);
+    }
+
+    // Convert
+    float y[kVec];
+#pragma unroll
+    for (int l = 0; l < kLoads; ++l) {
+#pragma unroll
+      for (int i = 0; i < kLoadElems; ++i) y[l * kLoadElems + i] = static_cast<float>(x[l][i]);
+    }
+    bool fast = false;
+    if constexpr (kFastDivide) {
+      float largest = 0.0f;  // fmaxf skips a NaN element (whose quotient is NaN on either path)
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) largest = fmaxf(largest, fabsf(y[i]));
+      fast = s >= 0x1p-40f && s <= 0x1p40f && largest <= 0x1p60f;  // false for a NaN scale
+      if (fast) {
+        const float r = division_reciprocal(s);
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) {
+          // q with the sign of x (s > 0): exact for every element the fast path takes (file comment);
+          // only a zero quotient can come out as +0 instead of -0, and the OR sets its sign back.
+          const float q = divide_by_reciprocal(y[i], s, r);
+          y[i] = __uint_as_float(__float_as_uint(q) | (__float_as_uint(y[i]) & 0x80000000u));
+        }
+      }
+    }
+    if (!fast) {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) y[i] = __fdiv_rn(y[i], s);
+    }
+    if (slot >= 0) {
+      void* dst = device::pointer::offset(dst_base, slot * dst_ts + head * dst_hs);
+      pack_e4m3<kVec>(y).store(dst, head_vec);
+    }
+  }
+}
+
 /// Widest vector (8, 4, 2 or 1 elements) that head_dim, every data pointer and every stride of a
 /// dim of more than one element is a multiple of (sources in elements of 2 bytes, outputs in bytes).
 inline int downcast_fp8_vector(const DowncastFp8Params& p, int64_t head_dim, int64_t num_heads) {
@@ -158,6 +317,74 @@ inline int downcast_fp8_vector(const DowncastFp8Params& p, int64_t head_dim, int
     if (num_heads > 1) bits |= static_cast<uint64_t>(s->src_head_stride | s->dst_head_stride);
   }
   return static_cast<int>(bits & (~bits + 1));  // the lowest set bit: at most 8
+}
+
+/// Flat kernel's vector: the widest of 16, 8, 4, 2, 1 elements that head_dim, the output addresses
+/// and output strides (bytes) allow, and that the sources allow in 16-byte loads: sources aligned to
+/// 8 elements (16 bytes) take any width, narrower ones limit it to their own alignment.
+inline int downcast_fp8_flat_vector(const DowncastFp8Params& p, int64_t head_dim, int64_t num_heads) {
+  const auto address = [](const void* ptr, int64_t unit) {
+    return static_cast<uint64_t>(reinterpret_cast<std::uintptr_t>(ptr)) / static_cast<uint64_t>(unit);
+  };
+  uint64_t src_bits = 8, dst_bits = 16 | static_cast<uint64_t>(head_dim);
+  for (const DowncastSide* s : {&p.k, &p.v}) {
+    src_bits |= address(s->src, 2);
+    dst_bits |= address(s->dst, 1);
+    if (p.num_tokens > 1) src_bits |= static_cast<uint64_t>(s->src_token_stride);
+    if (p.num_slots > 1) dst_bits |= static_cast<uint64_t>(s->dst_token_stride);
+    if (num_heads > 1) {
+      src_bits |= static_cast<uint64_t>(s->src_head_stride);
+      dst_bits |= static_cast<uint64_t>(s->dst_head_stride);
+    }
+  }
+  const int src_vec = static_cast<int>(src_bits & (~src_bits + 1));  // at most 8
+  const int dst_vec = static_cast<int>(dst_bits & (~dst_bits + 1));  // at most 16
+  return src_vec < 8 ? std::min(src_vec, dst_vec) : dst_vec;
+}
+
+/// Launches the flat kernel; false (nothing launched) when its 32-bit vector ids do not cover the
+/// rows (2^31 vectors or more), which the legacy kernel then takes.
+template <typename T>
+bool launch_downcast_fp8_flat(
+    const DowncastFp8Params& p, int64_t head_dim, int64_t num_heads, bool fast_divide, DLDevice device) {
+  using namespace host;
+  using Config = DowncastFp8FlatConfig;
+  const int vec = downcast_fp8_flat_vector(p, head_dim, num_heads);
+  const int64_t vecs_per_head = head_dim / vec;
+  const int64_t vecs_per_side = num_heads * vecs_per_head;
+  if (vecs_per_side >= Config::kMaxVecs || 2 * p.num_tokens >= Config::kMaxVecs / vecs_per_side) return false;
+  DowncastFp8FlatParams fp{};
+  fp.base = p;
+  fp.vecs_per_head = static_cast<uint32_t>(vecs_per_head);
+  fp.vecs_per_side = static_cast<uint32_t>(vecs_per_side);
+  fp.total = static_cast<uint32_t>(2 * p.num_tokens * vecs_per_side);
+  fp.row_divider = RowDivider::make(fp.vecs_per_side);
+  fp.head_divider = RowDivider::make(fp.vecs_per_head);
+  const int64_t blocks =
+      std::clamp<int64_t>(div_ceil(int64_t{fp.total}, int64_t{Config::kThreads}), 1, Config::kMaxBlocks);
+  const auto launch = [&](auto kernel) {
+    LaunchKernel(static_cast<uint32_t>(blocks), Config::kThreads, device).enable_pdl()(kernel, fp);
+  };
+  const auto dispatch = [&]<bool kFast>() {
+    switch (vec) {
+      case 16:
+        return launch(downcast_fp8_flat_kernel<T, 16, kFast>);
+      case 8:
+        return launch(downcast_fp8_flat_kernel<T, 8, kFast>);
+      case 4:
+        return launch(downcast_fp8_flat_kernel<T, 4, kFast>);
+      case 2:
+        return launch(downcast_fp8_flat_kernel<T, 2, kFast>);
+      default:
+        return launch(downcast_fp8_flat_kernel<T, 1, kFast>);
+    }
+  };
+  if (fast_divide) {
+    dispatch.template operator()<true>();
+  } else {
+    dispatch.template operator()<false>();
+  }
+  return true;
 }
 
 /// Verifies `t` as [rows, num_heads, head_dim] with the last stride 1 and the others free.
@@ -178,13 +405,15 @@ inline void verify_heads(
       .verify(t, name);
 }
 
-/// downcast_fp8(k, v, k_out, v_out, k_scale, v_scale, loc, mult, offset).
+/// downcast_fp8(k, v, k_out, v_out, k_scale, v_scale, loc, mult, offset, variant).
 ///
 /// T: fp16_t or bf16_t. k, v [num_tokens, num_heads, head_dim] of T; k_out, v_out [num_slots,
 /// num_heads, head_dim] uint8 or fp8 e4m3 (the bytes); token and head strides free, last stride 1.
 /// k_scale, v_scale [1] float32; loc [num_tokens] int32 or int64, any stride. One CUDA device; the
 /// outputs share no memory with any input. Throws PanicError (Python RuntimeError) before any launch
-/// on a mismatch; nothing is launched for 0 tokens, 0 slots or empty rows.
+/// on a mismatch; nothing is launched for 0 tokens, 0 slots or empty rows. variant (A/B benches;
+/// every variant writes the same bytes): 0 the flat kernel with the reciprocal done once per thread,
+/// 1 the flat kernel with __fdiv_rn per element, 2 the legacy kernel.
 template <typename T>
 void downcast_fp8(
     tvm::ffi::TensorView k,
@@ -195,7 +424,8 @@ void downcast_fp8(
     tvm::ffi::TensorView v_scale,
     tvm::ffi::TensorView loc,
     int64_t mult,
-    int64_t offset) {
+    int64_t offset,
+    int64_t variant) {
   using namespace host;
   using Config = DowncastFp8Config;
 
@@ -253,9 +483,11 @@ void downcast_fp8(
   p.int32_loc = loc_dtype.is_type<int32_t>();
   const int64_t heads = num_heads.unwrap(), dim = head_dim.unwrap();
   const DLDevice device = device_.unwrap();
+  RuntimeCheck(variant >= 0 && variant <= 2, "downcast_fp8: variant = ", variant, ": expected 0, 1 or 2");
   if (p.num_tokens == 0 || p.num_slots == 0 || heads == 0 || dim == 0) return;
+  if (variant != 2 && launch_downcast_fp8_flat<T>(p, dim, heads, /*fast_divide=*/variant == 0, device)) return;
 
-  // Configure: the vector width; rows of a block; more rows per thread past one wave of threads
+  // Legacy kernel. Configure: the vector width; rows of a block; more rows per thread past one wave
   const int vec = downcast_fp8_vector(p, dim, heads);
   const int64_t vecs_per_row = heads * (dim / vec);
   RuntimeCheck(

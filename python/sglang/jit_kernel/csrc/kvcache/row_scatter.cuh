@@ -34,6 +34,8 @@
 #include <cstdint>
 #include <dlpack/dlpack.h>
 
+#include "access.cuh"  // For RowDivider, load_issued_here
+
 namespace {
 
 /// One part of every row: where the source rows are and where their bytes go in a slot row.
@@ -44,25 +46,6 @@ struct RowPart {
   int64_t dst_stride;  // bytes between slot rows
   int64_t num_vecs;    // vectors (of the launch's vector width) per row of this part
   int64_t chunk_vecs;  // vectors per warp chunk: div_ceil(num_vecs, num_split)
-};
-
-/// The quotient n / d of 0 <= n < 2^31 by a divisor 1 <= d < 2^31 fixed at launch, as one 64-bit
-/// multiply and a shift: multiplier = floor(2^shift / d) + 1 with shift = 31 + ceil(log2 d). Exact:
-/// the multiplier exceeds 2^shift / d by at most 1, so n * multiplier / 2^shift exceeds n / d by
-/// less than n * d / 2^shift < 1 / d, which never reaches the next integer (n / d's fraction is at
-/// most 1 - 1 / d). Example: d = 72 gives shift 38, multiplier 3817748708; n = 143 -> 1, 144 -> 2.
-struct RowDivider {
-  uint64_t multiplier;  // floor(2^shift / d) + 1, at most 2^32
-  uint32_t shift;       // 31 + ceil(log2 d)
-
-  static RowDivider make(uint32_t d) {
-    uint32_t log2_ceil = 0;
-    while ((uint64_t{1} << log2_ceil) < d) ++log2_ceil;
-    const uint32_t shift = 31 + log2_ceil;
-    return RowDivider{.multiplier = (uint64_t{1} << shift) / d + 1, .shift = shift};
-  }
-
-  SGL_DEVICE uint32_t divide(uint32_t n) const { return static_cast<uint32_t>((uint64_t{n} * multiplier) >> shift); }
 };
 
 /// Kernel arguments of row_scatter.
@@ -111,48 +94,16 @@ SGL_DEVICE void copy_row_chunk(const void* src, void* dst, int64_t begin, int64_
   }
 }
 
-/// Loads vector `i` of `src` (kVecBytes bytes, aligned) with ld.relaxed.gpu: a strong load, which
-/// the compiler issues where the code has it. A plain (weak) load whose value only a conditional
-/// store uses is sunk under the condition by ptxas, so the source load waits for the index load:
-/// two memory latencies instead of one (seen in the flat kernel's SASS; an empty volatile asm, a
-/// "memory" clobber and .nc/.cg/.cs/L1::no_allocate/L2::cache_hint loads were all sunk). The data
-/// is read once, so skipping L1 (strong loads are served by L2) costs nothing here.
-template <int kVecBytes>
-SGL_DEVICE device::AlignedVector<uint8_t, kVecBytes> load_issued_here(const void* src, uint32_t i) {
-  using vec_t = device::AlignedVector<uint8_t, kVecBytes>;
-  using storage_t = typename vec_t::storage_type;
-  const storage_t* p = static_cast<const storage_t*>(src) + i;
-  storage_t raw;
-  if constexpr (kVecBytes == 16) {
-    asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
-                 : "l"(p));
-  } else if constexpr (kVecBytes == 8) {
-    asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];" : "=r"(raw.x), "=r"(raw.y) : "l"(p));
-  } else if constexpr (kVecBytes == 4) {
-    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(raw) : "l"(p));
-  } else {
-    uint32_t word;  // 1 and 2 bytes: zero-extended into a 32-bit register
-    if constexpr (kVecBytes == 2) {
-      asm volatile("ld.relaxed.gpu.global.u16 %0, [%1];" : "=r"(word) : "l"(p));
-    } else {
-      asm volatile("ld.relaxed.gpu.global.u8 %0, [%1];" : "=r"(word) : "l"(p));
-    }
-    raw = static_cast<storage_t>(word);
-  }
-  vec_t v;
-  *reinterpret_cast<storage_t*>(&v) = raw;
-  return v;
-}
-
 /// Flat kernel: thread g of the grid moves vectors g, g + num_threads, ... of the rows laid end to end
 /// (row = g / row_vecs; within a row part 0's vectors come first). One vector per thread and pass:
 /// the index and source loads are issued together, then the store.
-template <typename IndexT, int kVecBytes>
+/// kEvictLast (8- and 16-byte vectors): the source loads are L2 evict_last (load_issued_here).
+template <typename IndexT, int kVecBytes, bool kEvictLast = false>
 __global__ void __launch_bounds__(RowScatterConfig::kThreads) row_scatter_flat_kernel(const RowScatterParams params) {
   using vec_t = device::AlignedVector<uint8_t, kVecBytes>;
   device::pdl_wait_primary();  // before the first global load (see the file comment)
   device::pdl_launch_dependents();
+  const device::L2Policy policy = kEvictLast ? device::l2_evict_last_policy() : device::L2Policy{0};
   const auto* indices = static_cast<const IndexT*>(params.indices);
   const uint32_t part0_vecs = static_cast<uint32_t>(params.part0.num_vecs);
   const uint32_t row_vecs = params.row_vecs;
@@ -169,7 +120,8 @@ __global__ void __launch_bounds__(RowScatterConfig::kThreads) row_scatter_flat_k
     const int64_t dst_stride = second ? params.part1.dst_stride : params.part0.dst_stride;
     const uint32_t vec = second ? col - part0_vecs : col;
     const int64_t slot = static_cast<int64_t>(indices[int64_t{row} * params.index_stride]);
-    const vec_t v = load_issued_here<kVecBytes>(device::pointer::offset(src, int64_t{row} * src_stride), vec);
+    const vec_t v =
+        load_issued_here<vec_t, kEvictLast>(device::pointer::offset(src, int64_t{row} * src_stride), vec, policy);
     if (slot >= 0 && slot < params.num_slots) v.store(device::pointer::offset(dst, slot * dst_stride), vec);
   }
 }
@@ -237,8 +189,12 @@ inline int64_t row_scatter_element_bytes(DLDataType dtype, const char* name) {
 /// 96.1 %). Beyond that, and for an explicit num_split, the warp kernel: in auto, while the whole
 /// copy, one vector per lane, fits in one wave of resident warps, each lane moves one vector;
 /// beyond that up to kUnroll vectors per chunk.
+///
+/// evict_last_loads (an A/B knob, flat kernel with 8- or 16-byte vectors only): source loads L2
+/// evict_last. Those lines then outlive the kernel at that priority (docs/perf_notes.md session 6:
+/// the next kernel's data is pushed out of L2 first), so it is off by default.
 template <typename IndexT, int kVecBytes>
-void launch_row_scatter(RowScatterParams params, int64_t requested_split, DLDevice device) {
+void launch_row_scatter(RowScatterParams params, int64_t requested_split, bool evict_last_loads, DLDevice device) {
   using namespace host;
   using Config = RowScatterConfig;
   const int64_t row_vecs = params.part0.num_vecs + params.part1.num_vecs;
@@ -247,8 +203,12 @@ void launch_row_scatter(RowScatterParams params, int64_t requested_split, DLDevi
     params.row_divider = RowDivider::make(params.row_vecs);
     const int64_t blocks =
         std::clamp<int64_t>(div_ceil(params.num_rows * row_vecs, int64_t{Config::kThreads}), 1, Config::kMaxBlocks);
-    LaunchKernel(static_cast<uint32_t>(blocks), Config::kThreads, device)
-        .enable_pdl()(row_scatter_flat_kernel<IndexT, kVecBytes>, params);
+    LaunchKernel launch(static_cast<uint32_t>(blocks), Config::kThreads, device);
+    launch.enable_pdl();
+    if constexpr (kVecBytes >= 8) {
+      if (evict_last_loads) return launch(row_scatter_flat_kernel<IndexT, kVecBytes, true>, params);
+    }
+    launch(row_scatter_flat_kernel<IndexT, kVecBytes>, params);
     return;
   }
   const int64_t max_vecs = std::max<int64_t>({params.part0.num_vecs, params.part1.num_vecs, 1});
@@ -277,21 +237,22 @@ inline void dispatch_row_scatter(
     int vec_bytes,
     bool int32_indices,
     int64_t requested_split,
-    DLDevice device) {
+    DLDevice device,
+    bool evict_last_loads = false) {
   params.part0.num_vecs = part0_bytes / vec_bytes;
   params.part1.num_vecs = part1_bytes / vec_bytes;
   const auto launch = [&]<typename IndexT>() {
     switch (vec_bytes) {
       case 16:
-        return launch_row_scatter<IndexT, 16>(params, requested_split, device);
+        return launch_row_scatter<IndexT, 16>(params, requested_split, evict_last_loads, device);
       case 8:
-        return launch_row_scatter<IndexT, 8>(params, requested_split, device);
+        return launch_row_scatter<IndexT, 8>(params, requested_split, evict_last_loads, device);
       case 4:
-        return launch_row_scatter<IndexT, 4>(params, requested_split, device);
+        return launch_row_scatter<IndexT, 4>(params, requested_split, evict_last_loads, device);
       case 2:
-        return launch_row_scatter<IndexT, 2>(params, requested_split, device);
+        return launch_row_scatter<IndexT, 2>(params, requested_split, evict_last_loads, device);
       default:
-        return launch_row_scatter<IndexT, 1>(params, requested_split, device);
+        return launch_row_scatter<IndexT, 1>(params, requested_split, evict_last_loads, device);
     }
   };
   if (int32_indices) return launch.template operator()<int32_t>();

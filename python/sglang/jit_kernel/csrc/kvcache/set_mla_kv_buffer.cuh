@@ -37,18 +37,20 @@ inline void verify_mla_rows(
   }
 }
 
-/// set_mla_kv_buffer(kv_buffer, loc, k_nope, k_rope).
+/// set_mla_kv_buffer(kv_buffer, loc, k_nope, k_rope, variant).
 ///
 /// kv_buffer [num_slots, nope + rope], k_nope [num_tokens, nope], k_rope [num_tokens, rope] (each
 /// also with a head dim of 1 before the row): one dtype, row strides free, last stride 1. loc
 /// [num_tokens] int32 or int64, any stride. One CUDA device; kv_buffer shares no memory with the
-/// sources or loc. Throws PanicError (Python RuntimeError) before any launch on a mismatch; nothing
-/// is launched for 0 tokens or 0 slots.
+/// sources or loc. variant (an A/B knob; the same bytes either way): 0 plain loads, 1 source loads
+/// L2 evict_last (8- or 16-byte vectors). Throws PanicError (Python RuntimeError) before any launch
+/// on a mismatch; nothing is launched for 0 tokens or 0 slots.
 void set_mla_kv_buffer(
     tvm::ffi::TensorView kv_buffer,
     tvm::ffi::TensorView loc,
     tvm::ffi::TensorView k_nope,
-    tvm::ffi::TensorView k_rope) {
+    tvm::ffi::TensorView k_rope,
+    int64_t variant) {
   using namespace host;
 
   // Validate
@@ -79,6 +81,7 @@ void set_mla_kv_buffer(
   verify_no_partial_overlap(kv_buffer, "kv_buffer", k_nope, "cache_k_nope", /*allow_same=*/false);
   verify_no_partial_overlap(kv_buffer, "kv_buffer", k_rope, "cache_k_rope", /*allow_same=*/false);
   verify_no_partial_overlap(kv_buffer, "kv_buffer", loc, "loc", /*allow_same=*/false);
+  RuntimeCheck(variant == 0 || variant == 1, "set_mla_kv_buffer: variant = ", variant, ": expected 0 or 1");
 
   // Unwrap
   const int64_t elem = row_scatter_element_bytes(dtype.unwrap(), "kv_buffer");
@@ -108,7 +111,15 @@ void set_mla_kv_buffer(
 
   // Launch (auto split)
   const bool int32_indices = index_dtype.is_type<int32_t>();
-  dispatch_row_scatter(params, nope_bytes, rope_bytes, vec_bytes, int32_indices, /*requested_split=*/0, device);
+  dispatch_row_scatter(
+      params,
+      nope_bytes,
+      rope_bytes,
+      vec_bytes,
+      int32_indices,
+      /*requested_split=*/0,
+      device,
+      /*evict_last_loads=*/variant == 1);
 }
 
 }  // namespace

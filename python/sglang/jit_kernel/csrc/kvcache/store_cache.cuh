@@ -16,15 +16,17 @@
 
 namespace {
 
-/// store_cache(k, v, k_cache, v_cache, indices, row_bytes, num_split).
+/// store_cache(k, v, k_cache, v_cache, indices, row_bytes, num_split, variant).
 ///
 /// k [num_tokens, k_row], v [num_tokens, v_row]: rows of one dtype each, row strides free, last
 /// stride 1. k_cache [num_slots, k_row] of k's dtype, v_cache [num_slots, v_row] of v's dtype, row
 /// strides free, last stride 1. indices [num_indices] int32 or int64, any stride, num_indices <=
 /// num_tokens (the rows after num_indices are not read). All on one CUDA device; the caches share
 /// no memory with k, v or indices. row_bytes: 0, or k_row * element size (checked). num_split: 0
-/// (auto) or the warps per row part. Throws PanicError (Python RuntimeError) before any launch on
-/// a mismatch; nothing is launched when num_indices or num_slots is 0.
+/// (auto) or the warps per row part. variant (an A/B knob; the same bytes either way): 0 plain
+/// loads, 1 source loads L2 evict_last (flat kernel, 8- or 16-byte vectors). Throws PanicError
+/// (Python RuntimeError) before any launch on a mismatch; nothing is launched when num_indices or
+/// num_slots is 0.
 void store_cache(
     tvm::ffi::TensorView k,
     tvm::ffi::TensorView v,
@@ -32,7 +34,8 @@ void store_cache(
     tvm::ffi::TensorView v_cache,
     tvm::ffi::TensorView indices,
     int64_t row_bytes,
-    int64_t num_split) {
+    int64_t num_split,
+    int64_t variant) {
   using namespace host;
 
   // Validate
@@ -95,6 +98,7 @@ void store_cache(
       ": expected 0 or k_row * element size = ",
       k_bytes);
   RuntimeCheck(num_split >= 0, "store_cache: num_split = ", num_split, ": expected >= 0 (0 = auto)");
+  RuntimeCheck(variant == 0 || variant == 1, "store_cache: variant = ", variant, ": expected 0 or 1");
   const int64_t rows = num_indices.unwrap();
   RowScatterParams params{};
   params.part0 = RowPart{
@@ -118,7 +122,15 @@ void store_cache(
   const int vec_bytes = row_scatter_vector_bytes(params, k_bytes, v_bytes);
 
   // Launch
-  dispatch_row_scatter(params, k_bytes, v_bytes, vec_bytes, index_dtype.is_type<int32_t>(), num_split, device);
+  dispatch_row_scatter(
+      params,
+      k_bytes,
+      v_bytes,
+      vec_bytes,
+      index_dtype.is_type<int32_t>(),
+      num_split,
+      device,
+      /*evict_last_loads=*/variant == 1);
 }
 
 }  // namespace
