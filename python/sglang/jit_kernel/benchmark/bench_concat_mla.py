@@ -7,8 +7,9 @@ GB/s from the bytes each op must move, % of a 1 GiB device copy measured in the 
   concat_mla_k         T*H*(nope + rope)*s + T*H*nope*s + T*rope*s   (write k, read k_nope, read k_rope once)
   concat_mla_absorb_q  2*T*H*(A + B)*s                              (read a and b, write out)
 DeepSeek shapes: k [T, 128, 128 + 64] from k_nope [T, 128, 128] and k_rope [T, 1, 64]; q [T, 128, 512 + 64].
-A/B rows: "jit evict_last" is the launcher's variant 1 (loads a and b with an L2 evict_last policy;
-see concat_mla.cuh), the same bytes as "jit".
+A/B rows (the launcher's variants, the same bytes as "jit"; see concat_mla.cuh): "jit evict_last"
+(1: loads a and b with an L2 evict_last policy), "jit token-major" (2: 1-D grid, the blocks of a token
+consecutive) and "jit tm+evict_last" (3: both).
 """
 
 from __future__ import annotations
@@ -42,14 +43,23 @@ def torch_absorb_q(a, b) -> torch.Tensor:
     return torch.cat([a, b], dim=-1)
 
 
-def evict_last_k(k, k_nope, k_rope) -> None:
-    _load(NOPE * 2, ROPE * 2)(k, k_nope, k_rope, 1)
+def variant_k(variant: int):
+    def call(k, k_nope, k_rope) -> None:
+        _load(NOPE * 2, ROPE * 2)(k, k_nope, k_rope, variant)
+
+    return call
 
 
-def evict_last_q(a, b) -> torch.Tensor:
-    out = torch.empty(*a.shape[:2], Q_NOPE + ROPE, dtype=a.dtype, device=a.device)
-    _load(Q_NOPE * 2, ROPE * 2)(out, a, b, 1)
-    return out
+def variant_q(variant: int):
+    def call(a, b) -> torch.Tensor:
+        out = torch.empty(*a.shape[:2], Q_NOPE + ROPE, dtype=a.dtype, device=a.device)
+        _load(Q_NOPE * 2, ROPE * 2)(out, a, b, variant)
+        return out
+
+    return call
+
+
+VARIANT_ROWS = {"jit evict_last": 1, "jit token-major": 2, "jit tm+evict_last": 3}
 
 
 def k_set(t: int) -> tuple:
@@ -68,13 +78,13 @@ def main() -> None:
     roof = copy_roof_gbps()
     k_providers = {
         "jit": concat_mla_k,
-        "jit evict_last": evict_last_k,
+        **{name: variant_k(v) for name, v in VARIANT_ROWS.items()},
         "torch two copies": torch_concat_k,
         "torch.compile": lambda *a: compiled_once("k", torch_concat_k)(*a),
     }
     q_providers = {
         "jit": concat_mla_absorb_q,
-        "jit evict_last": evict_last_q,
+        **{name: variant_q(v) for name, v in VARIANT_ROWS.items()},
         "torch.cat": torch_absorb_q,
         "torch.compile": lambda *a: compiled_once("q", torch_absorb_q)(*a),
     }

@@ -293,27 +293,31 @@ def test_concat_mla_ffi_rejects_mismatch_from_cpp():
 
 @requires_cuda
 @pytest.mark.parametrize("a_dim,b_dim", [(128, 64), (512, 64)])
-def test_concat_mla_evict_last_variant_writes_the_same_bytes(a_dim, b_dim):
-    """The launcher's variant 1 (L2 evict_last loads, an A/B knob of bench_concat_mla): the same output
-    as the default, broadcast and per-head b, and an unaligned view (narrower vectors, no hint)."""
+@pytest.mark.parametrize("variant", [1, 2, 3])
+def test_concat_mla_variants_write_the_same_bytes(a_dim, b_dim, variant):
+    """The launcher's variants (A/B knobs of bench_concat_mla: 1 L2 evict_last loads, 2 token-major
+    blocks, 3 both): the same output as the default, broadcast and per-head b, one token and many,
+    and an unaligned view (narrower vectors, no hint)."""
     from sglang.jit_kernel.concat_mla import _load
 
     fn = _load(a_dim * 2, b_dim * 2)
-    for b_heads in (1, 16):
-        a, b = random_of((37, 16, a_dim), torch.bfloat16), random_of((37, b_heads, b_dim), torch.bfloat16)
-        out = sentinel_filled((37, 16, a_dim + b_dim), torch.bfloat16)
-        expected = out.clone()
-        fn(expected, a, b, 0)
-        fn(out, a, b, 1)
-        assert_bits_equal(out, expected)
+    for tokens in (1, 37):
+        for b_heads in (1, 16):
+            a = random_of((tokens, 16, a_dim), torch.bfloat16)
+            b = random_of((tokens, b_heads, b_dim), torch.bfloat16)
+            out = sentinel_filled((tokens, 16, a_dim + b_dim), torch.bfloat16)
+            expected = out.clone()
+            fn(expected, a, b, 0)
+            fn(out, a, b, variant)
+            assert_bits_equal(out, expected)
     storage = sentinel_filled((37 * 16 * (a_dim + b_dim) + 1,), torch.bfloat16)
     out = storage[1:].view(37, 16, a_dim + b_dim)
     expected = out.clone()
     fn(expected, a, b, 0)
-    fn(out, a, b, 1)
+    fn(out, a, b, variant)
     assert_bits_equal(out, expected)
     with pytest.raises(RuntimeError, match="variant"):
-        fn(out, a, b, 2)
+        fn(out, a, b, 4)
 
 
 if __name__ == "__main__":

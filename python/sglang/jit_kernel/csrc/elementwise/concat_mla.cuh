@@ -10,11 +10,15 @@
 // broadcast (head stride 0) is read by every head and comes from L1/L2 after the first.
 // Moves num_tokens * heads * (2 * (kABytes + kBBytes)) bytes (b once per token when broadcast).
 //
-// variant (an A/B knob, 8- and 16-byte vectors; the same bytes either way): 1 loads a and b with an
-// L2 evict_last policy. docs/perf_notes.md session 6: a copy whose loads are evict_last has the L2
+// variant (A/B knobs, bits; the same bytes either way). Bit 1 (8- and 16-byte vectors): loads a and
+// b with an L2 evict_last policy. docs/perf_notes.md session 6: a copy whose loads are evict_last has the L2
 // write its dirty lines back first and ran at the copy roof (plain loads: 95 %); the lines read stay
 // evict_last after the kernel, which pushes the next kernel's data out of L2 first, so it is off by
-// default.
+// default. Bit 2: a 1-D grid in token-major order (block u: token u / head_blocks, chunk u %
+// head_blocks). The default 2-D grid dispatches blockIdx.x (the token) fastest, so the blocks
+// resident together take one 4 KiB chunk from each of ~1000 tokens (48 KiB apart for DeepSeek k)
+// and the grid sweeps the tensor head_blocks times (12 for k, 36 for q), re-reading a broadcast b
+// each sweep; token-major, they cover consecutive bytes in one sweep.
 //
 // PDL: the kernel waits for the previous kernel (griddepcontrol.wait) before its first global load
 // (a and b may be its output; out may be what it reads) and then releases the next kernel at once,
@@ -32,6 +36,8 @@
 #include <dlpack/dlpack.h>
 #include <tvm/ffi/container/tensor.h>
 
+#include "../kvcache/access.cuh"  // For RowDivider
+
 namespace {
 
 /// Kernel arguments of concat_mla; strides in bytes.
@@ -44,6 +50,11 @@ struct ConcatMlaParams {
   int64_t b_token_stride, b_head_stride;
   int64_t num_tokens;
   uint32_t num_heads;
+  // Token-major block order (variant 2 / 3): 1-D grid, block u -> (token u / head_blocks, chunk u %
+  // head_blocks), u < num_units = num_tokens * head_blocks < 2^31; 0 units: the 2-D grid.
+  uint32_t head_blocks;
+  uint32_t num_units;
+  RowDivider unit_divider;  // divides by head_blocks
 };
 
 /// Launch facts of concat_mla.
@@ -51,6 +62,7 @@ struct ConcatMlaConfig {
   static constexpr uint32_t kThreads = 256;                   // threads per block, one vector each
   static constexpr int64_t kMaxTokenBlocks = (1u << 31) - 1;  // grid.x cap; blocks loop over tokens
   static constexpr int64_t kMaxHeadBlocks = 65535;            // grid.y cap; blocks loop over vectors
+  static constexpr int64_t kMaxUnitBlocks = 1 << 20;          // token-major grid cap; blocks loop
 };
 
 template <int64_t kABytes, int64_t kBBytes, int kVecBytes, bool kEvictLast = false>
@@ -63,36 +75,55 @@ __global__ void __launch_bounds__(ConcatMlaConfig::kThreads) concat_mla_kernel(c
   device::pdl_wait_primary();                               // before the first global load (see the file comment)
   device::pdl_launch_dependents();
 
+  const auto copy_vector = [&](int64_t n, uint32_t i) {
+    const uint32_t head = i / kRowVecs;
+    const uint32_t col = i - head * kRowVecs;  // vector within the output row
+    const bool from_a = col < kAVecs;
+    const void* src = from_a  //
+                          ? device::pointer::offset(params.a, n * params.a_token_stride, head * params.a_head_stride)
+                          : device::pointer::offset(params.b, n * params.b_token_stride, head * params.b_head_stride);
+    void* dst = device::pointer::offset(params.out, n * params.out_token_stride, head * params.out_head_stride);
+    vec_t v;
+    if constexpr (kEvictLast) {
+      v.load(src, from_a ? col : col - kAVecs, device::l2_evict_last_policy());
+    } else {
+      v.load(src, from_a ? col : col - kAVecs);
+    }
+    v.store(dst, col);
+  };
+
+  if (params.num_units > 0) {  // token-major: the blocks running together cover consecutive bytes
+    for (uint32_t u = blockIdx.x; u < params.num_units; u += gridDim.x) {  // u + gridDim.x < 2^32
+      const uint32_t n = params.unit_divider.divide(u);
+      const uint32_t i = (u - n * params.head_blocks) * ConcatMlaConfig::kThreads + threadIdx.x;
+      if (i < token_vecs) copy_vector(n, i);
+    }
+    return;
+  }
   for (int64_t n = blockIdx.x; n < params.num_tokens; n += gridDim.x) {
     for (uint32_t i = blockIdx.y * ConcatMlaConfig::kThreads + threadIdx.x; i < token_vecs;
          i += gridDim.y * ConcatMlaConfig::kThreads) {
-      const uint32_t head = i / kRowVecs;
-      const uint32_t col = i - head * kRowVecs;  // vector within the output row
-      const bool from_a = col < kAVecs;
-      const void* src = from_a  //
-                            ? device::pointer::offset(params.a, n * params.a_token_stride, head * params.a_head_stride)
-                            : device::pointer::offset(params.b, n * params.b_token_stride, head * params.b_head_stride);
-      void* dst = device::pointer::offset(params.out, n * params.out_token_stride, head * params.out_head_stride);
-      vec_t v;
-      if constexpr (kEvictLast) {
-        v.load(src, from_a ? col : col - kAVecs, device::l2_evict_last_policy());
-      } else {
-        v.load(src, from_a ? col : col - kAVecs);
-      }
-      v.store(dst, col);
+      copy_vector(n, i);
     }
   }
 }
 
+/// token_major: the 1-D token-major grid when its units fit 31 bits (else the 2-D grid).
 template <int64_t kABytes, int64_t kBBytes, int kVecBytes>
-void launch_concat_mla(const ConcatMlaParams& params, bool evict_last, DLDevice device) {
+void launch_concat_mla(ConcatMlaParams params, bool evict_last, bool token_major, DLDevice device) {
   using namespace host;
   using Config = ConcatMlaConfig;
   constexpr int64_t kRowVecs = (kABytes + kBBytes) / kVecBytes;
   const int64_t head_blocks = div_ceil(int64_t{params.num_heads} * kRowVecs, int64_t{Config::kThreads});
-  const dim3 grid(
+  dim3 grid(
       static_cast<uint32_t>(std::min(params.num_tokens, Config::kMaxTokenBlocks)),
       static_cast<uint32_t>(std::min(head_blocks, Config::kMaxHeadBlocks)));
+  if (token_major && head_blocks < (int64_t{1} << 31) / params.num_tokens) {
+    params.head_blocks = static_cast<uint32_t>(head_blocks);
+    params.num_units = static_cast<uint32_t>(params.num_tokens * head_blocks);
+    params.unit_divider = RowDivider::make(params.head_blocks);
+    grid = dim3(static_cast<uint32_t>(std::min<int64_t>(params.num_units, Config::kMaxUnitBlocks)));
+  }
   LaunchKernel launch(grid, Config::kThreads, device);
   launch.enable_pdl();
   if constexpr (kVecBytes >= 8) {
@@ -102,7 +133,8 @@ void launch_concat_mla(const ConcatMlaParams& params, bool evict_last, DLDevice 
 }
 
 /// concat_mla<kABytes, kBBytes>(out, a, b, variant): out[n, h] = cat(a[n, h], b[n, h]) (b[n, 0]
-/// when b has one head: a broadcast). variant: 0 plain loads, 1 L2 evict_last loads (file comment).
+/// when b has one head: a broadcast). variant (bits; file comment): 1 L2 evict_last loads, 2 the
+/// token-major block order; 0 the default (plain loads, 2-D grid).
 ///
 /// out [num_tokens, num_heads, out_dim], a [num_tokens, num_heads, a_dim], b [num_tokens, num_heads
 /// or 1, b_dim]: one dtype of whole bytes, token and head strides free, last stride 1; a_dim and
@@ -170,7 +202,8 @@ void concat_mla(tvm::ffi::TensorView out, tvm::ffi::TensorView a, tvm::ffi::Tens
       ": expected at most 2^31 output bytes per token");
   verify_no_partial_overlap(out, "out", a, "a", /*allow_same=*/false);
   verify_no_partial_overlap(out, "out", b, "b", /*allow_same=*/false);
-  RuntimeCheck(variant == 0 || variant == 1, "concat_mla: variant = ", variant, ": expected 0 or 1");
+  RuntimeCheck(variant >= 0 && variant <= 3, "concat_mla: variant = ", variant, ": expected 0 to 3");
+  const bool evict_last = (variant & 1) != 0, token_major = (variant & 2) != 0;
 
   // Unwrap
   const bool broadcast = b_heads.unwrap() == 1;
@@ -204,15 +237,15 @@ void concat_mla(tvm::ffi::TensorView out, tvm::ffi::TensorView a, tvm::ffi::Tens
   // Launch
   switch (vec_bytes) {
     case 16:
-      return launch_concat_mla<kABytes, kBBytes, 16>(params, variant == 1, device);
+      return launch_concat_mla<kABytes, kBBytes, 16>(params, evict_last, token_major, device);
     case 8:
-      return launch_concat_mla<kABytes, kBBytes, 8>(params, variant == 1, device);
+      return launch_concat_mla<kABytes, kBBytes, 8>(params, evict_last, token_major, device);
     case 4:
-      return launch_concat_mla<kABytes, kBBytes, 4>(params, variant == 1, device);
+      return launch_concat_mla<kABytes, kBBytes, 4>(params, evict_last, token_major, device);
     case 2:
-      return launch_concat_mla<kABytes, kBBytes, 2>(params, variant == 1, device);
+      return launch_concat_mla<kABytes, kBBytes, 2>(params, evict_last, token_major, device);
     default:
-      return launch_concat_mla<kABytes, kBBytes, 1>(params, variant == 1, device);
+      return launch_concat_mla<kABytes, kBBytes, 1>(params, evict_last, token_major, device);
   }
 }
 
