@@ -10,6 +10,10 @@ of whole lane runs) and the first one (experts strided across lanes, 64-bit code
 shape). ``SGLANG_MOE_ROUTING_ENGINE=1`` in the environment, read at each call (so at graph capture),
 makes every call use the first engine, for old-vs-new comparisons (``benchmark/bench_moe.py`` rows
 "jit v1"). Both choose the same experts wherever the fp32 scores are not within a rounding of a tie.
+Any other value of that variable (unset, ``2``, ``x``, ``"1 "``) selects v2. Likewise
+``SGLANG_MOE_ALIGN_PEERS=match`` makes ``moe_align_block_size`` find same-expert lanes with
+``__match_any_sync`` instead of ballots (identical output); any other value selects ballots. Both are
+benchmark knobs: either engine gives correct results.
 """
 
 from __future__ import annotations

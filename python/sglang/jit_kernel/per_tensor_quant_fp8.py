@@ -164,6 +164,7 @@ def per_tensor_quant_fp8(
                 fn is not None
                 and type(is_static) is bool
                 and type(accumulate) is bool
+                and type(eps) is float
                 and eps >= 0
                 and input.is_contiguous()
                 and output_q.is_contiguous()

@@ -253,7 +253,15 @@ def per_token_group_quant_8bit(
     if not torch.compiler.is_compiling():
         try:  # the launcher checks shapes, dtypes, devices, layouts, overlaps, group_size, the bounds
             fn = _FNS.get(input.dtype) if input.dim() == 2 and output_s.dim() == 2 else None
-            if fn is not None and type(group_size) is int and type(scale_ue8m0) is bool and eps >= 0:
+            if (
+                fn is not None
+                and type(group_size) is int
+                and type(scale_ue8m0) is bool
+                and type(eps) is float
+                and type(fp8_min) is float
+                and type(fp8_max) is float
+                and eps >= 0
+            ):
                 fn(input, output_q, output_s, group_size, eps, fp8_min, fp8_max, scale_ue8m0, KERNEL_VARIANT)
                 return output_q, output_s
         except (AttributeError, TypeError, RuntimeError):  # raised before any launch: the checked path explains

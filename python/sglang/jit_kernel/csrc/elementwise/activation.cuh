@@ -160,6 +160,9 @@ SGL_DEVICE float activate_fast(float g) {
     constexpr float kKappa = 0.044715f;
     const float cube = __fmul_rn(__fmul_rn(g, g), g);
     const float inner = __fmul_rn(kBeta, __fadd_rn(g, __fmul_rn(kKappa, cube)));
+    // beyond |2 * inner| = 80 exp leaves fast_exp's finite, normal range (inf * 0 gave NaN for gates
+    // below about -8.6): the exact activation there; rare, and the branch is nearly always uniform
+    if (!(fabsf(inner) <= 40.0f)) return activate<kAct>(g);
     return fast_gated_quotient(g, fast_exp(-2.0f * inner));
   }
 }

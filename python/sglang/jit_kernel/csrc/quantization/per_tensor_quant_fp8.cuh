@@ -20,7 +20,7 @@
 #include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDevice, data_ptr
 #include <sgl_kernel/utils.h>   // For div_ceil
 
-#include <sgl_kernel/atomic.cuh>   // For atomic::max
+#include <sgl_kernel/atomic.cuh>   // For atomic::fmax
 #include <sgl_kernel/cta.cuh>      // For cta::reduce_max
 #include <sgl_kernel/runtime.cuh>  // For runtime::get_sm_count
 #include <sgl_kernel/utils.cuh>    // For LaunchKernel, SGL_DEVICE, kWarpThreads, fp8_e4m3_t, pdl_wait_primary
@@ -163,7 +163,8 @@ __global__ void __launch_bounds__(TensorQuantConfig::kAbsmaxThreads)
   device::cta::reduce_max(amax, smem, 0.0f);
   __syncthreads();
   if (threadIdx.x == 0) {
-    device::atomic::max(
+    // fmax, not max: a NaN left in output_s (accumulate) is ignored as the single pass's fmaxf does
+    device::atomic::fmax(
         p.output_s,
         device::quant::block_scale(
             smem[0],
