@@ -133,6 +133,8 @@ def _check(
     if not fp8_min < fp8_max:
         fail(ValueError, _OP, "fp8_max", "value", f"> fp8_min ({fp8_min})", fp8_max)
     check_scalar(_OP, "scale_ue8m0", scale_ue8m0, bool)
+    if type(KERNEL_VARIANT) is not int or not 0 <= KERNEL_VARIANT <= 4:  # the module knob (benchmarks)
+        fail(ValueError, _OP, "KERNEL_VARIANT", "value", "an int in 0..4", KERNEL_VARIANT)
     if scale_ue8m0 and output_q.dtype != torch.float8_e4m3fn:
         fail(
             RuntimeError, _OP, "output_q", "dtype", "float8_e4m3fn (scale_ue8m0 is for fp8)", dtype_name(output_q.dtype)
