@@ -152,12 +152,20 @@ def assert_context_healthy() -> None:
             torch.cuda.synchronize(index)
 
 
+def dense(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` with the default strides. (``t.contiguous()`` returns ``t`` itself when only
+    size-1 dims have odd strides, e.g. ``b[2::3][:1]``, and ``.view(torch.uint8)`` of that fails.)"""
+    return torch.empty_like(t, memory_format=torch.contiguous_format).copy_(t)
+
+
 def _raw(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+    return dense(t.detach()).reshape(-1).view(torch.uint8)
 
 
 def snapshot(tensors: dict[str, Any]) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
-    return [(name, t, _raw(t).clone()) for name, t in tensors.items() if isinstance(t, torch.Tensor)]
+    """(name, tensor, bytes) of every tensor argument; meta tensors hold no data and are left out
+    (torch.equal has no meta kernel): a case on them still asserts the error."""
+    return [(name, t, _raw(t).clone()) for name, t in tensors.items() if isinstance(t, torch.Tensor) and not t.is_meta]
 
 
 def changed(snaps: list[tuple[str, torch.Tensor, torch.Tensor]]) -> list[str]:
@@ -182,9 +190,9 @@ def assert_names(error: BaseException, exc, op: str, arg: str | tuple[str, ...])
     assert re.match(pattern, message), f"message does not start with '{op}: {'|'.join(names)}': {message}"
 
 
-def expect_error(op: str, exc, arg: str | tuple[str, ...], args: tuple, kwargs: dict) -> None:
+def expect_error(op: str, exc, arg: str | tuple[str, ...], args: tuple, kwargs: dict) -> BaseException:
     """``OPS[op](*args, **kwargs)`` raises ``exc`` naming ``arg`` before any launch: every tensor
-    it was given is unchanged and the CUDA context is healthy."""
+    it was given is unchanged and the CUDA context is healthy. Returns the error."""
     fn = OPS[op]
     snaps = snapshot(inspect.signature(fn).bind(*args, **kwargs).arguments)
     try:
@@ -192,6 +200,7 @@ def expect_error(op: str, exc, arg: str | tuple[str, ...], args: tuple, kwargs: 
         sync_all()
     except Exception as error:  # noqa: BLE001 - judged below
         assert_names(error, exc, op, arg)
+        raised = error
     else:
         pytest.fail(
             f"{op}: bad input accepted (expected {exc.__name__} naming {arg}); "
@@ -199,6 +208,7 @@ def expect_error(op: str, exc, arg: str | tuple[str, ...], args: tuple, kwargs: 
         )
     assert_unchanged(snaps)
     assert_context_healthy()
+    return raised
 
 
 def expect_result(
@@ -1515,7 +1525,7 @@ class Guarded8:
 
 def bytes_equal(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
     assert got.shape == want.shape, f"{name}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
-    g, w = got.contiguous().view(torch.uint8), want.contiguous().view(torch.uint8)
+    g, w = dense(got).view(torch.uint8), dense(want).view(torch.uint8)
     if not torch.equal(g, w):
         bad = (g != w).reshape(-1).nonzero()[:, 0]
         pytest.fail(f"{name}: {bad.numel()} bytes differ, first at byte {int(bad[0])}")
@@ -1553,8 +1563,14 @@ register_errors(
             )
         ],
         ("accumulate_numpy_bool", TypeError, "accumulate", lambda: ptq_args(accumulate=numpy_bool(False))),
-        ("accumulate_non_bool_with_is_static", TypeError, "accumulate", lambda: ptq_args(True, accumulate=0)),
-        ("is_static_int", TypeError, "is_static", lambda: ptq_args(1)),
+        # is_static is the 4th positional argument (input, output_q, output_s, is_static, *, eps, accumulate)
+        (
+            "accumulate_non_bool_with_is_static",
+            TypeError,
+            "accumulate",
+            lambda: ptq_args(_MISSING, _MISSING, _MISSING, True, accumulate=0),
+        ),
+        ("is_static_int", TypeError, "is_static", lambda: ptq_args(_MISSING, _MISSING, _MISSING, 1)),
         ("output_s_two_elements", RuntimeError, "output_s", lambda: ptq_args(s=torch.zeros(2, device=dev()))),
         ("output_s_empty", RuntimeError, "output_s", lambda: ptq_args(s=torch.zeros(0, device=dev()))),
         (
@@ -1870,7 +1886,12 @@ register_errors(
         ("input_complex64", RuntimeError, "input", lambda: gq_args(rnd(4, 256, dtype=torch.complex64))),
         ("input_meta", RuntimeError, "input", lambda: gq_args(torch.empty(4, 256, dtype=BF16, device="meta"))),
         ("input_cpu", RuntimeError, "input", lambda: gq_args(torch.randn(4, 256).bfloat16())),
-        ("input_python_float", TypeError, "input", lambda: gq_args(2.0)),
+        (
+            "input_python_float",
+            TypeError,
+            "input",
+            lambda: gq_args(2.0, torch.empty(4, 256, dtype=FP8, device=dev())),  # (gq_args reads x.shape)
+        ),
         ("output_s_meta", RuntimeError, "output_s", lambda: gq_args(s=torch.empty(4, 2, device="meta"))),
     ],
 )
@@ -1902,7 +1923,9 @@ for _v in (5, 7, -1):
                 warm_quant_module()
             with kernel_variant(v):
                 args, kwargs = gq_args()
-                expect_error("per_token_group_quant_8bit", RuntimeError, ("variant", "KERNEL_VARIANT"), args, kwargs)
+                error = expect_error("per_token_group_quant_8bit", ValueError, "KERNEL_VARIANT", args, kwargs)
+            want = f"per_token_group_quant_8bit: KERNEL_VARIANT value: expected an int in 0..4, got {v}"
+            assert str(error).startswith(want), f"warm={warm}: {error}"
 
 
 def pack_ue8m0(s: torch.Tensor) -> torch.Tensor:
@@ -1995,19 +2018,50 @@ gq_result_case("rows_over_grid_y_cap_2x65535_two_tiles", 2 * 65535 + 3, 640, 128
 gq_result_case("fp32_rows_over_grid_y_cap_4x65535", 4 * 65535 + 1, 16, 16, dtype=FP32, variants=(3,), guard=False)
 
 
+def documented_group_quant(x: torch.Tensor, g: int, eps: float, lo: float, hi: float, out: torch.dtype):
+    """(q, s) of the docstring's arithmetic, inf kept: a group holding +-inf has max|x| = inf, so
+    s = clamp(inf / 448, FLT_MIN, FLT_MAX) = FLT_MAX; NaN is ignored by the maximum. (``ptgq.reference``
+    differs there: its emulate_amax uses torch.nan_to_num, which also maps inf to FLT_MAX, giving
+    s = FLT_MAX / 448 for such groups; the finite groups are the same.)"""
+    from sglang.jit_kernel._quant_8bit import emulate_quant, emulate_scale
+
+    m, k = x.shape
+    groups = x.float().reshape(m, k // g, g)
+    amax = torch.where(groups.isnan(), 0.0, groups.abs()).amax(dim=-1)
+    s = emulate_scale(amax, eps, 448.0 if out == FP8 else 127.0)
+    return emulate_quant(groups, s.unsqueeze(-1), lo, hi, out).reshape(m, k), s
+
+
 @case("per_token_group_quant_8bit", "nan_inf_groups")
 def _() -> None:
+    """Every variant gives the documented scales: FLT_MAX for a group holding +-inf, NaN ignored by
+    the maximum; q: +-448 for +-inf, NaN for NaN. All variants run; the failures are listed together."""
     x = rnd(4, 256)
     x[0, 3], x[1, 130], x[2, 0], x[3] = float("nan"), float("inf"), -float("inf"), 0.0
+    want_q, want_s = documented_group_quant(x, 128, 1e-10, -448.0, 448.0, FP8)
+    flt_max = torch.finfo(FP32).max
+    assert want_s[1, 1] == flt_max and want_s[2, 0] == flt_max and torch.isfinite(want_s).all()
+    assert want_q[1, 130].float() == 448.0 and want_q[2, 0].float() == -448.0 and want_q[0, 3].float().isnan()
+    wrong: list[str] = []
+
+    def compare(v: int, q: torch.Tensor, s: torch.Tensor) -> None:
+        for name, got, want in (("output_q", q, want_q), ("output_s", s, want_s)):
+            g, w = got.view(torch.uint8), want.view(torch.uint8)
+            if not torch.equal(g, w):
+                rows = sorted({int(i) // g.shape[1] for i in (g != w).reshape(-1).nonzero()[:, 0]})
+                values = f" (got {got[rows].tolist()}, want {want[rows].tolist()})" if name == "output_s" else ""
+                wrong.append(f"{name} v{v}: {int((g != w).sum())} bytes differ in rows {rows}{values}")
+
     for variant in VARIANTS:
         q = torch.empty(4, 256, dtype=FP8, device=dev())
         s = torch.empty(4, 2, device=dev())
-        want_q, want_s = ptgq.reference(x, 128, 1e-10, -448.0, 448.0, FP8)
         with kernel_variant(variant):
             expect_result(
                 lambda q=q, s=s: ptgq.per_token_group_quant_8bit(x, q, s, 128, 1e-10, -448.0, 448.0),
-                lambda q=q, s=s, v=variant: (bytes_equal(f"q v{v}", q, want_q), bytes_equal(f"s v{v}", s, want_s)),  # noqa: B023 - called within this iteration
+                lambda q=q, s=s, v=variant: compare(v, q, s),
+                keep={"input": x},
             )
+    assert not wrong, "; ".join(wrong)
 
 
 @case("per_token_group_quant_8bit", "cuda_graph_each_variant")
@@ -2192,8 +2246,17 @@ def grouped_result_case(
 
     @case("grouped_topk", name)
     def _() -> None:
-        scores = grid_logits(6, e, FP32) if make is None else make()
         b = (torch.arange(e, device=dev()).float() % 7 - 3) / 16 if bias else None
+        if make is None:
+            # Grid logits of the first seed whose rows have well-separated kept groups: the topk_group-th
+            # and next group scores equal (an exact tie, kept) or apart by more than the tolerance (with
+            # 32 groups, seed 0 has a row within 4e-5). Deterministic: the same seed on every run.
+            for seed in range(32):
+                scores = grid_logits(6, e, FP32, seed=seed)
+                if not bool(grouped_reference(scores, b, groups, topk_group, topk)[3].any()):
+                    break
+        else:
+            scores = make()
         keys, wall, ref_ids, ambiguous = grouped_reference(scores, b, groups, topk_group, topk)
         assert not bool(ambiguous.any()), "test input with a near-tie of groups"
         for value in ENGINE_VALUES:
@@ -2413,6 +2476,58 @@ def _generic(fn: Callable, make: Callable, arg: str, attack: str) -> tuple[tuple
 
 
 GENERIC_ATTACKS = ("all_cpu", "all_meta", "python_float", "meta", "cpu", "0dim", "bool", "complex64")
+
+
+def _scale_0dim() -> None:
+    x = torch.tensor(1.5, dtype=BF16, device=dev())
+    out = {}
+    expect_result(
+        lambda: out.setdefault("r", scale(x, 2.0)),
+        lambda: assert_matches("out", out["r"], scaled(x, 2.0)),
+        keep={"src": x},
+    )
+
+
+def _add_constant_0dim() -> None:
+    x = torch.tensor(41, dtype=torch.int32, device=dev())
+    out = {}
+
+    def check() -> None:
+        assert out["r"].shape == () and out["r"].dtype == torch.int32, f"{out['r'].shape} {out['r'].dtype}"
+        assert int(out["r"]) == 42, f"add_constant(41, 1) gave {int(out['r'])}"
+
+    expect_result(lambda: out.setdefault("r", add_constant(x, 1)), check, keep={"src": x})
+
+
+def _moe_align_0dim() -> None:
+    """A 0-d topk_ids is one routed id (topk_ids is flattened): the outputs of the 1-element 1-D ids."""
+    ids = torch.tensor(3, dtype=torch.int32, device=dev())
+    sorted_ids = torch.full((200,), -5, dtype=torch.int32, device=dev())
+    expert_ids = torch.full((20,), -5, dtype=torch.int32, device=dev())
+    post = torch.zeros(1, dtype=torch.int32, device=dev())
+    cumsum = torch.zeros(9, dtype=torch.int32, device=dev())
+    total_w, cumsum_w, experts_w, sorted_w = align_reference(ids.view(1), 8, 16, 200)
+
+    def check() -> None:
+        assert torch.equal(post, total_w), f"num_tokens_post_pad {post.tolist()} != {total_w.tolist()}"
+        assert torch.equal(cumsum, cumsum_w), f"cumsum_buffer {cumsum.tolist()} != {cumsum_w.tolist()}"
+        assert torch.equal(expert_ids[: experts_w.numel()], experts_w), "expert_ids"
+        assert torch.equal(sorted_ids, sorted_w), "sorted_token_ids (padded with numel = 1)"
+
+    expect_result(
+        lambda: moe_align_block_size(ids, 8, 16, sorted_ids, expert_ids, post, cumsum, True),
+        check,
+        keep={"topk_ids": ids},
+    )
+
+
+#: Attacks that are valid inputs of these ops: the right result instead of an error. A 0-d tensor
+#: is one element for the elementwise ops and one routed id for moe_align (it flattens topk_ids).
+GENERIC_RESULTS: dict[tuple[str, str], Callable[[], None]] = {
+    ("scale", "0dim"): _scale_0dim,
+    ("add_constant", "0dim"): _add_constant_0dim,
+    ("moe_align_block_size", "0dim"): _moe_align_0dim,
+}
 _GENERIC_PARAMS = [
     pytest.param(
         op,
@@ -2428,7 +2543,13 @@ _GENERIC_PARAMS = [
 @pytest.mark.parametrize(("op", "attack"), _GENERIC_PARAMS)
 def test_catalogue_generic(op: str, attack: str) -> None:
     """The op's first-checked tensor argument on the meta device / the CPU (all tensors, or that one),
-    0-d, bool, complex, or a Python float: the documented error naming it, before any launch."""
+    0-d, bool, complex, or a Python float: the documented error naming it, before any launch. A
+    bool / complex dtype may instead be reported on another argument that must match its dtype
+    (``concat_mla_k: k_nope dtype: expected bool (the dtype of k), got bfloat16``): the message
+    then starts with ``<op>: <another argument of op> dtype``. GENERIC_RESULTS: valid inputs, the result."""
+    if (op, attack) in GENERIC_RESULTS:
+        GENERIC_RESULTS[op, attack]()
+        return
     fn, make, arg = CATALOGUE[op]
     if attack == "python_float" and not HAS_CUDA:
         args, kwargs = make("cpu")
@@ -2441,7 +2562,13 @@ def test_catalogue_generic(op: str, attack: str) -> None:
     with pytest.raises(Exception) as info:  # noqa: PT011 - judged by assert_names
         fn(*args, **kwargs)
         sync_all()
-    assert_names(info.value, exc, fn.__name__, arg)  # the message names the public function
+    if attack in ("bool", "complex64"):
+        names = tuple(inspect.signature(fn).parameters)
+        assert_names(info.value, exc, fn.__name__, names)  # the message names the public function
+        what = re.match(rf"^{re.escape(fn.__name__)}: (\w+) (\w+)", str(info.value))
+        assert what and (what[1] == arg or what[2] == "dtype"), f"another argument, not a dtype error: {info.value}"
+    else:
+        assert_names(info.value, exc, fn.__name__, arg)  # the message names the public function
     assert_unchanged(snaps)
     assert_context_healthy()
 
