@@ -30,6 +30,10 @@ MAX_EXPERTS = 8192
 #: The largest block_size (MoeAlignConfig::kMaxBlockSize).
 MAX_BLOCK_SIZE = 1024
 _INT32_MAX = 2**31 - 1
+#: MoeAlignSplitConfig::kMaxCtas: rows of the split variant's count table.
+_SPLIT_MAX_CTAS = 64
+#: The opt-in kernel variants of ``moe_align_block_size(..., _variant=...)`` (None: the default).
+VARIANTS = (None, "split")
 
 
 @cache_once
@@ -38,7 +42,8 @@ def _jit_moe_align_module() -> Module:
     return load_jit(
         "moe_align",
         cuda_files=["moe/moe_align.cuh"],
-        cuda_wrappers=[(f"moe_align_block_size_{s}", f"moe_align_block_size<{t}>") for s, t in _SUFFIX.values()],
+        cuda_wrappers=[(f"moe_align_block_size_{s}", f"moe_align_block_size<{t}>") for s, t in _SUFFIX.values()]
+        + [(f"moe_align_block_size_split_{s}", f"moe_align_block_size_split<{t}>") for s, t in _SUFFIX.values()],
     )
 
 
@@ -73,12 +78,28 @@ def _launch(
     num_tokens_post_pad: torch.Tensor,
     cumsum_buffer: torch.Tensor,
     pad_sorted_token_ids: bool,
+    variant: str | None = None,
 ) -> None:
     if topk_ids.numel() == 0:  # no kernel: the outputs of an empty routing, written by torch
         num_tokens_post_pad.zero_()
         cumsum_buffer[: num_experts + 1].zero_()
         if pad_sorted_token_ids:
             sorted_token_ids.zero_()  # the padding value numel() is 0
+        return
+    if variant == "split":
+        # The count table of the split variant (scratch: any contents; the caching allocator, no launch).
+        workspace = torch.empty(_SPLIT_MAX_CTAS * num_experts, dtype=torch.int32, device=topk_ids.device)
+        getattr(_jit_moe_align_module(), f"moe_align_block_size_split_{_SUFFIX[topk_ids.dtype][0]}")(
+            topk_ids,
+            num_experts,
+            block_size,
+            sorted_token_ids,
+            expert_ids,
+            num_tokens_post_pad,
+            cumsum_buffer,
+            pad_sorted_token_ids,
+            workspace,
+        )
         return
     getattr(_jit_moe_align_module(), f"moe_align_block_size_{_SUFFIX[topk_ids.dtype][0]}")(
         topk_ids,
@@ -142,6 +163,8 @@ def moe_align_block_size(
     num_tokens_post_pad: torch.Tensor,
     cumsum_buffer: torch.Tensor,
     pad_sorted_token_ids: bool = False,
+    *,
+    _variant: str | None = None,
 ) -> None:
     """Group the routed (token, k) pairs by expert, each expert's segment padded to a multiple of
     ``block_size``, for the block-sparse expert GEMMs (the vLLM / sgl-kernel contract).
@@ -195,6 +218,11 @@ def moe_align_block_size(
         int32 ``[>= num_experts + 1]``, contiguous; written (scratch).
     pad_sorted_token_ids : bool
         Fill the slots that hold no token with ``numel``. Default False.
+    _variant : str or None
+        Private benchmark knob (keyword only): None (default) the one-CTA kernel; ``"split"`` two
+        launches over up to 64 CTAs (a per-CTA count table in a scratch tensor, then a stable
+        scatter; the same bits; rows of more than 1024 experts run the default). Under
+        ``torch.compile`` the default runs.
 
     Returns
     -------
@@ -221,6 +249,8 @@ def moe_align_block_size(
     if block_size & (block_size - 1):
         fail(ValueError, _OP, "block_size", "value", f"a power of two in [1, {MAX_BLOCK_SIZE}]", block_size)
     check_scalar(_OP, "pad_sorted_token_ids", pad_sorted_token_ids, bool)
+    if _variant not in VARIANTS:
+        fail(ValueError, _OP, "_variant", "value", f"one of {VARIANTS}", _variant)
     numel = topk_ids.numel()
     max_padded = max_num_tokens_padded(numel, num_experts, block_size)
     if max_padded > _INT32_MAX:
@@ -282,6 +312,7 @@ def moe_align_block_size(
             num_tokens_post_pad,
             cumsum_buffer,
             pad_sorted_token_ids,
+            _variant,
         )
     else:
         torch.ops.sglang_jit_kernel.moe_align_block_size(

@@ -9,7 +9,9 @@ short). Each row prints as soon as it is measured; the whole run stays under a m
 
 Old-vs-new rows in the same run: "jit v1" is the first routing engine
 (``SGLANG_MOE_ROUTING_ENGINE=1``), "jit match" the moe_align scatter with ``__match_any_sync``
-(``SGLANG_MOE_ALIGN_PEERS=match``); "jit" is the default path. Bytes moved per call: num_tokens * (num_experts * gating element size
+(``SGLANG_MOE_ALIGN_PEERS=match``), "jit regs" the routing kernels' register-winner variant
+(``SGLANG_MOE_TOPK_WINNERS=regs``: no shared memory, no divergent branch per pick), "jit split" the
+two-launch multi-CTA moe_align (``_variant="split"``); "jit" is the default path. Bytes moved per call: num_tokens * (num_experts * gating element size
 + topk * (4 + 4)) (read the logits, write fp32 weights and int32 ids); moe_sum_reduce
 (topk + 1) * num_tokens * hidden_size * element size (read every expert output, write the sum),
 against the device copy roof (% copy).
@@ -151,6 +153,7 @@ def routing_rows() -> list[BenchRow]:
                 providers = {
                     "jit": lambda w, i, g, f=jit: f(w, i, g),
                     "jit v1": with_env("SGLANG_MOE_ROUTING_ENGINE", "1", lambda w, i, g, f=jit: f(w, i, g)),
+                    "jit regs": with_env("SGLANG_MOE_TOPK_WINNERS", "regs", lambda w, i, g, f=jit: f(w, i, g)),
                     "torch": eager,
                     "torch.compile": compiled,
                 }
@@ -165,7 +168,7 @@ def routing_rows() -> list[BenchRow]:
                     nbytes,
                     rows,
                     cold=num_tokens == TOKENS[-1],
-                    one_input_only=("jit v1",),
+                    one_input_only=("jit v1", "jit regs"),
                 )
     compiled = torch.compile(torch_grouped)
     for num_tokens in TOKENS:
@@ -173,6 +176,9 @@ def routing_rows() -> list[BenchRow]:
             "jit": lambda g, b: grouped_topk(g, b, 8, 4, TOPK, True, 2.5),
             "jit v1": with_env(
                 "SGLANG_MOE_ROUTING_ENGINE", "1", lambda g, b: grouped_topk(g, b, 8, 4, TOPK, True, 2.5)
+            ),
+            "jit regs": with_env(
+                "SGLANG_MOE_TOPK_WINNERS", "regs", lambda g, b: grouped_topk(g, b, 8, 4, TOPK, True, 2.5)
             ),
             "torch": torch_grouped,
             "torch.compile": compiled,
@@ -190,7 +196,7 @@ def routing_rows() -> list[BenchRow]:
             nbytes,
             rows,
             cold=num_tokens == TOKENS[-1],
-            one_input_only=("jit v1",),
+            one_input_only=("jit v1", "jit regs"),
         )
     return rows
 
@@ -261,6 +267,7 @@ def align_rows() -> list[BenchRow]:
             "match",
             lambda *a: moe_align_block_size(*a[:1], num_experts, block_size, *a[1:], True),
         ),
+        "jit split": lambda *a: moe_align_block_size(*a[:1], num_experts, block_size, *a[1:], True, _variant="split"),
         "torch": lambda *a: torch_align(*a, num_experts, block_size),
         "torch.compile": lambda *a: compiled(*a, num_experts, block_size),
     }
@@ -293,7 +300,7 @@ def align_rows() -> list[BenchRow]:
             4 * (numel + sorted_len + blocks),
             rows,
             cold=t == ALIGN_TOKENS[-1],
-            one_input_only=("jit match",),
+            one_input_only=("jit match", "jit split"),
         )
     return rows
 

@@ -343,3 +343,53 @@ def test_moe_align_peer_finders_agree(monkeypatch, num_tokens, topk, num_experts
     monkeypatch.setenv("SGLANG_MOE_ALIGN_PEERS", "match")
     old = check(ids, num_experts, block_size)
     assert all(np.array_equal(a, b) for a, b in zip(new, old))
+
+
+@requires_cuda
+@pytest.mark.parametrize(
+    "num_tokens,topk,num_experts,block_size",
+    [
+        (1, 8, 257, 64),
+        (64, 8, 257, 64),
+        (4096, 8, 257, 64),
+        (129, 6, 64, 16),
+        (1000, 1, 160, 256),
+        (3000, 64, 1024, 128),  # 192k ids: 64 CTAs of 3072 (several steps per warp)
+        (140000, 8, 257, 32),  # 1.12M ids: 544 ids per warp, two register tiles
+        (7, 8, 4096, 32),  # > 1024 experts: the default kernel runs
+    ],
+)
+@pytest.mark.parametrize("pad", [True, False])
+def test_moe_align_split_variant_bit_exact(num_tokens, topk, num_experts, block_size, pad):
+    """_variant="split" (count kernel + multi-CTA stable scatter): against the reference, and the
+    same bits as the default in every output (padding and untouched slots included)."""
+    ids = routed_ids(num_tokens, topk, 256 if num_experts == 257 else num_experts)
+    if num_tokens >= 64:
+        ids.view(-1)[::97] = -1  # skipped ids in several CTAs' chunks
+    outs = []
+    for variant in (None, "split"):
+        out = Outputs(ids.numel(), num_experts, block_size)
+        sorted_ids, expert_ids, total, cumsum = out.views
+        moe_align_block_size(ids, num_experts, block_size, sorted_ids, expert_ids, total, cumsum, pad, _variant=variant)
+        outs.append(out.host())
+        if variant == "split" and num_tokens <= 4096:
+            check(ids, num_experts, block_size, pad)  # the default against the reference, same ids
+    assert all(np.array_equal(a, b) for a, b in zip(*outs))
+
+
+@requires_cuda
+def test_moe_align_split_variant_graph_and_bad_name():
+    """The split variant replays in a CUDA graph (its workspace from the graph's pool) with the
+    default's bits; an unknown variant name is a ValueError before any launch."""
+    ids = routed_ids(4096, 8, 256)
+    ref = Outputs(ids.numel(), 257, 64).call(ids, 257, 64, True).host()
+    out = Outputs(ids.numel(), 257, 64)
+    sorted_ids, expert_ids, total, cumsum = out.views
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        moe_align_block_size(ids, 257, 64, sorted_ids, expert_ids, total, cumsum, True, _variant="split")
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(np.array_equal(a, b) for a, b in zip(ref, out.host()))
+    with pytest.raises(ValueError, match="_variant value"):
+        moe_align_block_size(ids, 257, 64, sorted_ids, expert_ids, total, cumsum, True, _variant="fast")

@@ -288,3 +288,26 @@ def test_topk_softmax_engines_agree(monkeypatch, num_experts, options):
     old = check(gating, k, renormalize, softcap, bias)
     assert torch.equal(new[1], old[1])
     torch.testing.assert_close(new[0], old[0], rtol=1e-6, atol=1e-7)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("num_experts", [8, 60, 64, 128, 160, 256, 257])
+@pytest.mark.parametrize("options", [(False, 0.0, False), (True, 2.5, True)])
+def test_topk_softmax_reg_winners_variant_bit_exact(monkeypatch, dtype, num_experts, options):
+    """The register-winner variant (SGLANG_MOE_TOPK_WINNERS=regs; engine v2 rows of <= 256 experts)
+    against the reference and bit for bit against the default, on grid logits and on randn rows
+    (near ties included: the same selection steps in the same order)."""
+    renormalize, softcap, with_bias = options
+    bias = (torch.randint(-32, 32, (num_experts,), device="cuda").float() / 32) if with_bias else None
+    k = min(8, num_experts)
+    gating = grid_logits(129, num_experts, dtype, seed=num_experts)
+    randn = torch.randn(4099, num_experts, device="cuda").to(dtype)
+    new = check(gating, k, renormalize, softcap, bias)
+    new_randn = run(randn, k, renormalize, softcap, bias)
+    monkeypatch.setenv("SGLANG_MOE_TOPK_WINNERS", "regs")
+    old = check(gating, k, renormalize, softcap, bias)
+    old_randn = run(randn, k, renormalize, softcap, bias)
+    for a, b in ((new, old), (new_randn, old_randn)):
+        assert torch.equal(a[1], b[1])
+        assert torch.equal(a[0], b[0])

@@ -287,8 +287,11 @@ void allow_dynamic_smem(Kernel kernel, int64_t bytes, int device_id, const std::
 /// of two <= 1024, sorted_len >= numel + min(numel, num_experts) * (block_size - 1) <= INT32_MAX
 /// and expert_ids_len >= that / block_size; all on one CUDA device, disjoint. Throws PanicError
 /// (Python RuntimeError) otherwise. numel == 0 returns without a launch and writes nothing.
+/// The validated arguments of a moe_align_block_size call as kernel arguments (sort_warps and
+/// ids_per_warp left for the launcher), in `params`; false (nothing to launch) when numel == 0.
+/// Throws PanicError (Python RuntimeError) on a mismatch (the rules: moe_align_block_size below).
 template <typename T>
-void moe_align_block_size(
+bool unwrap_moe_align(
     tvm::ffi::TensorView topk_ids,
     int64_t num_experts,
     int64_t block_size,
@@ -296,10 +299,11 @@ void moe_align_block_size(
     tvm::ffi::TensorView expert_ids,
     tvm::ffi::TensorView num_tokens_post_pad,
     tvm::ffi::TensorView cumsum_buffer,
-    bool pad_sorted_token_ids) {
+    bool pad_sorted_token_ids,
+    MoeAlignParams<T>& params,
+    DLDevice& device_out) {
   using namespace host;
   using Config = MoeAlignConfig;
-  const auto loc = std::source_location::current();
 
   // Validate
   SymbolicSize numel{"numel"};
@@ -365,9 +369,9 @@ void moe_align_block_size(
   }
 
   // Unwrap
-  const DLDevice device = device_.unwrap();
-  if (n == 0) return;
-  MoeAlignParams<T> params{
+  device_out = device_.unwrap();
+  if (n == 0) return false;
+  params = MoeAlignParams<T>{
       .topk_ids = data_ptr<const T>(topk_ids),
       .sorted_token_ids = data_ptr<int32_t>(sorted_token_ids),
       .expert_ids = data_ptr<int32_t>(expert_ids),
@@ -385,11 +389,43 @@ void moe_align_block_size(
       .peer_bits = 32 - __builtin_clz(static_cast<uint32_t>(num_experts)),
   };
 
+  return true;
+}
+
+template <typename T>
+void moe_align_block_size(
+    tvm::ffi::TensorView topk_ids,
+    int64_t num_experts,
+    int64_t block_size,
+    tvm::ffi::TensorView sorted_token_ids,
+    tvm::ffi::TensorView expert_ids,
+    tvm::ffi::TensorView num_tokens_post_pad,
+    tvm::ffi::TensorView cumsum_buffer,
+    bool pad_sorted_token_ids) {
+  using namespace host;
+  using Config = MoeAlignConfig;
+  const auto loc = std::source_location::current();
+  MoeAlignParams<T> params;
+  DLDevice device;
+  if (!unwrap_moe_align<T>(
+          topk_ids,
+          num_experts,
+          block_size,
+          sorted_token_ids,
+          expert_ids,
+          num_tokens_post_pad,
+          cumsum_buffer,
+          pad_sorted_token_ids,
+          params,
+          device)) {
+    return;
+  }
+  const int64_t n = params.numel;
+  const int64_t fixed_ints = 2 * num_experts + 1;  // counts + starts
   // Configure: as many sorting warps as have >= kMinIdsPerWarp ids and a table row in shared memory
   const int64_t smem_limit =
       detail::cached_device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device.device_id, loc);
   const int64_t static_bytes = int64_t{Config::kWarps} * sizeof(int32_t);
-  const int64_t fixed_ints = 2 * num_experts + 1;  // counts + starts
   const int64_t rows_fit = ((smem_limit - static_bytes) / int64_t{sizeof(int32_t)} - fixed_ints) / num_experts;
   RuntimeCheck(
       rows_fit >= 1,
@@ -413,6 +449,257 @@ void moe_align_block_size(
     allow_dynamic_smem(kernel, smem_bytes, device.device_id, loc);
   }
   LaunchKernel(1, Config::kThreads, device, static_cast<std::size_t>(smem_bytes))(kernel, params);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Opt-in variant "split" (moe_align_block_size(..., _variant="split")): two launches over many
+// CTAs, for large inputs (one CTA of the default walks 32k ids at 4096 tokens x top 8 alone).
+//   1. count: CTA c owns the flat ids [c * chunk, (c + 1) * chunk) and writes its per-expert counts
+//      into row c of a [num_ctas, num_experts] workspace table (shared-memory histogram; atomics
+//      only count, they decide no order);
+//   2. scatter (PDL-overlapped with 1): CTA c re-counts its chunk per warp (as the default does),
+//      sums the table's rows above c (the rank of its first id inside each segment) and all rows
+//      (the counts), scans the padded counts into the segment starts and scatters its ids in
+//      ascending flat index: the same bits as the default. expert_ids, the padding, the tail,
+//      cumsum_buffer and num_tokens_post_pad are spread over all CTAs. No global atomics, no
+//      memset, no host sync.
+// Rows of at most kMaxExperts experts (else the default runs).
+// ---------------------------------------------------------------------------------------------
+
+struct MoeAlignSplitConfig {
+  static constexpr uint32_t kCountThreads = 256;
+  static constexpr uint32_t kThreads = MoeAlignConfig::kThreads;  // cta_exclusive_scan's block
+  static constexpr int64_t kChunkQuantum = int64_t{MoeAlignConfig::kWarps} * device::kWarpThreads;
+  static constexpr int64_t kMaxCtas = 64;
+  static constexpr int64_t kMaxExperts = 1024;
+};
+
+template <typename T>
+struct MoeAlignSplitParams {
+  MoeAlignParams<T> base;  // sort_warps = 32, ids_per_warp = chunk / 32
+  int32_t* table;          // [num_ctas, num_experts] workspace
+  int32_t chunk;           // ids per CTA, a multiple of kChunkQuantum
+  int32_t num_ctas;
+};
+
+template <typename T>
+__global__ void __launch_bounds__(MoeAlignSplitConfig::kCountThreads)
+    moe_align_count_kernel(const MoeAlignSplitParams<T> q) {
+  extern __shared__ int32_t hist[];  // [num_experts]
+  const MoeAlignParams<T>& p = q.base;
+  const auto tid = static_cast<int32_t>(threadIdx.x);
+  constexpr auto kThreads = static_cast<int32_t>(MoeAlignSplitConfig::kCountThreads);
+  device::pdl_launch_dependents();  // the scatter CTAs may take their SMs now (they wait for us)
+  for (int32_t e = tid; e < p.num_experts; e += kThreads) hist[e] = 0;
+  __syncthreads();
+  const int32_t begin = static_cast<int32_t>(blockIdx.x) * q.chunk;
+  const int32_t end = std::min(begin + q.chunk, p.numel);
+  for (int32_t i = begin + tid; i < end; i += kThreads) {
+    const T v = p.topk_ids[i];
+    if (v >= 0 && v < static_cast<T>(p.num_experts)) atomicAdd(&hist[static_cast<int32_t>(v)], 1);
+  }
+  __syncthreads();
+  int32_t* row = q.table + static_cast<int64_t>(blockIdx.x) * p.num_experts;
+  for (int32_t e = tid; e < p.num_experts; e += kThreads) row[e] = hist[e];
+}
+
+/// Dynamic shared memory: rank [32, num_experts] | counts [num_experts] | starts [num_experts + 1].
+template <typename T>
+__global__ void __launch_bounds__(MoeAlignSplitConfig::kThreads)
+    moe_align_scatter_kernel(const MoeAlignSplitParams<T> q) {
+  using Config = MoeAlignConfig;
+  extern __shared__ int32_t smem[];
+  __shared__ int32_t warp_sums[Config::kWarps];
+  const MoeAlignParams<T>& p = q.base;
+  const int32_t num_experts = p.num_experts;
+  int32_t* rank = smem;                                   // [32, num_experts]
+  int32_t* counts = smem + Config::kWarps * num_experts;  // [num_experts]
+  int32_t* starts = counts + num_experts;                 // [num_experts + 1]
+
+  const auto tid = static_cast<int32_t>(threadIdx.x);
+  const auto cta = static_cast<int32_t>(blockIdx.x);
+  const int32_t lane = tid % device::kWarpThreads, warp = tid / device::kWarpThreads;
+  const int32_t cta_end = std::min(cta * q.chunk + q.chunk, p.numel);
+  const int32_t warp_begin = cta * q.chunk + warp * p.ids_per_warp;
+  const int32_t warp_end = std::min(warp_begin + p.ids_per_warp, cta_end);  // may be empty
+  const bool sorter = warp_begin < warp_end;
+  int32_t* my_rank = rank + warp * num_experts;
+
+  // The ids were written before the count kernel started (stream order): readable before the wait.
+  int32_t expert[Config::kItems];
+  if (sorter) load_tile(p, warp_begin, warp_end, lane, expert);
+  for (int32_t i = tid; i < Config::kWarps * num_experts; i += Config::kThreads) rank[i] = 0;
+  __syncthreads();
+  if (sorter) {
+    for (int32_t tile = warp_begin; tile < warp_end; tile += Config::kTile) {
+      if (tile != warp_begin) load_tile(p, tile, warp_end, lane, expert);
+#pragma unroll
+      for (int32_t u = 0; u < Config::kItems; ++u) {
+        if (tile + u * device::kWarpThreads >= warp_end) break;  // warp-uniform
+        if (expert[u] >= 0) atomicAdd(&my_rank[expert[u]], 1);
+      }
+    }
+  }
+  device::pdl_wait_primary();  // the count kernel's table
+  __syncthreads();
+
+  // Per expert: ids in the CTAs before this one, the total; the warp rows become exclusive
+  // prefixes starting at the former.
+  for (int32_t e = tid; e < num_experts; e += Config::kThreads) {
+    int32_t above = 0, total = 0;
+#pragma unroll 8
+    for (int32_t c = 0; c < q.num_ctas; ++c) {
+      const int32_t v = q.table[static_cast<int64_t>(c) * num_experts + e];
+      above += c < cta ? v : 0;
+      total += v;
+    }
+    int32_t run = above;
+    for (int32_t w = 0; w < Config::kWarps; ++w) {
+      const int32_t c = rank[w * num_experts + e];
+      rank[w * num_experts + e] = run;
+      run += c;
+    }
+    counts[e] = total;
+    starts[e] = (total + p.block_size - 1) & ~(p.block_size - 1);
+  }
+  __syncthreads();
+  cta_exclusive_scan(starts, num_experts, warp_sums, tid);
+  const int32_t total = starts[num_experts];
+
+  if (sorter) {
+    const uint32_t lower_lanes = (1u << lane) - 1u;
+    const bool one_tile = warp_end - warp_begin <= Config::kTile;
+    for (int32_t tile = warp_begin; tile < warp_end; tile += Config::kTile) {
+      if (!one_tile) load_tile(p, tile, warp_end, lane, expert);
+#pragma unroll
+      for (int32_t u = 0; u < Config::kItems; ++u) {
+        if (tile + u * device::kWarpThreads >= warp_end) break;  // warp-uniform
+        const int32_t e = expert[u];
+        const uint32_t peers = ballot_peers(e, num_experts, p.peer_bits);
+        const int32_t leader = __ffs(peers) - 1;
+        int32_t base = 0;
+        if (lane == leader && e >= 0) {
+          base = starts[e] + my_rank[e];
+          my_rank[e] += __popc(peers);
+        }
+        base = __shfl_sync(kFullMask, base, leader);
+        const int32_t slot = base + __popc(peers & lower_lanes);
+        if (e >= 0 && slot < p.sorted_len) p.sorted_token_ids[slot] = tile + u * device::kWarpThreads + lane;
+        __syncwarp();
+      }
+    }
+  }
+
+  // The rest, spread over the grid.
+  const int64_t gtid = int64_t{cta} * Config::kThreads + tid;
+  const int64_t gthreads = int64_t{q.num_ctas} * Config::kThreads;
+  const int64_t num_blocks = std::min<int64_t>(total / p.block_size, p.expert_ids_len);
+  for (int64_t b = gtid; b < num_blocks; b += gthreads) {
+    const auto slot = static_cast<int32_t>(b * p.block_size);
+    int32_t lo = 0, hi = num_experts - 1;
+    while (lo < hi) {
+      const int32_t mid = (lo + hi + 1) / 2;
+      if (starts[mid] <= slot) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    p.expert_ids[b] = lo;
+  }
+  if (p.pad_sorted_token_ids) {
+    for (int32_t e = cta * Config::kWarps + warp; e < num_experts; e += q.num_ctas * Config::kWarps) {
+      const int32_t end = starts[e + 1];
+      for (int32_t s = starts[e] + counts[e] + lane; s < end; s += device::kWarpThreads) {
+        p.sorted_token_ids[s] = p.numel;
+      }
+    }
+    for (int64_t s = total + gtid; s < p.sorted_len; s += gthreads) p.sorted_token_ids[s] = p.numel;
+  }
+  if (cta == 0) {
+    for (int32_t e = tid; e <= num_experts; e += Config::kThreads) p.cumsum_buffer[e] = starts[e];
+    if (tid == 0) *p.num_tokens_post_pad = total;
+  }
+}
+
+/// moe_align_block_size with the "split" variant: the same contract and outputs, plus
+/// `workspace`, int32 of at least MoeAlignSplitConfig::kMaxCtas * num_experts entries (scratch,
+/// any contents). num_experts > kMaxExperts runs the default kernel.
+template <typename T>
+void moe_align_block_size_split(
+    tvm::ffi::TensorView topk_ids,
+    int64_t num_experts,
+    int64_t block_size,
+    tvm::ffi::TensorView sorted_token_ids,
+    tvm::ffi::TensorView expert_ids,
+    tvm::ffi::TensorView num_tokens_post_pad,
+    tvm::ffi::TensorView cumsum_buffer,
+    bool pad_sorted_token_ids,
+    tvm::ffi::TensorView workspace) {
+  using namespace host;
+  using Split = MoeAlignSplitConfig;
+  const auto loc = std::source_location::current();
+  if (num_experts > Split::kMaxExperts) {
+    return moe_align_block_size<T>(
+        topk_ids,
+        num_experts,
+        block_size,
+        sorted_token_ids,
+        expert_ids,
+        num_tokens_post_pad,
+        cumsum_buffer,
+        pad_sorted_token_ids);
+  }
+  MoeAlignParams<T> params;
+  DLDevice device;
+  if (!unwrap_moe_align<T>(
+          topk_ids,
+          num_experts,
+          block_size,
+          sorted_token_ids,
+          expert_ids,
+          num_tokens_post_pad,
+          cumsum_buffer,
+          pad_sorted_token_ids,
+          params,
+          device)) {
+    return;
+  }
+  SymbolicSize workspace_len{"workspace_len"};
+  SymbolicDevice ws_device;
+  ws_device.set_options<kDLCUDA>();
+  TensorMatcher({workspace_len}).with_dtype<int32_t>().with_device<kDLCUDA>(ws_device).verify(workspace, "workspace");
+  RuntimeCheck(ws_device.unwrap().device_id == device.device_id, "workspace: expected the device of topk_ids");
+  RuntimeCheck(
+      workspace_len.unwrap() >= Split::kMaxCtas * num_experts,
+      "workspace: expected at least ",
+      Split::kMaxCtas * num_experts,
+      " entries, got ",
+      workspace_len.unwrap());
+  const int64_t n = params.numel;
+  const int64_t chunk = std::max(
+      Split::kChunkQuantum, div_ceil(div_ceil(n, Split::kMaxCtas), Split::kChunkQuantum) * Split::kChunkQuantum);
+  MoeAlignSplitParams<T> q{
+      .base = params,
+      .table = data_ptr<int32_t>(workspace),
+      .chunk = static_cast<int32_t>(chunk),
+      .num_ctas = static_cast<int32_t>(div_ceil(n, chunk)),
+  };
+  q.base.match_peers = false;
+  q.base.sort_warps = MoeAlignConfig::kWarps;
+  q.base.ids_per_warp = static_cast<int32_t>(chunk / MoeAlignConfig::kWarps);
+
+  const auto count_bytes = static_cast<std::size_t>(num_experts * sizeof(int32_t));
+  const int64_t scatter_bytes = (int64_t{MoeAlignConfig::kWarps} * num_experts + 2 * num_experts + 1) * 4;
+  const int64_t static_bytes = int64_t{MoeAlignConfig::kWarps} * sizeof(int32_t);
+  const auto scatter = moe_align_scatter_kernel<T>;
+  if (scatter_bytes + static_bytes > MoeAlignConfig::kDefaultSmemBytes) {
+    allow_dynamic_smem(scatter, scatter_bytes, device.device_id, loc);
+  }
+  LaunchKernel(static_cast<uint32_t>(q.num_ctas), Split::kCountThreads, device, count_bytes)(
+      moe_align_count_kernel<T>, q);
+  LaunchKernel(static_cast<uint32_t>(q.num_ctas), Split::kThreads, device, static_cast<std::size_t>(scatter_bytes))
+      .enable_pdl(true)(scatter, q);
 }
 
 }  // namespace

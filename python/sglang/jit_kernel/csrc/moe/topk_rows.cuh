@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <dlpack/dlpack.h>
+#include <string_view>
 #include <tvm/ffi/container/tensor.h>
 
 namespace moe_routing {
@@ -404,9 +405,15 @@ SGL_DEVICE float v2_weight(const TopkRowsParams& p, const T* row, int32_t e, flo
 
 /// One warp per row (grid-stride), runs of kPer experts per lane; topk <= 32; num_experts <= 32 *
 /// kPer; grouped rows with the run conditions above (the host checks them).
-template <typename T, int kPer>
+///
+/// kRegWinners (the opt-in variant "regs", SGLANG_MOE_TOPK_WINNERS=regs, kPer <= 8): no shared
+/// memory and no lane-divergent branch per step. Every lane runs the same predicated update (the
+/// winner lane clears its slot and rescans its run; the others keep theirs), the winner's expert is
+/// broadcast by one shuffle off the critical path (the next step's reduction depends on the
+/// rescan only) and lane i keeps winner i in a register. Same experts, same weights (bit-exact).
+template <typename T, int kPer, bool kRegWinners = false>
 __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_kernel(const TopkRowsParams p) {
-  __shared__ int32_t winners[TopkRowsConfig::kWarps][device::kWarpThreads];
+  __shared__ int32_t winners[kRegWinners ? 1 : TopkRowsConfig::kWarps][device::kWarpThreads];
   const uint32_t lane = threadIdx.x % device::kWarpThreads;
   const uint32_t warp = threadIdx.x / device::kWarpThreads;
   const int64_t first_row = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / device::kWarpThreads;
@@ -495,7 +502,25 @@ __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_kernel(
     }
 
     // k selection steps.
-    for (int32_t i = 0; i < p.topk; ++i) {
+    int32_t id = 0;
+    if constexpr (kRegWinners) {
+      for (int32_t i = 0; i < p.topk; ++i) {
+        const uint32_t holders = __ballot_sync(0xFFFFFFFFu, best_key == top);
+        const uint32_t winner = static_cast<uint32_t>(__ffs(holders) - 1);
+        const int32_t expert = __shfl_sync(0xFFFFFFFFu, base + best_slot, winner);
+        if (lane == static_cast<uint32_t>(i)) id = expert;
+        const bool mine = lane == winner;
+#pragma unroll
+        for (int s = 0; s < kPer; ++s) key[s] = mine && s == best_slot ? 0u : key[s];
+        uint32_t next_key;
+        int32_t next_slot;
+        run_best<kPer>(key, next_key, next_slot);
+        best_key = mine ? next_key : best_key;
+        best_slot = mine ? next_slot : best_slot;
+        if (i + 1 < p.topk) top = __reduce_max_sync(0xFFFFFFFFu, best_key);
+      }
+    }
+    for (int32_t i = 0; !kRegWinners && i < p.topk; ++i) {
       const uint32_t holders = __ballot_sync(0xFFFFFFFFu, best_key == top);
       if (lane == static_cast<uint32_t>(__ffs(holders) - 1)) {
         winners[warp][i] = base + best_slot;
@@ -507,16 +532,15 @@ __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_kernel(
       }
       if (i + 1 < p.topk) top = __reduce_max_sync(0xFFFFFFFFu, best_key);
     }
-    __syncwarp();
+    if constexpr (!kRegWinners) __syncwarp();
 
     // Weights and output.
-    int32_t id = 0;
     float weight = 0.0f;
     if (lane < static_cast<uint32_t>(p.topk)) {
-      id = winners[warp][lane];
+      if constexpr (!kRegWinners) id = winners[warp][lane];
       weight = v2_weight(p, logits, id, row_max, row_sum);
     }
-    __syncwarp();  // the next row's winners overwrite these
+    if constexpr (!kRegWinners) __syncwarp();  // the next row's winners overwrite these
     if (p.renormalize) weight = weight / (device::warp::reduce_sum<float>(weight) + p.renorm_eps);
     if (lane < static_cast<uint32_t>(p.topk)) {
       p.weights[row * p.weights_stride + lane] = weight * p.scale;
@@ -545,6 +569,14 @@ inline int routing_engine() {
   return value != nullptr && value[0] == '1' && value[1] == '\0' ? 1 : 2;
 }
 
+/// SGLANG_MOE_TOPK_WINNERS=regs (read at each call, so at graph capture): engine v2 rows of <= 256
+/// experts use the register-winner variant (kRegWinners); anything else, or unset (the default),
+/// the shared-memory winners. A benchmark knob: both give the same bits.
+inline bool topk_reg_winners() {
+  const char* value = std::getenv("SGLANG_MOE_TOPK_WINNERS");
+  return value != nullptr && std::string_view(value) == "regs";
+}
+
 template <typename T, int kPer>
 void launch_topk_rows_v2(TopkRowsParams params, DLDevice device) {
   using namespace host;
@@ -553,6 +585,12 @@ void launch_topk_rows_v2(TopkRowsParams params, DLDevice device) {
                (params.gating_stride * static_cast<int64_t>(sizeof(T))) % kVecBytes == 0;
   const int64_t blocks = div_ceil(params.num_tokens, int64_t{TopkRowsConfig::kWarps});
   const auto grid = static_cast<uint32_t>(std::min<int64_t>(blocks, TopkRowsConfig::kMaxBlocks));
+  if constexpr (kPer <= 8) {
+    if (topk_reg_winners()) {
+      LaunchKernel(grid, TopkRowsConfig::kThreads, device).enable_pdl(true)(topk_rows_v2_kernel<T, kPer, true>, params);
+      return;
+    }
+  }
   LaunchKernel(grid, TopkRowsConfig::kThreads, device).enable_pdl(true)(topk_rows_v2_kernel<T, kPer>, params);
 }
 
