@@ -116,8 +116,11 @@ def _check_destinations(loc: torch.Tensor, mult: int, offset: int, num_slots: in
 
 #: Kernel variants of the launcher (A/B benches; each writes the same bytes): the flat kernel with the
 #: division's reciprocal done once per thread (the default), the flat kernel with ``__fdiv_rn`` per
-#: element, the legacy kernel (up to 4 rows per thread, scale and loc loaded after each store).
-VARIANTS = {"flat": 0, "flat fdiv": 1, "legacy": 2}
+#: element, the legacy kernel (up to 4 rows per thread, scale and loc loaded after each store), and
+#: the multi kernel (8-element vectors, one 16-byte load each, 1 / 2 / 4 per thread with every load
+#: issued first, a register cap for 8 / 6 / 4 blocks per SM; the flat kernel where the vector width
+#: is below 8).
+VARIANTS = {"flat": 0, "flat fdiv": 1, "legacy": 2, "vec8 x1": 3, "vec8 x2": 4, "vec8 x4": 5}
 
 
 def _run(

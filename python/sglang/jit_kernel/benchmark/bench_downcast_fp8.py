@@ -10,7 +10,9 @@ Shapes: k, v [T, H, 128] bf16 into uint8 caches [4T + 1, H, 128] at distinct ran
 T in {1, 64, 2048, 16384} and the issue's decode case 64 x 32 x 128. Targets (issue 17): <= 1.5 us at
 64 x 32 x 128, >= 95 % of copy at 16384 x 8 x 128. A/B rows (the same bytes as "jit", the default
 flat kernel with the division's reciprocal done once per thread): "jit flat fdiv" (flat kernel,
-__fdiv_rn per element) and "jit legacy" (the previous kernel); see downcast_fp8.cuh.
+__fdiv_rn per element), "jit legacy" (the previous kernel) and "jit vec8 x1 / x2 / x4" (the multi
+kernel: 8-element vectors, one fully used 16-byte load each, 1 / 2 / 4 per thread, registers capped
+for 8 / 6 / 4 blocks per SM); see downcast_fp8.cuh.
 """
 
 from __future__ import annotations
@@ -66,6 +68,9 @@ def rows() -> list[BenchRow]:
         "jit": downcast_fp8,
         "jit flat fdiv": lambda *a: downcast_fp8_variant("flat fdiv", *a),
         "jit legacy": lambda *a: downcast_fp8_variant("legacy", *a),
+        "jit vec8 x1": lambda *a: downcast_fp8_variant("vec8 x1", *a),
+        "jit vec8 x2": lambda *a: downcast_fp8_variant("vec8 x2", *a),
+        "jit vec8 x4": lambda *a: downcast_fp8_variant("vec8 x4", *a),
         "torch eager": torch_downcast,
         "torch.compile": lambda *a: compiled_once("downcast_fp8", torch_downcast)(*a),
     }

@@ -9,7 +9,9 @@ GB/s from the bytes each op must move, % of a 1 GiB device copy measured in the 
 with s = 2 (bf16), int64 indices. Shapes: store_cache k, v [T, 8 x 128] into [4T + 1, 1024]
 (the issue's table); set_mla_kv_buffer DeepSeek [T, 1, 512 + 64] into [4T + 1, 1, 576]. Slots are
 distinct and random. A/B rows: "jit evict_last" is the launchers' variant 1 (source loads with an
-L2 evict_last policy; see row_scatter.cuh), the same bytes as "jit".
+L2 evict_last policy; see row_scatter.cuh), the same bytes as "jit"; "jit x2" / "jit x4" are
+variants 2 / 3 (the flat kernel with 2 / 4 16-byte vectors per thread, every load issued before the
+stores, one pass), "jit x4 persistent" variant 4 (4 per thread, grid = the blocks resident at once).
 """
 
 from __future__ import annotations
@@ -54,6 +56,24 @@ def evict_last_set_mla(kv, loc, k_nope, k_rope) -> None:
     _load().set_mla_kv_buffer(kv, loc, k_nope, k_rope, 1)
 
 
+#: Launcher variants 2-4 (row_scatter.cuh's vecs_per_thread / persistent A/B knobs; 16-byte vectors).
+MULTI_VARIANTS = {"jit x2": 2, "jit x4": 3, "jit x4 persistent": 4}
+
+
+def store_variant(variant: int):
+    def call(k, v, k_cache, v_cache, indices) -> None:
+        _load().store_cache(k, v, k_cache, v_cache, indices, 0, 0, variant)
+
+    return call
+
+
+def set_mla_variant(variant: int):
+    def call(kv, loc, k_nope, k_rope) -> None:
+        _load().set_mla_kv_buffer(kv, loc, k_nope, k_rope, variant)
+
+    return call
+
+
 def store_set(t: int) -> tuple:
     """k, v [t, ROW]; caches [4t + 1, ROW]; t distinct random slots."""
     slots = 4 * t + 1
@@ -75,6 +95,7 @@ def store_cache_rows() -> list[BenchRow]:
     providers = {
         "jit": store_cache,
         "jit evict_last": evict_last_store,
+        **{name: store_variant(variant) for name, variant in MULTI_VARIANTS.items()},
         # The warp kernel, up to 4 vectors per lane (the auto choice before the flat kernel): an A/B row.
         "jit num_split=1": lambda *a: store_cache(*a, num_split=1),
         "torch index_copy_": torch_store,
@@ -94,6 +115,7 @@ def set_mla_rows() -> list[BenchRow]:
     providers = {
         "jit": set_mla_kv_buffer,
         "jit evict_last": evict_last_set_mla,
+        **{name: set_mla_variant(variant) for name, variant in MULTI_VARIANTS.items()},
         "torch index_copy_": torch_set_mla,
         "torch.compile": lambda *a: compiled_once("mla", torch_set_mla)(*a),
     }

@@ -200,6 +200,47 @@ def test_downcast_fp8_variants_write_the_same_bytes(dtype):
         assert_bits_equal(caches[variant][1], caches["legacy"][1])
 
 
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "heads,dim,view",
+    [(8, 128, "plain"), (8, 128, "strided"), (3, 24, "plain"), (5, 6, "plain"), (8, 128, "shifted")],
+)
+def test_downcast_fp8_vec8_variants_write_the_same_bytes(dtype, heads, dim, view):
+    """The multi kernel (variants "vec8 x1 / x2 / x4") against the default, bit for bit: the bench's
+    16384 x 8 x 128 (thousands of blocks, the last one partial per kPer), padded token / head strides
+    with int32 loc and mult / offset, a head_dim of 24 (3 vectors per head), and the fallbacks to the
+    default (head_dim 6, a source shifted by one element: vectors below 8)."""
+    t = 16384 if view == "plain" and dim == 128 else 777
+    slots = 2 * t + 5
+    if view == "strided":
+        k = source((t, heads + 1, dim + 16), dtype, spread=300.0)[:, :heads, :dim]
+        v = source((t, heads, dim + 8), dtype, spread=300.0)[:, :, :dim]
+    elif view == "shifted":
+        k = source((t * heads * dim + 1,), dtype, spread=300.0)[1:].view(t, heads, dim)
+        v = source((t, heads, dim), dtype, spread=300.0)
+    else:
+        k, v = source((t, heads, dim), dtype, spread=300.0), source((t, heads, dim), dtype, spread=300.0)
+    loc = torch.randperm(slots, device="cuda")[:t]
+    loc[::11] = -1
+    mult, offset = (1, 0) if view == "plain" else (2, 1)
+    if view == "strided":
+        loc = loc.to(torch.int32)
+    out_slots = slots * mult + offset
+    caches = {}
+    for variant in ("flat", "vec8 x1", "vec8 x2", "vec8 x4"):
+        k_out = sentinel_filled((out_slots, heads, dim), torch.uint8)
+        v_out = sentinel_filled((out_slots, heads, dim), torch.uint8)
+        downcast_fp8_variant(variant, k, v, k_out, v_out, scale_of(0.37), scale_of(1.7), loc, mult, offset)
+        caches[variant] = (k_out, v_out)
+    fresh = sentinel_filled((out_slots, heads, dim), torch.uint8)
+    assert_bits_equal(caches["flat"][0], expected_cache(fresh, k, scale_of(0.37), loc, mult, offset))
+    assert_bits_equal(caches["flat"][1], expected_cache(fresh, v, scale_of(1.7), loc, mult, offset))
+    for variant in ("vec8 x1", "vec8 x2", "vec8 x4"):
+        assert_bits_equal(caches[variant][0], caches["flat"][0])
+        assert_bits_equal(caches[variant][1], caches["flat"][1])
+
+
 def test_downcast_fp8_variant_name_is_checked():
     with pytest.raises(ValueError, match="^downcast_fp8_variant: variant value: expected one of"):
         downcast_fp8_variant("fast", *([None] * 7))

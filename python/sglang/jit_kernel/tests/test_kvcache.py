@@ -379,8 +379,9 @@ def test_store_cache_cpu_and_non_tensors():
 @requires_cuda
 @pytest.mark.parametrize("k_row,v_row", [(1024, 1024), (64, 96), (98, 100), (4096, 576)])
 def test_store_cache_evict_last_variant_writes_the_same_bytes(k_row, v_row):
-    """The launcher's variant 1 (source loads L2 evict_last, an A/B knob of bench_kvcache) writes what
-    the default does: padded slot maps, 16-, 8- and narrower vectors (the hint applies to 8/16 only)."""
+    """The launchers' variants 1-4 (source loads L2 evict_last; 2 / 4 vectors per thread, one pass or
+    persistent: A/B knobs of bench_kvcache) write what the default does: padded slot maps, 16-, 8-
+    and narrower vectors (the hint applies to 8/16 only, the multi kernel to 16 only)."""
     from sglang.jit_kernel.kvcache import _load
 
     module = _load()
@@ -388,17 +389,53 @@ def test_store_cache_evict_last_variant_writes_the_same_bytes(k_row, v_row):
     indices = slot_map("padded", 300, 700)
     expected_k, expected_v = k_cache.clone(), v_cache.clone()
     module.store_cache(k, v, expected_k, expected_v, indices, 0, 0, 0)
-    module.store_cache(k, v, k_cache, v_cache, indices, 0, 0, 1)
-    assert_bits_equal(k_cache, expected_k)
-    assert_bits_equal(v_cache, expected_v)
-    kv = sentinel_filled((700, 1, 576), torch.bfloat16)
-    expected_kv = kv.clone()
+    kv0 = sentinel_filled((700, 1, 576), torch.bfloat16)
+    expected_kv = kv0.clone()
     nope, rope = random_of((300, 1, 512), torch.bfloat16), random_of((300, 1, 64), torch.bfloat16)
     module.set_mla_kv_buffer(expected_kv, indices, nope, rope, 0)
-    module.set_mla_kv_buffer(kv, indices, nope, rope, 1)
-    assert_bits_equal(kv, expected_kv)
+    for variant in (1, 2, 3, 4):  # evict_last; 2 / 4 vectors per thread; 4 on a persistent grid
+        kc, vc = k_cache.clone(), v_cache.clone()
+        module.store_cache(k, v, kc, vc, indices, 0, 0, variant)
+        assert_bits_equal(kc, expected_k)
+        assert_bits_equal(vc, expected_v)
+        kv = kv0.clone()
+        module.set_mla_kv_buffer(kv, indices, nope, rope, variant)
+        assert_bits_equal(kv, expected_kv)
     with pytest.raises(RuntimeError, match="variant"):
-        module.store_cache(k, v, k_cache, v_cache, indices, 0, 0, 2)
+        module.store_cache(k, v, k_cache, v_cache, indices, 0, 0, 5)
+    with pytest.raises(RuntimeError, match="variant"):
+        module.set_mla_kv_buffer(kv0, indices, nope, rope, -1)
+
+
+@requires_cuda
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+def test_row_scatter_multi_variants_large(index_dtype):
+    """Variants 2-4 (2 / 4 vectors per thread; 4 on a persistent grid, whose threads loop several
+    passes here) on the bench's store_cache [16384, 1024] bf16 into [65537] and set_mla_kv_buffer
+    [16384, 512 + 64]: the same bytes as the default, -1 and out-of-range slots skipped."""
+    from sglang.jit_kernel.kvcache import _load
+
+    module = _load()
+    t, slots = 16384, 4 * 16384 + 1
+    k, v = random_of((t, 1024), torch.bfloat16), random_of((t, 1024), torch.bfloat16)
+    indices = torch.randperm(slots, device="cuda")[:t].to(index_dtype)
+    indices[::13] = -1
+    indices[5] = slots
+    k_cache, v_cache = sentinel_filled((slots, 1024), torch.bfloat16), sentinel_filled((slots, 1024), torch.bfloat16)
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    module.store_cache(k, v, expected_k, expected_v, indices, 0, 0, 0)
+    nope, rope = random_of((t, 512), torch.bfloat16), random_of((t, 64), torch.bfloat16)
+    kv0 = sentinel_filled((slots, 576), torch.bfloat16)
+    expected_kv = kv0.clone()
+    module.set_mla_kv_buffer(expected_kv, indices, nope, rope, 0)
+    for variant in (2, 3, 4):
+        kc, vc = k_cache.clone(), v_cache.clone()
+        module.store_cache(k, v, kc, vc, indices, 0, 0, variant)
+        assert_bits_equal(kc, expected_k)
+        assert_bits_equal(vc, expected_v)
+        kv = kv0.clone()
+        module.set_mla_kv_buffer(kv, indices, nope, rope, variant)
+        assert_bits_equal(kv, expected_kv)
 
 
 def _store_args() -> list[torch.Tensor]:

@@ -180,6 +180,11 @@ struct DowncastFp8FlatConfig {
   static constexpr uint32_t kThreads = 256;
   static constexpr int64_t kMaxBlocks = 1 << 20;         // grid cap; threads loop past it
   static constexpr int64_t kMaxVecs = int64_t{1} << 31;  // 32-bit vector ids (RowDivider)
+  /// Multi kernel: resident blocks per SM asked of ptxas (register cap 65536 / (256 * blocks)), so
+  /// that kPer vectors per thread raise the bytes in flight per SM (16 * kPer * 256 * blocks: 32,
+  /// 48, 64 KiB) instead of costing occupancy (unbounded: 40 / 57 / 80 registers, 6 / 4 / 3 blocks;
+  /// the flat kernel's 16-element vectors take 44 registers: 5 blocks, 40 KiB).
+  static constexpr int multi_min_blocks(int per) { return per == 1 ? 8 : (per == 2 ? 6 : 4); }
 };
 
 /// Division x / s by the fast path's steps with the reciprocal r of s done once (file comment).
@@ -303,6 +308,106 @@ __global__ void __launch_bounds__(DowncastFp8FlatConfig::kThreads)
   }
 }
 
+/// The loc entry of `token` (int32 or int64), widened.
+SGL_DEVICE int64_t load_loc(const DowncastFp8Params& p, int64_t token) {
+  const int64_t i = token * p.loc_stride;
+  return p.int32_loc ? int64_t{static_cast<const int32_t*>(p.loc)[i]} : static_cast<const int64_t*>(p.loc)[i];
+}
+
+/// The destination row of `loc`, or -1 when loc * mult + offset is outside [0, num_slots).
+SGL_DEVICE int64_t slot_of_loc(const DowncastFp8Params& p, int64_t loc) {
+  const __int128 slot = static_cast<__int128>(loc) * p.mult + p.offset;  // exact: no wrap-around into range
+  return (slot >= 0 && slot < p.num_slots) ? static_cast<int64_t>(slot) : int64_t{-1};
+}
+
+/// 8 elements of T -> 8 e4m3 bytes of x / s: the flat kernel's kFastDivide conversion (the same
+/// bits: fast path where the exponents allow, __fdiv_rn per element otherwise; file comment).
+template <typename T>
+SGL_DEVICE device::AlignedVector<uint8_t, 8> downcast8_fast(const device::AlignedVector<T, 8>& x, float s) {
+  float y[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) y[i] = static_cast<float>(x[i]);
+  float largest = 0.0f;  // fmaxf skips a NaN element (whose quotient is NaN on either path)
+#pragma unroll
+  for (int i = 0; i < 8; ++i) largest = fmaxf(largest, fabsf(y[i]));
+  if (s >= 0x1p-40f && s <= 0x1p40f && largest <= 0x1p60f) {  // false for a NaN scale
+    const float r = division_reciprocal(s);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float q = divide_by_reciprocal(y[i], s, r);
+      y[i] = __uint_as_float(__float_as_uint(q) | (__float_as_uint(y[i]) & 0x80000000u));
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) y[i] = __fdiv_rn(y[i], s);
+  }
+  return pack_e4m3<8>(y);
+}
+
+/// Multi kernel (A/B variants 3-5): 8-element vectors (one 16-byte load: each warp load instruction
+/// covers 512 contiguous source bytes, where the flat kernel's two 16-byte loads per 16-element
+/// vector each cover every other 16 bytes of a 1 KiB span), kPer of them per thread and pass:
+/// vectors (block * kPer + u) * kThreads + thread, u < kPer, with every load (both scales once, loc
+/// and source of each vector) issued before any convert or store: kPer * 16 source bytes in flight
+/// per thread. The fast division of the flat kernel (bit for bit the same bytes).
+template <typename T, int kPer>
+__global__ void __launch_bounds__(DowncastFp8FlatConfig::kThreads, DowncastFp8FlatConfig::multi_min_blocks(kPer))
+    downcast_fp8_multi_kernel(const DowncastFp8FlatParams fp) {
+  constexpr uint32_t kThreads = DowncastFp8FlatConfig::kThreads;
+  constexpr uint32_t kBlockVecs = kPer * kThreads;
+  using load_vec = device::AlignedVector<T, 8>;
+  const DowncastFp8Params& p = fp.base;
+  device::pdl_wait_primary();  // before the first global load (see the file comment)
+  device::pdl_launch_dependents();
+  const float k_scale = *p.k.scale;
+  const float v_scale = *p.v.scale;
+  const uint32_t stride = gridDim.x * kBlockVecs;  // <= 2^30: first + stride < 2^32
+  for (uint32_t first = blockIdx.x * kBlockVecs + threadIdx.x; first < fp.total; first += stride) {
+    // Loads. Only x and loc stay live across them; row / head are recomputed for the stores (two
+    // multiply-shifts) to keep the registers under the cap of multi_min_blocks.
+    load_vec x[kPer];
+    int64_t loc[kPer];
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) {
+      const uint32_t g = first + u * kThreads;
+      if (g < fp.total) {
+        const uint32_t row = fp.row_divider.divide(g);
+        const uint32_t col = g - row * fp.vecs_per_side;
+        const uint32_t head = fp.head_divider.divide(col);
+        const uint32_t head_vec = col - head * fp.vecs_per_head;
+        const int64_t token = row >> 1;
+        const bool is_v = row & 1;
+        const void* src_base = is_v ? p.v.src : p.k.src;
+        const int64_t src_ts = is_v ? p.v.src_token_stride : p.k.src_token_stride;
+        const int64_t src_hs = is_v ? p.v.src_head_stride : p.k.src_head_stride;
+        loc[u] = load_loc(p, token);
+        const auto* src = static_cast<const T*>(src_base) + token * src_ts + head * src_hs;
+        x[u] = load_issued_here<load_vec>(src, head_vec);
+      }
+    }
+    // Convert and store
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) {
+      const uint32_t g = first + u * kThreads;
+      if (g < fp.total) {
+        const uint32_t row = fp.row_divider.divide(g);
+        const uint32_t col = g - row * fp.vecs_per_side;
+        const uint32_t head = fp.head_divider.divide(col);
+        const uint32_t head_vec = col - head * fp.vecs_per_head;
+        const bool is_v = row & 1;
+        const int64_t slot = slot_of_loc(p, loc[u]);
+        const auto q = downcast8_fast<T>(x[u], is_v ? v_scale : k_scale);
+        if (slot >= 0) {
+          void* dst_base = is_v ? p.v.dst : p.k.dst;
+          const int64_t dst_ts = is_v ? p.v.dst_token_stride : p.k.dst_token_stride;
+          const int64_t dst_hs = is_v ? p.v.dst_head_stride : p.k.dst_head_stride;
+          q.store(device::pointer::offset(dst_base, slot * dst_ts + head * dst_hs), head_vec);
+        }
+      }
+    }
+  }
+}
+
 /// Widest vector (8, 4, 2 or 1 elements) that head_dim, every data pointer and every stride of a
 /// dim of more than one element is a multiple of (sources in elements of 2 bytes, outputs in bytes).
 inline int downcast_fp8_vector(const DowncastFp8Params& p, int64_t head_dim, int64_t num_heads) {
@@ -387,6 +492,40 @@ bool launch_downcast_fp8_flat(
   return true;
 }
 
+/// Launches the multi kernel with `per` (1, 2 or 4) 8-element vectors per thread; false (nothing
+/// launched) when the vector width is below 8 or the 32-bit vector ids do not cover the rows, for
+/// the caller to fall back to the default.
+template <typename T>
+bool launch_downcast_fp8_multi(
+    const DowncastFp8Params& p, int64_t head_dim, int64_t num_heads, int per, DLDevice device) {
+  using namespace host;
+  using Config = DowncastFp8FlatConfig;
+  if (downcast_fp8_flat_vector(p, head_dim, num_heads) < 8) return false;
+  const int64_t vecs_per_head = head_dim / 8;
+  const int64_t vecs_per_side = num_heads * vecs_per_head;
+  if (vecs_per_side >= Config::kMaxVecs || 2 * p.num_tokens >= Config::kMaxVecs / vecs_per_side) return false;
+  DowncastFp8FlatParams fp{};
+  fp.base = p;
+  fp.vecs_per_head = static_cast<uint32_t>(vecs_per_head);
+  fp.vecs_per_side = static_cast<uint32_t>(vecs_per_side);
+  fp.total = static_cast<uint32_t>(2 * p.num_tokens * vecs_per_side);
+  fp.row_divider = RowDivider::make(fp.vecs_per_side);
+  fp.head_divider = RowDivider::make(fp.vecs_per_head);
+  const auto launch = [&](auto kernel, int64_t per_thread) {
+    const int64_t blocks = std::clamp<int64_t>(
+        div_ceil(int64_t{fp.total}, int64_t{Config::kThreads} * per_thread), 1, Config::kMaxBlocks / per_thread);
+    LaunchKernel(static_cast<uint32_t>(blocks), Config::kThreads, device).enable_pdl()(kernel, fp);
+  };
+  if (per >= 4) {
+    launch(downcast_fp8_multi_kernel<T, 4>, 4);
+  } else if (per == 2) {
+    launch(downcast_fp8_multi_kernel<T, 2>, 2);
+  } else {
+    launch(downcast_fp8_multi_kernel<T, 1>, 1);
+  }
+  return true;
+}
+
 /// Verifies `t` as [rows, num_heads, head_dim] with the last stride 1 and the others free.
 inline void verify_heads(
     tvm::ffi::TensorView t,
@@ -413,7 +552,8 @@ inline void verify_heads(
 /// outputs share no memory with any input. Throws PanicError (Python RuntimeError) before any launch
 /// on a mismatch; nothing is launched for 0 tokens, 0 slots or empty rows. variant (A/B benches;
 /// every variant writes the same bytes): 0 the flat kernel with the reciprocal done once per thread,
-/// 1 the flat kernel with __fdiv_rn per element, 2 the legacy kernel.
+/// 1 the flat kernel with __fdiv_rn per element, 2 the legacy kernel, 3 / 4 / 5 the multi kernel
+/// with 1 / 2 / 4 8-element vectors per thread (the default where the vector width is below 8).
 template <typename T>
 void downcast_fp8(
     tvm::ffi::TensorView k,
@@ -483,8 +623,13 @@ void downcast_fp8(
   p.int32_loc = loc_dtype.is_type<int32_t>();
   const int64_t heads = num_heads.unwrap(), dim = head_dim.unwrap();
   const DLDevice device = device_.unwrap();
-  RuntimeCheck(variant >= 0 && variant <= 2, "downcast_fp8: variant = ", variant, ": expected 0, 1 or 2");
+  RuntimeCheck(variant >= 0 && variant <= 5, "downcast_fp8: variant = ", variant, ": expected 0 to 5");
   if (p.num_tokens == 0 || p.num_slots == 0 || heads == 0 || dim == 0) return;
+  if (variant >= 3) {
+    const int per = variant == 3 ? 1 : (variant == 4 ? 2 : 4);
+    if (launch_downcast_fp8_multi<T>(p, dim, heads, per, device)) return;
+    variant = 0;  // vectors below 8 elements: the default
+  }
   if (variant != 2 && launch_downcast_fp8_flat<T>(p, dim, heads, /*fast_divide=*/variant == 0, device)) return;
 
   // Legacy kernel. Configure: the vector width; rows of a block; more rows per thread past one wave

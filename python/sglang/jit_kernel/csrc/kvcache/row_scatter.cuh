@@ -126,6 +126,60 @@ __global__ void __launch_bounds__(RowScatterConfig::kThreads) row_scatter_flat_k
   }
 }
 
+/// Flat kernel with kPer vectors per thread and pass (an A/B variant; 16-byte vectors): thread g
+/// moves vectors g + u * step (u < kPer, step = the grid's threads) of the rows laid end to end, then
+/// g + kPer * step, ...: every index and source load of a pass is issued before its first store, so
+/// a thread has kPer * 16 bytes in flight (the default kernel: 16). Each warp instruction still
+/// covers 512 contiguous source bytes. The launcher sizes the grid for one pass (div_ceil(vectors,
+/// kThreads * kPer) blocks) or, persistent, to the blocks resident at once (threads then loop).
+template <typename IndexT, int kPer>
+__global__ void __launch_bounds__(RowScatterConfig::kThreads)
+    row_scatter_flat_multi_kernel(const RowScatterParams params) {
+  using vec_t = device::AlignedVector<uint8_t, 16>;
+  device::pdl_wait_primary();  // before the first global load (see the file comment)
+  device::pdl_launch_dependents();
+  const auto* indices = static_cast<const IndexT*>(params.indices);
+  const uint32_t part0_vecs = static_cast<uint32_t>(params.part0.num_vecs);
+  const uint32_t row_vecs = params.row_vecs;
+  const uint32_t total = static_cast<uint32_t>(params.num_rows) * row_vecs;  // < 2^31 (launcher)
+  const uint32_t step = gridDim.x * blockDim.x;  // kPer * step <= 2^30: no 32-bit wrap below 2^32
+  for (uint32_t base = blockIdx.x * blockDim.x + threadIdx.x; base < total; base += kPer * step) {
+    vec_t v[kPer];
+    int64_t slot[kPer];
+    void* dst[kPer];
+    uint32_t vec[kPer];
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) {
+      const uint32_t g = base + u * step;
+      slot[u] = -1;
+      if (g < total) {
+        const uint32_t row = params.row_divider.divide(g);
+        const uint32_t col = g - row * row_vecs;
+        const bool second = col >= part0_vecs;
+        const void* src = second ? params.part1.src : params.part0.src;
+        const int64_t src_stride = second ? params.part1.src_stride : params.part0.src_stride;
+        const int64_t dst_stride = second ? params.part1.dst_stride : params.part0.dst_stride;
+        vec[u] = second ? col - part0_vecs : col;
+        slot[u] = static_cast<int64_t>(indices[int64_t{row} * params.index_stride]);
+        v[u] = load_issued_here<vec_t>(device::pointer::offset(src, int64_t{row} * src_stride), vec[u]);
+        dst[u] = device::pointer::offset(second ? params.part1.dst : params.part0.dst, slot[u] * dst_stride);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) {
+      if (slot[u] >= 0 && slot[u] < params.num_slots) v[u].store(dst[u], vec[u]);
+    }
+  }
+}
+
+/// Resident blocks per SM of row_scatter_flat_multi_kernel<IndexT, kPer> (at least 1; queried once).
+template <typename IndexT, int kPer>
+uint32_t multi_blocks_per_sm() {
+  static const uint32_t blocks = std::max<uint32_t>(
+      host::runtime::get_blocks_per_sm(row_scatter_flat_multi_kernel<IndexT, kPer>, RowScatterConfig::kThreads), 1u);
+  return blocks;
+}
+
 /// Warp kernel: warp w of the grid takes units w, w + num_warps, ...; unit = (row, part, chunk),
 /// chunk fastest.
 template <typename IndexT, int kVecBytes>
@@ -193,11 +247,43 @@ inline int64_t row_scatter_element_bytes(DLDataType dtype, const char* name) {
 /// evict_last_loads (an A/B knob, flat kernel with 8- or 16-byte vectors only): source loads L2
 /// evict_last. Those lines then outlive the kernel at that priority (docs/perf_notes.md session 6:
 /// the next kernel's data is pushed out of L2 first), so it is off by default.
+///
+/// vecs_per_thread 2 or 4 (an A/B knob; auto split, 16-byte vectors only, ignored otherwise): the
+/// flat kernel with that many vectors per thread and pass; persistent: its grid is the blocks
+/// resident at once (occupancy query), threads looping, instead of one pass.
 template <typename IndexT, int kVecBytes>
-void launch_row_scatter(RowScatterParams params, int64_t requested_split, bool evict_last_loads, DLDevice device) {
+void launch_row_scatter(
+    RowScatterParams params,
+    int64_t requested_split,
+    bool evict_last_loads,
+    DLDevice device,
+    int vecs_per_thread = 1,
+    bool persistent = false) {
   using namespace host;
   using Config = RowScatterConfig;
   const int64_t row_vecs = params.part0.num_vecs + params.part1.num_vecs;
+  if constexpr (kVecBytes == 16) {
+    if (vecs_per_thread > 1 && requested_split <= 0 && row_vecs > 0 &&
+        params.num_rows < Config::kMaxFlatVecs / row_vecs) {
+      params.row_vecs = static_cast<uint32_t>(row_vecs);
+      params.row_divider = RowDivider::make(params.row_vecs);
+      const auto launch_multi = [&](auto kernel, int64_t per, uint32_t per_sm) {
+        int64_t blocks = div_ceil(params.num_rows * row_vecs, int64_t{Config::kThreads} * per);
+        if (persistent) {
+          const int64_t resident = int64_t{runtime::get_sm_count(device.device_id)} * per_sm;
+          blocks = std::min(blocks, resident);
+        }
+        blocks = std::clamp<int64_t>(blocks, 1, Config::kMaxBlocks / per);
+        LaunchKernel(static_cast<uint32_t>(blocks), Config::kThreads, device).enable_pdl()(kernel, params);
+      };
+      if (vecs_per_thread >= 4) {
+        return launch_multi(
+            row_scatter_flat_multi_kernel<IndexT, 4>, 4, persistent ? multi_blocks_per_sm<IndexT, 4>() : 0);
+      }
+      return launch_multi(
+          row_scatter_flat_multi_kernel<IndexT, 2>, 2, persistent ? multi_blocks_per_sm<IndexT, 2>() : 0);
+    }
+  }
   if (requested_split <= 0 && row_vecs > 0 && params.num_rows < Config::kMaxFlatVecs / row_vecs) {
     params.row_vecs = static_cast<uint32_t>(row_vecs);
     params.row_divider = RowDivider::make(params.row_vecs);
@@ -230,6 +316,7 @@ void launch_row_scatter(RowScatterParams params, int64_t requested_split, bool e
 
 /// Launches row_scatter for int32 (`int32_indices`) or int64 indices and `vec_bytes` (from
 /// row_scatter_vector_bytes); num_vecs of both parts are derived from `part*_bytes` here.
+/// vecs_per_thread / persistent: launch_row_scatter's A/B knobs (16-byte vectors only).
 inline void dispatch_row_scatter(
     RowScatterParams params,
     int64_t part0_bytes,
@@ -238,13 +325,16 @@ inline void dispatch_row_scatter(
     bool int32_indices,
     int64_t requested_split,
     DLDevice device,
-    bool evict_last_loads = false) {
+    bool evict_last_loads = false,
+    int vecs_per_thread = 1,
+    bool persistent = false) {
   params.part0.num_vecs = part0_bytes / vec_bytes;
   params.part1.num_vecs = part1_bytes / vec_bytes;
   const auto launch = [&]<typename IndexT>() {
     switch (vec_bytes) {
       case 16:
-        return launch_row_scatter<IndexT, 16>(params, requested_split, evict_last_loads, device);
+        return launch_row_scatter<IndexT, 16>(
+            params, requested_split, evict_last_loads, device, vecs_per_thread, persistent);
       case 8:
         return launch_row_scatter<IndexT, 8>(params, requested_split, evict_last_loads, device);
       case 4:

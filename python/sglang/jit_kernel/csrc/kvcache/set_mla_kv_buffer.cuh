@@ -43,7 +43,9 @@ inline void verify_mla_rows(
 /// also with a head dim of 1 before the row): one dtype, row strides free, last stride 1. loc
 /// [num_tokens] int32 or int64, any stride. One CUDA device; kv_buffer shares no memory with the
 /// sources or loc. variant (an A/B knob; the same bytes either way): 0 plain loads, 1 source loads
-/// L2 evict_last (8- or 16-byte vectors). Throws PanicError (Python RuntimeError) before any launch
+/// L2 evict_last (8- or 16-byte vectors); 2 / 3 the flat kernel with 2 / 4
+/// vectors per thread, one pass; 4 with 4 per thread on a persistent grid (16-byte vectors; other
+/// widths take the default kernel; launch_row_scatter). Throws PanicError (Python RuntimeError) before any launch
 /// on a mismatch; nothing is launched for 0 tokens or 0 slots.
 void set_mla_kv_buffer(
     tvm::ffi::TensorView kv_buffer,
@@ -81,7 +83,7 @@ void set_mla_kv_buffer(
   verify_no_partial_overlap(kv_buffer, "kv_buffer", k_nope, "cache_k_nope", /*allow_same=*/false);
   verify_no_partial_overlap(kv_buffer, "kv_buffer", k_rope, "cache_k_rope", /*allow_same=*/false);
   verify_no_partial_overlap(kv_buffer, "kv_buffer", loc, "loc", /*allow_same=*/false);
-  RuntimeCheck(variant == 0 || variant == 1, "set_mla_kv_buffer: variant = ", variant, ": expected 0 or 1");
+  RuntimeCheck(variant >= 0 && variant <= 4, "set_mla_kv_buffer: variant = ", variant, ": expected 0 to 4");
 
   // Unwrap
   const int64_t elem = row_scatter_element_bytes(dtype.unwrap(), "kv_buffer");
@@ -119,7 +121,9 @@ void set_mla_kv_buffer(
       int32_indices,
       /*requested_split=*/0,
       device,
-      /*evict_last_loads=*/variant == 1);
+      /*evict_last_loads=*/variant == 1,
+      /*vecs_per_thread=*/variant == 2 ? 2 : (variant >= 3 ? 4 : 1),
+      /*persistent=*/variant == 4);
 }
 
 }  // namespace

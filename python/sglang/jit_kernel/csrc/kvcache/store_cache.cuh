@@ -24,7 +24,9 @@ namespace {
 /// num_tokens (the rows after num_indices are not read). All on one CUDA device; the caches share
 /// no memory with k, v or indices. row_bytes: 0, or k_row * element size (checked). num_split: 0
 /// (auto) or the warps per row part. variant (an A/B knob; the same bytes either way): 0 plain
-/// loads, 1 source loads L2 evict_last (flat kernel, 8- or 16-byte vectors). Throws PanicError
+/// loads, 1 source loads L2 evict_last (flat kernel, 8- or 16-byte vectors); 2 / 3 the flat kernel with 2 / 4
+/// vectors per thread, one pass; 4 with 4 per thread on a persistent grid (16-byte vectors; other
+/// widths take the default kernel; launch_row_scatter). Throws PanicError
 /// (Python RuntimeError) before any launch on a mismatch; nothing is launched when num_indices or
 /// num_slots is 0.
 void store_cache(
@@ -98,7 +100,7 @@ void store_cache(
       ": expected 0 or k_row * element size = ",
       k_bytes);
   RuntimeCheck(num_split >= 0, "store_cache: num_split = ", num_split, ": expected >= 0 (0 = auto)");
-  RuntimeCheck(variant == 0 || variant == 1, "store_cache: variant = ", variant, ": expected 0 or 1");
+  RuntimeCheck(variant >= 0 && variant <= 4, "store_cache: variant = ", variant, ": expected 0 to 4");
   const int64_t rows = num_indices.unwrap();
   RowScatterParams params{};
   params.part0 = RowPart{
@@ -130,7 +132,9 @@ void store_cache(
       index_dtype.is_type<int32_t>(),
       num_split,
       device,
-      /*evict_last_loads=*/variant == 1);
+      /*evict_last_loads=*/variant == 1,
+      /*vecs_per_thread=*/variant == 2 ? 2 : (variant >= 3 ? 4 : 1),
+      /*persistent=*/variant == 4);
 }
 
 }  // namespace
