@@ -91,8 +91,11 @@ def last_dim_contiguous(input: torch.Tensor) -> torch.Tensor:
 
 
 def emulate_amax(x: torch.Tensor, dim: int | tuple[int, ...] | None = None) -> torch.Tensor:
-    """Largest |x| in fp32 over ``dim`` (all dims if None), ignoring NaN like the kernels' fmaxf."""
-    magnitude = torch.nan_to_num(x.float().abs(), nan=0.0)
+    """Largest |x| in fp32 over ``dim`` (all dims if None), ignoring NaN like the kernels' fmaxf; an
+    inf stays inf (the kernels' maximum is inf, so the scale is FLT_MAX as documented)."""
+    # posinf explicitly: nan_to_num's default maps inf to FLT_MAX, which gave the emulation a scale
+    # of FLT_MAX / 448 for groups holding inf where every kernel writes FLT_MAX.
+    magnitude = torch.nan_to_num(x.float().abs(), nan=0.0, posinf=float("inf"))
     return magnitude.amax() if dim is None else magnitude.amax(dim=dim)
 
 

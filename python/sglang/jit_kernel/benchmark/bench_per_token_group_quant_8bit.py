@@ -90,6 +90,11 @@ def main() -> None:
         "jit v2 1x2": variant(2),
         "jit v3 2x2": variant(3),
         "jit v4 4x1": variant(4),
+        # opt-in tunings of v3 (flip KERNEL_VARIANT's size rule if they win): v8 registers capped at
+        # 40 (7 blocks of 224 threads per SM); v9 4 blocks per SM loop over rows, the next row's
+        # loads issued before the current row is reduced
+        "jit v8 2x2 occupancy": variant(8),
+        "jit v9 2x2 prefetch": variant(9),
     }
     roof = copy_roof_gbps()
     rows = quant_rows(

@@ -149,7 +149,7 @@ def test_values_against_fp64_and_fp32_arithmetic(in_dtype, out_dtype, shape, gro
 
 
 @requires_cuda
-@pytest.mark.parametrize("variant", [0, 1, 2, 3, 4])
+@pytest.mark.parametrize("variant", [0, 1, 2, 3, 4, 8, 9])
 @pytest.mark.parametrize("in_dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("case", ["row", "col", "ue8m0", "int8", "offset", "clamp"])
 @pytest.mark.parametrize(("m", "k", "group_size"), [(1, 7168, 128), (5, 384, 16), (3, 2048, 1024), (300, 256, 64)])
@@ -292,6 +292,58 @@ def test_inf_and_nan_inputs(out_dtype):
     keep[0, :128] = False
     keep[1, 7] = False
     assert torch.equal(q.view(torch.uint8)[keep], q_ref.view(torch.uint8)[keep])
+
+
+@requires_cuda
+@pytest.mark.parametrize("variant", [0, 1, 2, 3, 4, 8, 9])
+@pytest.mark.parametrize("out_dtype", [FP8, torch.int8])
+def test_inf_and_nan_groups_every_variant(variant, out_dtype):
+    """Every launcher variant writes the documented result for groups holding inf / -inf / NaN,
+    byte for byte the emulation's (which keeps inf in the maximum: s = FLT_MAX), the inf groups
+    included; variant 0 is also the fallback for rows of >= 2^30 chunks."""
+    from sglang.jit_kernel._quant_8bit import jit_quant_8bit_module
+
+    x = torch.randn(5, 256, device="cuda").to(torch.bfloat16)
+    x[0, 3], x[1, 130], x[2, 0], x[3] = float("nan"), float("inf"), -float("inf"), 0.0
+    x[4, 7], x[4, 8] = float("inf"), float("nan")  # inf and NaN in one group
+    lo, hi = BOUNDS[out_dtype]
+    q = torch.empty(5, 256, dtype=out_dtype, device="cuda")
+    s = torch.full((5, 2), float("nan"), device="cuda")
+    jit_quant_8bit_module(torch.bfloat16).per_token_group_quant_8bit(x, q, s, 128, EPS, lo, hi, False, variant)
+    q_ref, s_ref = reference(x, 128, EPS, lo, hi, out_dtype)
+    flt_max = torch.finfo(torch.float32).max
+    assert s_ref[1, 1] == flt_max and s_ref[2, 0] == flt_max and s_ref[4, 0] == flt_max
+    assert torch.equal(s, s_ref)
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+
+
+@requires_cuda
+@pytest.mark.parametrize("variant", [8, 9])
+@pytest.mark.parametrize("in_dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize(
+    ("m", "k", "group_size"), [(3000, 7168, 128), (1500, 2048, 64), (700, 16384, 128), (77, 7168, 128), (2, 512, 256)]
+)
+def test_tuned_variants_match_default(variant, in_dtype, m, k, group_size):
+    """The opt-in tunings of variant 3 (8: capped registers; 9: rows looped over with the next row's
+    loads in flight, more rows than resident blocks) give exactly the default's bytes, with row-major
+    and column-major scales."""
+    from sglang.jit_kernel._quant_8bit import jit_quant_8bit_module
+
+    if group_size > max_group_size(in_dtype):
+        pytest.skip("group_size exceeds the dtype's maximum")
+    fn = jit_quant_8bit_module(in_dtype).per_token_group_quant_8bit
+    x = (torch.randn(m, k, device="cuda") * torch.logspace(-3, 3, m, device="cuda").unsqueeze(1)).to(in_dtype)
+    g = k // group_size
+    for col in (False, True):
+        outs = []
+        for v in (1, variant):
+            q = torch.full((m, k), 0x7F, dtype=torch.uint8, device="cuda").view(FP8)
+            s = column_major(m, g) if col else torch.full((m, g), float("nan"), device="cuda")
+            fn(x, q, s, group_size, EPS, -448.0, 448.0, False, v)
+            outs.append((q.view(torch.uint8).clone(), s.clone()))
+        assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    q_ref, s_ref = reference(x, group_size, EPS, -448.0, 448.0, FP8)
+    assert torch.equal(outs[1][0], q_ref.view(torch.uint8)) and torch.equal(outs[1][1], s_ref)
 
 
 # ---- layouts ----

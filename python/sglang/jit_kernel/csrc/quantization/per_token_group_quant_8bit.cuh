@@ -21,13 +21,15 @@
 #include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDevice, kAnySize, data_ptr
 #include <sgl_kernel/utils.h>   // For RuntimeCheck, div_ceil
 
-#include <sgl_kernel/utils.cuh>  // For LaunchKernel, SGL_DEVICE, kWarpThreads, fp8_e4m3_t, pdl_wait_primary
+#include <sgl_kernel/runtime.cuh>  // For runtime::get_sm_count
+#include <sgl_kernel/utils.cuh>    // For LaunchKernel, SGL_DEVICE, kWarpThreads, fp8_e4m3_t, pdl_wait_primary
 
 #include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <dlpack/dlpack.h>
 #include <tvm/ffi/container/tensor.h>
+#include <type_traits>
 
 #include "quantize_8bit.cuh"  // For quant::Chunk, block_scale, quantize_chunk, chunk_absmax, is_aligned
 
@@ -164,6 +166,107 @@ struct TileShape {
 /// (bf16 / fp16 with kPack 2), one 16-byte store of fp8 bytes per lane. A group of group_chunks
 /// chunks (>= kPack) is group_chunks / kPack consecutive lanes of a step, or, larger than a step,
 /// group_chunks / kStepChunks consecutive steps of every lane.
+/// Tuning knobs of the tuned 2-D kernel beyond the tile shape (the opt-in variants 8 and 9).
+/// - kMinBlocks: __launch_bounds__'s blocks per SM at kTileMaxThreads threads (caps the registers:
+///   5 gives <= 48, so 6 blocks of 224 threads fit an SM instead of 4 at 72 registers; 6 (<= 40)
+///   spills ~100 bytes).
+/// - kPrefetch: a block loops over rows (grid.y a few per SM) and issues the loads of its next row
+///   before it quantizes the current one, so a lane keeps up to two tiles of loads in flight and
+///   the block's launch and reduction gaps overlap the memory traffic.
+/// Both also take the reciprocal as __frcp_rn(s): the IEEE reciprocal, the same value as
+/// __fdiv_rn(1, s) without the division's slow-path test.
+template <int kMinBlocks_, bool kPrefetch_>
+struct TileTuning {
+  static constexpr int kMinBlocks = kMinBlocks_;
+  static constexpr bool kPrefetch = kPrefetch_;
+  static constexpr bool kFastRcp = kMinBlocks_ > 1 || kPrefetch_;
+};
+
+/// Loads the tile of lane `first` of a row (chunks past row_chunks are not read).
+template <typename Shape, typename InT, typename TIn>
+SGL_DEVICE void load_group_tile(
+    InT (&x)[Shape::kItems][Shape::kPack], const TIn* src, int32_t first, int32_t row_chunks) {
+#pragma unroll
+  for (int c = 0; c < Shape::kItems; ++c) {
+    const int32_t index = first + c * Shape::kStepChunks;  // whole kPack runs: row_chunks is whole groups
+#pragma unroll
+    for (int j = 0; j < Shape::kPack; ++j) {
+      if (index < row_chunks) x[c][j].load(src, index + j);
+    }
+  }
+}
+
+/// Reduces, quantizes and stores the loaded tile of lane `first` of row `row` (see the kernel).
+template <typename TIn, typename TOut, bool kAligned, bool kClamp, bool kFastRcp, typename Shape>
+SGL_DEVICE void quantize_group_tile(
+    const GroupQuantParams& p,
+    const device::quant::Chunk<TIn, 16 / sizeof(TIn), kAligned> (&x)[Shape::kItems][Shape::kPack],
+    TOut* dst,
+    int64_t row,
+    int32_t first,
+    int32_t row_chunks,
+    int32_t group_chunks,
+    int32_t lanes_per_group) {
+  using namespace device::quant;
+  constexpr int kItems = Shape::kItems;
+  constexpr int kPack = Shape::kPack;
+  constexpr int kVecN = 16 / sizeof(TIn);
+  const float type_max = kTypeMax<TOut>;
+  float amax[kItems];
+#pragma unroll
+  for (int c = 0; c < kItems; ++c) {
+    amax[c] = 0.0f;
+    if (first + c * Shape::kStepChunks < row_chunks) {
+#pragma unroll
+      for (int j = 0; j < kPack; ++j) amax[c] = chunk_absmax(x[c][j], amax[c]);
+    }
+  }
+  // Groups longer than a step: steps c .. c + span - 1 of a lane are one group.
+#pragma unroll
+  for (int span = 2; span <= kItems; span *= 2) {
+    if (group_chunks >= span * Shape::kStepChunks) {
+#pragma unroll
+      for (int c = 0; c < kItems; c += span) {
+        const float m = fmaxf(amax[c], amax[c + span / 2]);
+#pragma unroll
+        for (int i = 0; i < span; ++i) amax[c + i] = m;
+      }
+    }
+  }
+  for (int mask = lanes_per_group / 2; mask > 0; mask /= 2) {
+#pragma unroll
+    for (int c = 0; c < kItems; ++c) amax[c] = fmaxf(amax[c], __shfl_xor_sync(0xffffffffu, amax[c], mask));
+  }
+#pragma unroll
+  for (int c = 0; c < kItems; ++c) {
+    const int32_t index = first + c * Shape::kStepChunks;
+    if (index < row_chunks) {
+      const float scale = block_scale(amax[c], p.eps, type_max, p.scale_ue8m0);
+      const float inv_scale = kFastRcp ? __frcp_rn(scale) : __fdiv_rn(1.0f, scale);
+      float f[kVecN * kPack];
+#pragma unroll
+      for (int j = 0; j < kPack; ++j) {
+        float part[kVecN];
+        chunk_to_float(x[c][j], part);
+#pragma unroll
+        for (int i = 0; i < kVecN; ++i) f[j * kVecN + i] = part[i];
+      }
+      // kPack * kVecN output bytes in one store (the launcher checked that output_q allows it)
+      quantize_values<TOut, kClamp, kVecN * kPack, kAligned>(f, inv_scale, p.q_min, p.q_max).store(dst, index / kPack);
+      if ((index & (group_chunks - 1)) == 0) store_group_scale(p, row, index >> p.log2_group_chunks, scale);
+    }
+  }
+}
+
+/// The 2-D kernel (variants 2..4): block (32 * warps_x, rows_y) threads; warp (threadIdx.x / 32) of
+/// block column blockIdx.x takes tile blockIdx.x * warps_x + warp of row blockIdx.y * rows_y +
+/// threadIdx.y (rows past gridDim.y * rows_y looped over). The index arithmetic is 32-bit within a
+/// row and runs before the PDL wait; lanes of tiles past the row end exit (no shuffle partner is
+/// lost: a warp is one tile). Step c of lane l holds chunks (c * 32 + l) * kPack .. + kPack - 1 of
+/// the tile, so each step of a warp is kPack coalesced 16-byte loads and, for kPack * kVecN = 16
+/// (bf16 / fp16 with kPack 2), one 16-byte store of fp8 bytes per lane. A group of group_chunks
+/// chunks (>= kPack) is group_chunks / kPack consecutive lanes of a step, or, larger than a step,
+/// group_chunks / kStepChunks consecutive steps of every lane.
 template <typename TIn, typename TOut, bool kAligned, bool kClamp, typename Shape>
 __global__ void __launch_bounds__(GroupQuantConfig::kTileMaxThreads)
     per_token_group_quant_8bit_tile_kernel(const GroupQuantParams p) {
@@ -246,6 +349,63 @@ __global__ void __launch_bounds__(GroupQuantConfig::kTileMaxThreads)
   }
 }
 
+/// The tuned 2-D kernel (opt-in variants 8, 9): the tile kernel below (same tiles, same arithmetic,
+/// same bytes) with a TileTuning; kept apart so that the default kernels' code stays as measured.
+/// Fold it into per_token_group_quant_8bit_tile_kernel when a tuning becomes a default. Block (32 * warps_x, rows_y) threads; warp (threadIdx.x / 32) of
+/// block column blockIdx.x takes tile blockIdx.x * warps_x + warp of row blockIdx.y * rows_y +
+/// threadIdx.y (rows past gridDim.y * rows_y looped over). The index arithmetic is 32-bit within a
+/// row and runs before the PDL wait; lanes of tiles past the row end exit (no shuffle partner is
+/// lost: a warp is one tile). Step c of lane l holds chunks (c * 32 + l) * kPack .. + kPack - 1 of
+/// the tile, so each step of a warp is kPack coalesced 16-byte loads and, for kPack * kVecN = 16
+/// (bf16 / fp16 with kPack 2), one 16-byte store of fp8 bytes per lane. A group of group_chunks
+/// chunks (>= kPack) is group_chunks / kPack consecutive lanes of a step, or, larger than a step,
+/// group_chunks / kStepChunks consecutive steps of every lane. Tuning: see TileTuning.
+template <typename TIn, typename TOut, bool kAligned, bool kClamp, typename Shape, typename Tuning>
+__global__ void __launch_bounds__(GroupQuantConfig::kTileMaxThreads, Tuning::kMinBlocks)
+    per_token_group_quant_8bit_tuned_kernel(const GroupQuantParams p) {
+  constexpr int kVecN = 16 / sizeof(TIn);
+  using in_t = device::quant::Chunk<TIn, kVecN, kAligned>;
+
+  const int32_t lane = threadIdx.x % device::kWarpThreads;
+  const int32_t tile = blockIdx.x * (blockDim.x / device::kWarpThreads) + threadIdx.x / device::kWarpThreads;
+  const int32_t row_chunks = static_cast<int32_t>(p.row_chunks);
+  const int32_t first = tile * Shape::kTileChunks + lane * Shape::kPack;  // chunk of step 0 in the row
+  if (tile >= static_cast<int32_t>(p.tiles_per_row)) return;              // whole warps: no shuffle partner lost
+  const int32_t group_chunks = 1 << p.log2_group_chunks;
+  const int32_t lanes_per_group = min(group_chunks / Shape::kPack, device::kWarpThreads);
+  int64_t row = int64_t{blockIdx.y} * blockDim.y + threadIdx.y;
+  const int64_t row_step = int64_t{gridDim.y} * blockDim.y;
+  device::pdl_wait_primary();  // the input may be the previous kernel's output
+  device::pdl_launch_dependents();
+
+  const auto src_of = [&](int64_t r) { return static_cast<const TIn*>(p.input) + r * p.input_row_stride; };
+  const auto dst_of = [&](int64_t r) { return static_cast<TOut*>(p.output_q) + r * p.q_row_stride; };
+  if constexpr (Tuning::kPrefetch) {
+    if (row >= p.num_tokens) return;
+    in_t next[Shape::kItems][Shape::kPack];
+    load_group_tile<Shape>(next, src_of(row), first, row_chunks);
+    for (; row < p.num_tokens; row += row_step) {
+      in_t x[Shape::kItems][Shape::kPack];
+#pragma unroll
+      for (int c = 0; c < Shape::kItems; ++c) {
+#pragma unroll
+        for (int j = 0; j < Shape::kPack; ++j) x[c][j] = next[c][j];
+      }
+      // The next row's loads go out before this row's reduction (its lanes wait on nothing here).
+      if (row + row_step < p.num_tokens) load_group_tile<Shape>(next, src_of(row + row_step), first, row_chunks);
+      quantize_group_tile<TIn, TOut, kAligned, kClamp, Tuning::kFastRcp, Shape>(
+          p, x, dst_of(row), row, first, row_chunks, group_chunks, lanes_per_group);
+    }
+  } else {
+    for (; row < p.num_tokens; row += row_step) {
+      in_t x[Shape::kItems][Shape::kPack];
+      load_group_tile<Shape>(x, src_of(row), first, row_chunks);
+      quantize_group_tile<TIn, TOut, kAligned, kClamp, Tuning::kFastRcp, Shape>(
+          p, x, dst_of(row), row, first, row_chunks, group_chunks, lanes_per_group);
+    }
+  }
+}
+
 template <typename TIn, typename TOut, bool kClamp>
 void launch_per_token_group_quant_8bit(const GroupQuantParams& params, bool aligned, DLDevice device) {
   using namespace host;
@@ -259,7 +419,10 @@ void launch_per_token_group_quant_8bit(const GroupQuantParams& params, bool alig
 
 /// The 2-D kernel with tile Shape: a block holds warps_x tiles of each of rows_y rows (all of a
 /// row's tiles when there are at most 8, so no warp idles), grid (row tiles / warps_x, rows / rows_y).
-template <typename TIn, typename TOut, bool kClamp, typename Shape>
+/// Tuning (void: the tile kernel; else the tuned kernel): with kPrefetch, grid.y at most
+/// Tuning::kMinBlocks blocks per SM (over the grid's columns), each looping over its rows. A tuned kernel is instantiated for aligned access only (the callers
+/// reach it only with pair_aligned, which implies aligned).
+template <typename TIn, typename TOut, bool kClamp, typename Shape, typename Tuning = void>
 void launch_group_quant_tiles(GroupQuantParams params, bool aligned, DLDevice device) {
   using namespace host;
   params.tiles_per_row = div_ceil(params.row_chunks, int64_t{Shape::kTileChunks});
@@ -267,12 +430,24 @@ void launch_group_quant_tiles(GroupQuantParams params, bool aligned, DLDevice de
   const int64_t warps_x = params.tiles_per_row <= max_warps ? params.tiles_per_row : 4;
   const int64_t rows_y = std::max<int64_t>(1, 4 / warps_x);
   const dim3 block(static_cast<uint32_t>(warps_x * device::kWarpThreads), static_cast<uint32_t>(rows_y));
-  const dim3 grid(
-      static_cast<uint32_t>(div_ceil(params.tiles_per_row, warps_x)),
-      static_cast<uint32_t>(std::min(div_ceil(params.num_tokens, rows_y), GroupQuantConfig::kMaxRowBlocks)));
-  const auto kernel = aligned ? per_token_group_quant_8bit_tile_kernel<TIn, TOut, true, kClamp, Shape>
-                              : per_token_group_quant_8bit_tile_kernel<TIn, TOut, false, kClamp, Shape>;
-  LaunchKernel(grid, block, device).enable_pdl(true)(kernel, params);
+  const int64_t grid_x = div_ceil(params.tiles_per_row, warps_x);
+  int64_t grid_y = std::min(div_ceil(params.num_tokens, rows_y), GroupQuantConfig::kMaxRowBlocks);
+  if constexpr (!std::is_void_v<Tuning>) {
+    if constexpr (Tuning::kPrefetch) {
+      const int64_t resident = int64_t{runtime::get_sm_count(device.device_id)} * Tuning::kMinBlocks;
+      grid_y = std::min(grid_y, std::max<int64_t>(1, resident / grid_x));
+    }
+  }
+  const dim3 grid(static_cast<uint32_t>(grid_x), static_cast<uint32_t>(grid_y));
+  if constexpr (std::is_void_v<Tuning>) {
+    const auto kernel = aligned ? per_token_group_quant_8bit_tile_kernel<TIn, TOut, true, kClamp, Shape>
+                                : per_token_group_quant_8bit_tile_kernel<TIn, TOut, false, kClamp, Shape>;
+    LaunchKernel(grid, block, device).enable_pdl(true)(kernel, params);
+  } else {
+    RuntimeCheck(aligned, "per_token_group_quant_8bit: a tuned tile kernel needs aligned rows");
+    const auto kernel = per_token_group_quant_8bit_tuned_kernel<TIn, TOut, true, kClamp, Shape, Tuning>;
+    LaunchKernel(grid, block, device).enable_pdl(true)(kernel, params);
+  }
 }
 
 /// Kernel variants (the `variant` argument; 1 is the default, the others are kept for A/B runs):
@@ -281,6 +456,10 @@ void launch_group_quant_tiles(GroupQuantParams params, bool aligned, DLDevice de
 /// chunks; 4 of 4 steps x 1 chunk. A 2-D shape whose tile is shorter than a group, whose pair of
 /// chunks is longer than a group, or whose paired output stores output_q does not align, takes
 /// Shape<4, 1>; rows of 2^30 chunks or more take variant 0 (its offsets are 64-bit).
+/// Opt-in (A/B rows; 5..7 are refused): 8 is 3 with TileTuning<5, false> (registers capped at 48:
+/// 6 blocks of 224 threads per SM at hidden 7168 instead of 4); 9 is 3 with TileTuning<3, true>
+/// (rows looped over by 3 blocks per SM, <= 80 registers, the next row's loads issued before the
+/// current row is reduced: up to 6 rows of loads in flight per SM). Where 3 would fall back to Shape<4, 1>, 8 and 9 take that same untuned fallback.
 template <typename TIn, typename TOut, bool kClamp>
 void dispatch_per_token_group_quant_8bit(
     const GroupQuantParams& params, bool aligned, bool pair_aligned, int64_t variant, DLDevice device) {
@@ -294,10 +473,15 @@ void dispatch_per_token_group_quant_8bit(
   }
   if (variant == 1) variant = params.num_tokens <= GroupQuantConfig::kSmallTokens ? 2 : 3;
   const bool pairs_ok = pair_aligned && group_chunks >= 2;
+  const bool large_ok = pairs_ok && group_chunks <= Large::kTileChunks;
   if (variant == 2 && pairs_ok && group_chunks <= Small::kTileChunks) {
     launch_group_quant_tiles<TIn, TOut, kClamp, Small>(params, aligned, device);
-  } else if (variant == 3 && pairs_ok && group_chunks <= Large::kTileChunks) {
+  } else if (variant == 3 && large_ok) {
     launch_group_quant_tiles<TIn, TOut, kClamp, Large>(params, aligned, device);
+  } else if (variant == 8 && large_ok) {
+    launch_group_quant_tiles<TIn, TOut, kClamp, Large, TileTuning<5, false>>(params, aligned, device);
+  } else if (variant == 9 && large_ok) {
+    launch_group_quant_tiles<TIn, TOut, kClamp, Large, TileTuning<3, true>>(params, aligned, device);
   } else {
     launch_group_quant_tiles<TIn, TOut, kClamp, Single>(params, aligned, device);
   }
@@ -373,7 +557,10 @@ void per_token_group_quant_8bit(
   verify_no_partial_overlap(output_s, "output_s", input, "input", /*allow_same=*/false);
   verify_no_partial_overlap(output_s, "output_s", output_q, "output_q", /*allow_same=*/false);
   RuntimeCheck(q_min < q_max, "per_token_group_quant_8bit: fp8_min must be < fp8_max, got ", q_min, " and ", q_max);
-  RuntimeCheck(variant >= 0 && variant <= 4, "per_token_group_quant_8bit: variant must be in [0, 4], got ", variant);
+  RuntimeCheck(
+      (variant >= 0 && variant <= 4) || variant == 8 || variant == 9,
+      "per_token_group_quant_8bit: variant must be in [0, 4] or 8 or 9, got ",
+      variant);
 
   // Unwrap
   const int64_t row_chunks = hidden_size.unwrap() / kVecN;
