@@ -224,11 +224,15 @@ def test_forced_geometries_agree(dtype, threads, vec_bytes):
 
 @requires_cuda
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("variant,old_geometry", [(0, 1), (1, 0), (1, 1), (2, 0), (4, 0), (6, 0)])
+@pytest.mark.parametrize(
+    "variant,old_geometry",
+    [(0, 1), (1, 0), (1, 1), (2, 0), (4, 0), (6, 0), (5, 1), (8, 0), (12, 0), (16, 0), (17, 1), (24, 0)],
+)
 def test_launch_variants(dtype, variant, old_geometry):
     """The benchmark's old-vs-new variants of 16-byte launches (_set_launch_variant): pair rows, evict_last
-    loads and 9f465cb's CTA-size rule compute the same bits as the default; fast math (4, 6; 16-bit
-    types, fp32 ignores the bit) stays within the ulp check. Cases cover one-shot grids past 4 waves
+    loads, 9f465cb's CTA-size rule, pipelined rows (8) and the checked fast silu (16, 17, 24) compute the
+    same bits as the default; fast math (4, 5, 6, 12; 16-bit types, fp32 ignores the bit) stays within
+    the ulp check. Cases cover one-shot grids past 4 waves
     (pair rows on), several chunks per row, row groups and narrow vectors."""
     from sglang.jit_kernel.activation import _jit_activation_module
 
@@ -267,6 +271,36 @@ def test_fast_math_every_16_bit_gate(dtype):
             assert_matches_reference(name, OPS[name](x), x)
     finally:
         module._set_launch_variant(0, 0)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("variant,old_geometry", [(16, 0), (17, 1), (24, 0)])
+def test_checked_fast_every_16_bit_gate(dtype, variant, old_geometry):
+    """The checked fast silu (variant bit 16) gives the default's bits for every 16-bit gate pattern (NaN,
+    infinities, zeros, subnormals included): the activation depends on the gate alone, so this covers
+    every input. Several rows with different up values, shuffled gates (every 16-byte vector mixes
+    gates that take the fast quotient and gates that fall back), and a long grid for the pair-row and
+    pipelined loops."""
+    from sglang.jit_kernel.activation import _jit_activation_module
+
+    bits = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
+    gen = torch.Generator().manual_seed(16)
+    rows = []
+    for r in range(6):
+        gate = bits[torch.randperm(bits.numel(), generator=gen)].view(dtype)
+        up = torch.randn(bits.numel(), generator=gen).to(dtype) if r else torch.ones(bits.numel(), dtype=dtype)
+        rows.append(torch.cat([gate, up]))
+    x = torch.stack(rows).cuda()
+    x = torch.cat([x] * 44)  # 264 rows of 8192 vectors: past 4 waves (pair rows), many strides (pipelined)
+    module = _jit_activation_module(dtype)
+    expected = silu_and_mul(x)
+    module._set_launch_variant(variant, old_geometry)
+    try:
+        got = silu_and_mul(x)
+    finally:
+        module._set_launch_variant(0, 0)
+    assert torch.equal(got.view(torch.int16), expected.view(torch.int16))
 
 
 @requires_cuda
@@ -687,6 +721,8 @@ def test_ffi_rejects_mismatches_from_cpp():
         module._set_launch_override(0, 32)
     with pytest.raises(RuntimeError, match="_set_launch_variant: variant"):
         module._set_launch_variant(3, 0)
+    with pytest.raises(RuntimeError, match="_set_launch_variant: variant"):
+        module._set_launch_variant(20, 0)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@
 // of 256-thread CTAs, launches of a wave or two take the largest CTAs that keep the SMs evenly
 // loaded (gated_act_threads). gridDim.y is capped at 65535; CTAs then stride over row groups.
 // Offsets are 64-bit throughout (any element count). Benchmark-only variants of the 16-byte kernel
-// (two rows per thread, evict_last loads, fast math) are selected by set_gated_act_launch_variant.
+// (two rows per thread, evict_last loads, fast math, pipelined rows, checked fast silu) are selected
+// by set_gated_act_launch_variant.
 //
 // Expert filter (MoE): with expert_ids, row t is computed only if expert_ids[t / expert_step] !=
 // -1; a filtered row reads its id and nothing else, and its out row is not written.
@@ -167,6 +168,65 @@ SGL_DEVICE float activate_fast(float g) {
   }
 }
 
+/// kGatedActCheckedFast's tolerance: fp32 bit patterns by which silu_rcp_quotient(g) may differ from
+/// activate<kSilu>(g). Both divide the same d = 1 + expf(-g) (expf itself, bit-identical); the exact
+/// quotient is correctly rounded (<= 0.5 ulp), g * rcp.approx(d) within 1 ulp (rcp) + 0.5 ulp (the
+/// product): 2 ulps apart at most, 8 leaves a 4x margin. The exhaustive 16-bit gate test
+/// (test_checked_fast_every_16_bit_gate) checks the result for every input.
+inline constexpr int32_t kCheckedFastUlps = 8;
+
+/// g / (1 + expf(-g)) as g * rcp.approx.ftz(1 + expf(-g)): a quotient within kCheckedFastUlps of the
+/// exact one wherever the reciprocal is normal (1 + expf(-g) < 2^126; beyond, a flushed reciprocal
+/// gives +-0, which same_16_bit_rounding rejects).
+SGL_DEVICE float silu_rcp_quotient(float g) {
+  const float d = __fadd_rn(1.0f, expf(-g));
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
+  return __fmul_rn(g, r);
+}
+
+/// Whether every fp32 value within kCheckedFastUlps bit patterns of a rounds to the same 16-bit T
+/// value as a (for a0 and a1): then the exact activation, which lies in that interval, rounds to
+/// round(a) too (rounding is monotone). Packed: one cvt per two values and one 32-bit compare per
+/// pair. Intervals that would cross zero come out unequal (the patterns change sign: a NaN or a value
+/// of the other sign), as do those reaching past the largest finite value (a NaN); NaN a is refused
+/// by the a == a test. The caller recomputes refused pairs exactly.
+template <typename T>
+SGL_DEVICE bool same_16_bit_rounding(float a0, float a1) {
+  using P = packed_t<T>;
+  const int32_t b0 = __float_as_int(a0), b1 = __float_as_int(a1);
+  const P lo =
+      dtype_trait<P>::from(fp32x2_t{__int_as_float(b0 - kCheckedFastUlps), __int_as_float(b1 - kCheckedFastUlps)});
+  const P hi =
+      dtype_trait<P>::from(fp32x2_t{__int_as_float(b0 + kCheckedFastUlps), __int_as_float(b1 + kCheckedFastUlps)});
+  uint32_t lo_bits, hi_bits;
+  static_assert(sizeof(P) == sizeof(uint32_t));
+  __builtin_memcpy(&lo_bits, &lo, sizeof(P));
+  __builtin_memcpy(&hi_bits, &hi, sizeof(P));
+  return (lo_bits == hi_bits) & (a0 == a0) & (a1 == a1);
+}
+
+/// kGatedActCheckedFast silu for the N gates of one vector (16-bit T, N even): silu_rcp_quotient for
+/// every gate (no range test, 2 instructions for the division instead of 6 + 3), kept where
+/// same_16_bit_rounding says the documented activation rounds to the same T value; each pair that
+/// fails is recomputed by activate<kSilu> (a rare branch: at bf16 a pair fails with probability about
+/// 2 * 17 / 65536, so about 1.7 % of warps enter a given pair's branch). The activation
+/// returned may differ from activate<kSilu>(g) in fp32, but its rounding to T never does, and only
+/// that rounding is used (act_and_mul): the variant's outputs are bit-identical to the default's.
+template <typename T, std::size_t N>
+SGL_DEVICE void silu_checked_fast_vector(const float (&g)[N], float (&act)[N]) {
+  static_assert(N % 2 == 0);
+#pragma unroll
+  for (std::size_t i = 0; i < N; ++i) act[i] = silu_rcp_quotient(g[i]);
+#pragma unroll
+  for (std::size_t i = 0; i < N; i += 2) {
+    if (!same_16_bit_rounding<T>(act[i], act[i + 1])) {
+      act[i] = activate<GatedActivation::kSilu>(g[i]);
+      act[i + 1] = activate<GatedActivation::kSilu>(g[i + 1]);
+    }
+  }
+}
+
 /// act(g[i]) in fp32 for the N gates of one vector, each bit-identical to activate<kAct>(g[i]) (with
 /// kFast: activate_fast<kAct> for silu and gelu_tanh). silu
 /// takes silu_fast_division for all N and redoes the vector through activate only when one gate is
@@ -192,7 +252,7 @@ SGL_DEVICE void activate_vector(const float (&g)[N], float (&act)[N]) {
 
 /// out[i] = round(float(round(act(float(gate[i])))) * float(up[i])) for the N elements of one vector.
 /// 16-bit types convert pairs (one packed conversion instruction per two elements).
-template <GatedActivation kAct, bool kFast, typename T, std::size_t N>
+template <GatedActivation kAct, bool kFast, typename T, std::size_t N, bool kChecked = false>
 SGL_DEVICE device::AlignedVector<T, N> act_and_mul(
     const device::AlignedVector<T, N>& gate, const device::AlignedVector<T, N>& up) {
   device::AlignedVector<T, N> out;
@@ -216,7 +276,11 @@ SGL_DEVICE device::AlignedVector<T, N> act_and_mul(
       g[i] = pair.x;
       g[i + 1] = pair.y;
     }
-    activate_vector<kAct, kFast && !std::is_same_v<T, fp32_t>>(g, act);
+    if constexpr (kChecked && !kFast && kAct == GatedActivation::kSilu) {
+      silu_checked_fast_vector<T>(g, act);
+    } else {
+      activate_vector<kAct, kFast && !std::is_same_v<T, fp32_t>>(g, act);
+    }
 #pragma unroll
     for (std::size_t i = 0; i < N; i += 2) {
       const fp32x2_t u = dtype_trait<fp32x2_t>::from(P{up[i], up[i + 1]});
@@ -248,10 +312,19 @@ SGL_DEVICE bool gated_act_row_kept(const GatedActParams& params, int64_t row) {
 ///                      out-of-place rmsnorm; the input's lines stay evict_last after the kernel)
 ///   kGatedActFastMath  16-bit types: ex2.approx / rcp.approx / tanh.approx based activations (see
 ///                      activate_fast); not within the documented rounding, timing only
+///   kGatedActPipelined grid of at most the resident CTAs (occupancy query), each thread striding over
+///                      rows with the next row's loads issued before the current row is computed:
+///                      the loads stay in flight during the math (the one-shot grid has none in flight
+///                      while a thread computes; the pair rows have none while the pair computes)
+///   kGatedActCheckedFast  16-bit silu: the fast-math activation where its 16-bit rounding provably
+///                      equals the documented one, the exact one elsewhere (silu_checked_fast_vector):
+///                      bit-identical to the default; gelu / gelu_tanh and fp32 ignore the bit
 inline constexpr int kGatedActPlain = 0;
 inline constexpr int kGatedActPairRows = 1;
 inline constexpr int kGatedActEvictLast = 2;
 inline constexpr int kGatedActFastMath = 4;
+inline constexpr int kGatedActPipelined = 8;
+inline constexpr int kGatedActCheckedFast = 16;
 
 /// One thread: vector threadIdx.x of column chunk blockIdx.x, for rows threadIdx.y + blockIdx.y *
 /// blockDim.y + k * rows_per_grid (one row per iteration; with kGatedActPairRows the rows k and
@@ -265,6 +338,8 @@ __global__ void __launch_bounds__(GatedActConfig::kMaxThreads) gated_act_and_mul
   constexpr bool kPairRows = (kVariant & kGatedActPairRows) != 0;
   constexpr bool kEvictLast = (kVariant & kGatedActEvictLast) != 0;
   constexpr bool kFast = (kVariant & kGatedActFastMath) != 0;
+  constexpr bool kPipelined = (kVariant & kGatedActPipelined) != 0;
+  constexpr bool kChecked = (kVariant & kGatedActCheckedFast) != 0;
   const int64_t vec = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;  // vector index inside a row
   const int64_t row_step = int64_t{gridDim.y} * blockDim.y;
   device::pdl_wait_primary();  // before the first global access: the rows and ids may be the previous kernel's
@@ -293,8 +368,31 @@ __global__ void __launch_bounds__(GatedActConfig::kMaxThreads) gated_act_and_mul
         load(next_gate, input + next * params.input_stride);
         load(next_up, input + next * params.input_stride + params.hidden_size);
       }
-      if (keep) act_and_mul<kAct, kFast>(gate, up).store(out + row * params.out_stride, vec);
-      if (keep_next) act_and_mul<kAct, kFast>(next_gate, next_up).store(out + next * params.out_stride, vec);
+      if (keep) act_and_mul<kAct, kFast, T, kVecN, kChecked>(gate, up).store(out + row * params.out_stride, vec);
+      if (keep_next) {
+        act_and_mul<kAct, kFast, T, kVecN, kChecked>(next_gate, next_up).store(out + next * params.out_stride, vec);
+      }
+    }
+  } else if constexpr (kPipelined) {
+    int64_t row = int64_t{blockIdx.y} * blockDim.y + threadIdx.y;
+    bool keep = gated_act_row_kept(params, row);
+    vec_t gate, up;
+    if (keep) {
+      load(gate, input + row * params.input_stride);
+      load(up, input + row * params.input_stride + params.hidden_size);
+    }
+    for (; row < params.num_tokens; row += row_step) {
+      const int64_t next = row + row_step;
+      const bool keep_next = gated_act_row_kept(params, next);
+      vec_t next_gate, next_up;
+      if (keep_next) {  // in flight while this row is computed
+        load(next_gate, input + next * params.input_stride);
+        load(next_up, input + next * params.input_stride + params.hidden_size);
+      }
+      if (keep) act_and_mul<kAct, kFast, T, kVecN, kChecked>(gate, up).store(out + row * params.out_stride, vec);
+      gate = next_gate;
+      up = next_up;
+      keep = keep_next;
     }
   } else {
     for (int64_t row = int64_t{blockIdx.y} * blockDim.y + threadIdx.y; row < params.num_tokens; row += row_step) {
@@ -303,7 +401,7 @@ __global__ void __launch_bounds__(GatedActConfig::kMaxThreads) gated_act_and_mul
       vec_t gate, up;
       load(gate, gate_row);
       load(up, gate_row + params.hidden_size);
-      act_and_mul<kAct, kFast>(gate, up).store(out + row * params.out_stride, vec);
+      act_and_mul<kAct, kFast, T, kVecN, kChecked>(gate, up).store(out + row * params.out_stride, vec);
     }
   }
 }
@@ -400,6 +498,22 @@ inline uint32_t gated_act_threads(int64_t num_tokens, int64_t vecs_per_row, int6
   return Config::kMinThreads;
 }
 
+/// CTAs of block's size of this kernel resident on all SMs at once (cudaOccupancy query, cached per CTA
+/// size: the launch hook's sizes are powers of two and the heuristic's multiples of 32 up to 512).
+template <typename T, int kVecN, GatedActivation kAct, int kVariant>
+int64_t gated_act_resident_ctas(dim3 block, int64_t num_sms) {
+  static int per_sm[GatedActConfig::kMaxThreads / 32 + 1] = {};  // 0: not queried yet
+  const uint32_t threads = block.x * block.y;
+  int& cached = per_sm[std::min<uint32_t>(threads / 32, GatedActConfig::kMaxThreads / 32)];
+  if (cached == 0) {
+    int n = 0;
+    const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &n, gated_act_and_mul_kernel<T, kVecN, kAct, kVariant>, static_cast<int>(threads), 0);
+    cached = (err == cudaSuccess && n > 0) ? n : 1;
+  }
+  return int64_t{cached} * num_sms;
+}
+
 template <typename T, int kVecN, GatedActivation kAct, int kVariant>
 void launch_gated_act_variant(GatedActParams params, DLDevice device, bool pdl) {
   using namespace host;
@@ -424,6 +538,13 @@ void launch_gated_act_variant(GatedActParams params, DLDevice device, bool pdl) 
       geometry = gated_act_geometry(params.num_tokens, params.vecs_per_row, threads, 2);
     }
   }
+  if constexpr ((kVariant & kGatedActPipelined) != 0) {
+    // At most the CTAs that are resident at once (one wave, no tail wave): row groups capped to
+    // floor(resident CTAs / chunks), each thread then striding over its rows.
+    const int64_t resident = gated_act_resident_ctas<T, kVecN, kAct, kVariant>(geometry.block, num_sms);
+    const int64_t groups = std::max<int64_t>(1, resident / std::max<int64_t>(1, geometry.grid.x));
+    geometry.grid.y = static_cast<uint32_t>(std::min<int64_t>(geometry.grid.y, groups));
+  }
   LaunchKernel(geometry.grid, geometry.block, device)
       .enable_pdl(pdl)(gated_act_and_mul_kernel<T, kVecN, kAct, kVariant>, params);
 }
@@ -435,10 +556,42 @@ template <typename T, int kVecN, GatedActivation kAct>
 void launch_gated_act(GatedActParams params, DLDevice device, bool pdl) {
   if constexpr (kVecN * sizeof(T) == 16) {
     int64_t variant = gated_act_override().variant;
-    if constexpr (std::is_same_v<T, fp32_t>) variant &= ~int64_t{kGatedActFastMath};
+    if constexpr (std::is_same_v<T, fp32_t>) variant &= ~int64_t{kGatedActFastMath | kGatedActCheckedFast};
+    if constexpr (kAct != GatedActivation::kSilu) variant &= ~int64_t{kGatedActCheckedFast};
+    constexpr bool k16Bit = !std::is_same_v<T, fp32_t>;
+    constexpr bool kSilu16 = k16Bit && kAct == GatedActivation::kSilu;
     switch (variant) {
       case kGatedActPairRows:
         return launch_gated_act_variant<T, kVecN, kAct, kGatedActPairRows>(params, device, pdl);
+      case kGatedActPipelined:
+        return launch_gated_act_variant<T, kVecN, kAct, kGatedActPipelined>(params, device, pdl);
+      case kGatedActPairRows | kGatedActFastMath:
+        if constexpr (k16Bit) {
+          return launch_gated_act_variant<T, kVecN, kAct, kGatedActPairRows | kGatedActFastMath>(params, device, pdl);
+        }
+        break;
+      case kGatedActPipelined | kGatedActFastMath:
+        if constexpr (k16Bit) {
+          return launch_gated_act_variant<T, kVecN, kAct, kGatedActPipelined | kGatedActFastMath>(params, device, pdl);
+        }
+        break;
+      case kGatedActCheckedFast:
+        if constexpr (kSilu16) {
+          return launch_gated_act_variant<T, kVecN, kAct, kGatedActCheckedFast>(params, device, pdl);
+        }
+        break;
+      case kGatedActPairRows | kGatedActCheckedFast:
+        if constexpr (kSilu16) {
+          return launch_gated_act_variant<T, kVecN, kAct, kGatedActPairRows | kGatedActCheckedFast>(
+              params, device, pdl);
+        }
+        break;
+      case kGatedActPipelined | kGatedActCheckedFast:
+        if constexpr (kSilu16) {
+          return launch_gated_act_variant<T, kVecN, kAct, kGatedActPipelined | kGatedActCheckedFast>(
+              params, device, pdl);
+        }
+        break;
       case kGatedActEvictLast:
         return launch_gated_act_variant<T, kVecN, kAct, kGatedActEvictLast>(params, device, pdl);
       case kGatedActFastMath:
@@ -610,14 +763,21 @@ inline void set_gated_act_launch_override(int64_t threads, int64_t vec_bytes) {
 }
 
 /// Benchmark hook (bench_activation.py, old-vs-new rows): the kernel variant of later 16-byte
-/// launches of this module (0 plain, 1 pair rows, 2 loads evict_last, 4 fast math, 6 fast math +
-/// evict_last; fp32 ignores the fast-math bit) and whether the CTA size follows 9f465cb's rule
-/// (old_geometry != 0). (0, 0) is the default.
+/// launches of this module (0 plain, 1 pair rows, 2 loads evict_last, 4 fast math, 5 pair rows + fast
+/// math, 6 fast math + evict_last, 8 pipelined rows, 12 pipelined + fast math, 16 checked fast silu,
+/// 17 pair rows + checked fast silu, 24 pipelined + checked fast silu; fp32 ignores the fast-math and
+/// checked-fast bits, gelu and gelu_tanh the checked-fast bit) and whether the CTA size follows
+/// 9f465cb's rule (old_geometry != 0). (0, 0) is the default; (1, 1) is 9f15607's large-T kernel and
+/// launch exactly (the same SASS and grid), (5, 1) that code with fast math.
 inline void set_gated_act_launch_variant(int64_t variant, int64_t old_geometry) {
   host::RuntimeCheck(
       variant == kGatedActPlain || variant == kGatedActPairRows || variant == kGatedActEvictLast ||
-          variant == kGatedActFastMath || variant == (kGatedActFastMath | kGatedActEvictLast),
-      "_set_launch_variant: variant must be 0, 1, 2, 4 or 6, got ",
+          variant == kGatedActFastMath || variant == (kGatedActPairRows | kGatedActFastMath) ||
+          variant == (kGatedActFastMath | kGatedActEvictLast) || variant == kGatedActPipelined ||
+          variant == (kGatedActPipelined | kGatedActFastMath) || variant == kGatedActCheckedFast ||
+          variant == (kGatedActPairRows | kGatedActCheckedFast) ||
+          variant == (kGatedActPipelined | kGatedActCheckedFast),
+      "_set_launch_variant: variant must be 0, 1, 2, 4, 5, 6, 8, 12, 16, 17 or 24, got ",
       variant);
   gated_act_override().variant = variant;
   gated_act_override().old_geometry = old_geometry != 0;
