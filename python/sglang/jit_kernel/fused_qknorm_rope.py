@@ -151,7 +151,9 @@ def fused_qk_norm_rope(
         Programmatic Dependent Launch; None means on for SM90+. Keyword-only.
     _variant : int
         Benchmark switch, not part of the API (keyword-only, default 0 = the default kernel): bit 0
-        precise ``sincosf``, bit 1 the previous kernel, bits 8-15 a heads-per-group override
+        the reduced ``__sincosf`` trig, bit 1 the previous kernel, bit 2 the cos/sin in registers
+        (no shared rows or barrier; one unit per lane below the L2-hint size, else the default;
+        bit for bit the results without bit 2), bits 8-15 a heads-per-group override
         (``QKNormRopeVariant`` in the kernel). Results agree within the documented tolerance.
 
     Returns

@@ -70,6 +70,10 @@ def _jit_rope_module(dtype: torch.dtype) -> Module:
             ("apply_rope_inplace_with_kvcache", f"apply_rope_inplace_with_kvcache<{args}>"),
             ("rotary_embedding", f"rotary_embedding<{args}>"),
             ("fused_qk_norm_rope", f"fused_qk_norm_rope<{args}>"),
+            # opt-in RopeVariant launchers (the benchmark's old-vs-new rows; see rope.cuh)
+            ("apply_rope_inplace_v", f"apply_rope_inplace_v<{args}>"),
+            ("apply_rope_inplace_with_kvcache_v", f"apply_rope_inplace_with_kvcache_v<{args}>"),
+            ("rotary_embedding_v", f"rotary_embedding_v<{args}>"),
         ],
     )
 
@@ -244,6 +248,7 @@ def apply_rope_inplace(
     is_neox: bool,
     rope_dim: int = 0,
     enable_pdl: bool | None = None,
+    _variant: int = 0,
 ) -> None:
     """Rotate the first ``R`` elements of every head of q and k in place by their token's position.
 
@@ -276,6 +281,11 @@ def apply_rope_inplace(
     enable_pdl : bool, optional
         Keyword-only. Programmatic Dependent Launch; None means on for SM90+. Results do not depend
         on it.
+    _variant : int
+        Private, for the benchmark's old-vs-new rows: 0 (default) the default kernel; 1 / 2 the
+        ``RopeVariant::kEarly`` / ``kEarlyFew`` kernels of ``rope.cuh`` (same results, bit for bit;
+        the default kernel where their preconditions do not hold). Eager only: ignored under
+        torch.compile.
 
     Returns
     -------
@@ -299,7 +309,7 @@ def apply_rope_inplace(
     IndexError
         With ``SGLANG_JIT_CHECK_INDICES=1``: a position outside ``[0, max_position)``.
     """
-    if not torch.compiler.is_compiling():
+    if _variant == 0 and not torch.compiler.is_compiling():
         try:
             fn = _ROPE_FNS.get(q.dtype)
         except AttributeError:  # not a tensor: the checked path raises TypeError
@@ -318,10 +328,14 @@ def apply_rope_inplace(
                 pass
     op = "apply_rope_inplace"
     check_scalar(op, "enable_pdl", enable_pdl, bool, optional=True)
+    if _variant != 0:
+        check_scalar(op, "_variant", _variant, int, minimum=1, maximum=2)
     _check_rope_args(op, q, k, cos_sin_cache, positions, is_neox, rope_dim)
     positions = positions.contiguous()  # read only: a strided index tensor is copied
     pdl = _pdl_flag(enable_pdl)
-    if torch.compiler.is_compiling():
+    if _variant and not torch.compiler.is_compiling():
+        _load(q.dtype).apply_rope_inplace_v(q, k, cos_sin_cache, positions, is_neox, rope_dim, pdl, _variant)
+    elif torch.compiler.is_compiling():
         torch.ops.sglang_jit_kernel.apply_rope_inplace(q, k, cos_sin_cache, positions, is_neox, rope_dim, pdl)
     else:
         _load(q.dtype).apply_rope_inplace(q, k, cos_sin_cache, positions, is_neox, rope_dim, pdl)
@@ -361,6 +375,7 @@ def apply_rope_inplace_with_kvcache(
     is_neox: bool,
     rope_dim: int = 0,
     enable_pdl: bool | None = None,
+    _variant: int = 0,
 ) -> None:
     """:func:`apply_rope_inplace`, then store the rotated k and the untouched v by slot, in one launch.
 
@@ -383,6 +398,10 @@ def apply_rope_inplace_with_kvcache(
         token. An entry outside
         ``[0, cache_size)`` stores nothing for its token (q and k are still rotated); with
         ``SGLANG_JIT_CHECK_INDICES=1`` it raises instead. Two tokens with one row: one of them wins.
+    _variant : int
+        Private, for the benchmark's old-vs-new rows: 0 (default) the default kernel; 3
+        ``RopeVariant::kKvNoPrefetch`` (no v prefetch), 4 ``kKvSplitCopy`` (v copied by threads of
+        their own); same results, bit for bit. Eager only: ignored under torch.compile.
 
     Returns
     -------
@@ -398,7 +417,7 @@ def apply_rope_inplace_with_kvcache(
         size or slot count, out_loc not int32/int64 or not ``[num_tokens]``; from the launcher, a
         cache sharing memory with another argument.
     """
-    if not torch.compiler.is_compiling():
+    if _variant == 0 and not torch.compiler.is_compiling():
         try:
             fn = _ROPE_KV_FNS.get(q.dtype) if k_cache.dim() == 2 and v_cache.dim() == 2 else None
         except AttributeError:
@@ -429,6 +448,8 @@ def apply_rope_inplace_with_kvcache(
                 pass
     op = "apply_rope_inplace_with_kvcache"
     check_scalar(op, "enable_pdl", enable_pdl, bool, optional=True)
+    if _variant != 0:
+        check_scalar(op, "_variant", _variant, int, minimum=3, maximum=4)
     _check_rope_args(op, q, k, cos_sin_cache, positions, is_neox, rope_dim)
     num_tokens, num_kv_heads, head_dim = k.shape
     check_tensor(
@@ -457,7 +478,11 @@ def apply_rope_inplace_with_kvcache(
     check_indices(op, "out_loc", out_loc, k_cache.shape[0], skip_value=None, dim_name="cache_size")
     positions, out_loc = positions.contiguous(), out_loc.contiguous()  # read only: strided indices are copied
     pdl = _pdl_flag(enable_pdl)
-    if torch.compiler.is_compiling():
+    if _variant and not torch.compiler.is_compiling():
+        _load(q.dtype).apply_rope_inplace_with_kvcache_v(
+            q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox, rope_dim, pdl, _variant
+        )
+    elif torch.compiler.is_compiling():
         torch.ops.sglang_jit_kernel.apply_rope_inplace_with_kvcache(
             q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox, rope_dim, pdl
         )
@@ -602,6 +627,8 @@ def rotary_embedding(
     head_size: int,
     cos_sin_cache: torch.Tensor,
     is_neox: bool = True,
+    *,
+    _variant: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """vLLM's rotary embedding, in place: the first ``rot_dim = cos_sin_cache.size(-1)`` elements of
     each head of query and key rotated as in :func:`apply_rope_inplace` with ``R = rot_dim``.
@@ -628,6 +655,9 @@ def rotary_embedding(
         ``[max_position, rot_dim]``, the dtype of query, rows contiguous; cos then sin halves.
     is_neox : bool
         NeoX (default) or GPT-J style.
+    _variant : int
+        Private (keyword-only), for the benchmark: 0 (default) the default kernel, 1 / 2 the
+        ``RopeVariant::kEarly`` / ``kEarlyFew`` kernels (bit for bit the same). Eager only.
 
     Returns
     -------
@@ -652,6 +682,8 @@ def rotary_embedding(
         With ``SGLANG_JIT_CHECK_INDICES=1``: a position outside ``[0, max_position)``.
     """
     op = "rotary_embedding"
+    if _variant != 0:
+        check_scalar(op, "_variant", _variant, int, minimum=1, maximum=2)
     check_scalar(op, "head_size", head_size, int, minimum=1)
     check_scalar(op, "is_neox", is_neox, bool)
     check_tensor(op, "positions", positions, dtypes=INDEX_DTYPES)
@@ -683,7 +715,9 @@ def rotary_embedding(
     pos = positions.reshape(-1).contiguous()
     check_indices(op, "positions", pos, cos_sin_cache.shape[0], skip_value=None, dim_name="max_position")
     if num_tokens > 0:
-        if torch.compiler.is_compiling():
+        if _variant and not torch.compiler.is_compiling():
+            _load(query.dtype).rotary_embedding_v(q, k, cos_sin_cache, pos, is_neox, -1, _variant)
+        elif torch.compiler.is_compiling():
             torch.ops.sglang_jit_kernel.rotary_embedding(q, k, cos_sin_cache, pos, is_neox)
         else:
             _load(query.dtype).rotary_embedding(q, k, cos_sin_cache, pos, is_neox, -1)

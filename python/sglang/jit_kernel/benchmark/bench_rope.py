@@ -47,7 +47,19 @@ MAX_POS = 8192
 DTYPE = torch.bfloat16
 # fused_qk_norm_rope variants timed beside the default ("jit"): the previous kernel, the reduced
 # __sincosf trig, fixed heads per group (bits 8-15)
-QKNORM_VARIANTS = {"legacy": 2, "fast trig": 1, "hpg=2": 2 << 8, "hpg=8": 8 << 8}
+QKNORM_VARIANTS = {
+    "legacy": 2,
+    "fast trig": 1,
+    "hpg=2": 2 << 8,
+    "hpg=8": 8 << 8,
+    "reg trig": 4,  # kRegTrig: cos/sin in registers, no barrier (1 token; the default from 64 tokens here)
+    "reg trig+fast": 5,
+}
+# RopeVariant of rope.cuh timed beside the default: the early-address kernel (1 token; the default
+# from the L2-hint size, so from 64 tokens here), the KV store without the v prefetch and with v
+# copied by threads of their own
+ROPE_VARIANTS = {"early": 1, "early few": 2}
+KV_VARIANTS = {"no v prefetch": 3, "v split": 4}
 
 
 # ---- torch baselines (the same math, written with torch ops) ----
@@ -124,6 +136,21 @@ def rope_rows(cache: torch.Tensor) -> list[BenchRow]:
                 nbytes,
             )
         )
+        for label, variant in ROPE_VARIANTS.items():
+
+            def call(q, k, pos, variant=variant):
+                apply_rope_inplace(q, k, cache, pos, is_neox=True, _variant=variant)
+
+            rows.append(BenchRow("apply_rope_inplace", case, f"jit {label}", bench_rotating(call, sets)[0], nbytes))
+            rows.append(
+                BenchRow(
+                    "apply_rope_inplace",
+                    case,
+                    f"jit {label} one input",
+                    run_benchmark(lambda first=sets[0], call=call: call(*first))[0],
+                    nbytes,
+                )
+            )
         del sets
         torch.cuda.empty_cache()
     return rows
@@ -166,6 +193,23 @@ def rope_kv_rows(cache: torch.Tensor) -> list[BenchRow]:
                 nbytes,
             )
         )
+        for label, variant in KV_VARIANTS.items():
+
+            def call(q, k, v, pos, loc, variant=variant):
+                apply_rope_inplace_with_kvcache(
+                    q, k, v, k_cache, v_cache, cache, pos, loc, is_neox=True, _variant=variant
+                )
+
+            rows.append(BenchRow("rope_with_kvcache", case, f"jit {label}", bench_rotating(call, sets)[0], nbytes))
+            rows.append(
+                BenchRow(
+                    "rope_with_kvcache",
+                    case,
+                    f"jit {label} one input",
+                    run_benchmark(lambda first=sets[0], call=call: call(*first))[0],
+                    nbytes,
+                )
+            )
         del sets
         torch.cuda.empty_cache()
     return rows
@@ -250,6 +294,21 @@ def rotary_rows(cache: torch.Tensor) -> list[BenchRow]:
                 "rotary_embedding", case, "jit one input", run_benchmark(lambda first=sets[0]: call(*first))[0], nbytes
             )
         )
+        for label, variant in ROPE_VARIANTS.items():
+
+            def call_v(pos, query, key, variant=variant):
+                rotary_embedding(pos, query, key, D, cache_t, True, _variant=variant)
+
+            rows.append(BenchRow("rotary_embedding", case, f"jit {label}", bench_rotating(call_v, sets)[0], nbytes))
+            rows.append(
+                BenchRow(
+                    "rotary_embedding",
+                    case,
+                    f"jit {label} one input",
+                    run_benchmark(lambda first=sets[0], call_v=call_v: call_v(*first))[0],
+                    nbytes,
+                )
+            )
         del sets
         torch.cuda.empty_cache()
     return rows

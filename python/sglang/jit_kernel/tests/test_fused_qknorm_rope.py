@@ -266,3 +266,36 @@ def test_tensor_errors():
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v", "-s"]))
+
+
+# QKNormRopeVariant::kRegTrig (4; with the reduced trig: 5): the cos/sin in registers, bit for bit
+# the default's (resp. the fast-trig default's) results, YaRN or not; sizes past the L2-hint switch
+# and two units per lane run the default kernel
+@requires_cuda
+@pytest.mark.parametrize("variant", [4, 5])
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("yarn", [False, True])
+@pytest.mark.parametrize(
+    "hq,hk,hv,n,d,rotary_dim",
+    [
+        (32, 8, 8, 1, 128, None),
+        (32, 8, 8, 64, 128, None),
+        (3, 5, 1, 7, 128, 64),
+        (16, 0, 0, 2, 64, None),
+        (0, 4, 4, 3, 512, 96),
+        (8, 2, 2, 5, 256, None),
+        (32, 8, 8, 4096, 128, None),
+    ],
+)
+def test_reg_trig_variant_matches_default(variant, is_neox, dtype, yarn, hq, hk, hv, n, d, rotary_dim):
+    qkv, qw, kw, positions = make(n, hq, hk, hv, d, dtype)
+    qkv2 = qkv.clone()
+    scaling = (4.0, 8.0, 40.0, 1.2) if yarn else (1.0, 0.0, 0.0, 1.0)
+    fused_qk_norm_rope(
+        qkv, hq, hk, hv, d, 1e-6, qw, kw, 1e4, is_neox, positions, *scaling, rotary_dim, _variant=variant & 1
+    )
+    fused_qk_norm_rope(
+        qkv2, hq, hk, hv, d, 1e-6, qw, kw, 1e4, is_neox, positions, *scaling, rotary_dim, _variant=variant
+    )
+    assert torch.equal(qkv, qkv2)

@@ -603,3 +603,80 @@ def test_rotary_embedding_bad_inputs():
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v", "-s"]))
+
+
+# ---- opt-in RopeVariant launchers (rope.cuh): bit for bit the default's results ----
+# (n, hq, hk, d, r): the bench shape at 1 and 64 tokens, awkward head counts (more heads than one
+# pass of the early kernel), partial R, narrow vectors (the default then), 0 kv heads
+VARIANT_CASES = [
+    (1, 32, 8, 128, 128),
+    (64, 32, 8, 128, 128),
+    (7, 64, 1, 128, 64),
+    (3, 200, 3, 64, 64),
+    (5, 8, 8, 256, 80),
+    (2, 4, 0, 128, 128),
+    (2048, 32, 8, 128, 128),
+]
+
+
+@requires_cuda
+@pytest.mark.parametrize("variant", [1, 2])
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("n,hq,hk,d,r", VARIANT_CASES)
+def test_rope_variants_match_default(variant, is_neox, dtype, n, hq, hk, d, r):
+    q, k, cache, positions = make_inputs(n, hq, hk, d, r, dtype)
+    positions[::3] = MAX_POS + 5  # out of range: left as they are, in every variant
+    q2, k2 = q.clone(), k.clone()
+    rope_dim = r if r != d else 0
+    apply_rope_inplace(q, k, cache, positions, is_neox=is_neox, rope_dim=rope_dim)
+    apply_rope_inplace(q2, k2, cache, positions, is_neox=is_neox, rope_dim=rope_dim, _variant=variant)
+    assert torch.equal(q, q2) and torch.equal(k, k2)
+    # rotary_embedding (cache in the dtype), key and no key
+    q, k, cache, positions = make_inputs(n, hq, hk, d, r, dtype)
+    cache_t = cache.to(dtype)
+    query, key = q.view(n, -1), k.view(n, -1)
+    query2, key2 = query.clone(), key.clone()
+    rotary_embedding(positions, query, key, d, cache_t, is_neox)
+    rotary_embedding(positions, query2, key2, d, cache_t, is_neox, _variant=variant)
+    assert torch.equal(query, query2) and torch.equal(key, key2)
+    rotary_embedding(positions, query, None, d, cache_t, is_neox)
+    rotary_embedding(positions, query2, None, d, cache_t, is_neox, _variant=variant)
+    assert torch.equal(query, query2)
+
+
+@requires_cuda
+@pytest.mark.parametrize("variant", [3, 4])
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("n,hq,hk,d,r", [c for c in VARIANT_CASES if c[2] > 0] + [(9, 4, 64, 128, 128)])
+def test_rope_kv_variants_match_default(variant, is_neox, dtype, n, hq, hk, d, r):
+    q, k, cache, positions = make_inputs(n, hq, hk, d, r, dtype)
+    v = torch.randn(n, hk, d, dtype=dtype, device="cuda")
+    slots = 2 * n + 3
+    loc = torch.randperm(slots, device="cuda")[:n]
+    loc[1::4] = -1  # skipped rows
+    positions[::5] = -2
+    kv = torch.randn(2, slots, hk * d, dtype=dtype, device="cuda")
+    q2, k2, kv2 = q.clone(), k.clone(), kv.clone()
+    rope_dim = r if r != d else 0
+    apply_rope_inplace_with_kvcache(q, k, v, kv[0], kv[1], cache, positions, loc, is_neox=is_neox, rope_dim=rope_dim)
+    apply_rope_inplace_with_kvcache(
+        q2, k2, v, kv2[0], kv2[1], cache, positions, loc, is_neox=is_neox, rope_dim=rope_dim, _variant=variant
+    )
+    assert torch.equal(q, q2) and torch.equal(k, k2) and torch.equal(kv, kv2)
+
+
+def test_rope_variant_errors():
+    """Before anything else is looked at: a variant the op does not have is a ValueError."""
+    x = torch.zeros(1, 1, 2)
+    with pytest.raises(ValueError, match=r"^apply_rope_inplace: _variant value: expected >= 1 and <= 2, got 3$"):
+        apply_rope_inplace(x, x, x, x, is_neox=True, _variant=3)
+    with pytest.raises(
+        ValueError, match=r"^apply_rope_inplace_with_kvcache: _variant value: expected >= 3 and <= 4, got 1$"
+    ):
+        apply_rope_inplace_with_kvcache(x, x, x, x, x, x, x, x, is_neox=True, _variant=1)
+    with pytest.raises(ValueError, match=r"^rotary_embedding: _variant value: expected >= 1 and <= 2, got 5$"):
+        rotary_embedding(x, x, None, 2, x, True, _variant=5)
+    with pytest.raises(TypeError, match=r"^apply_rope_inplace: _variant type"):
+        apply_rope_inplace(x, x, x, x, is_neox=True, _variant=1.0)

@@ -73,8 +73,12 @@ struct QKNormRopeConfig {
 
 /// Variant bits of fused_qk_norm_rope (the benchmark's switches; 0 is the default kernel).
 struct QKNormRopeVariant {
-  static constexpr int64_t kFastTrig = 1;    // the reduced __sincosf (sincos_reduced) instead of sincosf
-  static constexpr int64_t kLegacy = 2;      // the previous kernel (one thread per head, powf per thread)
+  static constexpr int64_t kFastTrig = 1;  // the reduced __sincosf (sincos_reduced) instead of sincosf
+  static constexpr int64_t kLegacy = 2;    // the previous kernel (one thread per head, powf per thread)
+  // cos/sin of each lane's own pairs in registers (frequencies before the PDL wait, the trig as
+  // soon as the position arrives): no shared-memory rows and no barrier after the wait. Applies
+  // with one unit per lane below the L2-hint size (T = 1 here); the default kernel otherwise.
+  static constexpr int64_t kRegTrig = 4;
   static constexpr int64_t kHeadsShift = 8;  // bits [8, 16): heads per group override (0: automatic)
 };
 
@@ -198,9 +202,14 @@ inline int64_t qk_norm_rope_smem_bytes(int64_t half, int64_t tokens) {
 /// y of token blockIdx.x * blockDim.z + z. Preconditions (the launcher's): dynamic shared memory of
 /// qk_norm_rope_smem_bytes(half, blockDim.z); qkv rows, head_dim, R/2 and the weights aligned to
 /// kVecN elements; heads_per_group >= 1.
-template <typename T, int kVecN, bool kNeox, int kUnits, bool kL2Hint>
-__global__ void __launch_bounds__(QKNormRopeConfig::kMaxThreads, QKNormRopeConfig::min_blocks(kUnits))
+/// kRegTrig (QKNormRopeVariant::kRegTrig, opt-in; kUnits == 1): the cos/sin of the lane's kVecN
+/// pairs in registers instead of the shared rows (same functions of the same fp32 values: bit for
+/// bit the default's results); the frequency table and both barriers are skipped.
+/// It is a one-token variant: registers are not capped for occupancy (min blocks 1: 128 registers).
+template <typename T, int kVecN, bool kNeox, int kUnits, bool kL2Hint, bool kRegTrig = false>
+__global__ void __launch_bounds__(QKNormRopeConfig::kMaxThreads, kRegTrig ? 1 : QKNormRopeConfig::min_blocks(kUnits))
     fused_qk_norm_rope_kernel(const QKNormRopeParams p) {
+  static_assert(!kRegTrig || kUnits == 1, "kRegTrig: one unit per lane");
   using vec_t = device::AlignedVector<T, kVecN>;
   constexpr int kBatch = QKNormRopeConfig::kBatch;
   extern __shared__ float qk_norm_rope_smem[];
@@ -211,7 +220,9 @@ __global__ void __launch_bounds__(QKNormRopeConfig::kMaxThreads, QKNormRopeConfi
   const uint32_t token_threads = blockDim.x * blockDim.y;
   const uint32_t token_tid = threadIdx.y * blockDim.x + threadIdx.x;
   const uint32_t tid = threadIdx.z * token_threads + token_tid;
-  for (int64_t i = tid; i < p.half; i += token_threads * blockDim.z) freq_table[i] = rope_frequency(p, i);
+  if constexpr (!kRegTrig) {
+    for (int64_t i = tid; i < p.half; i += token_threads * blockDim.z) freq_table[i] = rope_frequency(p, i);
+  }
 
   // Offsets within a head fit 32 bits (head_dim < 2^31 / 2: the launcher's unit bound).
   const int32_t half = static_cast<int32_t>(p.half);
@@ -245,7 +256,16 @@ __global__ void __launch_bounds__(QKNormRopeConfig::kMaxThreads, QKNormRopeConfi
   T* head_ptr = static_cast<T*>(p.qkv) + token * p.token_stride + first_head * p.head_dim;  // the batch's first head
   const T* w = static_cast<const T*>(is_q ? p.q_weight : p.k_weight);
   const RopeAccess<kL2Hint> access = RopeAccess<kL2Hint>::make();
-  __syncthreads();  // the frequency table
+  // kRegTrig: the frequencies of this lane's pairs (unit threadIdx.x), parameters only
+  float reg_freq[kRegTrig ? kVecN : 1];
+  if constexpr (kRegTrig) {
+#pragma unroll
+    for (int j = 0; j < kVecN; ++j)
+      reg_freq[j] = rotated[0] ? rope_frequency(p, int64_t{threadIdx.x} * kVecN + j) : 0.0f;
+  } else {
+    reg_freq[0] = 0.0f;
+    __syncthreads();  // the frequency table
+  }
 
   device::pdl_wait_primary();
   device::pdl_launch_dependents();
@@ -276,7 +296,25 @@ __global__ void __launch_bounds__(QKNormRopeConfig::kMaxThreads, QKNormRopeConfi
     if (active && unit_valid[u]) wa[u].load(w + off_a[u]);
     if (active && b_valid[u]) wb[u].load(w + off_b[u]);
   }
-  if (token_valid) {
+  float reg_c[kRegTrig ? kVecN : 1], reg_s[kRegTrig ? kVecN : 1];
+  if constexpr (kRegTrig) {
+    if (!active) return;
+    const float pos = static_cast<float>(load_index(p.positions, p.positions_int64, token));
+#pragma unroll
+    for (int j = 0; j < kVecN; ++j) {
+      float sv = 0.0f, cv = 1.0f;
+      if (rotated[0]) {
+        const float angle = pos * reg_freq[j];
+        if (p.fast_trig) {
+          sincos_reduced(angle, sv, cv);
+        } else {
+          sincosf(angle, &sv, &cv);
+        }
+      }
+      reg_c[j] = cv * p.attention_factor;
+      reg_s[j] = sv * p.attention_factor;
+    }
+  } else if (token_valid) {
     const float pos = static_cast<float>(load_index(p.positions, p.positions_int64, token));
     for (int32_t i = static_cast<int32_t>(token_tid); i < half; i += static_cast<int32_t>(token_threads)) {
       const float angle = pos * freq_table[i];
@@ -290,8 +328,10 @@ __global__ void __launch_bounds__(QKNormRopeConfig::kMaxThreads, QKNormRopeConfi
       cos_sin[half + i] = sv * p.attention_factor;
     }
   }
-  __syncthreads();  // the cos/sin rows
-  if (!active) return;
+  if constexpr (!kRegTrig) {
+    __syncthreads();  // the cos/sin rows
+    if (!active) return;
+  }
 
   for (int32_t left = num_group_heads;;) {
     float sum[kBatch];
@@ -315,7 +355,13 @@ __global__ void __launch_bounds__(QKNormRopeConfig::kMaxThreads, QKNormRopeConfi
     for (int u = 0; u < kUnits; ++u) {
       if (!unit_valid[u]) continue;
       float cf[kVecN], sf[kVecN];
-      if (rotated[u]) {
+      if constexpr (kRegTrig) {
+#pragma unroll
+        for (int j = 0; j < kVecN; ++j) {
+          cf[j] = reg_c[j];
+          sf[j] = reg_s[j];
+        }
+      } else if (rotated[u]) {
         const int32_t pair0 = (static_cast<int32_t>(threadIdx.x) + u * p.lanes) * kVecN;
         load_shared_floats<kVecN>(cos_sin + pair0, cf);
         load_shared_floats<kVecN>(cos_sin + half + pair0, sf);
@@ -525,6 +571,10 @@ void launch_fused_qk_norm_rope(QKNormRopeParams p, DLDevice device, bool pdl, in
     LaunchKernel(static_cast<uint32_t>(grid), block, device, static_cast<std::size_t>(smem_bytes))
         .enable_pdl(pdl)(kernel, p);
   };
+  if ((variant & QKNormRopeVariant::kRegTrig) != 0 && units <= lanes && !l2_hint) {
+    launch(fused_qk_norm_rope_kernel<T, kVecN, kNeox, 1, false, true>);
+    return;
+  }
   if (units <= lanes) {
     if (l2_hint) {
       launch(fused_qk_norm_rope_kernel<T, kVecN, kNeox, 1, kFull>);

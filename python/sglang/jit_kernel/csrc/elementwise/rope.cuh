@@ -61,6 +61,23 @@ struct RopeConfig {
   static constexpr int64_t kL2HintMinBytes = 1 << 20;  // in-place launches at least this large use the L2 hint
   static constexpr int kKvPrefetch =
       2;  // v vectors per thread loaded before the rotation (KV store; 16-48 B of spills at 64 registers, 1: 16-32 B)
+  static constexpr int kKvSplit = -1;  // rope_kernel's kKvMode: v copied by rows of threads of their own
+};
+
+/// Opt-in variants of the *_v launchers (0: the default launch, exactly as the plain launchers).
+/// Each one falls back to the default where its preconditions do not hold (stated per variant).
+struct RopeVariant {
+  // rope_early_kernel (rotation only): addresses before the PDL wait, the position load first after
+  // it; 16-byte vectors, R/2 <= kMaxLanes vectors, below kL2HintMinBytes (T = 1 here); else default.
+  static constexpr int64_t kEarly = 1;
+  // kEarly with 4 heads per thread (half the threads of a token: 80 at 32 + 8 heads x 128 bf16).
+  static constexpr int64_t kEarlyFew = 2;
+  // KV store: rope_kernel without the v prefetch (kKvMode 0, the build before round 1's prefetch).
+  static constexpr int64_t kKvNoPrefetch = 3;
+  // KV store: v copied by extra rows of threads (kKvMode kKvSplit), independent of the rotation;
+  // kKvNoPrefetch when the extra rows do not fit kMaxThreads.
+  static constexpr int64_t kKvSplitCopy = 4;
+  static constexpr int64_t kMax = 4;
 };
 
 /// One tensor of heads (q or k): element (t, h, e) at data + t * token_stride + h * head_stride + e.
@@ -94,6 +111,7 @@ struct RopeParams {
   const void* out_loc;  // [num_tokens], int32 or int64
   bool out_loc_int64;
   int64_t cache_size;
+  int64_t v_rows;  // kKvMode kKvSplit: the last v_rows rows of blockDim.y copy v (0 otherwise)
 };
 
 /// Global vector accesses of q/k with or without the L2 hint (loads evict_last, stores
@@ -295,7 +313,17 @@ SGL_DEVICE void copy_kv_rest(
 /// Preconditions (the launcher's): every pointer, token/head stride and `half` a multiple of kVecN
 /// elements (of head_dim too with the KV store); the cache pointer, stride and half a multiple of
 /// kVecN elements of CacheT.
-template <typename T, typename CacheT, int kVecN, bool kNeox, bool kL2Hint, bool kKvStore>
+/// kKvMode (KV store only): v vectors per thread prefetched before the rotation (kKvPrefetch, the
+/// default; 0: none), or RopeConfig::kKvSplit: the last p.v_rows rows of blockDim.y only copy v
+/// (kv heads y - rot_rows, stepping v_rows), the others rotate and store k (opt-in variants).
+template <
+    typename T,
+    typename CacheT,
+    int kVecN,
+    bool kNeox,
+    bool kL2Hint,
+    bool kKvStore,
+    int kKvMode = RopeConfig::kKvPrefetch>
 __global__ void __launch_bounds__(RopeConfig::kMaxThreads, RopeConfig::kMinBlocks) rope_kernel(const RopeParams p) {
   using vec_t = device::AlignedVector<T, kVecN>;
   const int64_t token = int64_t{blockIdx.x} * blockDim.z + threadIdx.z;
@@ -303,21 +331,46 @@ __global__ void __launch_bounds__(RopeConfig::kMaxThreads, RopeConfig::kMinBlock
   const int64_t num_chunks = p.half / kVecN;
   const bool kv_store = kKvStore && p.k_cache != nullptr;
   const RopeAccess<kL2Hint> access = RopeAccess<kL2Hint>::make();
+  constexpr bool kSplit = kKvStore && kKvMode == RopeConfig::kKvSplit;
+  // rows of blockDim.y that rotate (all of them but in the split mode)
+  const uint32_t rot_rows = kSplit ? blockDim.y - static_cast<uint32_t>(p.v_rows) : blockDim.y;
 
   // Everything below may read what the previous kernel in the stream writes (PDL).
   device::pdl_wait_primary();
   device::pdl_launch_dependents();
   if (token >= p.num_tokens) return;
 
+  if constexpr (kSplit) {
+    if (threadIdx.y >= rot_rows) {
+      // v rows: the token's loc and v vectors loaded together (two vectors per pass), then stored.
+      const int64_t loc = load_index(p.out_loc, p.out_loc_int64, token);
+      const int64_t vstep = int64_t{blockDim.x} * kVecN;
+      for (int64_t kv_head = threadIdx.y - rot_rows; kv_head < p.k.num_heads; kv_head += p.v_rows) {
+        const T* v_head = static_cast<const T*>(p.v) + token * p.v_token_stride + kv_head * p.v_head_stride;
+        T* vc = static_cast<T*>(p.v_cache) + loc * p.v_cache_stride + kv_head * p.head_dim;
+        for (int64_t e = int64_t{threadIdx.x} * kVecN; e < p.head_dim; e += 2 * vstep) {
+          const bool second = e + vstep < p.head_dim;
+          vec_t x0, x1;
+          x0.load(v_head + e);
+          if (second) x1.load(v_head + e + vstep);
+          if (loc < 0 || loc >= p.cache_size) return;
+          x0.store(vc + e);
+          if (second) x1.store(vc + e + vstep);
+        }
+      }
+      return;
+    }
+  }
+
   // KV store: this thread's first kKvPrefetch vectors of v (kv head threadIdx.y), loaded before
   // the rotation so that their latency overlaps it (stored at the end, once loc is known; at one
   // token the v copy after the rotation was a second memory latency in series).
   using vec_t_kv = device::AlignedVector<T, kVecN>;
-  constexpr int kKvPrefetch = kKvStore ? RopeConfig::kKvPrefetch : 1;
-  vec_t_kv v_pre[kKvPrefetch];
+  constexpr int kKvPrefetch = kKvStore ? (kKvMode > 0 ? kKvMode : 0) : 1;
+  vec_t_kv v_pre[kKvPrefetch > 0 ? kKvPrefetch : 1];
   const int64_t kv_step = int64_t{blockDim.x} * kVecN;
   const T* v_head = nullptr;
-  if constexpr (kKvStore) {
+  if constexpr (kKvStore && kKvPrefetch > 0) {
     if (kv_store && threadIdx.y < p.k.num_heads) {
       v_head = static_cast<const T*>(p.v) + token * p.v_token_stride + int64_t{threadIdx.y} * p.v_head_stride;
 #pragma unroll
@@ -332,7 +385,7 @@ __global__ void __launch_bounds__(RopeConfig::kMaxThreads, RopeConfig::kMinBlock
   bool first_load = true;
   int64_t pos = 0;
   constexpr int kHeads = RopeConfig::kHeadsPerThread;
-  const int64_t step = blockDim.y;
+  const int64_t step = rot_rows;
   for (int64_t chunk = threadIdx.x; chunk < num_chunks; chunk += blockDim.x) {
     int64_t off_a, off_b;
     chunk_offsets<kVecN, kNeox>(chunk, p.half, off_a, off_b);
@@ -393,7 +446,7 @@ __global__ void __launch_bounds__(RopeConfig::kMaxThreads, RopeConfig::kMinBlock
       if (loc < 0 || loc >= p.cache_size) loc = -1;
     }
     if (loc < 0) return;
-    if constexpr (kKvStore) {
+    if constexpr (kKvStore && kKvPrefetch > 0) {
       if (v_head != nullptr) {
         T* vc = static_cast<T*>(p.v_cache) + loc * p.v_cache_stride + int64_t{threadIdx.y} * p.head_dim;
 #pragma unroll
@@ -403,12 +456,97 @@ __global__ void __launch_bounds__(RopeConfig::kMaxThreads, RopeConfig::kMinBlock
         }
       }
     }
-    for (int64_t kv_head = threadIdx.y; kv_head < p.k.num_heads; kv_head += blockDim.y) {
+    for (int64_t kv_head = threadIdx.y; kv_head < p.k.num_heads; kv_head += rot_rows) {
       const T* k_head = static_cast<const T*>(p.k.data) + token * p.k.token_stride + kv_head * p.k.head_stride;
-      // the first head's first kKvPrefetch v vectors went above
-      const int64_t v_begin = kv_head == threadIdx.y ? kKvPrefetch * kv_step : 0;
+      // the first head's first kKvPrefetch v vectors went above; the split mode's v rows copy v
+      const int64_t v_begin = kSplit ? p.head_dim : kv_head == threadIdx.y ? kKvPrefetch * kv_step : 0;
       copy_kv_rest<T, kVecN>(p, k_head, token, kv_head, loc, 2 * p.half, v_begin);
     }
+  }
+}
+
+/// RopeVariant::kEarly / kEarlyFew (rotation only; opt-in): rope_kernel's math and layout with
+/// every address of the first pass (64-bit head pointers, the position pointer, the cache chunk
+/// base) formed before the PDL wait, the position load issued first after it, then the q/k loads;
+/// the cos/sin load follows as soon as the position arrives (one 64-bit multiply-add). kHeads heads
+/// per thread. Preconditions (the launcher's): rope_kernel's, and num_chunks <= blockDim.x (one
+/// chunk per lane: threadIdx.x < num_chunks rotates chunk threadIdx.x).
+/// A small-size variant: registers are not capped for occupancy (min blocks 1: 128 registers).
+template <typename T, typename CacheT, int kVecN, bool kNeox, int kHeads>
+__global__ void __launch_bounds__(RopeConfig::kMaxThreads, 1) rope_early_kernel(const RopeParams p) {
+  using vec_t = device::AlignedVector<T, kVecN>;
+  using cvec_t = device::AlignedVector<CacheT, kVecN>;
+  const int64_t token = int64_t{blockIdx.x} * blockDim.z + threadIdx.z;
+  const int64_t num_heads = p.q.num_heads + p.k.num_heads;
+  const int64_t chunk = threadIdx.x;
+  const int64_t step = blockDim.y;
+  const bool active = token < p.num_tokens && chunk < p.half / kVecN && int64_t{threadIdx.y} < num_heads;
+  int64_t off_a, off_b;
+  chunk_offsets<kVecN, kNeox>(chunk, p.half, off_a, off_b);
+  T* pa[kHeads];
+  T* pb[kHeads];
+  bool has[kHeads];
+#pragma unroll
+  for (int i = 0; i < kHeads; ++i) {
+    const int64_t head = threadIdx.y + i * step;
+    has[i] = active && head < num_heads;
+    T* base = has[i] ? head_at<T>(p, token, head) : static_cast<T*>(p.q.data);
+    pa[i] = base + off_a;
+    pb[i] = base + off_b;
+  }
+  const CacheT* cache_chunk = static_cast<const CacheT*>(p.cos_sin_cache) + chunk * kVecN;
+  const void* pos_ptr = p.positions_int64
+                            ? static_cast<const void*>(static_cast<const int64_t*>(p.positions) + (active ? token : 0))
+                            : static_cast<const void*>(static_cast<const int32_t*>(p.positions) + (active ? token : 0));
+
+  device::pdl_wait_primary();
+  device::pdl_launch_dependents();
+  if (!active) return;
+
+  const int64_t pos = p.positions_int64 ? *static_cast<const int64_t*>(pos_ptr)
+                                        : static_cast<int64_t>(*static_cast<const int32_t*>(pos_ptr));
+  vec_t a[kHeads], b[kHeads];
+#pragma unroll
+  for (int i = 0; i < kHeads; ++i) {
+    if (has[i]) {
+      a[i].load(pa[i]);
+      b[i].load(pb[i]);
+    }
+  }
+  float c[kVecN], s[kVecN];
+  if (pos >= 0 && pos < p.max_position) {
+    const CacheT* row = cache_chunk + pos * p.cache_stride;
+    cvec_t cv, sv;
+    cv.load(row);
+    sv.load(row + p.half);
+#pragma unroll
+    for (int j = 0; j < kVecN; ++j) {
+      c[j] = static_cast<float>(cv[j]);
+      s[j] = static_cast<float>(sv[j]);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kVecN; ++j) {
+      c[j] = 1.0f;
+      s[j] = 0.0f;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kHeads; ++i) {
+    if (!has[i]) continue;
+    rotate_pairs<T, kVecN, kNeox>(a[i], b[i], c, s);
+    a[i].store(pa[i]);
+    b[i].store(pb[i]);
+  }
+  // the heads beyond the first pass (more than kHeads * blockDim.y heads): one at a time
+  for (int64_t head = threadIdx.y + kHeads * step; head < num_heads; head += step) {
+    T* ptr = head_at<T>(p, token, head);
+    vec_t x, y;
+    x.load(ptr + off_a);
+    y.load(ptr + off_b);
+    rotate_pairs<T, kVecN, kNeox>(x, y, c, s);
+    x.store(ptr + off_a);
+    y.store(ptr + off_b);
   }
 }
 
@@ -438,12 +576,13 @@ inline bool rope_resolve_pdl(int64_t enable_pdl, const DLDevice& device) {
 /// Block (lanes, heads, tokens) of a launch with `num_chunks` chunks per head.
 /// Lanes: every chunk of a head (up to kMaxLanes); heads: kHeadsPerThread per thread when there are
 /// that many, more passes when the CTA would exceed kMaxThreads; tokens: packed until kTargetThreads.
-inline dim3 rope_block(int64_t num_chunks, int64_t num_heads, int64_t num_tokens) {
+inline dim3 rope_block(
+    int64_t num_chunks, int64_t num_heads, int64_t num_tokens, int64_t heads_per_thread = RopeConfig::kHeadsPerThread) {
   const int64_t lanes = std::clamp<int64_t>(num_chunks, 1, RopeConfig::kMaxLanes);
   const int64_t heads_total = std::max<int64_t>(num_heads, 1);
   const int64_t max_heads = std::max<int64_t>(1, RopeConfig::kMaxThreads / lanes);
-  const int64_t passes = std::max<int64_t>(
-      host::div_ceil(heads_total, max_heads), std::min<int64_t>(heads_total, RopeConfig::kHeadsPerThread));
+  const int64_t passes =
+      std::max<int64_t>(host::div_ceil(heads_total, max_heads), std::min<int64_t>(heads_total, heads_per_thread));
   const int64_t heads = host::div_ceil(heads_total, passes);
   const int64_t per_token = lanes * heads;
   // blockDim.z is at most 64 (a CUDA limit)
@@ -472,6 +611,57 @@ void launch_rope(const RopeParams& p, int64_t vec_n, bool l2_hint, DLDevice devi
   }
   LaunchKernel(static_cast<uint32_t>(grid), block, device)
       .enable_pdl(pdl)(rope_kernel<T, CacheT, kVecN, kNeox, false, kKvStore>, p);
+}
+
+/// The opt-in variants (RopeVariant) of launch_rope at the widest vector; the default launch_rope
+/// where a variant's preconditions do not hold.
+template <typename T, typename CacheT, bool kNeox, bool kKvStore>
+void launch_rope_variant(RopeParams p, int64_t vec_n, bool l2_hint, DLDevice device, bool pdl, int64_t variant) {
+  using namespace host;
+  constexpr int kVecN = static_cast<int>(16 / sizeof(T));
+  const int64_t num_chunks = p.half / kVecN;
+  const int64_t num_heads = p.q.num_heads + p.k.num_heads;
+  const auto fallback = [&]() { launch_rope<T, CacheT, kVecN, kNeox, kKvStore>(p, vec_n, l2_hint, device, pdl); };
+  if (vec_n < kVecN) return fallback();
+  if constexpr (!kKvStore) {
+    if ((variant == RopeVariant::kEarly || variant == RopeVariant::kEarlyFew) && !l2_hint &&
+        num_chunks <= RopeConfig::kMaxLanes) {
+      const auto launch = [&](auto kernel, int64_t heads_per_thread) {
+        const dim3 block = rope_block(num_chunks, num_heads, p.num_tokens, heads_per_thread);
+        const int64_t grid = div_ceil(p.num_tokens, int64_t{block.z});
+        RuntimeCheck(grid < (int64_t{1} << 31), "rope: num_tokens too large for one launch, got ", p.num_tokens);
+        LaunchKernel(static_cast<uint32_t>(grid), block, device).enable_pdl(pdl)(kernel, p);
+      };
+      if (variant == RopeVariant::kEarly) return launch(rope_early_kernel<T, CacheT, kVecN, kNeox, 2>, 2);
+      return launch(rope_early_kernel<T, CacheT, kVecN, kNeox, 4>, 4);
+    }
+    return fallback();
+  } else {
+    if (variant != RopeVariant::kKvNoPrefetch && variant != RopeVariant::kKvSplitCopy) return fallback();
+    dim3 block = rope_block(num_chunks, num_heads, p.num_tokens);
+    int64_t v_rows = 0;
+    if (variant == RopeVariant::kKvSplitCopy) {
+      // one row of lanes per kv head, as many as fit kMaxThreads next to the rotation rows
+      const int64_t room = static_cast<int64_t>(RopeConfig::kMaxThreads) / block.x - block.y;
+      v_rows = std::min<int64_t>(p.k.num_heads, room);
+    }
+    const auto launch = [&](auto kernel) {
+      const int64_t per_token = int64_t{block.x} * (block.y + v_rows);
+      const int64_t tokens =
+          std::clamp<int64_t>(RopeConfig::kTargetThreads / per_token, 1, std::clamp<int64_t>(p.num_tokens, 1, 64));
+      const dim3 launch_block(block.x, static_cast<uint32_t>(block.y + v_rows), static_cast<uint32_t>(tokens));
+      const int64_t grid = div_ceil(p.num_tokens, tokens);
+      RuntimeCheck(grid < (int64_t{1} << 31), "rope: num_tokens too large for one launch, got ", p.num_tokens);
+      p.v_rows = v_rows;
+      LaunchKernel(static_cast<uint32_t>(grid), launch_block, device).enable_pdl(pdl)(kernel, p);
+    };
+    if (v_rows > 0) {
+      if (l2_hint) return launch(rope_kernel<T, CacheT, kVecN, kNeox, true, true, RopeConfig::kKvSplit>);
+      return launch(rope_kernel<T, CacheT, kVecN, kNeox, false, true, RopeConfig::kKvSplit>);
+    }
+    if (l2_hint) return launch(rope_kernel<T, CacheT, kVecN, kNeox, true, true, 0>);
+    return launch(rope_kernel<T, CacheT, kVecN, kNeox, false, true, 0>);
+  }
 }
 
 /// Validates q, k, cos_sin_cache and positions, fills the rotation part of `p`; returns R / 2.
@@ -552,7 +742,7 @@ void rope_bind(
 
 /// The widest vector the bound tensors allow (see rope_kernel's preconditions) and the launch.
 template <typename T, typename CacheT, bool kKvStore>
-void rope_dispatch(const RopeParams& p, bool is_neox, DLDevice device, int64_t enable_pdl) {
+void rope_dispatch(const RopeParams& p, bool is_neox, DLDevice device, int64_t enable_pdl, int64_t variant = 0) {
   if (p.num_tokens == 0 || p.q.num_heads + p.k.num_heads == 0) return;
   const uint64_t s = sizeof(T);
   uint64_t strides = 0;
@@ -578,6 +768,14 @@ void rope_dispatch(const RopeParams& p, bool is_neox, DLDevice device, int64_t e
   const bool l2_hint = rotated_bytes >= RopeConfig::kL2HintMinBytes;
   const bool pdl = rope_resolve_pdl(enable_pdl, device);
   constexpr int kMaxVecN = static_cast<int>(16 / sizeof(T));
+  if (variant != 0) {
+    if (is_neox) {
+      launch_rope_variant<T, CacheT, true, kKvStore>(p, vec_n, l2_hint, device, pdl, variant);
+    } else {
+      launch_rope_variant<T, CacheT, false, kKvStore>(p, vec_n, l2_hint, device, pdl, variant);
+    }
+    return;
+  }
   if (is_neox) {
     launch_rope<T, CacheT, kMaxVecN, true, kKvStore>(p, vec_n, l2_hint, device, pdl);
   } else {
@@ -607,6 +805,35 @@ void apply_rope_inplace(
   rope_dispatch<T, fp32_t, false>(p, is_neox, device, enable_pdl);
 }
 
+/// The RopeVariant of `variant` must be one of 0 .. RopeVariant::kMax (checked before any launch).
+inline void rope_check_variant(const char* op, int64_t variant) {
+  host::RuntimeCheck(
+      variant >= 0 && variant <= RopeVariant::kMax,
+      op,
+      ": variant must be in [0, ",
+      RopeVariant::kMax,
+      "], got ",
+      variant);
+}
+
+/// apply_rope_inplace with an opt-in RopeVariant (the benchmark's old-vs-new rows; 0: the default).
+template <typename T>
+void apply_rope_inplace_v(
+    tvm::ffi::TensorView q,
+    tvm::ffi::TensorView k,
+    tvm::ffi::TensorView cos_sin_cache,
+    tvm::ffi::TensorView positions,
+    bool is_neox,
+    int64_t rope_dim,
+    int64_t enable_pdl,
+    int64_t variant) {
+  rope_check_variant("apply_rope_inplace", variant);
+  RopeParams p{};
+  DLDevice device{};
+  rope_bind<T, fp32_t>("apply_rope_inplace", q, k, cos_sin_cache, positions, rope_dim, p, device);
+  rope_dispatch<T, fp32_t, false>(p, is_neox, device, enable_pdl, variant);
+}
+
 /// vLLM's rotary_embedding on [num_tokens, num_heads, head_size] views: the cos/sin cache in T.
 /// k may have 0 heads (no key). Same rules as apply_rope_inplace otherwise.
 template <typename T>
@@ -623,13 +850,30 @@ void rotary_embedding(
   rope_dispatch<T, T, false>(p, is_neox, device, enable_pdl);
 }
 
+/// rotary_embedding with an opt-in RopeVariant (0: the default).
+template <typename T>
+void rotary_embedding_v(
+    tvm::ffi::TensorView q,
+    tvm::ffi::TensorView k,
+    tvm::ffi::TensorView cos_sin_cache,
+    tvm::ffi::TensorView positions,
+    bool is_neox,
+    int64_t enable_pdl,
+    int64_t variant) {
+  rope_check_variant("rotary_embedding", variant);
+  RopeParams p{};
+  DLDevice device{};
+  rope_bind<T, T>("rotary_embedding", q, k, cos_sin_cache, positions, 0, p, device);
+  rope_dispatch<T, T, false>(p, is_neox, device, enable_pdl, variant);
+}
+
 /// apply_rope_inplace, then k (rotated) -> k_cache[out_loc[t]] and v -> v_cache[out_loc[t]], bit for bit.
 /// v: [num_tokens, num_kv_heads, head_dim] (own strides, last dim contiguous); k_cache, v_cache:
 /// [cache_size, num_kv_heads * head_dim] of T, row stride free, rows contiguous, disjoint from
 /// every other tensor; out_loc: [num_tokens] int32/int64 (entries outside [0, cache_size) skip
 /// that token's store).
 template <typename T>
-void apply_rope_inplace_with_kvcache(
+void apply_rope_inplace_with_kvcache_impl(
     tvm::ffi::TensorView q,
     tvm::ffi::TensorView k,
     tvm::ffi::TensorView v,
@@ -640,7 +884,8 @@ void apply_rope_inplace_with_kvcache(
     tvm::ffi::TensorView out_loc,
     bool is_neox,
     int64_t rope_dim,
-    int64_t enable_pdl) {
+    int64_t enable_pdl,
+    int64_t variant) {
   using namespace host;
   constexpr const char* kOp = "apply_rope_inplace_with_kvcache";
   RopeParams p{};
@@ -710,7 +955,44 @@ void apply_rope_inplace_with_kvcache(
     rope_dispatch<T, fp32_t, false>(p, is_neox, device, enable_pdl);
     return;
   }
-  rope_dispatch<T, fp32_t, true>(p, is_neox, device, enable_pdl);
+  rope_dispatch<T, fp32_t, true>(p, is_neox, device, enable_pdl, variant);
+}
+
+template <typename T>
+void apply_rope_inplace_with_kvcache(
+    tvm::ffi::TensorView q,
+    tvm::ffi::TensorView k,
+    tvm::ffi::TensorView v,
+    tvm::ffi::TensorView k_cache,
+    tvm::ffi::TensorView v_cache,
+    tvm::ffi::TensorView cos_sin_cache,
+    tvm::ffi::TensorView positions,
+    tvm::ffi::TensorView out_loc,
+    bool is_neox,
+    int64_t rope_dim,
+    int64_t enable_pdl) {
+  apply_rope_inplace_with_kvcache_impl<T>(
+      q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox, rope_dim, enable_pdl, 0);
+}
+
+/// apply_rope_inplace_with_kvcache with an opt-in RopeVariant (0: the default).
+template <typename T>
+void apply_rope_inplace_with_kvcache_v(
+    tvm::ffi::TensorView q,
+    tvm::ffi::TensorView k,
+    tvm::ffi::TensorView v,
+    tvm::ffi::TensorView k_cache,
+    tvm::ffi::TensorView v_cache,
+    tvm::ffi::TensorView cos_sin_cache,
+    tvm::ffi::TensorView positions,
+    tvm::ffi::TensorView out_loc,
+    bool is_neox,
+    int64_t rope_dim,
+    int64_t enable_pdl,
+    int64_t variant) {
+  rope_check_variant("apply_rope_inplace_with_kvcache", variant);
+  apply_rope_inplace_with_kvcache_impl<T>(
+      q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox, rope_dim, enable_pdl, variant);
 }
 
 }  // namespace
