@@ -13,7 +13,8 @@ for t in "$ruff" "$clang_format"; do
 done
 
 # The C++/CUDA sources: every tracked one except the upstream tutorial's verbatim copy.
-mapfile -t cxx < <(git ls-files '*.cuh' '*.h' '*.cu' '*.cpp' '*.cc' | grep -v '^test/tutorial_verbatim/')
+# Tracked and untracked-but-not-ignored: a new kernel is checked before its first `git add`.
+mapfile -t cxx < <(git ls-files --cached --others --exclude-standard '*.cuh' '*.h' '*.cu' '*.cpp' '*.cc' | grep -v '^test/tutorial_verbatim/' | sort -u)
 
 failed=()
 echo "== ruff check"
@@ -26,9 +27,9 @@ echo "== clang-format --dry-run -Werror (${#cxx[@]} files)"
 if ((${#failed[@]})); then
   echo
   echo "lint FAILED: ${failed[*]}. Fix with:"
-  echo "    pre-commit run --all-files"
-  echo "or, without pre-commit:"
-  echo "    $ruff check --fix . && $ruff format . && git ls-files '*.cuh' '*.h' '*.cu' '*.cpp' '*.cc' | grep -v '^test/tutorial_verbatim/' | xargs $clang_format -i"
+  echo "    $ruff check --fix . && $ruff format . && git ls-files --cached --others --exclude-standard '*.cuh' '*.h' '*.cu' '*.cpp' '*.cc' | grep -v '^test/tutorial_verbatim/' | xargs $clang_format -i"
+  echo "or, where github.com is reachable (pre-commit fetches its hooks from there):"
+  echo "    $(tool pre-commit) run --all-files"
   echo "(ruff check --fix leaves findings it cannot fix safely: fix those by hand.)"
   exit 1
 fi
