@@ -86,22 +86,12 @@ def _launch(
         if pad_sorted_token_ids:
             sorted_token_ids.zero_()  # the padding value numel() is 0
         return
+    name, scratch = f"moe_align_block_size_{_SUFFIX[topk_ids.dtype][0]}", ()
     if variant == "split":
         # The count table of the split variant (scratch: any contents; the caching allocator, no launch).
-        workspace = torch.empty(_SPLIT_MAX_CTAS * num_experts, dtype=torch.int32, device=topk_ids.device)
-        getattr(_jit_moe_align_module(), f"moe_align_block_size_split_{_SUFFIX[topk_ids.dtype][0]}")(
-            topk_ids,
-            num_experts,
-            block_size,
-            sorted_token_ids,
-            expert_ids,
-            num_tokens_post_pad,
-            cumsum_buffer,
-            pad_sorted_token_ids,
-            workspace,
-        )
-        return
-    getattr(_jit_moe_align_module(), f"moe_align_block_size_{_SUFFIX[topk_ids.dtype][0]}")(
+        name = f"moe_align_block_size_split_{_SUFFIX[topk_ids.dtype][0]}"
+        scratch = (torch.empty(_SPLIT_MAX_CTAS * num_experts, dtype=torch.int32, device=topk_ids.device),)
+    getattr(_jit_moe_align_module(), name)(
         topk_ids,
         num_experts,
         block_size,
@@ -110,6 +100,7 @@ def _launch(
         num_tokens_post_pad,
         cumsum_buffer,
         pad_sorted_token_ids,
+        *scratch,
     )
 
 
