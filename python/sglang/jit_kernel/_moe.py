@@ -13,11 +13,11 @@ makes every call use the first engine, for old-vs-new comparisons (``benchmark/b
 Any other value of that variable (unset, ``2``, ``x``, ``"1 "``) selects v2. Likewise
 ``SGLANG_MOE_ALIGN_PEERS=match`` makes ``moe_align_block_size`` find same-expert lanes with
 ``__match_any_sync`` instead of ballots (identical output); any other value selects ballots. Both are
-benchmark knobs: either engine gives correct results. ``SGLANG_MOE_TOPK_WINNERS=regs`` (exactly that
-value; read at each call) makes engine v2 rows of <= 256 experts use its register-winner variant (no
-shared memory, one predicated update per pick instead of a lane-divergent branch; the same bits);
-any other value, or unset, keeps the default. It does not change what SGLANG_MOE_ROUTING_ENGINE
-selects.
+benchmark knobs: either engine gives correct results. Engine v2 rows of <= 256 experts keep the chosen experts in registers (the
+default: no shared memory, one predicated update per pick instead of a lane-divergent branch);
+``SGLANG_MOE_TOPK_WINNERS=smem`` (exactly that value; read at each call) selects the shared-memory
+winners they used before (the same bits); any other value, or unset, keeps the default. It does not
+change what SGLANG_MOE_ROUTING_ENGINE selects.
 """
 
 from __future__ import annotations

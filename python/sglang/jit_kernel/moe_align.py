@@ -32,8 +32,15 @@ MAX_BLOCK_SIZE = 1024
 _INT32_MAX = 2**31 - 1
 #: MoeAlignSplitConfig::kMaxCtas: rows of the split variant's count table.
 _SPLIT_MAX_CTAS = 64
-#: The opt-in kernel variants of ``moe_align_block_size(..., _variant=...)`` (None: the default).
-VARIANTS = (None, "split")
+#: MoeAlignSplitConfig::kMaxExperts: wider rows run the one-CTA kernel under "split" too.
+_SPLIT_MAX_EXPERTS = 1024
+#: The kernel variants of ``moe_align_block_size(..., _variant=...)``: None (the default) picks
+#: "split" from SPLIT_MIN_NUMEL routed ids (and at most 1024 experts), else "single" (one CTA).
+VARIANTS = (None, "single", "split")
+#: From this many routed ids the default runs "split" (bench_moe, 2026-12-01, 257 experts, block 64:
+#: one CTA 5.67 / 7.55 / 43.69 us at 8 / 512 / 32768 ids, split 7.10 / 8.60 / 8.95 us; the one-CTA
+#: time grows ~1.1 us per 1000 ids, so they cross near 3000).
+SPLIT_MIN_NUMEL = 3072
 
 
 @cache_once
@@ -87,6 +94,8 @@ def _launch(
             sorted_token_ids.zero_()  # the padding value numel() is 0
         return
     name, scratch = f"moe_align_block_size_{_SUFFIX[topk_ids.dtype][0]}", ()
+    if variant is None:
+        variant = "split" if topk_ids.numel() >= SPLIT_MIN_NUMEL and num_experts <= _SPLIT_MAX_EXPERTS else "single"
     if variant == "split":
         # The count table of the split variant (scratch: any contents; the caching allocator, no launch).
         name = f"moe_align_block_size_split_{_SUFFIX[topk_ids.dtype][0]}"
@@ -183,7 +192,8 @@ def moe_align_block_size(
     ``numel`` with ``pad_sorted_token_ids`` and keep what the caller put there without it.
     ``expert_ids[sum(padded) // block_size:]`` is not written. ``numel == 0`` launches no kernel:
     torch writes ``num_tokens_post_pad = 0``, ``cumsum_buffer[:num_experts + 1] = 0`` and, with
-    padding, zeros (``numel``) into ``sorted_token_ids``. One CTA, one launch, no host sync (CUDA-graph
+    padding, zeros (``numel``) into ``sorted_token_ids``. One CTA and one launch below 3072 routed
+    ids, two launches over up to 64 CTAs from there (see ``_variant``); no host sync (CUDA-graph
     safe).
 
     Parameters
@@ -210,10 +220,11 @@ def moe_align_block_size(
     pad_sorted_token_ids : bool
         Fill the slots that hold no token with ``numel``. Default False.
     _variant : str or None
-        Private benchmark knob (keyword only): None (default) the one-CTA kernel; ``"split"`` two
-        launches over up to 64 CTAs (a per-CTA count table in a scratch tensor, then a stable
-        scatter; the same bits; rows of more than 1024 experts run the default). Under
-        ``torch.compile`` the default runs.
+        Private benchmark knob (keyword only): None (default) picks ``"split"`` from
+        ``SPLIT_MIN_NUMEL`` (3072) routed ids with at most 1024 experts, else ``"single"``;
+        ``"single"`` one CTA, one launch; ``"split"`` two launches over up to 64 CTAs (a per-CTA count
+        table in a scratch tensor from the caching allocator, then a stable scatter; the same bits;
+        rows of more than 1024 experts run ``"single"``). Under ``torch.compile`` the default runs.
 
     Returns
     -------

@@ -95,6 +95,13 @@ def _pdl_flag(enable_pdl: bool | None) -> int:
     return -1 if enable_pdl is None else int(enable_pdl)
 
 
+def _check_variant(op: str, variant: object, allowed: tuple[int, ...]) -> None:
+    """The private ``_variant`` knob: an int in ``allowed`` (else ValueError / TypeError, before any launch)."""
+    check_scalar(op, "_variant", variant, int)
+    if variant not in allowed:
+        fail(ValueError, op, "_variant", "value", f"0 or one of {allowed}", variant)
+
+
 def _indices_checked() -> bool:
     return os.environ.get(CHECK_INDICES_ENV, "") == "1"
 
@@ -282,10 +289,11 @@ def apply_rope_inplace(
         Keyword-only. Programmatic Dependent Launch; None means on for SM90+. Results do not depend
         on it.
     _variant : int
-        Private, for the benchmark's old-vs-new rows: 0 (default) the default kernel; 1 / 2 the
-        ``RopeVariant::kEarly`` / ``kEarlyFew`` kernels of ``rope.cuh`` (same results, bit for bit;
-        the default kernel where their preconditions do not hold). Eager only: ignored under
-        torch.compile.
+        Private, for the benchmark's old-vs-new rows: 0 (default) the default kernel
+        (``RopeVariant::kEarly`` of ``rope.cuh``: addresses before the PDL wait); 1 / 2 the
+        ``kEarly`` / ``kEarlyFew`` kernels; 5 ``kPlain``, the kernel that was the default before
+        (same results, bit for bit; ``kPlain`` where a variant's preconditions do not hold). Eager
+        only: ignored under torch.compile.
 
     Returns
     -------
@@ -329,7 +337,7 @@ def apply_rope_inplace(
     op = "apply_rope_inplace"
     check_scalar(op, "enable_pdl", enable_pdl, bool, optional=True)
     if _variant != 0:
-        check_scalar(op, "_variant", _variant, int, minimum=1, maximum=2)
+        _check_variant(op, _variant, (1, 2, 5))
     _check_rope_args(op, q, k, cos_sin_cache, positions, is_neox, rope_dim)
     positions = positions.contiguous()  # read only: a strided index tensor is copied
     pdl = _pdl_flag(enable_pdl)
@@ -399,9 +407,10 @@ def apply_rope_inplace_with_kvcache(
         ``[0, cache_size)`` stores nothing for its token (q and k are still rotated); with
         ``SGLANG_JIT_CHECK_INDICES=1`` it raises instead. Two tokens with one row: one of them wins.
     _variant : int
-        Private, for the benchmark's old-vs-new rows: 0 (default) the default kernel; 3
-        ``RopeVariant::kKvNoPrefetch`` (no v prefetch), 4 ``kKvSplitCopy`` (v copied by threads of
-        their own); same results, bit for bit. Eager only: ignored under torch.compile.
+        Private, for the benchmark's old-vs-new rows: 0 (default) the default kernel
+        (``RopeVariant::kKvSplitCopy``: v copied by threads of their own); 3 ``kKvNoPrefetch`` (no v
+        prefetch), 4 ``kKvSplitCopy``, 5 ``kPlain`` (the default before: v prefetched by the
+        rotating threads); same results, bit for bit. Eager only: ignored under torch.compile.
 
     Returns
     -------
@@ -449,7 +458,7 @@ def apply_rope_inplace_with_kvcache(
     op = "apply_rope_inplace_with_kvcache"
     check_scalar(op, "enable_pdl", enable_pdl, bool, optional=True)
     if _variant != 0:
-        check_scalar(op, "_variant", _variant, int, minimum=3, maximum=4)
+        _check_variant(op, _variant, (3, 4, 5))
     _check_rope_args(op, q, k, cos_sin_cache, positions, is_neox, rope_dim)
     num_tokens, num_kv_heads, head_dim = k.shape
     check_tensor(
@@ -656,8 +665,9 @@ def rotary_embedding(
     is_neox : bool
         NeoX (default) or GPT-J style.
     _variant : int
-        Private (keyword-only), for the benchmark: 0 (default) the default kernel, 1 / 2 the
-        ``RopeVariant::kEarly`` / ``kEarlyFew`` kernels (bit for bit the same). Eager only.
+        Private (keyword-only), for the benchmark: 0 (default) the default kernel (``kEarly``), 1 / 2
+        the ``RopeVariant::kEarly`` / ``kEarlyFew`` kernels, 5 ``kPlain`` (the default before; bit
+        for bit the same). Eager only.
 
     Returns
     -------
@@ -683,7 +693,7 @@ def rotary_embedding(
     """
     op = "rotary_embedding"
     if _variant != 0:
-        check_scalar(op, "_variant", _variant, int, minimum=1, maximum=2)
+        _check_variant(op, _variant, (1, 2, 5))
     check_scalar(op, "head_size", head_size, int, minimum=1)
     check_scalar(op, "is_neox", is_neox, bool)
     check_tensor(op, "positions", positions, dtypes=INDEX_DTYPES)

@@ -9,9 +9,10 @@ short). Each row prints as soon as it is measured; the whole run stays under a m
 
 Old-vs-new rows in the same run: "jit v1" is the first routing engine
 (``SGLANG_MOE_ROUTING_ENGINE=1``), "jit match" the moe_align scatter with ``__match_any_sync``
-(``SGLANG_MOE_ALIGN_PEERS=match``), "jit regs" the routing kernels' register-winner variant
-(``SGLANG_MOE_TOPK_WINNERS=regs``: no shared memory, no divergent branch per pick), "jit split" the
-two-launch multi-CTA moe_align (``_variant="split"``); "jit" is the default path. Bytes moved per call: num_tokens * (num_experts * gating element size
+(``SGLANG_MOE_ALIGN_PEERS=match``), "jit smem" the routing kernels' shared-memory winners
+(``SGLANG_MOE_TOPK_WINNERS=smem``, the default before the register winners), "jit single" the
+one-CTA moe_align and "jit split" the two-launch multi-CTA one (``_variant=``; the default picks
+split from ``moe_align.SPLIT_MIN_NUMEL`` routed ids); "jit" is the default path. Bytes moved per call: num_tokens * (num_experts * gating element size
 + topk * (4 + 4)) (read the logits, write fp32 weights and int32 ids); moe_sum_reduce
 (topk + 1) * num_tokens * hidden_size * element size (read every expert output, write the sum),
 against the device copy roof (% copy).
@@ -153,7 +154,7 @@ def routing_rows() -> list[BenchRow]:
                 providers = {
                     "jit": lambda w, i, g, f=jit: f(w, i, g),
                     "jit v1": with_env("SGLANG_MOE_ROUTING_ENGINE", "1", lambda w, i, g, f=jit: f(w, i, g)),
-                    "jit regs": with_env("SGLANG_MOE_TOPK_WINNERS", "regs", lambda w, i, g, f=jit: f(w, i, g)),
+                    "jit smem": with_env("SGLANG_MOE_TOPK_WINNERS", "smem", lambda w, i, g, f=jit: f(w, i, g)),
                     "torch": eager,
                     "torch.compile": compiled,
                 }
@@ -168,7 +169,7 @@ def routing_rows() -> list[BenchRow]:
                     nbytes,
                     rows,
                     cold=num_tokens == TOKENS[-1],
-                    one_input_only=("jit v1", "jit regs"),
+                    one_input_only=("jit v1", "jit smem"),
                 )
     compiled = torch.compile(torch_grouped)
     for num_tokens in TOKENS:
@@ -177,8 +178,8 @@ def routing_rows() -> list[BenchRow]:
             "jit v1": with_env(
                 "SGLANG_MOE_ROUTING_ENGINE", "1", lambda g, b: grouped_topk(g, b, 8, 4, TOPK, True, 2.5)
             ),
-            "jit regs": with_env(
-                "SGLANG_MOE_TOPK_WINNERS", "regs", lambda g, b: grouped_topk(g, b, 8, 4, TOPK, True, 2.5)
+            "jit smem": with_env(
+                "SGLANG_MOE_TOPK_WINNERS", "smem", lambda g, b: grouped_topk(g, b, 8, 4, TOPK, True, 2.5)
             ),
             "torch": torch_grouped,
             "torch.compile": compiled,
@@ -196,7 +197,7 @@ def routing_rows() -> list[BenchRow]:
             nbytes,
             rows,
             cold=num_tokens == TOKENS[-1],
-            one_input_only=("jit v1", "jit regs"),
+            one_input_only=("jit v1", "jit smem"),
         )
     return rows
 
@@ -267,6 +268,7 @@ def align_rows() -> list[BenchRow]:
             "match",
             lambda *a: moe_align_block_size(*a[:1], num_experts, block_size, *a[1:], True),
         ),
+        "jit single": lambda *a: moe_align_block_size(*a[:1], num_experts, block_size, *a[1:], True, _variant="single"),
         "jit split": lambda *a: moe_align_block_size(*a[:1], num_experts, block_size, *a[1:], True, _variant="split"),
         "torch": lambda *a: torch_align(*a, num_experts, block_size),
         "torch.compile": lambda *a: compiled(*a, num_experts, block_size),
@@ -300,7 +302,7 @@ def align_rows() -> list[BenchRow]:
             4 * (numel + sorted_len + blocks),
             rows,
             cold=t == ALIGN_TOKENS[-1],
-            one_input_only=("jit match", "jit split"),
+            one_input_only=("jit match", "jit single", "jit split"),
         )
     return rows
 

@@ -55,11 +55,11 @@ QKNORM_VARIANTS = {
     "reg trig": 4,  # kRegTrig: cos/sin in registers, no barrier (1 token; the default from 64 tokens here)
     "reg trig+fast": 5,
 }
-# RopeVariant of rope.cuh timed beside the default: the early-address kernel (1 token; the default
-# from the L2-hint size, so from 64 tokens here), the KV store without the v prefetch and with v
-# copied by threads of their own
-ROPE_VARIANTS = {"early": 1, "early few": 2}
-KV_VARIANTS = {"no v prefetch": 3, "v split": 4}
+# RopeVariant of rope.cuh timed beside the default ("jit" = kEarly without the KV store, kKvSplitCopy
+# with it, since the 2026-12-01 A/B run): "plain" the kernel that was the default before, "early few"
+# 4 heads per thread, the KV store without the v prefetch
+ROPE_VARIANTS = {"plain (old default)": 5, "early few": 2}
+KV_VARIANTS = {"plain (old default)": 5, "no v prefetch": 3}
 
 
 # ---- torch baselines (the same math, written with torch ops) ----

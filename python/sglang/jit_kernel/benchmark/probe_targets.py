@@ -89,6 +89,20 @@ if "norm" in which:
             torch.randn(1024, dtype=BF16, device="cuda"),
         )
         nbq = 2 * t * 5120 * 2 + 5120 * 2
+        mk5 = lambda: (
+            torch.randn(t, 5120, dtype=BF16, device="cuda"),
+            torch.randn(5120, dtype=BF16, device="cuda"),
+            torch.empty(t, 5120, dtype=BF16, device="cuda"),
+        )
+        row(
+            "rmsnorm",
+            f"[{t}, 5120]",
+            "jit (across_heads' bytes)",
+            lambda x, w, o: rmsnorm(x, w, 1e-6, out=o),
+            mk5,
+            nbq,
+            cold=t == 16384,
+        )
         aq = lambda qk, wq, wk: fused_inplace_qknorm_across_heads(qk[:, :4096], qk[:, 4096:], wq, wk, 1e-6)
         row("across_heads", f"[{t}, 4096+1024]", "jit", aq, mkq, nbq, cold=t == 16384)
         row("across_heads", f"[{t}, 4096+1024]", "jit old CTA per tensor", forced(aq, -1, 0), mkq, nbq, cold=t == 16384)
@@ -99,7 +113,16 @@ if "act" in which:
 
     mod = _jit_activation_module(BF16)
     H = 14336
-    variants = {"jit": (0, 0), "jit 9f465cb": (1, 1), "jit evict_last": (2, 0), "jit fast math": (4, 0)}
+    variants = {
+        "jit": (0, 0),
+        "jit 9f465cb": (1, 1),
+        "jit fast math": (4, 0),
+        "jit pipelined": (8, 0),
+        "jit pipelined+fast": (12, 0),
+        "jit checked fast": (16, 0),
+        "jit pairs+checked": (17, 1),
+        "jit pipelined+checked": (24, 0),
+    }
     for t in (1, 64, 2048, 16384):
         mk = lambda: (torch.randn(t, 2 * H, dtype=BF16, device="cuda"), torch.empty(t, H, dtype=BF16, device="cuda"))
         nb = 3 * t * H * 2

@@ -182,7 +182,8 @@ def test_grouped_topk_engines_agree(monkeypatch, shape, with_bias):
 @pytest.mark.parametrize("shape", [(256, 8, 4, 8), (64, 4, 2, 4), (8, 8, 8, 8), (128, 32, 4, 8), (160, 5, 2, 6)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_grouped_topk_reg_winners_variant_bit_exact(monkeypatch, shape, with_bias):
-    """SGLANG_MOE_TOPK_WINNERS=regs (one warp per token, no shared memory) against the reference
+    """SGLANG_MOE_TOPK_WINNERS=smem (the shared-memory winners; the default keeps them in registers)
+    against the reference
     and bit for bit against the default (randn rows included)."""
     num_experts, groups, topk_group, topk = shape
     scores = grid_logits(129, num_experts, torch.float32, seed=num_experts + groups)
@@ -190,7 +191,7 @@ def test_grouped_topk_reg_winners_variant_bit_exact(monkeypatch, shape, with_bia
     randn = torch.randn(4099, num_experts, device="cuda")
     check(scores, bias, groups, topk_group, topk)
     new = grouped_topk(randn, bias, groups, topk_group, topk, True, 2.5)
-    monkeypatch.setenv("SGLANG_MOE_TOPK_WINNERS", "regs")
+    monkeypatch.setenv("SGLANG_MOE_TOPK_WINNERS", "smem")
     check(scores, bias, groups, topk_group, topk)
     old = grouped_topk(randn, bias, groups, topk_group, topk, True, 2.5)
     assert torch.equal(new[1], old[1])

@@ -361,20 +361,22 @@ def test_moe_align_peer_finders_agree(monkeypatch, num_tokens, topk, num_experts
 )
 @pytest.mark.parametrize("pad", [True, False])
 def test_moe_align_split_variant_bit_exact(num_tokens, topk, num_experts, block_size, pad):
-    """_variant="split" (count kernel + multi-CTA stable scatter): against the reference, and the
-    same bits as the default in every output (padding and untouched slots included)."""
+    """_variant="split" (count kernel + multi-CTA stable scatter) and "single" (one CTA): against the
+    reference, and the same bits as the default (which picks one of them by size) in every output
+    (padding and untouched slots included)."""
     ids = routed_ids(num_tokens, topk, 256 if num_experts == 257 else num_experts)
     if num_tokens >= 64:
         ids.view(-1)[::97] = -1  # skipped ids in several CTAs' chunks
     outs = []
-    for variant in (None, "split"):
+    for variant in (None, "single", "split"):
         out = Outputs(ids.numel(), num_experts, block_size)
         sorted_ids, expert_ids, total, cumsum = out.views
         moe_align_block_size(ids, num_experts, block_size, sorted_ids, expert_ids, total, cumsum, pad, _variant=variant)
         outs.append(out.host())
         if variant == "split" and num_tokens <= 4096:
             check(ids, num_experts, block_size, pad)  # the default against the reference, same ids
-    assert all(np.array_equal(a, b) for a, b in zip(*outs))
+    for other in outs[1:]:
+        assert all(np.array_equal(a, b) for a, b in zip(outs[0], other))
 
 
 @requires_cuda

@@ -179,14 +179,14 @@ if __name__ == "__main__":
 @pytest.mark.parametrize("num_experts", [8, 60, 128, 256, 257])
 @pytest.mark.parametrize("options", [(False, False), (True, True)])
 def test_topk_sigmoid_reg_winners_variant_bit_exact(monkeypatch, num_experts, options):
-    """SGLANG_MOE_TOPK_WINNERS=regs against the reference and bit for bit against the default."""
+    """SGLANG_MOE_TOPK_WINNERS=smem (the shared-memory winners; the default keeps them in registers) against the reference and bit for bit against the default."""
     renormalize, with_bias = options
     bias = (torch.randint(-32, 32, (num_experts,), device="cuda").float() / 32) if with_bias else None
     k = min(8, num_experts)
     gating = grid_logits(129, num_experts, torch.float32, seed=num_experts)
     randn = torch.randn(4099, num_experts, device="cuda")
     new = [check(gating, k, renormalize, bias), run(randn, k, renormalize, bias)]
-    monkeypatch.setenv("SGLANG_MOE_TOPK_WINNERS", "regs")
+    monkeypatch.setenv("SGLANG_MOE_TOPK_WINNERS", "smem")
     old = [check(gating, k, renormalize, bias), run(randn, k, renormalize, bias)]
     for a, b in zip(new, old):
         assert torch.equal(a[1], b[1])

@@ -295,7 +295,7 @@ def test_topk_softmax_engines_agree(monkeypatch, num_experts, options):
 @pytest.mark.parametrize("num_experts", [8, 60, 64, 128, 160, 256, 257])
 @pytest.mark.parametrize("options", [(False, 0.0, False), (True, 2.5, True)])
 def test_topk_softmax_reg_winners_variant_bit_exact(monkeypatch, dtype, num_experts, options):
-    """The register-winner variant (SGLANG_MOE_TOPK_WINNERS=regs; engine v2 rows of <= 256 experts)
+    """The shared-memory-winner variant (SGLANG_MOE_TOPK_WINNERS=smem; engine v2 rows of <= 256 experts)
     against the reference and bit for bit against the default, on grid logits and on randn rows
     (near ties included: the same selection steps in the same order)."""
     renormalize, softcap, with_bias = options
@@ -305,7 +305,7 @@ def test_topk_softmax_reg_winners_variant_bit_exact(monkeypatch, dtype, num_expe
     randn = torch.randn(4099, num_experts, device="cuda").to(dtype)
     new = check(gating, k, renormalize, softcap, bias)
     new_randn = run(randn, k, renormalize, softcap, bias)
-    monkeypatch.setenv("SGLANG_MOE_TOPK_WINNERS", "regs")
+    monkeypatch.setenv("SGLANG_MOE_TOPK_WINNERS", "smem")
     old = check(gating, k, renormalize, softcap, bias)
     old_randn = run(randn, k, renormalize, softcap, bias)
     for a, b in ((new, old), (new_randn, old_randn)):

@@ -620,7 +620,7 @@ VARIANT_CASES = [
 
 
 @requires_cuda
-@pytest.mark.parametrize("variant", [1, 2])
+@pytest.mark.parametrize("variant", [1, 2, 5])
 @pytest.mark.parametrize("is_neox", [True, False])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("n,hq,hk,d,r", VARIANT_CASES)
@@ -646,7 +646,7 @@ def test_rope_variants_match_default(variant, is_neox, dtype, n, hq, hk, d, r):
 
 
 @requires_cuda
-@pytest.mark.parametrize("variant", [3, 4])
+@pytest.mark.parametrize("variant", [3, 4, 5])
 @pytest.mark.parametrize("is_neox", [True, False])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("n,hq,hk,d,r", [c for c in VARIANT_CASES if c[2] > 0] + [(9, 4, 64, 128, 128)])
@@ -670,13 +670,17 @@ def test_rope_kv_variants_match_default(variant, is_neox, dtype, n, hq, hk, d, r
 def test_rope_variant_errors():
     """Before anything else is looked at: a variant the op does not have is a ValueError."""
     x = torch.zeros(1, 1, 2)
-    with pytest.raises(ValueError, match=r"^apply_rope_inplace: _variant value: expected >= 1 and <= 2, got 3$"):
+    with pytest.raises(
+        ValueError, match=r"^apply_rope_inplace: _variant value: expected 0 or one of \(1, 2, 5\), got 3$"
+    ):
         apply_rope_inplace(x, x, x, x, is_neox=True, _variant=3)
     with pytest.raises(
-        ValueError, match=r"^apply_rope_inplace_with_kvcache: _variant value: expected >= 3 and <= 4, got 1$"
+        ValueError, match=r"^apply_rope_inplace_with_kvcache: _variant value: expected 0 or one of \(3, 4, 5\), got 1$"
     ):
         apply_rope_inplace_with_kvcache(x, x, x, x, x, x, x, x, is_neox=True, _variant=1)
-    with pytest.raises(ValueError, match=r"^rotary_embedding: _variant value: expected >= 1 and <= 2, got 5$"):
-        rotary_embedding(x, x, None, 2, x, True, _variant=5)
+    with pytest.raises(
+        ValueError, match=r"^rotary_embedding: _variant value: expected 0 or one of \(1, 2, 5\), got 4$"
+    ):
+        rotary_embedding(x, x, None, 2, x, True, _variant=4)
     with pytest.raises(TypeError, match=r"^apply_rope_inplace: _variant type"):
         apply_rope_inplace(x, x, x, x, is_neox=True, _variant=1.0)

@@ -64,8 +64,10 @@ struct RopeConfig {
   static constexpr int kKvSplit = -1;  // rope_kernel's kKvMode: v copied by rows of threads of their own
 };
 
-/// Opt-in variants of the *_v launchers (0: the default launch, exactly as the plain launchers).
-/// Each one falls back to the default where its preconditions do not hold (stated per variant).
+/// Variants of the launchers. 0 (the default of every launcher) is kEarly for the rotation-only
+/// ops and kKvSplitCopy with the KV store (both won every size in the 2026-12-01 A/B run); the
+/// others are A/B knobs of the *_v launchers, kPlain the launch before that change. Each one falls
+/// back to kPlain where its preconditions do not hold (stated per variant).
 struct RopeVariant {
   // rope_early_kernel (rotation only): addresses before the PDL wait, the position load first after
   // it; 16-byte vectors, R/2 <= kMaxLanes vectors, below kL2HintMinBytes (T = 1 here); else default.
@@ -77,7 +79,9 @@ struct RopeVariant {
   // KV store: v copied by extra rows of threads (kKvMode kKvSplit), independent of the rotation;
   // kKvNoPrefetch when the extra rows do not fit kMaxThreads.
   static constexpr int64_t kKvSplitCopy = 4;
-  static constexpr int64_t kMax = 4;
+  // launch_rope as it was before kEarly / kKvSplitCopy became the default (A/B rows "jit plain").
+  static constexpr int64_t kPlain = 5;
+  static constexpr int64_t kMax = 5;
 };
 
 /// One tensor of heads (q or k): element (t, h, e) at data + t * token_stride + h * head_stride + e.
@@ -768,7 +772,8 @@ void rope_dispatch(const RopeParams& p, bool is_neox, DLDevice device, int64_t e
   const bool l2_hint = rotated_bytes >= RopeConfig::kL2HintMinBytes;
   const bool pdl = rope_resolve_pdl(enable_pdl, device);
   constexpr int kMaxVecN = static_cast<int>(16 / sizeof(T));
-  if (variant != 0) {
+  if (variant == 0) variant = kKvStore ? RopeVariant::kKvSplitCopy : RopeVariant::kEarly;
+  if (variant != RopeVariant::kPlain) {
     if (is_neox) {
       launch_rope_variant<T, CacheT, true, kKvStore>(p, vec_n, l2_hint, device, pdl, variant);
     } else {

@@ -406,7 +406,8 @@ SGL_DEVICE float v2_weight(const TopkRowsParams& p, const T* row, int32_t e, flo
 /// One warp per row (grid-stride), runs of kPer experts per lane; topk <= 32; num_experts <= 32 *
 /// kPer; grouped rows with the run conditions above (the host checks them).
 ///
-/// kRegWinners (the opt-in variant "regs", SGLANG_MOE_TOPK_WINNERS=regs, kPer <= 8): no shared
+/// kRegWinners (the default for kPer <= 8 since the 2026-12-01 A/B run; SGLANG_MOE_TOPK_WINNERS=smem
+/// selects the shared-memory winners instead): no shared
 /// memory and no lane-divergent branch per step. Every lane runs the same predicated update (the
 /// winner lane clears its slot and rescans its run; the others keep theirs), the winner's expert is
 /// broadcast by one shuffle off the critical path (the next step's reduction depends on the
@@ -569,12 +570,13 @@ inline int routing_engine() {
   return value != nullptr && value[0] == '1' && value[1] == '\0' ? 1 : 2;
 }
 
-/// SGLANG_MOE_TOPK_WINNERS=regs (read at each call, so at graph capture): engine v2 rows of <= 256
-/// experts use the register-winner variant (kRegWinners); anything else, or unset (the default),
-/// the shared-memory winners. A benchmark knob: both give the same bits.
+/// Engine v2 rows of <= 256 experts use the register-winner variant (kRegWinners), the default: it
+/// won every row of bench_moe (1 / 64 / 4096 tokens, 128 / 256 experts, softmax, sigmoid, grouped).
+/// SGLANG_MOE_TOPK_WINNERS=smem (exactly that value; read at each call, so at graph capture) selects
+/// the shared-memory winners, for old-vs-new rows. Both give the same bits.
 inline bool topk_reg_winners() {
   const char* value = std::getenv("SGLANG_MOE_TOPK_WINNERS");
-  return value != nullptr && std::string_view(value) == "regs";
+  return value == nullptr || std::string_view(value) != "smem";
 }
 
 template <typename T, int kPer>
