@@ -245,7 +245,12 @@ _DOC_COMMON = """
         out[..., i] = round(float(round(act(float(g)))) * float(u)),   H = input.shape[-1] // 2
 
     (torch's ``act(x[..., :H]) * x[..., H:]`` on tensors of the dtype). The fp32 arithmetic is done
-    operation by operation as written in the summary line above, without fused multiply-adds. Moves
+    operation by operation as written in the summary line above, without fused multiply-adds, with
+    libm's ``expf`` / ``erff`` / ``tanhf``. Exception, for speed: float16 / bfloat16 ``silu`` and
+    ``gelu_tanh`` on rows that allow 16-byte vectors (the common, aligned case) take ``exp`` and the
+    reciprocal from the hardware approximations (ex2.approx, rcp.approx); the activation rounded to
+    the dtype is then the same except next to a rounding midpoint, where it may be its neighbour (one
+    ulp of the dtype; the tests check every 16-bit gate). Moves
     ``3 * num_tokens * H * element_size`` bytes; a row skipped by the expert filter only its id.
 
     Parameters

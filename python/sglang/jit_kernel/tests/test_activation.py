@@ -43,6 +43,9 @@ ULPS = {torch.float16: 1, torch.bfloat16: 1, torch.float32: 4}
 #: all of the result: an absolute slack of CANCEL_ULPS * 2^-24 * |gate * up| covers that (silu does
 #: not cancel).
 CANCEL_ULPS = {"silu": 0, "gelu": 4, "gelu_tanh": 4}
+#: _set_launch_variant value of the exact-libm 16-byte kernels (the default of 16-bit silu / gelu_tanh
+#: at 16-byte vectors is fast math).
+EXACT = 32
 
 
 # ---------------------------------------------------------------------------------------------
@@ -213,35 +216,44 @@ def test_forced_geometries_agree(dtype, threads, vec_bytes):
     for num_tokens, hidden_size in [(1, 14336), (129, 64), (4097, 4), (7, 1234)]:
         x = make_input((num_tokens, 2 * hidden_size), dtype)
         for op in (gelu_tanh_and_mul, silu_and_mul):
-            expected = op(x)
-            module._set_launch_override(threads, vec_bytes)
-            try:
-                got = op(x)
-            finally:
-                module._set_launch_override(0, 0)
-            assert torch.equal(got, expected), (op.__name__, num_tokens, hidden_size)
+            for variant in (EXACT, 0):  # exact math everywhere; the default (16-byte 16-bit: fast math)
+                if variant == 0 and vec_bytes != 16:
+                    continue  # narrower vectors are exact, the default's 16 bytes may be fast math
+                module._set_launch_variant(variant, 0)
+                try:
+                    expected = op(x)
+                    module._set_launch_override(threads, vec_bytes)
+                    got = op(x)
+                finally:
+                    module._set_launch_override(0, 0)
+                    module._set_launch_variant(0, 0)
+                assert torch.equal(got, expected), (op.__name__, num_tokens, hidden_size, variant)
 
 
 @requires_cuda
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize(
     "variant,old_geometry",
-    [(0, 1), (1, 0), (1, 1), (2, 0), (4, 0), (6, 0), (5, 1), (8, 0), (12, 0), (16, 0), (17, 1), (24, 0)],
+    [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (4, 0), (6, 0), (5, 1), (8, 0), (12, 0), (16, 0), (17, 1), (24, 0)],
 )
 def test_launch_variants(dtype, variant, old_geometry):
     """The benchmark's old-vs-new variants of 16-byte launches (_set_launch_variant): pair rows, evict_last
     loads, 9f465cb's CTA-size rule, pipelined rows (8) and the checked fast silu (16, 17, 24) compute the
-    same bits as the default; fast math (4, 5, 6, 12; 16-bit types, fp32 ignores the bit) stays within
-    the ulp check. Cases cover one-shot grids past 4 waves
-    (pair rows on), several chunks per row, row groups and narrow vectors."""
+    same bits as the exact variant (32); fast math (4, 5, 6, 12, and the default 0 of 16-bit silu /
+    gelu_tanh; fp32 ignores the bit, gelu has no fast build) stays within the ulp check. Cases cover
+    one-shot grids past 4 waves (pair rows on), several chunks per row, row groups and narrow vectors."""
     from sglang.jit_kernel.activation import _jit_activation_module
 
     module = _jit_activation_module(dtype)
-    exact = variant & 4 == 0 or dtype == torch.float32
+    exact = (variant != 0 and variant & 4 == 0) or dtype == torch.float32
     for num_tokens, hidden_size in [(1, 14336), (64, 14336), (2100, 14336), (129, 64), (4097, 4), (7, 1234)]:
         x = make_input((num_tokens, 2 * hidden_size), dtype)
         for name in NAMES:
-            expected = OPS[name](x)
+            module._set_launch_variant(EXACT, 0)
+            try:
+                expected = OPS[name](x)
+            finally:
+                module._set_launch_variant(0, 0)
             module._set_launch_variant(variant, old_geometry)
             try:
                 got = OPS[name](x)
@@ -256,28 +268,43 @@ def test_launch_variants(dtype, variant, old_geometry):
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_fast_math_every_16_bit_gate(dtype):
-    """The fast-math variant (4) on every finite 16-bit gate, against the reference."""
+    """The default (fast math at 16-byte vectors) and the fast-math variant (4) on every finite
+    16-bit gate, against the reference; non-finite gates give the exact variant's values (NaN where
+    it has NaN)."""
     from sglang.jit_kernel.activation import _jit_activation_module
 
     bits = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
-    gate = bits.view(dtype)
-    gate = gate[torch.isfinite(gate)].cuda()
+    every = bits.view(dtype)
+    gate = every[torch.isfinite(every)].cuda()
     gate = gate[: gate.numel() // 8 * 8]
     x = torch.cat([gate, torch.full_like(gate, 1.5)]).view(1, -1)
+    special = every[~torch.isfinite(every)].cuda()
+    special = special[: special.numel() // 8 * 8]
+    y = torch.cat([special, torch.full_like(special, 1.5)]).view(1, -1)
     module = _jit_activation_module(dtype)
-    module._set_launch_variant(4, 0)
-    try:
-        for name in ("silu", "gelu_tanh"):
+    for name in ("silu", "gelu_tanh"):
+        module._set_launch_variant(EXACT, 0)
+        try:
+            exact_special = OPS[name](y)
+        finally:
+            module._set_launch_variant(0, 0)
+        assert_matches_reference(name, OPS[name](x), x)
+        got_special = OPS[name](y)
+        nan = torch.isnan(exact_special)
+        assert torch.equal(torch.isnan(got_special), nan)  # NaN where the exact kernel has NaN (any payload)
+        assert torch.equal(got_special[~nan], exact_special[~nan])
+        module._set_launch_variant(4, 0)
+        try:
             assert_matches_reference(name, OPS[name](x), x)
-    finally:
-        module._set_launch_variant(0, 0)
+        finally:
+            module._set_launch_variant(0, 0)
 
 
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("variant,old_geometry", [(16, 0), (17, 1), (24, 0)])
 def test_checked_fast_every_16_bit_gate(dtype, variant, old_geometry):
-    """The checked fast silu (variant bit 16) gives the default's bits for every 16-bit gate pattern (NaN,
+    """The checked fast silu (variant bit 16) gives the exact variant's bits for every 16-bit gate pattern (NaN,
     infinities, zeros, subnormals included): the activation depends on the gate alone, so this covers
     every input. Several rows with different up values, shuffled gates (every 16-byte vector mixes
     gates that take the fast quotient and gates that fall back), and a long grid for the pair-row and
@@ -294,9 +321,10 @@ def test_checked_fast_every_16_bit_gate(dtype, variant, old_geometry):
     x = torch.stack(rows).cuda()
     x = torch.cat([x] * 44)  # 264 rows of 8192 vectors: past 4 waves (pair rows), many strides (pipelined)
     module = _jit_activation_module(dtype)
-    expected = silu_and_mul(x)
-    module._set_launch_variant(variant, old_geometry)
+    module._set_launch_variant(EXACT, 0)
     try:
+        expected = silu_and_mul(x)
+        module._set_launch_variant(variant, old_geometry)
         got = silu_and_mul(x)
     finally:
         module._set_launch_variant(0, 0)
@@ -317,12 +345,14 @@ def test_silu_every_16_bit_gate(dtype):
     gate = bits[order].view(dtype).cuda()
     x = torch.cat([gate, torch.full_like(gate, 1.5)]).view(1, -1)
     module = _jit_activation_module(dtype)
-    wide = silu_and_mul(x)
-    module._set_launch_override(0, 2)
+    module._set_launch_variant(EXACT, 0)  # the 16-byte default is fast math
     try:
+        wide = silu_and_mul(x)
+        module._set_launch_override(0, 2)
         narrow = silu_and_mul(x)
     finally:
         module._set_launch_override(0, 0)
+        module._set_launch_variant(0, 0)
     assert torch.equal(wide.view(torch.int16), narrow.view(torch.int16))
     finite = torch.isfinite(x[:, : gate.numel()])
     assert_matches_reference(

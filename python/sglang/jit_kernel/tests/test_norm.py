@@ -884,9 +884,10 @@ def test_qknorm_across_heads_decode_no_slower_path():
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fused_inplace_qknorm_across_heads(q, k, qw, kw)
         torch.cuda.synchronize()
-    kernels = [
-        e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and "norm_rows_kernel" in e.name
-    ]
+    cuda_events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    if not cuda_events:  # CUPTI cannot trace here (e.g. under compute-sanitizer): nothing to count
+        pytest.skip("the profiler recorded no CUDA events (CUPTI unavailable, e.g. under compute-sanitizer)")
+    kernels = [e for e in cuda_events if "norm_rows_kernel" in e.name]
     assert len(kernels) == 1, [e.name for e in kernels]
 
 
