@@ -26,8 +26,8 @@
 // of 256-thread CTAs, launches of a wave or two take the largest CTAs that keep the SMs evenly
 // loaded (gated_act_threads). gridDim.y is capped at 65535; CTAs then stride over row groups.
 // Offsets are 64-bit throughout (any element count). Benchmark-only variants of the 16-byte kernel
-// (two rows per thread, evict_last loads, exact math, pipelined rows, checked fast silu) are selected
-// by set_gated_act_launch_variant.
+// (two rows per thread, evict_last loads, exact math, pipelined rows, checked fast silu, logistic
+// gelu / gelu_tanh) are selected by set_gated_act_launch_variant.
 //
 // Expert filter (MoE): with expert_ids, row t is computed only if expert_ids[t / expert_step] !=
 // -1; a filtered row reads its id and nothing else, and its out row is not written.
@@ -173,6 +173,56 @@ SGL_DEVICE float activate_fast(float g) {
   }
 }
 
+/// kGatedActLogistic's activations (16-bit gelu_tanh and gelu): act = g * sigmoid(z(g)) = g / (1 + 2^t),
+/// t = -log2(e) * z(g), by one ex2.approx.ftz and one rcp.approx.ftz, FMAs, and no branch (all N gates of
+/// a vector interleave; activate_fast's per-gate fallback branch kept them one chain after another):
+///   gelu_tanh  z = 2 * inner = g * (2 kBeta + 2 kBeta kKappa g^2): 0.5 * (1 + tanh(y)) = sigmoid(2y)
+///              exactly, t = g * fma(g^2, b, a): 5 fp32 instructions and 2 MUFU per gate
+///   gelu       z = logit(Phi(g)) by a polynomial fit (below): 10 fp32 instructions and 2 MUFU per gate
+///              (erff: about 24 and 1)
+/// Error (PTX bounds: ex2.approx 2 ulps relative, rcp.approx 1 ulp; the rest rounds once per
+/// instruction). g > 0: e = 2^t <= 1 enters damped by e / (1 + e) <= 1/2, so act is within 8 fp32
+/// ulps of the exact value (rcp, 1 + e, the product, ex2, the fit), against the window of 8 ulps
+/// around a 16-bit rounding midpoint inside which the test accepts either rounding. g < 0: the
+/// relative error grows with |t| (t's own rounding is ln2 * |t| ulps of 2^t): at most 30 ulps for
+/// -3 < g < 0 and 2^-24 * |g| absolute below; the documented fp32 formula is off by up to 180 ulps
+/// there (1 + tanh / 1 + erf cancel), and where that makes it misround an fp16 gate (gelu, 3 gates near
+/// -3) this rounds like the float64 value. Both checked on every 16-bit gate with the MUFU errors at
+/// every corner of their bounds (and twice the bounds) by scripts/gelu_logistic_fit.py, on the GPU by
+/// test_logistic_every_16_bit_gate. Special values: e = +inf (t >= 128) or 1 + e >= 2^126 (rcp's flush
+/// to zero) give act = g * 0 = -0, where the formula's 1 + tanh / 1 + erf is already 0 (g below about
+/// -4.5 / -5.5); g = +inf gives +inf, g = -inf NaN (inf * 0, as (0.5 * g) * (1 + tanh) = -inf * 0), NaN
+/// gives NaN.
+template <GatedActivation kAct>
+SGL_DEVICE float activate_logistic(float g) {
+  static_assert(kAct != GatedActivation::kSilu, "silu keeps activate_fast");
+  constexpr double kLog2e = 1.4426950408889634;
+  const float s = __fmul_rn(g, g);
+  float q;
+  if constexpr (kAct == GatedActivation::kGeluTanh) {
+    constexpr double kBeta = 0.7978845608f;  // the formula's fp32 constants (activate)
+    constexpr double kKappa = 0.044715f;
+    constexpr float kA = static_cast<float>(-2.0 * kBeta * kLog2e);
+    constexpr float kB = static_cast<float>(-2.0 * kBeta * kKappa * kLog2e);
+    q = __fmaf_rn(s, kB, kA);
+  } else {
+    // Q(u) = sum c_i u^i with g * Q(g^2) ~= -log2(e) * logit(Phi(g)) (Phi the standard normal CDF,
+    // gelu(g) = g * Phi(g)): a degree-6 weighted minimax fit on |g| <= 6 of the error dz in
+    // z = logit(Phi), held to Phi(-|g|) * |dz| <= 2^-23 (the relative error of g * sigmoid(z) for g > 0)
+    // and |dz| <= 2^-19.4 for |g| <= 3.6 (the relative error for g < 0, where fp16 rounds finer than
+    // the test's cancellation slack); scripts/gelu_logistic_fit.py makes and checks it. Q < 0 for every
+    // u >= 0 (no root): beyond the fit range z keeps growing with |g| (sigmoid -> 0 / 1, as Phi), and a
+    // Horner sum that overflows is -inf (finite coefficients: no inf - inf, no NaN).
+    constexpr float c0 = -2.3022103f, c1 = -0.104828656f, c2 = 8.634846e-05f, c3 = 0.00016279597f;
+    constexpr float c4 = -1.20163695e-05f, c5 = 4.2690567e-07f, c6 = -6.336741e-09f;
+    q = __fmaf_rn(s, __fmaf_rn(s, __fmaf_rn(s, __fmaf_rn(s, __fmaf_rn(s, __fmaf_rn(s, c6, c5), c4), c3), c2), c1), c0);
+  }
+  float e, r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(__fmul_rn(g, q)));
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(__fadd_rn(1.0f, e)));
+  return __fmul_rn(g, r);
+}
+
 /// kGatedActCheckedFast's tolerance: fp32 bit patterns by which silu_rcp_quotient(g) may differ from
 /// activate<kSilu>(g). Both divide the same d = 1 + expf(-g) (expf itself, bit-identical); the exact
 /// quotient is correctly rounded (<= 0.5 ulp), g * rcp.approx(d) within 1 ulp (rcp) + 0.5 ulp (the
@@ -257,7 +307,8 @@ SGL_DEVICE void activate_vector(const float (&g)[N], float (&act)[N]) {
 
 /// out[i] = round(float(round(act(float(gate[i])))) * float(up[i])) for the N elements of one vector.
 /// 16-bit types convert pairs (one packed conversion instruction per two elements).
-template <GatedActivation kAct, bool kFast, typename T, std::size_t N, bool kChecked = false>
+/// kLogistic (16-bit T, N even, gelu / gelu_tanh): activate_logistic instead of activate_vector.
+template <GatedActivation kAct, bool kFast, typename T, std::size_t N, bool kChecked = false, bool kLogistic = false>
 SGL_DEVICE device::AlignedVector<T, N> act_and_mul(
     const device::AlignedVector<T, N>& gate, const device::AlignedVector<T, N>& up) {
   device::AlignedVector<T, N> out;
@@ -281,7 +332,10 @@ SGL_DEVICE device::AlignedVector<T, N> act_and_mul(
       g[i] = pair.x;
       g[i + 1] = pair.y;
     }
-    if constexpr (kChecked && !kFast && kAct == GatedActivation::kSilu) {
+    if constexpr (kLogistic && kAct != GatedActivation::kSilu) {
+#pragma unroll
+      for (std::size_t i = 0; i < N; ++i) act[i] = activate_logistic<kAct>(g[i]);
+    } else if constexpr (kChecked && !kFast && kAct == GatedActivation::kSilu) {
       silu_checked_fast_vector<T>(g, act);
     } else {
       activate_vector<kAct, kFast && !std::is_same_v<T, fp32_t>>(g, act);
@@ -327,12 +381,17 @@ SGL_DEVICE bool gated_act_row_kept(const GatedActParams& params, int64_t row) {
 ///   kGatedActCheckedFast  16-bit silu: the fast-math activation where its 16-bit rounding provably
 ///                      equals the documented one, the exact one elsewhere (silu_checked_fast_vector):
 ///                      bit-identical to the default; gelu / gelu_tanh and fp32 ignore the bit
+///   kGatedActLogistic  16-bit gelu_tanh and gelu: g * sigmoid(z(g)) by one ex2 and one rcp, branch-free
+///                      (activate_logistic: 7 + 2 MUFU instructions per gelu_tanh gate against about 25
+///                      and a branch for kGatedActFastMath, 12 against about 30 for gelu's erff); the
+///                      same contract as kGatedActFastMath; opt-in A/B (silu and fp32 ignore the bit)
 inline constexpr int kGatedActPlain = 0;
 inline constexpr int kGatedActPairRows = 1;
 inline constexpr int kGatedActEvictLast = 2;
 inline constexpr int kGatedActFastMath = 4;
 inline constexpr int kGatedActPipelined = 8;
 inline constexpr int kGatedActCheckedFast = 16;
+inline constexpr int kGatedActLogistic = 64;
 /// Not a kernel bit: _set_launch_variant(32, _) runs kGatedActPlain where the default would run
 /// kGatedActFastMath (the exact-libm default before 2026-12-01), for old-vs-new rows and bit tests.
 inline constexpr int kGatedActExact = 32;
@@ -342,7 +401,8 @@ inline constexpr int kGatedActExact = 32;
 /// k + 1 of each pair of iterations, both rows' loads first). Threads past the row's last vector
 /// idle.
 /// Registers (bf16, sm_90): 16-byte silu 44 (5 resident 256-thread CTAs), gelu / gelu_tanh 34, fast
-/// math 32; a cap of 40 (__launch_bounds__(512, 3)) spilled silu's 16-byte build, so there is none.
+/// math 32, logistic gelu / gelu_tanh 32; a cap of 40 (__launch_bounds__(512, 3)) spilled silu's
+/// 16-byte build, so there is none.
 template <typename T, int kVecN, GatedActivation kAct, int kVariant>
 __global__ void __launch_bounds__(GatedActConfig::kMaxThreads) gated_act_and_mul_kernel(const GatedActParams params) {
   using vec_t = device::AlignedVector<T, kVecN>;
@@ -351,6 +411,7 @@ __global__ void __launch_bounds__(GatedActConfig::kMaxThreads) gated_act_and_mul
   constexpr bool kFast = (kVariant & kGatedActFastMath) != 0;
   constexpr bool kPipelined = (kVariant & kGatedActPipelined) != 0;
   constexpr bool kChecked = (kVariant & kGatedActCheckedFast) != 0;
+  constexpr bool kLogistic = (kVariant & kGatedActLogistic) != 0;
   const int64_t vec = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;  // vector index inside a row
   const int64_t row_step = int64_t{gridDim.y} * blockDim.y;
   device::pdl_wait_primary();  // before the first global access: the rows and ids may be the previous kernel's
@@ -379,9 +440,12 @@ __global__ void __launch_bounds__(GatedActConfig::kMaxThreads) gated_act_and_mul
         load(next_gate, input + next * params.input_stride);
         load(next_up, input + next * params.input_stride + params.hidden_size);
       }
-      if (keep) act_and_mul<kAct, kFast, T, kVecN, kChecked>(gate, up).store(out + row * params.out_stride, vec);
+      if (keep) {
+        act_and_mul<kAct, kFast, T, kVecN, kChecked, kLogistic>(gate, up).store(out + row * params.out_stride, vec);
+      }
       if (keep_next) {
-        act_and_mul<kAct, kFast, T, kVecN, kChecked>(next_gate, next_up).store(out + next * params.out_stride, vec);
+        act_and_mul<kAct, kFast, T, kVecN, kChecked, kLogistic>(next_gate, next_up)
+            .store(out + next * params.out_stride, vec);
       }
     }
   } else if constexpr (kPipelined) {
@@ -400,7 +464,9 @@ __global__ void __launch_bounds__(GatedActConfig::kMaxThreads) gated_act_and_mul
         load(next_gate, input + next * params.input_stride);
         load(next_up, input + next * params.input_stride + params.hidden_size);
       }
-      if (keep) act_and_mul<kAct, kFast, T, kVecN, kChecked>(gate, up).store(out + row * params.out_stride, vec);
+      if (keep) {
+        act_and_mul<kAct, kFast, T, kVecN, kChecked, kLogistic>(gate, up).store(out + row * params.out_stride, vec);
+      }
       gate = next_gate;
       up = next_up;
       keep = keep_next;
@@ -412,7 +478,7 @@ __global__ void __launch_bounds__(GatedActConfig::kMaxThreads) gated_act_and_mul
       vec_t gate, up;
       load(gate, gate_row);
       load(up, gate_row + params.hidden_size);
-      act_and_mul<kAct, kFast, T, kVecN, kChecked>(gate, up).store(out + row * params.out_stride, vec);
+      act_and_mul<kAct, kFast, T, kVecN, kChecked, kLogistic>(gate, up).store(out + row * params.out_stride, vec);
     }
   }
 }
@@ -567,6 +633,9 @@ template <typename T, int kVecN, GatedActivation kAct>
 void launch_gated_act(GatedActParams params, DLDevice device, bool pdl) {
   if constexpr (kVecN * sizeof(T) == 16) {
     int64_t variant = gated_act_override().variant;
+    // The logistic bit: 16-bit gelu / gelu_tanh only; silu and fp32 run their default without it.
+    constexpr bool kLogistic16 = !std::is_same_v<T, fp32_t> && kAct != GatedActivation::kSilu;
+    if constexpr (!kLogistic16) variant &= ~int64_t{kGatedActLogistic};
     // The default: fast math for 16-bit silu / gelu_tanh (gelu keeps erff: no fast build), else plain.
     constexpr bool kFastDefault = !std::is_same_v<T, fp32_t> && kAct != GatedActivation::kGelu;
     if (variant == kGatedActPlain && kFastDefault) variant = kGatedActFastMath;
@@ -609,6 +678,11 @@ void launch_gated_act(GatedActParams params, DLDevice device, bool pdl) {
         break;
       case kGatedActEvictLast:
         return launch_gated_act_variant<T, kVecN, kAct, kGatedActEvictLast>(params, device, pdl);
+      case kGatedActLogistic:
+        if constexpr (kLogistic16) {
+          return launch_gated_act_variant<T, kVecN, kAct, kGatedActLogistic>(params, device, pdl);
+        }
+        break;
       case kGatedActFastMath:
         if constexpr (!std::is_same_v<T, fp32_t>) {
           return launch_gated_act_variant<T, kVecN, kAct, kGatedActFastMath>(params, device, pdl);
@@ -780,8 +854,9 @@ inline void set_gated_act_launch_override(int64_t threads, int64_t vec_bytes) {
 /// Benchmark hook (bench_activation.py, old-vs-new rows): the kernel variant of later 16-byte
 /// launches of this module (0 plain, 1 pair rows, 2 loads evict_last, 4 fast math, 5 pair rows + fast
 /// math, 6 fast math + evict_last, 8 pipelined rows, 12 pipelined + fast math, 16 checked fast silu,
-/// 17 pair rows + checked fast silu, 24 pipelined + checked fast silu; fp32 ignores the fast-math and
-/// checked-fast bits, gelu and gelu_tanh the checked-fast bit) and whether the CTA size follows
+/// 17 pair rows + checked fast silu, 24 pipelined + checked fast silu, 64 logistic gelu / gelu_tanh;
+/// fp32 ignores the fast-math, checked-fast and logistic bits, gelu and gelu_tanh the checked-fast bit,
+/// silu the logistic bit) and whether the CTA size follows
 /// 9f465cb's rule (old_geometry != 0). (0, 0) is the default; (1, 1) is 9f15607's large-T kernel and
 /// launch exactly (the same SASS and grid), (5, 1) that code with fast math.
 inline void set_gated_act_launch_variant(int64_t variant, int64_t old_geometry) {
@@ -791,8 +866,9 @@ inline void set_gated_act_launch_variant(int64_t variant, int64_t old_geometry) 
           variant == (kGatedActFastMath | kGatedActEvictLast) || variant == kGatedActPipelined ||
           variant == (kGatedActPipelined | kGatedActFastMath) || variant == kGatedActCheckedFast ||
           variant == (kGatedActPairRows | kGatedActCheckedFast) ||
-          variant == (kGatedActPipelined | kGatedActCheckedFast) || variant == kGatedActExact,
-      "_set_launch_variant: variant must be 0, 1, 2, 4, 5, 6, 8, 12, 16, 17, 24 or 32, got ",
+          variant == (kGatedActPipelined | kGatedActCheckedFast) || variant == kGatedActExact ||
+          variant == kGatedActLogistic,
+      "_set_launch_variant: variant must be 0, 1, 2, 4, 5, 6, 8, 12, 16, 17, 24, 32 or 64, got ",
       variant);
   gated_act_override().variant = variant;
   gated_act_override().old_geometry = old_geometry != 0;
