@@ -46,6 +46,8 @@ CANCEL_ULPS = {"silu": 0, "gelu": 4, "gelu_tanh": 4}
 #: _set_launch_variant value of the exact-libm 16-byte kernels (the default of 16-bit silu / gelu_tanh
 #: at 16-byte vectors is fast math).
 EXACT = 32
+#: _set_launch_variant value of the logistic 16-bit gelu / gelu_tanh (opt-in; silu and fp32 ignore it).
+LOGISTIC = 64
 
 
 # ---------------------------------------------------------------------------------------------
@@ -60,16 +62,30 @@ def spacing(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.exp2(exponent - mantissa_bits)
 
 
-def reference_pair(name: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def activation_float64(name: str, gate: torch.Tensor) -> torch.Tensor:
+    """``act(gate)`` in float64 without the fp32 formula's cancellation (gelu by erfc, gelu_tanh and
+    silu as ``g * sigmoid(z)``): the value the fp32 formula approximates."""
+    g = gate.double()
+    if name == "silu":
+        return g * torch.sigmoid(g)
+    if name == "gelu":
+        return g * 0.5 * torch.special.erfc(-g * 0.7071067811865476)
+    return g * torch.sigmoid(2 * 0.7978845608 * (g + 0.044715 * g**3))
+
+
+def reference_pair(
+    name: str, x: torch.Tensor, act: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(expected, alternative, ambiguous)`` for ``x = [..., 2H]``.
 
     ``expected = round(float(round(act)) * up)`` with ``act`` the fp32 activation written as the
-    kernel computes it (activation_reference). Where ``act`` lies within a few fp32 ulps of a
-    rounding midpoint of the dtype (``ambiguous``), a kernel whose libm differs by an ulp rounds the
-    activation the other way: ``alternative`` is the product of that other rounding.
+    kernel computes it (activation_reference), unless given. Where ``act`` lies within a few fp32 ulps
+    of a rounding midpoint of the dtype (``ambiguous``), a kernel whose libm differs by an ulp rounds
+    the activation the other way: ``alternative`` is the product of that other rounding.
     """
     h = x.shape[-1] // 2
-    act = activation_reference(name, x[..., :h])  # fp32
+    if act is None:
+        act = activation_reference(name, x[..., :h])  # fp32
     up = x[..., h:].float()
     near = act.to(x.dtype)
     other = (2 * act.double() - near.double()).to(x.dtype)  # the neighbour across the midpoint, if near it
@@ -80,10 +96,10 @@ def reference_pair(name: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return expected, alternative, ambiguous & (other != near)
 
 
-def assert_matches_reference(name: str, out: torch.Tensor, x: torch.Tensor) -> None:
-    """Every element of ``out`` within ULPS[dtype] of the reference (or, where the activation's
-    rounding is ambiguous, of the alternative), plus the cancellation slack; NaN never passes."""
-    expected, alternative, ambiguous = reference_pair(name, x)
+def matches(name: str, out: torch.Tensor, x: torch.Tensor, act: torch.Tensor | None = None) -> torch.Tensor:
+    """Per element: within ULPS[dtype] of the reference (or, where the activation's rounding is
+    ambiguous, of the alternative), plus the cancellation slack; NaN never passes."""
+    expected, alternative, ambiguous = reference_pair(name, x, act)
     h = x.shape[-1] // 2
     slack = CANCEL_ULPS[name] * 2.0**-24 * (x[..., :h].double() * x[..., h:].double()).abs()
     budget = ULPS[out.dtype] * spacing(expected, out.dtype) + slack
@@ -92,7 +108,17 @@ def assert_matches_reference(name: str, out: torch.Tensor, x: torch.Tensor) -> N
     alt_budget = ULPS[out.dtype] * spacing(alternative, out.dtype) + slack
     ok |= ambiguous & ((got - alternative.double()).abs() <= alt_budget)
     ok |= got == expected.double()  # equal infinities (an overflowing product)
-    ok &= ~torch.isnan(got)
+    return ok & ~torch.isnan(got)
+
+
+def assert_matches_reference(name: str, out: torch.Tensor, x: torch.Tensor, or_float64: bool = False) -> None:
+    """Every element of ``out`` matches the fp32 reference (``matches``). With ``or_float64`` an element
+    may instead match the float64 activation the same way: where the fp32 formula cancels (1 + erf,
+    1 + tanh for gate << 0) it can misround a 16-bit gate that a more accurate kernel rounds right."""
+    expected, _, _ = reference_pair(name, x)
+    ok = matches(name, out, x)
+    if or_float64:
+        ok |= matches(name, out, x, activation_float64(name, x[..., : x.shape[-1] // 2]))
     if not bool(ok.all()):
         bad = (~ok).nonzero()[:4].tolist()
         first = tuple(bad[0])
@@ -236,18 +262,36 @@ def test_forced_geometries_agree(dtype, threads, vec_bytes):
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize(
     "variant,old_geometry",
-    [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (4, 0), (6, 0), (5, 1), (8, 0), (12, 0), (16, 0), (17, 1), (24, 0)],
+    [
+        (0, 0),
+        (0, 1),
+        (1, 0),
+        (1, 1),
+        (2, 0),
+        (4, 0),
+        (6, 0),
+        (5, 1),
+        (8, 0),
+        (12, 0),
+        (16, 0),
+        (17, 1),
+        (24, 0),
+        (LOGISTIC, 0),
+    ],
 )
 def test_launch_variants(dtype, variant, old_geometry):
     """The benchmark's old-vs-new variants of 16-byte launches (_set_launch_variant): pair rows, evict_last
     loads, 9f465cb's CTA-size rule, pipelined rows (8) and the checked fast silu (16, 17, 24) compute the
     same bits as the exact variant (32); fast math (4, 5, 6, 12, and the default 0 of 16-bit silu /
-    gelu_tanh; fp32 ignores the bit, gelu has no fast build) stays within the ulp check. Cases cover
-    one-shot grids past 4 waves (pair rows on), several chunks per row, row groups and narrow vectors."""
+    gelu_tanh; fp32 ignores the bit, gelu has no fast build) stays within the ulp check, as does the
+    logistic gelu / gelu_tanh (64; silu runs its default, fp32 ignores the bit), which may also round as
+    the float64 activation. Cases cover one-shot grids past 4 waves (pair rows on), several chunks per
+    row, row groups and narrow vectors."""
     from sglang.jit_kernel.activation import _jit_activation_module
 
     module = _jit_activation_module(dtype)
-    exact = (variant != 0 and variant & 4 == 0) or dtype == torch.float32
+    logistic = variant == LOGISTIC and dtype != torch.float32
+    exact = (variant not in (0, LOGISTIC) and variant & 4 == 0) or dtype == torch.float32
     for num_tokens, hidden_size in [(1, 14336), (64, 14336), (2100, 14336), (129, 64), (4097, 4), (7, 1234)]:
         x = make_input((num_tokens, 2 * hidden_size), dtype)
         for name in NAMES:
@@ -261,10 +305,10 @@ def test_launch_variants(dtype, variant, old_geometry):
                 got = OPS[name](x)
             finally:
                 module._set_launch_variant(0, 0)
-            if exact or name == "gelu":
+            if exact or (name == "gelu" and not logistic):
                 assert torch.equal(got, expected), (name, num_tokens, hidden_size)
             else:
-                assert_matches_reference(name, got, x)
+                assert_matches_reference(name, got, x, or_float64=logistic)
 
 
 @requires_cuda
@@ -300,6 +344,42 @@ def test_fast_math_every_16_bit_gate(dtype):
             assert_matches_reference(name, OPS[name](x), x)
         finally:
             module._set_launch_variant(0, 0)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_logistic_every_16_bit_gate(dtype):
+    """The logistic gelu / gelu_tanh (variant 64) on every finite 16-bit gate, 16-byte vectors forced
+    (one row of 65k gates would otherwise narrow to 4-byte, exact vectors under the decode rule):
+    gelu_tanh against the fp32 reference as the fast-math default is held to; gelu against it or the
+    float64 activation (the fp32 formula's 1 + erf cancels near gate -3, where it misrounds 3 fp16
+    gates that the fit rounds as float64 does: scripts/gelu_logistic_fit.py). Non-finite gates give the
+    exact variant's values (NaN where it has NaN)."""
+    from sglang.jit_kernel.activation import _jit_activation_module
+
+    bits = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
+    every = bits.view(dtype)
+    gate = every[torch.isfinite(every)].cuda()
+    gate = gate[: gate.numel() // 8 * 8]
+    x = torch.cat([gate, torch.full_like(gate, 1.5)]).view(1, -1)
+    special = every[~torch.isfinite(every)].cuda()
+    y = torch.cat([special, torch.full_like(special, 1.5)]).view(1, -1)
+    module = _jit_activation_module(dtype)
+    for name in ("gelu_tanh", "gelu"):
+        try:
+            module._set_launch_override(0, 16)
+            module._set_launch_variant(EXACT, 0)
+            exact_special = OPS[name](y)
+            module._set_launch_variant(LOGISTIC, 0)
+            got = OPS[name](x)
+            got_special = OPS[name](y)
+        finally:
+            module._set_launch_variant(0, 0)
+            module._set_launch_override(0, 0)
+        assert_matches_reference(name, got, x, or_float64=name == "gelu")
+        nan = torch.isnan(exact_special)
+        assert torch.equal(torch.isnan(got_special), nan)  # NaN where the exact kernel has NaN (any payload)
+        assert torch.equal(got_special[~nan], exact_special[~nan])
 
 
 @requires_cuda
@@ -755,6 +835,8 @@ def test_ffi_rejects_mismatches_from_cpp():
         module._set_launch_variant(3, 0)
     with pytest.raises(RuntimeError, match="_set_launch_variant: variant"):
         module._set_launch_variant(20, 0)
+    with pytest.raises(RuntimeError, match="_set_launch_variant: variant"):
+        module._set_launch_variant(LOGISTIC | 1, 0)  # the logistic bit alone
 
 
 if __name__ == "__main__":
