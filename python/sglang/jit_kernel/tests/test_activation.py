@@ -316,7 +316,8 @@ def test_launch_variants(dtype, variant, old_geometry):
 def test_fast_math_every_16_bit_gate(dtype):
     """The default (fast math at 16-byte vectors) and the fast-math variant (4) on every finite
     16-bit gate, against the reference; non-finite gates give the exact variant's values (NaN where
-    it has NaN)."""
+    it has NaN). 16-byte vectors forced: the one row of 65k gates has fewer vectors than the decode
+    rule's 128 threads per SM on GPUs of 64+ SMs, which would run it on 4-byte, exact vectors."""
     from sglang.jit_kernel.activation import _jit_activation_module
 
     bits = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
@@ -328,22 +329,26 @@ def test_fast_math_every_16_bit_gate(dtype):
     special = special[: special.numel() // 8 * 8]
     y = torch.cat([special, torch.full_like(special, 1.5)]).view(1, -1)
     module = _jit_activation_module(dtype)
-    for name in ("silu", "gelu_tanh"):
-        module._set_launch_variant(EXACT, 0)
-        try:
-            exact_special = OPS[name](y)
-        finally:
-            module._set_launch_variant(0, 0)
-        assert_matches_reference(name, OPS[name](x), x)
-        got_special = OPS[name](y)
-        nan = torch.isnan(exact_special)
-        assert torch.equal(torch.isnan(got_special), nan)  # NaN where the exact kernel has NaN (any payload)
-        assert torch.equal(got_special[~nan], exact_special[~nan])
-        module._set_launch_variant(4, 0)
-        try:
+    module._set_launch_override(0, 16)
+    try:
+        for name in ("silu", "gelu_tanh"):
+            module._set_launch_variant(EXACT, 0)
+            try:
+                exact_special = OPS[name](y)
+            finally:
+                module._set_launch_variant(0, 0)
             assert_matches_reference(name, OPS[name](x), x)
-        finally:
-            module._set_launch_variant(0, 0)
+            got_special = OPS[name](y)
+            nan = torch.isnan(exact_special)
+            assert torch.equal(torch.isnan(got_special), nan)  # NaN where the exact kernel has NaN (any payload)
+            assert torch.equal(got_special[~nan], exact_special[~nan])
+            module._set_launch_variant(4, 0)
+            try:
+                assert_matches_reference(name, OPS[name](x), x)
+            finally:
+                module._set_launch_variant(0, 0)
+    finally:
+        module._set_launch_override(0, 0)
 
 
 @requires_cuda
@@ -429,6 +434,7 @@ def test_silu_every_16_bit_gate(dtype):
     module = _jit_activation_module(dtype)
     module._set_launch_variant(EXACT, 0)  # the 16-byte default is fast math
     try:
+        module._set_launch_override(0, 16)  # one row of 65k gates: the decode rule would narrow it
         wide = silu_and_mul(x)
         module._set_launch_override(0, 2)
         narrow = silu_and_mul(x)
