@@ -10,10 +10,12 @@ call at T = 1, and the issue's targets checked against this run.
 
 Last, the launch variants (``_set_launch_variant``) side by side: the default (16-bit silu /
 gelu_tanh: fast math, ex2/rcp approximations), the exact-libm kernel that was the default before,
-9f465cb's pair rows, pipelined rows, the checked fast silu; cold and one input.
+9f465cb's pair rows, pipelined rows, the checked fast silu, the opt-in logistic gelu / gelu_tanh (64);
+cold and one input.
 
 ``python bench_activation.py --sweep`` times forced CTA sizes and vector widths against the
 heuristic's choice (the launch hook ``_set_launch_override``).
+``python bench_activation.py --variants`` prints the launch-variant rows alone.
 """
 
 from __future__ import annotations
@@ -161,13 +163,15 @@ def expert_filter_rows() -> list[BenchRow]:
 #: 2026-12-01 the default of 16-bit silu / gelu_tanh 16-byte launches is fast math (4); 32 is the
 #: exact-libm kernel that was the default before, (1, 1) its pair rows under 9f465cb's CTA-size rule
 #: (the code of 9f15607), 12 pipelined rows with fast math, 16 the checked fast silu (bit-identical
-#: to 32; other ops ignore the bit and are not timed under it).
+#: to 32; other ops ignore the bit and are not timed under it), 64 the logistic gelu / gelu_tanh
+#: (opt-in candidate for their default: one ex2 + one rcp per gate, branch-free; silu ignores the bit).
 VARIANTS = {
     "jit": (0, 0),
     "jit exact (old default)": (32, 0),
     "jit 9f465cb (pairs, old CTAs)": (1, 1),
     "jit pipelined + fast math": (12, 0),
     "jit checked fast silu": (16, 0),
+    "jit logistic gelu/gelu_tanh (64)": (64, 0),
 }
 
 
@@ -190,6 +194,8 @@ def variant_rows() -> list[BenchRow]:
                         continue  # gelu's default is the exact kernel: same kernel code
                     if op != "silu_and_mul" and variant & 16:
                         continue  # the checked-fast bit is silu's only: same kernel code
+                    if op == "silu_and_mul" and variant & 64:
+                        continue  # silu ignores the logistic bit: its default kernel
                     module._set_launch_variant(variant, old_geometry)
                     call = lambda x, o, fn=fn: fn(x, o)
                     rows += [
@@ -307,6 +313,10 @@ def main() -> None:
     roof = copy_roof_gbps()
     if "--sweep" in sys.argv:
         print(format_rows(sweep_rows(), roof))
+        return
+    if "--variants" in sys.argv:  # the A/B rows alone (a short device session)
+        print("# launch variants (old vs new in one run; 'jit' = the default)")
+        print(format_rows(variant_rows(), roof))
         return
     eager, eager_us = eager_table()
     print(eager)
