@@ -383,9 +383,11 @@ SGL_DEVICE bool gated_act_row_kept(const GatedActParams& params, int64_t row) {
 ///                      equals the documented one, the exact one elsewhere (silu_checked_fast_vector):
 ///                      bit-identical to the default; gelu / gelu_tanh and fp32 ignore the bit
 ///   kGatedActLogistic  16-bit gelu_tanh and gelu: g * sigmoid(z(g)) by one ex2 and one rcp, branch-free
-///                      (activate_logistic: 7 + 2 MUFU instructions per gelu_tanh gate against about 25
-///                      and a branch for kGatedActFastMath, 12 against about 30 for gelu's erff); the
-///                      same contract as kGatedActFastMath; opt-in A/B (silu and fp32 ignore the bit)
+///                      (activate_logistic; bf16 SASS from the loads to the store: 16.9 instructions
+///                      per gelu_tanh gate against 39 with 4 branch ones for kGatedActFastMath, 22
+///                      against 36 for gelu's erff, docs/perf_notes.md); the contract of
+///                      kGatedActFastMath (gelu: or the float64 value's rounding); opt-in A/B, no
+///                      default (silu and fp32 ignore the bit)
 inline constexpr int kGatedActPlain = 0;
 inline constexpr int kGatedActPairRows = 1;
 inline constexpr int kGatedActEvictLast = 2;
