@@ -35,8 +35,12 @@ _SPLIT_MAX_CTAS = 64
 #: MoeAlignSplitConfig::kMaxExperts: wider rows run the one-CTA kernel under "split" too.
 _SPLIT_MAX_EXPERTS = 1024
 #: The kernel variants of ``moe_align_block_size(..., _variant=...)``: None (the default) picks
-#: "split" from SPLIT_MIN_NUMEL routed ids (and at most 1024 experts), else "single" (one CTA).
-VARIANTS = (None, "single", "split")
+#: "split" from SPLIT_MIN_NUMEL routed ids (and at most 1024 experts), else "single" (one CTA);
+#: "small" (opt-in, not picked by the default yet) is the one-CTA algorithm with fewer barriers,
+#: PDL and its stores split over a few CTAs (docs/perf_notes.md, "moe_align small"); its A/B knobs,
+#: read by the launcher at each call (so at graph capture): SGLANG_MOE_ALIGN_SMALL_CTAS=1..8 forces
+#: the CTA count, SGLANG_MOE_ALIGN_SMALL_PDL=0 launches it without PDL (the same bits either way).
+VARIANTS = (None, "single", "split", "small")
 #: From this many routed ids the default runs "split" (bench_moe, 2026-12-01, 257 experts, block 64:
 #: one CTA 5.67 / 7.55 / 43.69 us at 8 / 512 / 32768 ids, split 7.10 / 8.60 / 8.95 us; the one-CTA
 #: time grows ~1.1 us per 1000 ids, so they cross near 3000).
@@ -50,7 +54,8 @@ def _jit_moe_align_module() -> Module:
         "moe_align",
         cuda_files=["moe/moe_align.cuh"],
         cuda_wrappers=[(f"moe_align_block_size_{s}", f"moe_align_block_size<{t}>") for s, t in _SUFFIX.values()]
-        + [(f"moe_align_block_size_split_{s}", f"moe_align_block_size_split<{t}>") for s, t in _SUFFIX.values()],
+        + [(f"moe_align_block_size_split_{s}", f"moe_align_block_size_split<{t}>") for s, t in _SUFFIX.values()]
+        + [(f"moe_align_block_size_small_{s}", f"moe_align_block_size_small<{t}>") for s, t in _SUFFIX.values()],
     )
 
 
@@ -100,6 +105,8 @@ def _launch(
         # The count table of the split variant (scratch: any contents; the caching allocator, no launch).
         name = f"moe_align_block_size_split_{_SUFFIX[topk_ids.dtype][0]}"
         scratch = (torch.empty(_SPLIT_MAX_CTAS * num_experts, dtype=torch.int32, device=topk_ids.device),)
+    elif variant == "small":
+        name = f"moe_align_block_size_small_{_SUFFIX[topk_ids.dtype][0]}"
     getattr(_jit_moe_align_module(), name)(
         topk_ids,
         num_experts,
@@ -224,7 +231,10 @@ def moe_align_block_size(
         ``SPLIT_MIN_NUMEL`` (3072) routed ids with at most 1024 experts, else ``"single"``;
         ``"single"`` one CTA, one launch; ``"split"`` two launches over up to 64 CTAs (a per-CTA count
         table in a scratch tensor from the caching allocator, then a stable scatter; the same bits;
-        rows of more than 1024 experts run ``"single"``). Under ``torch.compile`` the default runs.
+        rows of more than 1024 experts run ``"single"``); ``"small"`` one launch (PDL) of up to 8 CTAs
+        that each compute the whole layout and split the stores, two barriers after the ids arrive
+        (the same bits; rows of more than 1024 experts run ``"single"``; meant for decode sizes, not
+        picked by the default). Under ``torch.compile`` the default runs.
 
     Returns
     -------

@@ -66,17 +66,13 @@ struct MoeAlignConfig {
 constexpr uint32_t kFullMask = 0xffffffffu;
 
 /// Loads the tile of `warp_begin`'s range starting at flat index `tile`: lane `lane` gets the ids
-/// at tile + u * 32 + lane (u < kItems) as expert numbers, -1 for an id outside [0, num_experts)
-/// or a position at or past `warp_end`. Coalesced: a step reads 32 consecutive ids.
-template <typename T>
+/// at tile + u * 32 + lane (u < kItems, the array's length) as expert numbers, -1 for an id outside
+/// [0, num_experts) or a position at or past `warp_end`. Coalesced: a step reads 32 consecutive ids.
+template <typename T, int32_t kItems>
 SGL_DEVICE void load_tile(
-    const MoeAlignParams<T>& p,
-    int32_t tile,
-    int32_t warp_end,
-    int32_t lane,
-    int32_t (&expert)[MoeAlignConfig::kItems]) {
+    const MoeAlignParams<T>& p, int32_t tile, int32_t warp_end, int32_t lane, int32_t (&expert)[kItems]) {
 #pragma unroll
-  for (int32_t u = 0; u < MoeAlignConfig::kItems; ++u) {
+  for (int32_t u = 0; u < kItems; ++u) {
     const int32_t i = tile + u * device::kWarpThreads + lane;
     expert[u] = -1;
     if (i < warp_end) {
@@ -700,6 +696,289 @@ void moe_align_block_size_split(
       moe_align_count_kernel<T>, q);
   LaunchKernel(static_cast<uint32_t>(q.num_ctas), Split::kThreads, device, static_cast<std::size_t>(scatter_bytes))
       .enable_pdl(true)(scatter, q);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Opt-in variant "small" (moe_align_block_size(..., _variant="small")): the one-CTA algorithm with
+// a shorter chain of dependent steps, for decode sizes (up to a few thousand ids). The same bits.
+//   - PDL: the shared-memory clear and the barrier after it come before griddepcontrol.wait (no
+//     global access there); the next kernel is released right after the wait.
+//   - The padding past the worst-case total, [max_padded, sorted_len) (data-independent: 97 % of
+//     sorted_token_ids at 8 ids in sglang's sizing), is stored while the ids are in flight.
+//   - Two barriers after the ids arrive, not five: the histogram also counts into one totals row,
+//     so one warp scans the padded totals (a lane per run of experts, no barrier inside) while the
+//     other warps turn the per-warp rows into prefixes over the warps.
+//   - expert_ids and each segment's padding are written per expert (no binary search per block).
+//   - num_ctas CTAs (host: ~kSlotsPerCta slots each, with padding) each compute the whole layout
+//     (the same values in each) and split the stores: CTA c scatters the ranges of the warps w with
+//     w % num_ctas == c; experts and the tail are spread over every CTA's warps and threads. The
+//     stores of one CTA were ~65 KB at decode sizes (sglang's sorted_token_ids of numel + 257 * 63).
+// Rows of at most kMaxExperts experts (else the one-CTA kernel runs). Why each step should be
+// faster, and the estimates to check: docs/perf_notes.md ("moe_align small").
+// ---------------------------------------------------------------------------------------------
+
+struct MoeAlignSmallConfig {
+  static constexpr uint32_t kThreads = 512;
+  static constexpr int32_t kWarps = kThreads / device::kWarpThreads;
+  static constexpr int32_t kItems = 8;  // a 256-id register tile: one tile per warp up to 4096 ids
+  static constexpr int32_t kTile = kItems * device::kWarpThreads;
+  static constexpr int32_t kScanWarp = kWarps - 1;                 // sorts only from 481 ids: free early at decode
+  static constexpr int64_t kMinIdsPerWarp = device::kWarpThreads;  // 512 ids: one step per warp
+  static constexpr int64_t kSlotsPerCta = 4096;                    // 16 KiB of sorted_token_ids
+  static constexpr int64_t kMaxCtas = 8;
+  static constexpr int64_t kMaxExperts = 1024;
+};
+
+template <typename T>
+struct MoeAlignSmallParams {
+  MoeAlignParams<T> base;  // sort_warps <= kWarps, ids_per_warp a multiple of 32
+  int32_t max_padded;      // numel + min(numel, num_experts) * (block_size - 1) >= the padded total
+  int32_t num_ctas;        // CTAs splitting the stores, in [1, kMaxCtas]
+};
+
+/// value into ptr[begin, end) by `threads` threads, this one `t` of them (a grid-stride loop):
+/// 16-byte stores on the aligned middle. cta_fill with the thread count a parameter.
+SGL_DEVICE void grid_fill(int32_t* ptr, int64_t begin, int64_t end, int32_t value, int64_t t, int64_t threads) {
+  if (begin >= end) return;
+  const auto misalign = static_cast<int64_t>((reinterpret_cast<std::uintptr_t>(ptr + begin) / sizeof(int32_t)) % 4);
+  const int64_t head_end = std::min(end, begin + (4 - misalign) % 4);
+  const int64_t num_vec = (end - head_end) / 4;
+  const int64_t tail_begin = head_end + num_vec * 4;
+  if (t < head_end - begin) ptr[begin + t] = value;
+  if (t < end - tail_begin) ptr[tail_begin + t] = value;
+  int4* vec = reinterpret_cast<int4*>(ptr + head_end);
+  const int4 v4 = make_int4(value, value, value, value);
+  for (int64_t i = t; i < num_vec; i += threads) vec[i] = v4;
+}
+
+/// Dynamic shared memory: rank [sort_warps, num_experts] | totals [num_experts] | starts [num_experts + 1].
+template <typename T>
+__global__ void __launch_bounds__(MoeAlignSmallConfig::kThreads)
+    moe_align_small_kernel(const MoeAlignSmallParams<T> q) {
+  using Config = MoeAlignSmallConfig;
+  constexpr int32_t kItems = Config::kItems, kTile = Config::kTile;
+  extern __shared__ int32_t smem[];
+  const MoeAlignParams<T>& p = q.base;
+  const int32_t num_experts = p.num_experts;
+  int32_t* rank = smem;                                 // [sort_warps, num_experts]
+  int32_t* totals = smem + p.sort_warps * num_experts;  // [num_experts]
+  int32_t* starts = totals + num_experts;               // [num_experts + 1]
+
+  const auto tid = static_cast<int32_t>(threadIdx.x);
+  const auto cta = static_cast<int32_t>(blockIdx.x);
+  const int32_t lane = tid % device::kWarpThreads, warp = tid / device::kWarpThreads;
+  const int64_t gtid = int64_t{cta} * Config::kThreads + tid;
+  const int64_t gthreads = int64_t{q.num_ctas} * Config::kThreads;
+  const bool sorter = warp < p.sort_warps;
+  const bool scatters = sorter && warp % q.num_ctas == cta;  // this CTA stores this warp's ids
+  // The host picks ids_per_warp so that every sorting warp's range is non-empty.
+  const int32_t warp_begin = warp * p.ids_per_warp;
+  const int32_t warp_end = sorter ? std::min(warp_begin + p.ids_per_warp, p.numel) : 0;
+  int32_t* my_rank = rank + warp * num_experts;  // [num_experts], this warp's row
+
+  // 0. Before the wait: shared memory only (the rows and the totals start at zero).
+  for (int32_t i = tid; i < (p.sort_warps + 1) * num_experts; i += Config::kThreads) smem[i] = 0;
+  __syncthreads();
+  device::pdl_wait_primary();  // the ids may be the previous kernel's output, the buffers its input
+  device::pdl_launch_dependents();
+  int32_t expert[kItems];
+  if (sorter) load_tile(p, warp_begin, warp_end, lane, expert);
+  if (p.pad_sorted_token_ids) grid_fill(p.sorted_token_ids, q.max_padded, p.sorted_len, p.numel, gtid, gthreads);
+
+  // 1. Histogram: per warp (the rank rows) and per expert (the totals); atomics only count.
+  if (sorter) {
+    for (int32_t tile = warp_begin; tile < warp_end; tile += kTile) {
+      if (tile != warp_begin) load_tile(p, tile, warp_end, lane, expert);
+#pragma unroll
+      for (int32_t u = 0; u < kItems; ++u) {
+        if (tile + u * device::kWarpThreads >= warp_end) break;  // warp-uniform
+        if (expert[u] >= 0) {
+          atomicAdd(&my_rank[expert[u]], 1);
+          atomicAdd(&totals[expert[u]], 1);
+        }
+      }
+    }
+  }
+  __syncthreads();
+
+  // 2. One warp: starts = exclusive scan of the padded totals. Lane l owns the run [l * per, l * per
+  // + per); per is odd so the lanes' k-th entries fall in 32 distinct banks. The other warps
+  // meanwhile: per expert, the rows become exclusive prefixes over the warps. Loads are grouped
+  // ahead of the stores in source order: the compiler cannot tell the rows apart (one extern
+  // array), so an interleaved load / store loop would pay one shared-memory latency per entry.
+  if (warp == Config::kScanWarp) {
+    constexpr int32_t kGroup = 8;
+    const int32_t per = ((num_experts + device::kWarpThreads - 1) / device::kWarpThreads) | 1;
+    const int32_t lo = std::min(lane * per, num_experts), hi = std::min(lo + per, num_experts);
+    const int32_t round = p.block_size - 1;
+    int32_t local = 0;
+    for (int32_t i = lo; i < hi; i += kGroup) {
+#pragma unroll
+      for (int32_t k = 0; k < kGroup; ++k) {
+        if (i + k < hi) local += (totals[i + k] + round) & ~round;
+      }
+    }
+    int32_t inclusive = local;
+#pragma unroll
+    for (int32_t offset = 1; offset < device::kWarpThreads; offset <<= 1) {
+      const int32_t v = __shfl_up_sync(kFullMask, inclusive, offset);
+      if (lane >= offset) inclusive += v;
+    }
+    int32_t run = inclusive - local;
+    for (int32_t i = lo; i < hi; i += kGroup) {
+      int32_t padded[kGroup];
+#pragma unroll
+      for (int32_t k = 0; k < kGroup; ++k) padded[k] = i + k < hi ? (totals[i + k] + round) & ~round : 0;
+#pragma unroll
+      for (int32_t k = 0; k < kGroup; ++k) {
+        if (i + k < hi) starts[i + k] = run;
+        run += padded[k];
+      }
+    }
+    if (lane == device::kWarpThreads - 1) starts[num_experts] = inclusive;  // the padded total
+  } else {
+    for (int32_t e = tid; e < num_experts; e += Config::kThreads - device::kWarpThreads) {
+      int32_t count[Config::kWarps];
+#pragma unroll
+      for (int32_t w = 0; w < Config::kWarps; ++w) count[w] = w < p.sort_warps ? rank[w * num_experts + e] : 0;
+      int32_t run = 0;
+#pragma unroll
+      for (int32_t w = 0; w < Config::kWarps; ++w) {
+        if (w < p.sort_warps) rank[w * num_experts + e] = run;
+        run += count[w];
+      }
+    }
+  }
+  __syncthreads();
+  const int32_t total = starts[num_experts];
+
+  // 3. Scatter (as the one-CTA kernel), by the CTA warp % num_ctas.
+  if (scatters) {
+    const uint32_t lower_lanes = (1u << lane) - 1u;
+    const bool one_tile = warp_end - warp_begin <= kTile;  // registers still hold it
+    for (int32_t tile = warp_begin; tile < warp_end; tile += kTile) {
+      if (!one_tile) load_tile(p, tile, warp_end, lane, expert);
+#pragma unroll
+      for (int32_t u = 0; u < kItems; ++u) {
+        if (tile + u * device::kWarpThreads >= warp_end) break;  // warp-uniform: no lane is left in a sync
+        const int32_t e = expert[u];
+        const uint32_t peers = ballot_peers(e, num_experts, p.peer_bits);  // not match: as "split"
+        const int32_t leader = __ffs(peers) - 1;
+        int32_t base = 0;
+        if (lane == leader && e >= 0) {
+          base = starts[e] + my_rank[e];
+          my_rank[e] += __popc(peers);
+        }
+        base = __shfl_sync(kFullMask, base, leader);
+        const int32_t slot = base + __popc(peers & lower_lanes);
+        if (e >= 0 && slot < p.sorted_len) p.sorted_token_ids[slot] = tile + u * device::kWarpThreads + lane;
+        __syncwarp();  // this step's rank update is seen by the next step's leader
+      }
+    }
+  }
+
+  // 3'. Per expert, a warp of the grid: the expert of its blocks, the free slots of its last block.
+  const int32_t block_shift = __ffs(p.block_size) - 1;
+  const int32_t grid_warps = q.num_ctas * Config::kWarps;
+  for (int32_t e = cta * Config::kWarps + warp; e < num_experts; e += grid_warps) {
+    const int32_t begin = starts[e], end = starts[e + 1];
+    const int64_t block_end = std::min<int64_t>(end >> block_shift, p.expert_ids_len);
+    for (int32_t b = (begin >> block_shift) + lane; b < block_end; b += device::kWarpThreads) p.expert_ids[b] = e;
+    if (p.pad_sorted_token_ids) {
+      for (int32_t s = begin + totals[e] + lane; s < end; s += device::kWarpThreads) p.sorted_token_ids[s] = p.numel;
+    }
+  }
+  // 3''. The tail up to the worst case (the rest was stored in step 0), cumsum_buffer, the total.
+  if (p.pad_sorted_token_ids) grid_fill(p.sorted_token_ids, total, q.max_padded, p.numel, gtid, gthreads);
+  for (int64_t e = gtid; e <= num_experts; e += gthreads) p.cumsum_buffer[e] = starts[e];
+  if (gtid == 0) *p.num_tokens_post_pad = total;
+}
+
+/// SGLANG_MOE_ALIGN_SMALL_CTAS=n (1 .. kMaxCtas) forces the "small" variant's CTA count (an A/B
+/// knob for bench_moe); unset or anything else: the launcher's choice.
+inline int64_t small_ctas_override() {
+  const char* value = std::getenv("SGLANG_MOE_ALIGN_SMALL_CTAS");
+  if (value == nullptr) return 0;
+  const long n = std::strtol(value, nullptr, 10);
+  return n >= 1 && n <= MoeAlignSmallConfig::kMaxCtas ? n : 0;
+}
+
+/// SGLANG_MOE_ALIGN_SMALL_PDL=0 launches the "small" variant without PDL (an A/B knob).
+inline bool small_pdl_enabled() {
+  const char* value = std::getenv("SGLANG_MOE_ALIGN_SMALL_PDL");
+  return value == nullptr || std::string_view(value) != "0";
+}
+
+/// moe_align_block_size with the "small" variant: the same contract and outputs (one launch of
+/// num_ctas CTAs with PDL). num_experts > MoeAlignSmallConfig::kMaxExperts runs the default kernel.
+template <typename T>
+void moe_align_block_size_small(
+    tvm::ffi::TensorView topk_ids,
+    int64_t num_experts,
+    int64_t block_size,
+    tvm::ffi::TensorView sorted_token_ids,
+    tvm::ffi::TensorView expert_ids,
+    tvm::ffi::TensorView num_tokens_post_pad,
+    tvm::ffi::TensorView cumsum_buffer,
+    bool pad_sorted_token_ids) {
+  using namespace host;
+  using Small = MoeAlignSmallConfig;
+  const auto loc = std::source_location::current();
+  if (num_experts > Small::kMaxExperts) {
+    return moe_align_block_size<T>(
+        topk_ids,
+        num_experts,
+        block_size,
+        sorted_token_ids,
+        expert_ids,
+        num_tokens_post_pad,
+        cumsum_buffer,
+        pad_sorted_token_ids);
+  }
+  // Validate, unwrap
+  MoeAlignParams<T> params;
+  DLDevice device;
+  if (!unwrap_moe_align<T>(
+          topk_ids,
+          num_experts,
+          block_size,
+          sorted_token_ids,
+          expert_ids,
+          num_tokens_post_pad,
+          cumsum_buffer,
+          pad_sorted_token_ids,
+          params,
+          device)) {
+    return;
+  }
+
+  // Configure: sorting warps of >= kMinIdsPerWarp ids; a CTA per ~kSlotsPerCta padded slots
+  const int64_t n = params.numel;
+  const int64_t wanted = std::clamp<int64_t>(div_ceil(n, Small::kMinIdsPerWarp), 1, Small::kWarps);
+  const int64_t ids_per_warp = div_ceil(div_ceil(n, wanted), int64_t{device::kWarpThreads}) * device::kWarpThreads;
+  const int64_t sort_warps = div_ceil(n, ids_per_warp);  // every sorting warp has ids
+  params.sort_warps = static_cast<int32_t>(sort_warps);
+  params.ids_per_warp = static_cast<int32_t>(ids_per_warp);
+  int64_t num_ctas = 1;  // without padding: ~numel stores, one CTA's worth
+  if (params.pad_sorted_token_ids) {
+    num_ctas = std::clamp<int64_t>(div_ceil(params.sorted_len, Small::kSlotsPerCta), 1, Small::kMaxCtas);
+  }
+  if (const int64_t forced = small_ctas_override(); forced > 0) num_ctas = forced;
+  const MoeAlignSmallParams<T> q{
+      .base = params,
+      .max_padded = static_cast<int32_t>(n + std::min(n, num_experts) * (block_size - 1)),
+      .num_ctas = static_cast<int32_t>(num_ctas),
+  };
+  const int64_t smem_bytes = ((sort_warps + 2) * num_experts + 1) * int64_t{sizeof(int32_t)};
+  const int64_t smem_limit =
+      detail::cached_device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device.device_id, loc);
+  RuntimeCheck(smem_bytes <= smem_limit, "moe_align small: ", smem_bytes, " bytes of shared memory > ", smem_limit);
+
+  // Launch
+  const auto kernel = moe_align_small_kernel<T>;
+  if (smem_bytes > MoeAlignConfig::kDefaultSmemBytes) allow_dynamic_smem(kernel, smem_bytes, device.device_id, loc);
+  LaunchKernel(static_cast<uint32_t>(num_ctas), Small::kThreads, device, static_cast<std::size_t>(smem_bytes))
+      .enable_pdl(small_pdl_enabled())(kernel, q);
 }
 
 }  // namespace
