@@ -41,9 +41,11 @@ class Outputs:
         self.views = [v for v, _ in pairs]
         self.buffers = [b for _, b in pairs]
 
-    def call(self, topk_ids, num_experts, block_size, pad):
+    def call(self, topk_ids, num_experts, block_size, pad, variant=None):
         sorted_ids, expert_ids, total, cumsum = self.views
-        moe_align_block_size(topk_ids, num_experts, block_size, sorted_ids, expert_ids, total, cumsum, pad)
+        moe_align_block_size(
+            topk_ids, num_experts, block_size, sorted_ids, expert_ids, total, cumsum, pad, _variant=variant
+        )
         return self
 
     def host(self):
@@ -60,11 +62,12 @@ def reference(topk_ids: torch.Tensor, num_experts: int, block_size: int):
     return members, np.concatenate([[0], np.cumsum(padded_counts)])
 
 
-def check(topk_ids, num_experts, block_size, pad=True, out=None, reference_experts=None):
-    """Runs the op and checks every output against the reference; returns the host outputs."""
+def check(topk_ids, num_experts, block_size, pad=True, out=None, reference_experts=None, variant=None):
+    """Runs the op (``_variant=variant``) and checks every output against the reference; returns the
+    host outputs."""
     numel = topk_ids.numel()
     out = out or Outputs(numel, num_experts, block_size)
-    sorted_ids, expert_ids, total, cumsum = out.call(topk_ids, num_experts, block_size, pad).host()
+    sorted_ids, expert_ids, total, cumsum = out.call(topk_ids, num_experts, block_size, pad, variant).host()
     members, starts = reference(topk_ids, reference_experts or num_experts, block_size)
     if reference_experts is not None:  # a larger count: its extra experts have empty segments
         starts = np.concatenate([starts, np.full(num_experts - reference_experts, starts[-1])])
@@ -361,14 +364,15 @@ def test_moe_align_peer_finders_agree(monkeypatch, num_tokens, topk, num_experts
 )
 @pytest.mark.parametrize("pad", [True, False])
 def test_moe_align_split_variant_bit_exact(num_tokens, topk, num_experts, block_size, pad):
-    """_variant="split" (count kernel + multi-CTA stable scatter) and "single" (one CTA): against the
-    reference, and the same bits as the default (which picks one of them by size) in every output
-    (padding and untouched slots included)."""
+    """_variant="split" (count kernel + multi-CTA stable scatter), "single" (one CTA) and "small"
+    (PDL, two barriers, stores split over CTAs): against the reference, and the same bits as the
+    default (which picks "single" or "split" by size) in every output (padding and untouched slots
+    included)."""
     ids = routed_ids(num_tokens, topk, 256 if num_experts == 257 else num_experts)
     if num_tokens >= 64:
         ids.view(-1)[::97] = -1  # skipped ids in several CTAs' chunks
     outs = []
-    for variant in (None, "single", "split"):
+    for variant in (None, "single", "split", "small"):
         out = Outputs(ids.numel(), num_experts, block_size)
         sorted_ids, expert_ids, total, cumsum = out.views
         moe_align_block_size(ids, num_experts, block_size, sorted_ids, expert_ids, total, cumsum, pad, _variant=variant)
@@ -395,3 +399,116 @@ def test_moe_align_split_variant_graph_and_bad_name():
     assert all(np.array_equal(a, b) for a, b in zip(ref, out.host()))
     with pytest.raises(ValueError, match="_variant value"):
         moe_align_block_size(ids, 257, 64, sorted_ids, expert_ids, total, cumsum, True, _variant="fast")
+
+
+# ---- the "small" variant (opt-in: PDL, two barriers after the ids arrive, stores over CTAs) ----
+def check_small_against_default(topk_ids, num_experts, block_size, pad=True, out_len=None):
+    """ "small" against the reference and bit for bit against the default (every output, padding
+    and untouched slots included, each inside its poisoned buffer)."""
+    numel = topk_ids.numel()
+    small_out = Outputs(numel, num_experts, block_size, sorted_len=out_len)
+    small = check(topk_ids, num_experts, block_size, pad, out=small_out, variant="small")
+    default = Outputs(numel, num_experts, block_size, sorted_len=out_len).call(topk_ids, num_experts, block_size, pad)
+    assert all(np.array_equal(a, b) for a, b in zip(small, default.host()))
+
+
+@requires_cuda
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+@pytest.mark.parametrize("num_tokens", TOKENS)
+@pytest.mark.parametrize("topk", TOPKS)
+@pytest.mark.parametrize("num_experts", EXPERTS)
+def test_moe_align_small_variant_grid(block_size, num_tokens, topk, num_experts):
+    """test_moe_align_grid's grid under _variant="small"."""
+    check_small_against_default(routed_ids(num_tokens, topk, num_experts), num_experts, block_size)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("pad", [False, True])
+def test_moe_align_small_variant_dtypes_skips_and_padding(dtype, pad):
+    """Both id dtypes, with and without the padding fill, with skipped ids (-1, num_experts, values
+    that wrap) and with nothing routed (total 0)."""
+    ids = routed_ids(129, 8, 64, dtype)
+    check_small_against_default(ids, 64, 64, pad)
+    flat = ids.view(-1)
+    flat[::5] = -1
+    flat[1::7] = 64
+    flat[2::11] = -(2**31) if dtype == torch.int32 else 2**32 + 3
+    check_small_against_default(ids, 64, 16, pad)
+    check_small_against_default(torch.full((7, 8), -1, dtype=dtype, device="cuda"), 64, 16, pad)
+
+
+@requires_cuda
+@pytest.mark.parametrize("num_experts", [1, 3, 257, 1024, 1025, 8192])
+@pytest.mark.parametrize("block_size", [1, 16, 256, 1024])
+@pytest.mark.parametrize("num_tokens", [1, 64, 384, 4096])
+def test_moe_align_small_variant_experts_blocks_sizes(num_experts, block_size, num_tokens):
+    """Few and many experts (1024: the opt-in shared memory; > 1024: the one-CTA kernel runs), any
+    block, 1 to 16 sorting warps, one to several register tiles per warp."""
+    topk = min(8, num_experts)
+    ids = routed_ids(num_tokens, topk, num_experts, seed=num_experts + num_tokens)
+    check_small_against_default(ids, num_experts, block_size)
+
+
+@requires_cuda
+@pytest.mark.parametrize("num_experts", [1, 64, 257])
+def test_moe_align_small_variant_skewed_and_tight(num_experts):
+    """Every id to one expert, a 90 % hot expert (many equal ids per warp step), buffers of exactly
+    the worst case (no slot past it: the early tail fill is empty) and a strided view."""
+    check_small_against_default(torch.full((64, 8), num_experts - 1, dtype=torch.int32, device="cuda"), num_experts, 64)
+    ids = routed_ids(384, 1, num_experts)
+    ids[torch.rand(ids.shape, device="cuda") < 0.9] = 0
+    check_small_against_default(ids, num_experts, 16)
+    wide = routed_ids(129, 11, 256)
+    view = wide[:, 2:10]
+    check_small_against_default(view, 257, 64, out_len=max_num_tokens_padded(view.numel(), 257, 64))
+
+
+@requires_cuda
+@pytest.mark.parametrize("ctas", ["1", "2", "3", "8"])
+@pytest.mark.parametrize("pdl", ["1", "0"])
+@pytest.mark.parametrize("num_tokens", [1, 64, 384])
+def test_moe_align_small_variant_forced_ctas_and_pdl(monkeypatch, ctas, pdl, num_tokens):
+    """SGLANG_MOE_ALIGN_SMALL_CTAS / _PDL (the bench's A/B knobs): any CTA count splits the stores
+    into the same bits, with and without PDL."""
+    monkeypatch.setenv("SGLANG_MOE_ALIGN_SMALL_CTAS", ctas)
+    monkeypatch.setenv("SGLANG_MOE_ALIGN_SMALL_PDL", pdl)
+    ids = routed_ids(num_tokens, 8, 256)
+    for pad in (True, False):
+        check_small_against_default(ids, 257, 64, pad)
+
+
+@requires_cuda
+def test_moe_align_small_variant_graph_after_producer():
+    """In a CUDA graph, behind the kernel that writes its ids (PDL: the ids are read only after the
+    wait) and twice back to back into the same buffers (the second call's stores come after the
+    first's): every replay equals the default on fresh ids."""
+    num_experts, block_size = 257, 64
+    source = routed_ids(64, 8, 256)
+    static_ids = torch.zeros_like(source)
+    out = Outputs(source.numel(), num_experts, block_size)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_ids.copy_(source.flip(0))
+        out.call(static_ids, num_experts, block_size, True, "small")
+        static_ids.copy_(source)  # the producer of the second call
+        out.call(static_ids, num_experts, block_size, True, "small")
+    for seed in (1, 2, 3):
+        source.copy_(routed_ids(64, 8, 256, seed=seed))
+        out.views[1].fill_(POISON)  # blocks past this replay's total keep what was there
+        graph.replay()
+        torch.cuda.synchronize()
+        expected = Outputs(source.numel(), num_experts, block_size).call(source, num_experts, block_size, True)
+        assert all(np.array_equal(a, b) for a, b in zip(out.host(), expected.host()))
+
+
+@requires_cuda
+def test_moe_align_variant_names():
+    """ "small" is accepted; an unknown or miscased name is a ValueError before any launch."""
+    ids = routed_ids(4, 8, 256)
+    out = Outputs(ids.numel(), 257, 64)
+    accepted = [t.copy() for t in check(ids, 257, 64, out=out, variant="small")]
+    for name in ("smal", "Small", ""):
+        with pytest.raises(ValueError, match=r"^moe_align_block_size: _variant value: expected one of "):
+            out.call(ids.flip(0), 257, 64, True, name)
+    assert all(np.array_equal(a, b) for a, b in zip(accepted, out.host())), "a refused call writes nothing"
