@@ -12,7 +12,11 @@ Old-vs-new rows in the same run: "jit v1" is the first routing engine
 (``SGLANG_MOE_ALIGN_PEERS=match``), "jit smem" the routing kernels' shared-memory winners
 (``SGLANG_MOE_TOPK_WINNERS=smem``, the default before the register winners), "jit single" the
 one-CTA moe_align and "jit split" the two-launch multi-CTA one (``_variant=``; the default picks
-split from ``moe_align.SPLIT_MIN_NUMEL`` routed ids); "jit" is the default path. Bytes moved per call: num_tokens * (num_experts * gating element size
+split from ``moe_align.SPLIT_MIN_NUMEL`` routed ids); "jit small" the opt-in decode variant (PDL, two
+barriers after the ids arrive, stores over up to 8 CTAs), "jit small 1cta" it on one CTA
+(``SGLANG_MOE_ALIGN_SMALL_CTAS=1``) and "jit small nopdl" it without PDL
+(``SGLANG_MOE_ALIGN_SMALL_PDL=0``: the kernel alone, as the comparator launches); "jit" is the
+default path. Bytes moved per call: num_tokens * (num_experts * gating element size
 + topk * (4 + 4)) (read the logits, write fp32 weights and int32 ids); moe_sum_reduce
 (topk + 1) * num_tokens * hidden_size * element size (read every expert output, write the sum),
 against the device copy roof (% copy).
@@ -233,7 +237,8 @@ def sum_reduce_rows() -> list[BenchRow]:
     return rows
 
 
-ALIGN_TOKENS = get_benchmark_range(full_range=[1, 64, 4096], ci_range=[1, 4096])
+#: 384 tokens = 3072 ids, where the default switches from "single" to "split".
+ALIGN_TOKENS = get_benchmark_range(full_range=[1, 64, 384, 4096], ci_range=[1, 4096])
 
 
 def torch_align(ids, sorted_ids, expert_ids, total, cumsum, num_experts, block_size):
@@ -270,6 +275,17 @@ def align_rows() -> list[BenchRow]:
         ),
         "jit single": lambda *a: moe_align_block_size(*a[:1], num_experts, block_size, *a[1:], True, _variant="single"),
         "jit split": lambda *a: moe_align_block_size(*a[:1], num_experts, block_size, *a[1:], True, _variant="split"),
+        "jit small": lambda *a: moe_align_block_size(*a[:1], num_experts, block_size, *a[1:], True, _variant="small"),
+        "jit small 1cta": with_env(
+            "SGLANG_MOE_ALIGN_SMALL_CTAS",
+            "1",
+            lambda *a: moe_align_block_size(*a[:1], num_experts, block_size, *a[1:], True, _variant="small"),
+        ),
+        "jit small nopdl": with_env(
+            "SGLANG_MOE_ALIGN_SMALL_PDL",
+            "0",
+            lambda *a: moe_align_block_size(*a[:1], num_experts, block_size, *a[1:], True, _variant="small"),
+        ),
         "torch": lambda *a: torch_align(*a, num_experts, block_size),
         "torch.compile": lambda *a: compiled(*a, num_experts, block_size),
     }
@@ -302,7 +318,7 @@ def align_rows() -> list[BenchRow]:
             4 * (numel + sorted_len + blocks),
             rows,
             cold=t == ALIGN_TOKENS[-1],
-            one_input_only=("jit match", "jit single", "jit split"),
+            one_input_only=("jit match", "jit single", "jit split", "jit small", "jit small 1cta", "jit small nopdl"),
         )
     return rows
 
