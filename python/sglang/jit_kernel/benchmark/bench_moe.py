@@ -5,7 +5,8 @@ Rows: CUDA-graph median µs; "1 input" replays one input set (the issue's method
 input sets past the L2 size (timed at the largest token count of each op only, to keep the run
 short). Each row prints as soon as it is measured; the whole run stays under a minute on an H200
 (short graphs: ``BENCH_MOE_REP_MS`` ms per capture, 3 captures, the middle one reported; rows past
-``BENCH_MOE_BUDGET_S`` seconds are skipped with a note).
+``BENCH_MOE_BUDGET_S`` seconds are skipped with a note). ``BENCH_MOE_PARTS`` (comma-separated, default
+``routing,align,sum_reduce``) picks the groups of rows, e.g. ``align`` alone for the moe_align A/B.
 
 Old-vs-new rows in the same run: "jit v1" is the first routing engine
 (``SGLANG_MOE_ROUTING_ENGINE=1``), "jit match" the moe_align scatter with ``__match_any_sync``
@@ -55,6 +56,7 @@ TOPK = 8
 REP_MS = int(os.environ.get("BENCH_MOE_REP_MS", "4"))
 CAPTURES = 3
 BUDGET_S = float(os.environ.get("BENCH_MOE_BUDGET_S", "55"))
+PARTS = os.environ.get("BENCH_MOE_PARTS", "routing,align,sum_reduce").split(",")
 _START = time.monotonic()
 _ROOF: list[float] = []
 
@@ -327,5 +329,9 @@ if __name__ == "__main__":
     exit_unless_gpu("bench_moe.py")
     _ROOF.append(copy_roof_gbps())
     print(format_rows([], _ROOF[0]), flush=True)  # the header; rows follow as they are measured
-    all_rows = routing_rows() + align_rows() + sum_reduce_rows()
+    parts = {"routing": routing_rows, "align": align_rows, "sum_reduce": sum_reduce_rows}
+    unknown = [p for p in PARTS if p not in parts]
+    if unknown:
+        raise SystemExit(f"BENCH_MOE_PARTS: unknown part(s) {unknown}; expected some of {list(parts)}")
+    all_rows = [row for name, rows in parts.items() if name in PARTS for row in rows()]
     print(f"# {len(all_rows)} rows in {time.monotonic() - _START:.1f} s", flush=True)
