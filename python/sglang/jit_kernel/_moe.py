@@ -16,8 +16,12 @@ Any other value of that variable (unset, ``2``, ``x``, ``"1 "``) selects v2. Lik
 benchmark knobs: either engine gives correct results. Engine v2 rows of <= 256 experts keep the chosen experts in registers (the
 default: no shared memory, one predicated update per pick instead of a lane-divergent branch);
 ``SGLANG_MOE_TOPK_WINNERS=smem`` (exactly that value; read at each call) selects the shared-memory
-winners they used before (the same bits); any other value, or unset, keeps the default. It does not
-change what SGLANG_MOE_ROUTING_ENGINE selects.
+winners they used before (the same bits); ``SGLANG_MOE_TOPK_WINNERS=lookahead`` (exactly that value;
+opt-in, the same bits) the lookahead kernel: scoring options as whole-run loops (no branch per
+expert), each lane's next candidate computed while a step's warp reduction is in flight, the softmax
+denominator's butterfly overlapped with the steps, and the weights computed from the chosen keys kept in
+registers instead of a second read of the row (``benchmark/bench_moe.py`` rows "jit lookahead"); any
+other value, or unset, keeps the default. It does not change what SGLANG_MOE_ROUTING_ENGINE selects.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@
 #include <dlpack/dlpack.h>
 #include <string_view>
 #include <tvm/ffi/container/tensor.h>
+#include <type_traits>
 
 namespace moe_routing {
 
@@ -550,6 +551,247 @@ __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_kernel(
   }
 }
 
+/// The best (key, slot) of a run once slot `taken` is cleared, and the run with it cleared (`rest`):
+/// the lookahead kernel's next candidate of a lane, computed before it knows whether it won the
+/// step (what run_best gives after the winner clears its slot, so the same state evolves).
+template <int kPer>
+SGL_DEVICE void run_best_without(
+    const uint32_t (&key)[kPer], int32_t taken, uint32_t (&rest)[kPer], uint32_t& best_key, int32_t& best_slot) {
+#pragma unroll
+  for (int s = 0; s < kPer; ++s) rest[s] = s == taken ? 0u : key[s];
+  run_best<kPer>(rest, best_key, best_slot);
+}
+
+/// order_key(v) where `valid`, else 0, in selects and bit operations (order_key's early return
+/// and a select around it compile to a branch per slot).
+SGL_DEVICE uint32_t order_key_if(bool valid, float v) {
+  const uint32_t bits = __float_as_uint(v + 0.0f);                                              // -0 + 0 = +0
+  const uint32_t flip = static_cast<uint32_t>(static_cast<int32_t>(bits) >> 31) | 0x80000000u;  // ~ or | sign
+  const uint32_t key = v != v ? 1u : bits ^ flip;
+  return valid ? key : 0u;
+}
+
+/// v[slot] without dynamic register indexing (a select per slot).
+template <int kPer>
+SGL_DEVICE float run_pick(const float (&v)[kPer], int32_t slot) {
+  float picked = v[0];
+#pragma unroll
+  for (int s = 1; s < kPer; ++s) picked = s == slot ? v[s] : picked;
+  return picked;
+}
+
+/// Engine v2, lookahead variant (opt-in: SGLANG_MOE_TOPK_WINNERS=lookahead; kPer <= 8): the experts
+/// and weight bits of topk_rows_v2_kernel on a shorter dependent chain per row.
+/// - Scoring options are uniform branches around loops over the whole run (no per-slot branch), and
+///   the bias run is loaded next to the logits: a run's kPer chains are one block the compiler
+///   interleaves. Softcap and bias use __fmul_rn / __fadd_rn, the roundings of the default kernel
+///   (which keeps them apart in branches), whatever the compiler would contract here.
+/// - Each step first computes the lane's next candidate (its run without the current best), which
+///   needs no warp result, so the chain of a step is reduction -> ballot -> one select -> reduction;
+///   a lane knows it won from the ballot and the lanes below it (no bit reversal / find-first on the
+///   chain; the winner's lane index only feeds the shuffles).
+/// - The softmax denominator's butterfly runs one stage per step (the stages left when topk < 5 run
+///   after the steps), in reduce_sum's order.
+/// - Lane i keeps winner i's key, which order_key_value turns back into the logit it was made of
+///   (softmax: after softcap and bias; sigmoid without bias), so the weight needs no second read of
+///   the row. Sigmoid with a bias (key = sigmoid + bias) takes the winner's logit by a shuffle.
+/// - The renormalising butterfly skips its stages of mask >= topk: they add the +0 weights of lanes
+///   >= topk to lanes < topk (weights are never -0), which leaves them unchanged.
+/// - Grouped rows test "the lowest lane holding the top group key is in my group" from the ballot
+///   (no division by the lanes per group).
+template <typename T, int kPer>
+__global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_lookahead_kernel(const TopkRowsParams p) {
+  static_assert(kPer <= 8, "the lookahead kernel keeps two copies of a run's keys per step");
+  constexpr uint32_t kFull = 0xFFFFFFFFu;
+  const uint32_t lane = threadIdx.x % device::kWarpThreads;
+  const uint32_t lanes_below = (1u << lane) - 1u;  // ballot bits of the lanes below this one
+  const int64_t first_row = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / device::kWarpThreads;
+  const int64_t row_step = int64_t{gridDim.x} * blockDim.x / device::kWarpThreads;
+  const int32_t base = static_cast<int32_t>(lane) * kPer;
+  const bool softmax = p.scoring == kSoftmax;
+  const bool has_bias = p.bias != nullptr;
+  device::pdl_wait_primary();
+  device::pdl_launch_dependents();
+
+  for (int64_t row = first_row; row < p.num_tokens; row += row_step) {
+    const T* logits = static_cast<const T*>(p.gating) + row * p.gating_stride;
+    float x[kPer];  // the run's logits, NaN and experts past the row as -inf
+    load_run<T, kPer>(p, logits, base, x);
+    bool valid[kPer];
+    float bias[kPer];  // 0 past the row and without a bias
+#pragma unroll
+    for (int s = 0; s < kPer; ++s) {
+      valid[s] = base + s < p.num_experts;
+      bias[s] = 0.0f;
+    }
+    if (has_bias) {
+#pragma unroll
+      for (int s = 0; s < kPer; ++s) {
+        if (valid[s]) bias[s] = p.bias[base + s];
+      }
+    }
+
+    // Keys. Softmax: x becomes softcap(x) + bias on the row (past the row it stays -inf, so its
+    // exp(x - max) is +0: the sums below need no test). Sigmoid: sig = sigmoid(x) where a bias or the
+    // grouping needs it, score = sig + bias (NaN as -inf) for the group scores.
+    uint32_t key[kPer];
+    float sig[kPer];
+    float score[kPer];
+#pragma unroll
+    for (int s = 0; s < kPer; ++s) {
+      sig[s] = 0.0f;
+      score[s] = -INFINITY;
+    }
+    if (softmax) {
+      if (p.softcap > 0.0f) {
+#pragma unroll
+        for (int s = 0; s < kPer; ++s) {
+          const float capped = __fmul_rn(p.softcap, tanhf(x[s] / p.softcap));
+          x[s] = valid[s] ? capped : x[s];
+        }
+      }
+      if (has_bias) {
+#pragma unroll
+        for (int s = 0; s < kPer; ++s) x[s] = __fadd_rn(x[s], bias[s]);
+      }
+#pragma unroll
+      for (int s = 0; s < kPer; ++s) key[s] = order_key_if(valid[s], x[s]);
+    } else {
+      if (has_bias || p.num_groups > 1) {
+#pragma unroll
+        for (int s = 0; s < kPer; ++s) sig[s] = sigmoid(x[s]);
+      }
+      if (has_bias) {
+#pragma unroll
+        for (int s = 0; s < kPer; ++s) {
+          const float sb = __fadd_rn(sig[s], bias[s]);
+          key[s] = order_key_if(valid[s], sb);
+          score[s] = valid[s] && sb == sb ? sb : -INFINITY;
+        }
+      } else {
+#pragma unroll
+        for (int s = 0; s < kPer; ++s) {
+          key[s] = order_key_if(valid[s], x[s]);  // sigmoid is monotone: choose on the logit
+          score[s] = valid[s] ? sig[s] : -INFINITY;
+        }
+      }
+    }
+
+    // Grouped (sigmoid only): keep the topk_group best groups, clear the keys of the others.
+    if (p.num_groups > 1) {
+      const int32_t lanes_per_group = p.group_size / kPer;  // a power of two, >= 1
+      float first = -INFINITY, second = -INFINITY;
+#pragma unroll
+      for (int s = 0; s < kPer; ++s) {
+        second = fmaxf(second, fminf(first, score[s]));
+        first = fmaxf(first, score[s]);
+      }
+      for (int32_t m = 1; m < lanes_per_group; m *= 2) {  // merge the top-2 of the group's lanes
+        const float o1 = __shfl_xor_sync(kFull, first, m);
+        const float o2 = __shfl_xor_sync(kFull, second, m);
+        second = fmaxf(fminf(first, o1), fmaxf(second, o2));
+        first = fmaxf(first, o1);
+      }
+      const uint32_t group_lane = lane & ~static_cast<uint32_t>(lanes_per_group - 1);  // its first lane
+      const uint32_t below_group = (1u << group_lane) - 1u;
+      const uint32_t in_group = lanes_per_group >= 32 ? kFull : ((1u << lanes_per_group) - 1u) << group_lane;
+      const int32_t group = static_cast<int32_t>(group_lane) / lanes_per_group;
+      uint32_t gkey = group < p.num_groups ? order_key(p.group_size >= 2 ? first + second : first) : 0u;
+      bool kept = false;
+      for (int32_t i = 0; i < p.topk_group; ++i) {  // the lowest lane holding the top: the lower group
+        const uint32_t top = __reduce_max_sync(kFull, gkey);
+        const uint32_t holders = __ballot_sync(kFull, gkey == top);
+        const bool won = (holders & below_group) == 0 && (holders & in_group) != 0;
+        kept = kept || won;
+        gkey = won ? 0u : gkey;
+      }
+#pragma unroll
+      for (int s = 0; s < kPer; ++s) key[s] = kept ? key[s] : 0u;
+    }
+
+    uint32_t best_key;
+    int32_t best_slot;
+    run_best<kPer>(key, best_key, best_slot);
+    uint32_t top = __reduce_max_sync(kFull, best_key);
+
+    // Softmax statistics: the max is the first step's key; the lane's share of the denominator here,
+    // its butterfly inside the steps.
+    float row_max = 0.0f, row_sum = 0.0f;
+    if (softmax) {
+      row_max = order_key_value(top);
+#pragma unroll
+      for (int s = 0; s < kPer; ++s) row_sum += expf(x[s] - row_max);
+    }
+
+    // k selection steps; lane i keeps winner i (its expert, key and, sigmoid with a bias, logit).
+    // Lanes >= topk keep the first key and logit 0: finite weights, so their divisions take the
+    // fast path (a NaN would send them, and so the warp, through the division's slow path).
+    int32_t id = 0;
+    uint32_t my_key = top;
+    float my_logit = 0.0f;
+    const auto steps = [&](auto pick_logit) {
+      // The lane's next candidate (its run without its current best), for the first step; each
+      // step computes the next one right after issuing its reduction, which it does not wait for.
+      uint32_t rest[kPer];
+      uint32_t next_key;
+      int32_t next_slot;
+      run_best_without<kPer>(key, best_slot, rest, next_key, next_slot);
+      for (int32_t i = 0; i < p.topk; ++i) {
+        const bool holds = best_key == top;
+        const uint32_t holders = __ballot_sync(kFull, holds);
+        const bool mine = holds && (holders & lanes_below) == 0;
+        const uint32_t winner = static_cast<uint32_t>(__ffs(holders) - 1);
+        const int32_t expert = __shfl_sync(kFull, base + best_slot, winner);
+        float logit = 0.0f;
+        if constexpr (decltype(pick_logit)::value) logit = __shfl_sync(kFull, run_pick<kPer>(x, best_slot), winner);
+        best_key = mine ? next_key : best_key;
+        const uint32_t next_top = __reduce_max_sync(kFull, best_key);  // the last one unused: no branch
+        best_slot = mine ? next_slot : best_slot;
+#pragma unroll
+        for (int s = 0; s < kPer; ++s) key[s] = mine ? rest[s] : key[s];
+        run_best_without<kPer>(key, best_slot, rest, next_key, next_slot);
+        const bool record = lane == static_cast<uint32_t>(i);
+        id = record ? expert : id;
+        my_key = record ? top : my_key;
+        my_logit = record ? logit : my_logit;
+        const uint32_t mask = 16u >> i;  // i < 32: 16, 8, 4, 2, 1, then 0 (no stage)
+        const float other = __shfl_xor_sync(kFull, row_sum, mask);
+        row_sum = mask != 0 ? row_sum + other : row_sum;
+        top = next_top;
+      }
+    };
+    if (!softmax && has_bias) {
+      steps(std::true_type{});
+    } else {
+      steps(std::false_type{});
+    }
+    for (uint32_t mask = p.topk < 5 ? 16u >> p.topk : 0u; mask > 0; mask >>= 1) {
+      row_sum = row_sum + __shfl_xor_sync(kFull, row_sum, mask);
+    }
+
+    // Weights and output (lanes >= topk hold weight +0 for the renormalising sum).
+    float weight;
+    if (softmax) {
+      weight = expf(order_key_value(my_key) - row_max) / row_sum;
+    } else {
+      weight = sigmoid(has_bias ? my_logit : order_key_value(my_key));
+    }
+    weight = lane < static_cast<uint32_t>(p.topk) ? weight : 0.0f;
+    if (p.renormalize) {
+      float total = weight;
+      for (uint32_t mask = device::kWarpThreads / 2; mask > 0; mask >>= 1) {
+        if (mask < static_cast<uint32_t>(p.topk)) total = total + __shfl_xor_sync(kFull, total, mask);
+      }
+      // Lanes >= topk hold partial sums (0 possibly, a 0 / 0): they divide by 1 instead.
+      weight = weight / (lane < static_cast<uint32_t>(p.topk) ? total + p.renorm_eps : 1.0f);
+    }
+    if (lane < static_cast<uint32_t>(p.topk)) {
+      p.weights[row * p.weights_stride + lane] = weight * p.scale;
+      p.ids[row * p.ids_stride + lane] = id;
+    }
+  }
+}
+
 /// The run length of engine v2 for a row of `num_experts` (0: engine v2 does not take it).
 inline int32_t v2_run_length(const TopkRowsParams& params) {
   const int32_t e = params.num_experts;
@@ -570,13 +812,22 @@ inline int routing_engine() {
   return value != nullptr && value[0] == '1' && value[1] == '\0' ? 1 : 2;
 }
 
-/// Engine v2 rows of <= 256 experts use the register-winner variant (kRegWinners), the default: it
-/// won every row of bench_moe (1 / 64 / 4096 tokens, 128 / 256 experts, softmax, sigmoid, grouped).
-/// SGLANG_MOE_TOPK_WINNERS=smem (exactly that value; read at each call, so at graph capture) selects
-/// the shared-memory winners, for old-vs-new rows. Both give the same bits.
-inline bool topk_reg_winners() {
+/// The winner variant of engine v2 rows of <= 256 experts (kPer <= 8).
+enum class TopkWinners {
+  kRegs,       // topk_rows_v2_kernel<T, kPer, true>: the default
+  kSmem,       // topk_rows_v2_kernel<T, kPer, false>: the shared-memory winners, the old default
+  kLookahead,  // topk_rows_v2_lookahead_kernel: opt-in, a shorter chain per row
+};
+
+/// SGLANG_MOE_TOPK_WINNERS (read at each call, so at graph capture): exactly "smem" the
+/// shared-memory winners, exactly "lookahead" the lookahead kernel, anything else (or unset) the
+/// register winners, the default: it won every row of bench_moe (1 / 64 / 4096 tokens, 128 / 256
+/// experts, softmax, sigmoid, grouped). All three give the same bits.
+inline TopkWinners topk_winners() {
   const char* value = std::getenv("SGLANG_MOE_TOPK_WINNERS");
-  return value == nullptr || std::string_view(value) != "smem";
+  if (value == nullptr) return TopkWinners::kRegs;
+  const std::string_view v{value};
+  return v == "smem" ? TopkWinners::kSmem : v == "lookahead" ? TopkWinners::kLookahead : TopkWinners::kRegs;
 }
 
 template <typename T, int kPer>
@@ -588,9 +839,17 @@ void launch_topk_rows_v2(TopkRowsParams params, DLDevice device) {
   const int64_t blocks = div_ceil(params.num_tokens, int64_t{TopkRowsConfig::kWarps});
   const auto grid = static_cast<uint32_t>(std::min<int64_t>(blocks, TopkRowsConfig::kMaxBlocks));
   if constexpr (kPer <= 8) {
-    if (topk_reg_winners()) {
-      LaunchKernel(grid, TopkRowsConfig::kThreads, device).enable_pdl(true)(topk_rows_v2_kernel<T, kPer, true>, params);
-      return;
+    switch (topk_winners()) {
+      case TopkWinners::kRegs:
+        LaunchKernel(grid, TopkRowsConfig::kThreads, device)
+            .enable_pdl(true)(topk_rows_v2_kernel<T, kPer, true>, params);
+        return;
+      case TopkWinners::kLookahead:
+        LaunchKernel(grid, TopkRowsConfig::kThreads, device)
+            .enable_pdl(true)(topk_rows_v2_lookahead_kernel<T, kPer>, params);
+        return;
+      case TopkWinners::kSmem:
+        break;
     }
   }
   LaunchKernel(grid, TopkRowsConfig::kThreads, device).enable_pdl(true)(topk_rows_v2_kernel<T, kPer>, params);
