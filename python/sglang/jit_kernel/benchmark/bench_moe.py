@@ -11,7 +11,9 @@ short). Each row prints as soon as it is measured; the whole run stays under a m
 Old-vs-new rows in the same run: "jit v1" is the first routing engine
 (``SGLANG_MOE_ROUTING_ENGINE=1``), "jit match" the moe_align scatter with ``__match_any_sync``
 (``SGLANG_MOE_ALIGN_PEERS=match``), "jit smem" the routing kernels' shared-memory winners
-(``SGLANG_MOE_TOPK_WINNERS=smem``, the default before the register winners), "jit single" the
+(``SGLANG_MOE_TOPK_WINNERS=smem``, the default before the register winners), "jit lookahead" the
+opt-in lookahead kernel (``SGLANG_MOE_TOPK_WINNERS=lookahead``, the same bits; "1 input" and "cold"
+rows, the A/B for a default flip), "jit single" the
 one-CTA moe_align and "jit split" the two-launch multi-CTA one (``_variant=``; the default picks
 split from ``moe_align.SPLIT_MIN_NUMEL`` routed ids); "jit small" the opt-in decode variant (PDL, two
 barriers after the ids arrive, stores over up to 8 CTAs), "jit small 1cta" it on one CTA
@@ -161,6 +163,9 @@ def routing_rows() -> list[BenchRow]:
                     "jit": lambda w, i, g, f=jit: f(w, i, g),
                     "jit v1": with_env("SGLANG_MOE_ROUTING_ENGINE", "1", lambda w, i, g, f=jit: f(w, i, g)),
                     "jit smem": with_env("SGLANG_MOE_TOPK_WINNERS", "smem", lambda w, i, g, f=jit: f(w, i, g)),
+                    "jit lookahead": with_env(
+                        "SGLANG_MOE_TOPK_WINNERS", "lookahead", lambda w, i, g, f=jit: f(w, i, g)
+                    ),
                     "torch": eager,
                     "torch.compile": compiled,
                 }
@@ -186,6 +191,9 @@ def routing_rows() -> list[BenchRow]:
             ),
             "jit smem": with_env(
                 "SGLANG_MOE_TOPK_WINNERS", "smem", lambda g, b: grouped_topk(g, b, 8, 4, TOPK, True, 2.5)
+            ),
+            "jit lookahead": with_env(
+                "SGLANG_MOE_TOPK_WINNERS", "lookahead", lambda g, b: grouped_topk(g, b, 8, 4, TOPK, True, 2.5)
             ),
             "torch": torch_grouped,
             "torch.compile": compiled,

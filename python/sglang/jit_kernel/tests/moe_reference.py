@@ -23,6 +23,37 @@ def grid_logits(num_tokens: int, num_experts: int, dtype: torch.dtype, seed: int
     return (k.double() / 64).to(dtype).cuda()
 
 
+def edge_rows(num_tokens: int, num_experts: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    """randn logits [num_tokens >= 8, num_experts] whose first 8 rows are the cases where a different
+    order of the same fp32 operations shows: NaN logits, a row of only NaN (read as -inf), +inf and
+    -inf logits, a row of equal logits (all ties), +0 / -0 ties, a spread whose exp(x - max) runs
+    down through the subnormals to 0, a row of only -inf and logits of magnitude ~1e4 (inf in fp16)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    x = torch.randn(num_tokens, num_experts, generator=g)
+    x[0, ::3] = float("nan")
+    x[1] = float("nan")
+    x[2, 1 % num_experts] = float("inf")
+    x[2, 5 % num_experts] = float("-inf")
+    x[3] = 0.5
+    x[4, ::2] = -0.0
+    x[4, 1::2] = 0.0
+    x[5] = torch.linspace(-120.0, 0.0, num_experts)
+    x[6] = float("-inf")
+    x[7] = x[7] * 1e4
+    return x.to(dtype).cuda()
+
+
+def assert_same_bits(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """Two (weights, ids) results agree bit for bit: the same ids, NaN weights at the same places and
+    the same fp32 bits everywhere else (-0 and +0 differ)."""
+    assert torch.equal(a[1], b[1]), "ids differ"
+    nan = torch.isnan(a[0])
+    assert torch.equal(nan, torch.isnan(b[0])), "NaN weights at different places"
+    bits_a = a[0].masked_fill(nan, 0.0).contiguous().view(torch.int32)
+    bits_b = b[0].masked_fill(nan, 0.0).contiguous().view(torch.int32)
+    assert torch.equal(bits_a, bits_b), f"weights differ in {int((bits_a != bits_b).sum())} places"
+
+
 def select_topk(keys: torch.Tensor, k: int) -> torch.Tensor:
     """Indices [T, k] of the k largest keys per row in decreasing order, ties to the lower index, NaN
     below every number (NaNs among themselves by index)."""

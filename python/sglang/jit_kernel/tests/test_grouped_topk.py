@@ -4,7 +4,14 @@ ties, NaN, empty, determinism, graphs, compile, errors."""
 
 import pytest
 import torch
-from moe_reference import assert_routing_matches, grid_logits, grouped_reference, resolve_grouped_ambiguity
+from moe_reference import (
+    assert_routing_matches,
+    assert_same_bits,
+    edge_rows,
+    grid_logits,
+    grouped_reference,
+    resolve_grouped_ambiguity,
+)
 
 from sglang.jit_kernel.grouped_topk import grouped_topk
 from sglang.jit_kernel.testing import FLOAT_DTYPES, requires_cuda
@@ -196,3 +203,32 @@ def test_grouped_topk_reg_winners_variant_bit_exact(monkeypatch, shape, with_bia
     old = grouped_topk(randn, bias, groups, topk_group, topk, True, 2.5)
     assert torch.equal(new[1], old[1])
     assert torch.equal(new[0], old[0])
+
+
+@requires_cuda
+@pytest.mark.parametrize(
+    "shape",
+    [(256, 8, 4, 8), (256, 16, 4, 8), (64, 4, 2, 4), (64, 2, 1, 8), (8, 8, 8, 8), (128, 32, 4, 8), (160, 5, 2, 6)],
+)
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("renormalize", [False, True])
+def test_grouped_topk_lookahead_variant_bit_exact(monkeypatch, shape, with_bias, renormalize):
+    """SGLANG_MOE_TOPK_WINNERS=lookahead against the reference on grid logits and bit for bit against
+    the default on grid logits and randn rows led by edge rows; the shapes give 1, 2, 4 and 16 lanes
+    per group (the ballot test of the winning group) and runs of 1, 2, 4 and 8 experts."""
+    num_experts, groups, topk_group, topk = shape
+    scores = grid_logits(129, num_experts, torch.float32, seed=num_experts + groups)
+    bias = torch.randint(-8, 8, (num_experts,), device="cuda").float() / 8 if with_bias else None
+    rows = edge_rows(1031, num_experts, torch.float32, seed=num_experts + groups)
+    results = {}
+    for variant in ("default", "lookahead"):
+        if variant == "lookahead":
+            monkeypatch.setenv("SGLANG_MOE_TOPK_WINNERS", "lookahead")
+        else:
+            monkeypatch.delenv("SGLANG_MOE_TOPK_WINNERS", raising=False)
+        results[variant] = [
+            check(scores, bias, groups, topk_group, topk, renormalize, 2.5),
+            grouped_topk(rows, bias, groups, topk_group, topk, renormalize, 2.5),
+        ]
+    for a, b in zip(results["default"], results["lookahead"]):
+        assert_same_bits(a, b)

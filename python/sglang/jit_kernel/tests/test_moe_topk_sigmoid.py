@@ -4,7 +4,7 @@ determinism, graphs, compile, errors."""
 
 import pytest
 import torch
-from moe_reference import assert_routing_matches, grid_logits, sigmoid_reference
+from moe_reference import assert_routing_matches, assert_same_bits, edge_rows, grid_logits, sigmoid_reference
 
 from sglang.jit_kernel.moe_topk_sigmoid import topk_sigmoid
 from sglang.jit_kernel.testing import FLOAT_DTYPES, poisoned, requires_cuda
@@ -191,3 +191,33 @@ def test_topk_sigmoid_reg_winners_variant_bit_exact(monkeypatch, num_experts, op
     for a, b in zip(new, old):
         assert torch.equal(a[1], b[1])
         assert torch.equal(a[0], b[0])
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("num_experts", [8, 60, 128, 256, 257])
+@pytest.mark.parametrize("options", [(False, False), (True, False), (False, True), (True, True)])
+def test_topk_sigmoid_lookahead_variant_bit_exact(monkeypatch, dtype, num_experts, options):
+    """SGLANG_MOE_TOPK_WINNERS=lookahead against the reference on grid logits and bit for bit against
+    the default on grid logits, randn rows led by edge rows and a misaligned strided view, at topk 1,
+    4, 8, 17 and 32; without a bias the weight comes from the kept key, with one from the winner's
+    logit (a shuffle)."""
+    renormalize, with_bias = options
+    bias = (torch.randint(-32, 32, (num_experts,), device="cuda").float() / 32) if with_bias else None
+    gating = grid_logits(129, num_experts, dtype, seed=num_experts)
+    rows = edge_rows(1031, num_experts, dtype, seed=num_experts)
+    strided = torch.randn(67, num_experts + 3, device="cuda").to(dtype)[:, 1 : num_experts + 1]
+    topks = [k for k in (1, 4, 8, 17, 32) if k <= num_experts]
+    results = {}
+    for variant in ("default", "lookahead"):
+        if variant == "lookahead":
+            monkeypatch.setenv("SGLANG_MOE_TOPK_WINNERS", "lookahead")
+        else:
+            monkeypatch.delenv("SGLANG_MOE_TOPK_WINNERS", raising=False)
+        out = [check(gating, min(8, num_experts), renormalize, bias)]
+        for k in topks:
+            out.append(run(rows, k, renormalize, bias))
+            out.append(run(strided, k, renormalize, bias))
+        results[variant] = out
+    for a, b in zip(results["default"], results["lookahead"]):
+        assert_same_bits(a, b)

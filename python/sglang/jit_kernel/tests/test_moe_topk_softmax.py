@@ -4,7 +4,7 @@ compile, second GPU, errors."""
 
 import pytest
 import torch
-from moe_reference import assert_routing_matches, grid_logits, softmax_reference
+from moe_reference import assert_routing_matches, assert_same_bits, edge_rows, grid_logits, softmax_reference
 
 from sglang.jit_kernel.moe_topk_softmax import topk_softmax
 from sglang.jit_kernel.testing import FLOAT_DTYPES, poisoned, requires_cuda, requires_two_gpus
@@ -311,3 +311,34 @@ def test_topk_softmax_reg_winners_variant_bit_exact(monkeypatch, dtype, num_expe
     for a, b in ((new, old), (new_randn, old_randn)):
         assert torch.equal(a[1], b[1])
         assert torch.equal(a[0], b[0])
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("num_experts", [8, 60, 64, 128, 160, 256, 257])
+@pytest.mark.parametrize("options", [(False, 0.0, False), (True, 0.0, False), (False, 2.5, True), (True, 30.0, True)])
+def test_topk_softmax_lookahead_variant_bit_exact(monkeypatch, dtype, num_experts, options):
+    """SGLANG_MOE_TOPK_WINNERS=lookahead (engine v2 rows of <= 256 experts) against the reference on
+    grid logits, and bit for bit against the default on grid logits, on randn rows led by edge rows
+    (NaN, +-inf, ties, exp underflow) and on a misaligned strided view (the scalar loads), at every
+    topk path: 1 and 4 (butterfly stages of the denominator after the steps), 8, 17 and 32 (the
+    renormalising butterfly's skipped stages)."""
+    renormalize, softcap, with_bias = options
+    bias = (torch.randint(-32, 32, (num_experts,), device="cuda").float() / 32) if with_bias else None
+    gating = grid_logits(129, num_experts, dtype, seed=num_experts)
+    rows = edge_rows(1031, num_experts, dtype, seed=num_experts)
+    strided = torch.randn(67, num_experts + 3, device="cuda").to(dtype)[:, 1 : num_experts + 1]
+    topks = [k for k in (1, 4, 8, 17, 32) if k <= num_experts]
+    results = {}
+    for variant in ("default", "lookahead"):
+        if variant == "lookahead":
+            monkeypatch.setenv("SGLANG_MOE_TOPK_WINNERS", "lookahead")
+        else:
+            monkeypatch.delenv("SGLANG_MOE_TOPK_WINNERS", raising=False)
+        out = [check(gating, min(8, num_experts), renormalize, softcap, bias)]
+        for k in topks:
+            out.append(run(rows, k, renormalize, softcap, bias))
+            out.append(run(strided, k, renormalize, softcap, bias))
+        results[variant] = out
+    for a, b in zip(results["default"], results["lookahead"]):
+        assert_same_bits(a, b)
