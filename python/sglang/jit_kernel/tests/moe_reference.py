@@ -43,6 +43,15 @@ def edge_rows(num_tokens: int, num_experts: int, dtype: torch.dtype, seed: int =
     return x.to(dtype).cuda()
 
 
+def use_topk_winners(monkeypatch, variant: str) -> None:
+    """Selects the routing kernels' variant for the calls that follow: "default" clears
+    SGLANG_MOE_TOPK_WINNERS, any other name sets it (read at each call)."""
+    if variant == "default":
+        monkeypatch.delenv("SGLANG_MOE_TOPK_WINNERS", raising=False)
+    else:
+        monkeypatch.setenv("SGLANG_MOE_TOPK_WINNERS", variant)
+
+
 def assert_same_bits(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]) -> None:
     """Two (weights, ids) results agree bit for bit: the same ids, NaN weights at the same places and
     the same fp32 bits everywhere else (-0 and +0 differ)."""

@@ -11,6 +11,7 @@ from moe_reference import (
     grid_logits,
     grouped_reference,
     resolve_grouped_ambiguity,
+    use_topk_winners,
 )
 
 from sglang.jit_kernel.grouped_topk import grouped_topk
@@ -222,10 +223,7 @@ def test_grouped_topk_lookahead_variant_bit_exact(monkeypatch, shape, with_bias,
     rows = edge_rows(1031, num_experts, torch.float32, seed=num_experts + groups)
     results = {}
     for variant in ("default", "lookahead"):
-        if variant == "lookahead":
-            monkeypatch.setenv("SGLANG_MOE_TOPK_WINNERS", "lookahead")
-        else:
-            monkeypatch.delenv("SGLANG_MOE_TOPK_WINNERS", raising=False)
+        use_topk_winners(monkeypatch, variant)
         results[variant] = [
             check(scores, bias, groups, topk_group, topk, renormalize, 2.5),
             grouped_topk(rows, bias, groups, topk_group, topk, renormalize, 2.5),

@@ -4,7 +4,14 @@ determinism, graphs, compile, errors."""
 
 import pytest
 import torch
-from moe_reference import assert_routing_matches, assert_same_bits, edge_rows, grid_logits, sigmoid_reference
+from moe_reference import (
+    assert_routing_matches,
+    assert_same_bits,
+    edge_rows,
+    grid_logits,
+    sigmoid_reference,
+    use_topk_winners,
+)
 
 from sglang.jit_kernel.moe_topk_sigmoid import topk_sigmoid
 from sglang.jit_kernel.testing import FLOAT_DTYPES, poisoned, requires_cuda
@@ -210,10 +217,7 @@ def test_topk_sigmoid_lookahead_variant_bit_exact(monkeypatch, dtype, num_expert
     topks = [k for k in (1, 4, 8, 17, 32) if k <= num_experts]
     results = {}
     for variant in ("default", "lookahead"):
-        if variant == "lookahead":
-            monkeypatch.setenv("SGLANG_MOE_TOPK_WINNERS", "lookahead")
-        else:
-            monkeypatch.delenv("SGLANG_MOE_TOPK_WINNERS", raising=False)
+        use_topk_winners(monkeypatch, variant)
         out = [check(gating, min(8, num_experts), renormalize, bias)]
         for k in topks:
             out.append(run(rows, k, renormalize, bias))
