@@ -128,6 +128,18 @@ def assert_matches_reference(name: str, out: torch.Tensor, x: torch.Tensor, or_f
         )
 
 
+def every_gate_rows(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x, y)``: one ``[1, 2 * n]`` row of every finite 16-bit gate of ``dtype`` (a multiple of 8, so
+    16-byte vectors fit) with up = 1.5, and one of every non-finite gate (NaN, +-inf) likewise."""
+    bits = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
+    every = bits.view(dtype)
+    gate = every[torch.isfinite(every)].cuda()
+    gate = gate[: gate.numel() // 8 * 8]
+    special = every[~torch.isfinite(every)].cuda()
+    special = special[: special.numel() // 8 * 8]  # 256 (bf16) / 2048 (fp16): all of them
+    return tuple(torch.cat([g, torch.full_like(g, 1.5)]).view(1, -1) for g in (gate, special))
+
+
 def make_input(shape: tuple[int, ...], dtype: torch.dtype, scale: float = 3.0) -> torch.Tensor:
     """Gate and up values spread over the activations' curved range (|g| up to ~10)."""
     return (torch.randn(shape, device="cuda") * scale).to(dtype)
@@ -320,14 +332,7 @@ def test_fast_math_every_16_bit_gate(dtype):
     rule's 128 threads per SM on GPUs of 64+ SMs, which would run it on 4-byte, exact vectors."""
     from sglang.jit_kernel.activation import _jit_activation_module
 
-    bits = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
-    every = bits.view(dtype)
-    gate = every[torch.isfinite(every)].cuda()
-    gate = gate[: gate.numel() // 8 * 8]
-    x = torch.cat([gate, torch.full_like(gate, 1.5)]).view(1, -1)
-    special = every[~torch.isfinite(every)].cuda()
-    special = special[: special.numel() // 8 * 8]
-    y = torch.cat([special, torch.full_like(special, 1.5)]).view(1, -1)
+    x, y = every_gate_rows(dtype)
     module = _jit_activation_module(dtype)
     module._set_launch_override(0, 16)
     try:
@@ -362,13 +367,7 @@ def test_logistic_every_16_bit_gate(dtype):
     exact variant's values (NaN where it has NaN)."""
     from sglang.jit_kernel.activation import _jit_activation_module
 
-    bits = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
-    every = bits.view(dtype)
-    gate = every[torch.isfinite(every)].cuda()
-    gate = gate[: gate.numel() // 8 * 8]
-    x = torch.cat([gate, torch.full_like(gate, 1.5)]).view(1, -1)
-    special = every[~torch.isfinite(every)].cuda()
-    y = torch.cat([special, torch.full_like(special, 1.5)]).view(1, -1)
+    x, y = every_gate_rows(dtype)
     module = _jit_activation_module(dtype)
     for name in ("gelu_tanh", "gelu"):
         try:
