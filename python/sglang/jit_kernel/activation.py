@@ -246,11 +246,14 @@ _DOC_COMMON = """
 
     (torch's ``act(x[..., :H]) * x[..., H:]`` on tensors of the dtype). The fp32 arithmetic is done
     operation by operation as written in the summary line above, without fused multiply-adds, with
-    libm's ``expf`` / ``erff`` / ``tanhf``. Exception, for speed: float16 / bfloat16 ``silu`` and
-    ``gelu_tanh`` on rows that allow 16-byte vectors (the common, aligned case) take ``exp`` and the
-    reciprocal from the hardware approximations (ex2.approx, rcp.approx); the activation rounded to
-    the dtype is then the same except next to a rounding midpoint, where it may be its neighbour (one
-    ulp of the dtype; the tests check every 16-bit gate). Moves
+    libm's ``expf`` / ``erff`` / ``tanhf``. Exception, for speed: float16 / bfloat16 rows that allow
+    16-byte vectors (the common, aligned case) take ``exp`` and the reciprocal from the hardware
+    approximations (ex2.approx, rcp.approx): ``silu`` as written, ``gelu_tanh`` and ``gelu`` as
+    ``g * sigmoid(z)`` (``0.5 * (1 + tanh(y)) = sigmoid(2y)``; gelu's ``z = logit(Phi(g))`` by a
+    polynomial fit). The activation rounded to the dtype is then the same except next to a rounding
+    midpoint, where it may be its neighbour (one ulp of the dtype), or, for gelu / gelu_tanh gates
+    near -3 where the fp32 formula's ``1 + erf`` / ``1 + tanh`` cancels, the rounding of the exact
+    (float64) activation; the tests check every 16-bit gate. Moves
     ``3 * num_tokens * H * element_size`` bytes; a row skipped by the expert filter only its id.
 
     Parameters

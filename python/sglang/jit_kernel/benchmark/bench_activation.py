@@ -8,10 +8,11 @@ medians (calls under 5 us: the middle of five captures, see bench_rotating):
 Then: the expert filter with half the rows skipped, PDL on / off at decode sizes, eager wall time per
 call at T = 1, and the issue's targets checked against this run.
 
-Last, the launch variants (``_set_launch_variant``) side by side: the default (16-bit silu /
-gelu_tanh: fast math, ex2/rcp approximations), the exact-libm kernel that was the default before,
-9f465cb's pair rows, pipelined rows, the checked fast silu, the opt-in logistic gelu / gelu_tanh (64);
-cold and one input.
+Last, the launch variants (``_set_launch_variant``) side by side: the default (16-bit silu:
+fast math, ex2/rcp approximations; 16-bit gelu / gelu_tanh: the logistic kernel, g * sigmoid(z) by one
+ex2 and one rcp), the exact-libm kernel that was the default before, 9f465cb's pair rows, pipelined
+rows, the checked fast silu, the fast-math gelu_tanh (its default before the logistic kernel); cold
+and one input.
 
 ``python bench_activation.py --sweep`` times forced CTA sizes and vector widths against the
 heuristic's choice (the launch hook ``_set_launch_override``).
@@ -160,18 +161,18 @@ def expert_filter_rows() -> list[BenchRow]:
 
 
 #: Launch variants timed against the default (_set_launch_variant(variant, old_geometry)). Since
-#: 2026-12-01 the default of 16-bit silu / gelu_tanh 16-byte launches is fast math (4); 32 is the
-#: exact-libm kernel that was the default before, (1, 1) its pair rows under 9f465cb's CTA-size rule
-#: (the code of 9f15607), 12 pipelined rows with fast math, 16 the checked fast silu (bit-identical
-#: to 32; other ops ignore the bit and are not timed under it), 64 the logistic gelu / gelu_tanh
-#: (opt-in candidate for their default: one ex2 + one rcp per gate, branch-free; silu ignores the bit).
+#: 2026-12-01 the default of 16-bit 16-byte launches is fast math (4) for silu and the logistic kernel
+#: (64) for gelu / gelu_tanh; 32 is the exact-libm kernel that was the default before, (1, 1) its
+#: pair rows under 9f465cb's CTA-size rule (the code of 9f15607), 4 the fast-math gelu_tanh (its
+#: default before the logistic kernel), 12 pipelined rows with fast math, 16 the checked fast silu
+#: (bit-identical to 32; other ops ignore the bit and are not timed under it).
 VARIANTS = {
     "jit": (0, 0),
     "jit exact (old default)": (32, 0),
     "jit 9f465cb (pairs, old CTAs)": (1, 1),
     "jit pipelined + fast math": (12, 0),
     "jit checked fast silu": (16, 0),
-    "jit logistic gelu/gelu_tanh (64)": (64, 0),
+    "jit fast math gelu_tanh (old default)": (4, 0),
 }
 
 
@@ -190,12 +191,10 @@ def variant_rows() -> list[BenchRow]:
                 for label, (variant, old_geometry) in VARIANTS.items():
                     if op == "gelu_and_mul" and variant & 4:
                         continue  # gelu keeps erff in the fast-math variant: same kernel code
-                    if op == "gelu_and_mul" and variant == 32:
-                        continue  # gelu's default is the exact kernel: same kernel code
                     if op != "silu_and_mul" and variant & 16:
                         continue  # the checked-fast bit is silu's only: same kernel code
-                    if op == "silu_and_mul" and variant & 64:
-                        continue  # silu ignores the logistic bit: its default kernel
+                    if op == "silu_and_mul" and variant == 4:
+                        continue  # silu's default is the fast-math kernel: same kernel code
                     module._set_launch_variant(variant, old_geometry)
                     call = lambda x, o, fn=fn: fn(x, o)
                     rows += [

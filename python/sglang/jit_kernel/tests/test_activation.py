@@ -43,10 +43,11 @@ ULPS = {torch.float16: 1, torch.bfloat16: 1, torch.float32: 4}
 #: all of the result: an absolute slack of CANCEL_ULPS * 2^-24 * |gate * up| covers that (silu does
 #: not cancel).
 CANCEL_ULPS = {"silu": 0, "gelu": 4, "gelu_tanh": 4}
-#: _set_launch_variant value of the exact-libm 16-byte kernels (the default of 16-bit silu / gelu_tanh
-#: at 16-byte vectors is fast math).
+#: _set_launch_variant value of the exact-libm 16-byte kernels (the defaults of 16-bit 16-byte
+#: launches are fast math for silu and the logistic kernel for gelu / gelu_tanh).
 EXACT = 32
-#: _set_launch_variant value of the logistic 16-bit gelu / gelu_tanh (opt-in; silu and fp32 ignore it).
+#: _set_launch_variant value of the logistic 16-bit gelu / gelu_tanh (their default at 16-byte vectors,
+#: named; silu and fp32 ignore the bit).
 LOGISTIC = 64
 
 
@@ -111,12 +112,15 @@ def matches(name: str, out: torch.Tensor, x: torch.Tensor, act: torch.Tensor | N
     return ok & ~torch.isnan(got)
 
 
-def assert_matches_reference(name: str, out: torch.Tensor, x: torch.Tensor, or_float64: bool = False) -> None:
-    """Every element of ``out`` matches the fp32 reference (``matches``). With ``or_float64`` an element
-    may instead match the float64 activation the same way: where the fp32 formula cancels (1 + erf,
-    1 + tanh for gate << 0) it can misround a 16-bit gate that a more accurate kernel rounds right."""
+def assert_matches_reference(name: str, out: torch.Tensor, x: torch.Tensor, or_float64: bool | None = None) -> None:
+    """Every element of ``out`` matches the fp32 reference (``matches``). With ``or_float64`` (default:
+    gelu and gelu_tanh) an element may instead match the float64 activation the same way: where the
+    fp32 formula cancels (1 + erf, 1 + tanh for gate << 0) it can misround a 16-bit gate that a more
+    accurate kernel (the logistic default of 16-bit gelu / gelu_tanh) rounds right."""
     expected, _, _ = reference_pair(name, x)
     ok = matches(name, out, x)
+    if or_float64 is None:
+        or_float64 = CANCEL_ULPS[name] > 0
     if or_float64:
         ok |= matches(name, out, x, activation_float64(name, x[..., : x.shape[-1] // 2]))
     if not bool(ok.all()):
@@ -253,8 +257,9 @@ def test_forced_geometries_agree(dtype, threads, vec_bytes):
     module = _jit_activation_module(dtype)
     for num_tokens, hidden_size in [(1, 14336), (129, 64), (4097, 4), (7, 1234)]:
         x = make_input((num_tokens, 2 * hidden_size), dtype)
-        for op in (gelu_tanh_and_mul, silu_and_mul):
-            # exact math everywhere; then the default kernels (16-byte 16-bit launches: fast math)
+        for op in (gelu_and_mul, gelu_tanh_and_mul, silu_and_mul):
+            # exact math everywhere; then the default kernels (16-byte 16-bit launches: fast math,
+            # logistic gelu / gelu_tanh)
             # against the heuristic's CTA size at the same forced vector width (the heuristic alone
             # may pick narrower, exact vectors at small sizes)
             for variant in (EXACT, 0):
@@ -294,16 +299,24 @@ def test_forced_geometries_agree(dtype, threads, vec_bytes):
 def test_launch_variants(dtype, variant, old_geometry):
     """The benchmark's old-vs-new variants of 16-byte launches (_set_launch_variant): pair rows, evict_last
     loads, 9f465cb's CTA-size rule, pipelined rows (8) and the checked fast silu (16, 17, 24) compute the
-    same bits as the exact variant (32); fast math (4, 5, 6, 12, and the default 0 of 16-bit silu /
-    gelu_tanh; fp32 ignores the bit, gelu has no fast build) stays within the ulp check, as does the
-    logistic gelu / gelu_tanh (64; silu runs its default, fp32 ignores the bit), which may also round as
-    the float64 activation. Cases cover one-shot grids past 4 waves (pair rows on), several chunks per
+    same bits as the exact variant (32); fast math (4, 5, 6, 12, and the default 0 of 16-bit silu; fp32
+    ignores the bit, gelu has no fast build) stays within the ulp check, as does the logistic gelu /
+    gelu_tanh (64 and the default 0 of 16-bit gelu / gelu_tanh; silu runs its default, fp32 ignores the
+    bit), which may also round as the float64 activation. Cases cover one-shot grids past 4 waves (pair rows on), several chunks per
     row, row groups and narrow vectors."""
     from sglang.jit_kernel.activation import _jit_activation_module
 
     module = _jit_activation_module(dtype)
-    logistic = variant == LOGISTIC and dtype != torch.float32
-    exact = (variant not in (0, LOGISTIC) and variant & 4 == 0) or dtype == torch.float32
+
+    def kernel_kind(name: str) -> str:
+        if dtype == torch.float32:
+            return "exact"
+        if name == "silu":
+            return "fast" if variant in (0, LOGISTIC) or variant & 4 else "exact"
+        if variant in (0, LOGISTIC):
+            return "logistic"
+        return "fast" if name == "gelu_tanh" and variant & 4 else "exact"  # gelu's fast build keeps erff
+
     for num_tokens, hidden_size in [(1, 14336), (64, 14336), (2100, 14336), (129, 64), (4097, 4), (7, 1234)]:
         x = make_input((num_tokens, 2 * hidden_size), dtype)
         for name in NAMES:
@@ -317,17 +330,18 @@ def test_launch_variants(dtype, variant, old_geometry):
                 got = OPS[name](x)
             finally:
                 module._set_launch_variant(0, 0)
-            if exact or (name == "gelu" and not logistic):
+            kind = kernel_kind(name)
+            if kind == "exact":
                 assert torch.equal(got, expected), (name, num_tokens, hidden_size)
             else:
-                assert_matches_reference(name, got, x, or_float64=logistic)
+                assert_matches_reference(name, got, x, or_float64=kind == "logistic")
 
 
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_fast_math_every_16_bit_gate(dtype):
-    """The default (fast math at 16-byte vectors) and the fast-math variant (4) on every finite
-    16-bit gate, against the reference; non-finite gates give the exact variant's values (NaN where
+    """The fast-math variant (4; silu's default at 16-byte vectors, gelu_tanh's before the logistic
+    kernel) on every finite 16-bit gate, against the reference; non-finite gates give the exact variant's values (NaN where
     it has NaN). 16-byte vectors forced: the one row of 65k gates has fewer vectors than the decode
     rule's 128 threads per SM on GPUs of 64+ SMs, which would run it on 4-byte, exact vectors."""
     from sglang.jit_kernel.activation import _jit_activation_module
@@ -342,16 +356,19 @@ def test_fast_math_every_16_bit_gate(dtype):
                 exact_special = OPS[name](y)
             finally:
                 module._set_launch_variant(0, 0)
-            assert_matches_reference(name, OPS[name](x), x)
-            got_special = OPS[name](y)
+            module._set_launch_variant(4, 0)
+            try:
+                got = OPS[name](x)
+                got_special = OPS[name](y)
+            finally:
+                module._set_launch_variant(0, 0)
+            assert_matches_reference(name, got, x, or_float64=False)
             nan = torch.isnan(exact_special)
             assert torch.equal(torch.isnan(got_special), nan)  # NaN where the exact kernel has NaN (any payload)
             assert torch.equal(got_special[~nan], exact_special[~nan])
-            module._set_launch_variant(4, 0)
-            try:
-                assert_matches_reference(name, OPS[name](x), x)
-            finally:
-                module._set_launch_variant(0, 0)
+            if name == "silu":  # silu's default is this kernel
+                assert torch.equal(OPS[name](x), got)
+                assert torch.equal(OPS[name](y).view(torch.int16), got_special.view(torch.int16))  # NaN bits too
     finally:
         module._set_launch_override(0, 0)
 
@@ -359,7 +376,8 @@ def test_fast_math_every_16_bit_gate(dtype):
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_logistic_every_16_bit_gate(dtype):
-    """The logistic gelu / gelu_tanh (variant 64) on every finite 16-bit gate, 16-byte vectors forced
+    """The logistic gelu / gelu_tanh (variant 64, their default) on every finite 16-bit gate, up = 1
+    (the activation's own rounding) and 1.5, 16-byte vectors forced
     (one row of 65k gates would otherwise narrow to 4-byte, exact vectors under the decode rule):
     gelu_tanh against the fp32 reference as the fast-math default is held to; gelu against it or the
     float64 activation (the fp32 formula's 1 + erf cancels near gate -3, where it misrounds 3 fp16
@@ -377,10 +395,17 @@ def test_logistic_every_16_bit_gate(dtype):
             module._set_launch_variant(LOGISTIC, 0)
             got = OPS[name](x)
             got_special = OPS[name](y)
+            up_one = x.clone()
+            up_one[:, x.shape[1] // 2 :] = 1
+            got_up_one = OPS[name](up_one)
+            module._set_launch_variant(0, 0)
+            default = OPS[name](x)
         finally:
             module._set_launch_variant(0, 0)
             module._set_launch_override(0, 0)
         assert_matches_reference(name, got, x, or_float64=name == "gelu")
+        assert_matches_reference(name, got_up_one, up_one, or_float64=name == "gelu")
+        assert torch.equal(default, got)
         nan = torch.isnan(exact_special)
         assert torch.equal(torch.isnan(got_special), nan)  # NaN where the exact kernel has NaN (any payload)
         assert torch.equal(got_special[~nan], exact_special[~nan])

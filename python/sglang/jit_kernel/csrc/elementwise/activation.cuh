@@ -11,11 +11,13 @@
 //   silu       g / (1 + exp(-g))
 //   gelu       (g * 0.5) * (1 + erf(g * 0.70710678))                        (exact, erf form)
 //   gelu_tanh  (0.5 * g) * (1 + tanh(0.7978845608 * (g + 0.044715 * (g * g * g))))
-// Exception, for speed: 16-bit silu and gelu_tanh launched with 16-byte vectors (aligned rows, the
-// common case) compute the activation with ex2.approx / rcp.approx (activate_fast). Its fp32 value
-// is a few ulps off the formula, so after the rounding to T it is the same value except next to a
-// rounding midpoint of T, where it may be the neighbour (1 ulp of T; checked on every 16-bit gate).
-// fp32, gelu and narrower vectors use the formulas above.
+// Exception, for speed: 16-bit types launched with 16-byte vectors (aligned rows, the common case)
+// compute the activation with ex2.approx / rcp.approx: silu by activate_fast, gelu / gelu_tanh as
+// g * sigmoid(z(g)) (activate_logistic). The fp32 value is a few ulps off the formula, so after the
+// rounding to T it is the same value except next to a rounding midpoint of T, where it may be the
+// neighbour (1 ulp of T), or (gelu / gelu_tanh near g = -3, where the formula's 1 + erf / 1 + tanh
+// cancels) the rounding of the float64 activation; checked on every 16-bit gate. fp32 and narrower
+// vectors use the formulas above.
 //
 // Work layout. A CTA is a 2-D block: threadIdx.x walks the vectors of a row (16 bytes when every
 // pointer, row stride and H * sizeof(T) allow it, else 8 / 4 / 2 bytes down to one element, so no
@@ -26,8 +28,8 @@
 // of 256-thread CTAs, launches of a wave or two take the largest CTAs that keep the SMs evenly
 // loaded (gated_act_threads). gridDim.y is capped at 65535; CTAs then stride over row groups.
 // Offsets are 64-bit throughout (any element count). Benchmark-only variants of the 16-byte kernel
-// (two rows per thread, evict_last loads, exact math, pipelined rows, checked fast silu, logistic
-// gelu / gelu_tanh) are selected by set_gated_act_launch_variant.
+// (two rows per thread, evict_last loads, exact math, pipelined rows, checked fast silu, fast-math
+// gelu_tanh) are selected by set_gated_act_launch_variant.
 //
 // Expert filter (MoE): with expert_ids, row t is computed only if expert_ids[t / expert_step] !=
 // -1; a filtered row reads its id and nothing else, and its out row is not written.
@@ -131,8 +133,10 @@ SGL_DEVICE float silu_fast_division(float g, bool& in_range) {
 /// exp(x) from ex2.approx with the argument split in two (x * log2(e) as a rounded product plus
 /// its FMA remainder, log2(e) itself as two floats): a few fp32 ulps over the whole range, where
 /// ex2.approx(x * log2e) alone loses |x| * 2^-24 of relative accuracy to the product's rounding.
-/// x is clamped to [-128, 128] (exp is 0 / inf in fp32 beyond; no NaN from inf - inf); a NaN x
-/// gives some finite value, and the callers' final product with g carries g's NaN.
+/// x is clamped to [-128, 128] (exp is 0 / inf in fp32 beyond); a NaN x gives inf, and the callers'
+/// final product with g carries g's NaN. The correction is a product, e * (1 + lo * ln2), not an FMA
+/// e + e * (lo * ln2): once ex2 overflows (x > ~88.7, silu gates below -88.7) the FMA gave
+/// inf - inf = NaN wherever lo < 0, where the formula's exp is inf and silu is -0.
 SGL_DEVICE float fast_exp(float x) {
   constexpr float kLog2eHi = 1.44269502162933349609375f;  // fp32 nearest to log2(e)
   constexpr float kLog2eLo = 1.925963033500011079e-08f;   // log2(e) - kLog2eHi
@@ -142,7 +146,7 @@ SGL_DEVICE float fast_exp(float x) {
   const float lo = __fmaf_rn(x, kLog2eLo, __fmaf_rn(x, kLog2eHi, -hi));
   float e;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(hi));
-  return __fmaf_rn(e, __fmul_rn(lo, kLn2), e);
+  return __fmul_rn(e, __fmaf_rn(lo, kLn2, 1.0f));
 }
 
 /// g / (1 + e) as g * rcp.approx(1 + e) (1 ulp reciprocal; subnormal results kept: no ftz).
@@ -371,7 +375,8 @@ SGL_DEVICE bool gated_act_row_kept(const GatedActParams& params, int64_t row) {
 ///                      lines back before it drops clean ones, 97.7 -> 100 % of copy for an
 ///                      out-of-place rmsnorm; the input's lines stay evict_last after the kernel)
 ///   kGatedActFastMath  16-bit types: ex2.approx / rcp.approx / tanh.approx based activations (see
-///                      activate_fast): the default of 16-bit silu / gelu_tanh 16-byte launches (99 %
+///                      activate_fast): the default of 16-bit silu 16-byte launches (and of gelu_tanh
+///                      before kGatedActLogistic; 99 %
 ///                      of copy at [16384, 2 x 14336] bf16 against 86 % exact, same run); the rounded
 ///                      activation equals the exact one except next to a 16-bit rounding midpoint,
 ///                      where it may be its neighbour (test_fast_math_every_16_bit_gate, every gate)
@@ -386,8 +391,10 @@ SGL_DEVICE bool gated_act_row_kept(const GatedActParams& params, int64_t row) {
 ///                      (activate_logistic; bf16 SASS from the loads to the store: 16.9 instructions
 ///                      per gelu_tanh gate against 39 with 4 branch ones for kGatedActFastMath, 22
 ///                      against 36 for gelu's erff, docs/perf_notes.md); the contract of
-///                      kGatedActFastMath (gelu: or the float64 value's rounding); opt-in A/B, no
-///                      default (silu and fp32 ignore the bit)
+///                      kGatedActFastMath (or the float64 value's rounding); the default of 16-bit
+///                      gelu / gelu_tanh 16-byte launches since the H200 A/B of 2026-12-01 (fourth
+///                      session, [16384, 2 x 14336] bf16: 319.7 / 320.2 us, 104 % of copy, against
+///                      409.4 / 394.7 for erff / kGatedActFastMath); silu and fp32 ignore the bit
 inline constexpr int kGatedActPlain = 0;
 inline constexpr int kGatedActPairRows = 1;
 inline constexpr int kGatedActEvictLast = 2;
@@ -396,7 +403,8 @@ inline constexpr int kGatedActPipelined = 8;
 inline constexpr int kGatedActCheckedFast = 16;
 inline constexpr int kGatedActLogistic = 64;
 /// Not a kernel bit: _set_launch_variant(32, _) runs kGatedActPlain where the default would run
-/// kGatedActFastMath (the exact-libm default before 2026-12-01), for old-vs-new rows and bit tests.
+/// kGatedActFastMath / kGatedActLogistic (the exact-libm default before 2026-12-01), for old-vs-new
+/// rows and bit tests.
 inline constexpr int kGatedActExact = 32;
 
 /// One thread: vector threadIdx.x of column chunk blockIdx.x, for rows threadIdx.y + blockIdx.y *
@@ -639,9 +647,15 @@ void launch_gated_act(GatedActParams params, DLDevice device, bool pdl) {
     // The logistic bit: 16-bit gelu / gelu_tanh only; silu and fp32 run their default without it.
     constexpr bool kLogistic16 = !std::is_same_v<T, fp32_t> && kAct != GatedActivation::kSilu;
     if constexpr (!kLogistic16) variant &= ~int64_t{kGatedActLogistic};
-    // The default: fast math for 16-bit silu / gelu_tanh (gelu keeps erff: no fast build), else plain.
-    constexpr bool kFastDefault = !std::is_same_v<T, fp32_t> && kAct != GatedActivation::kGelu;
-    if (variant == kGatedActPlain && kFastDefault) variant = kGatedActFastMath;
+    // The default: the logistic kernel for 16-bit gelu / gelu_tanh, fast math for 16-bit silu, else
+    // plain (kGatedActExact, 32, asks for plain where these would run).
+    if (variant == kGatedActPlain) {
+      if constexpr (kLogistic16) {
+        variant = kGatedActLogistic;
+      } else if constexpr (!std::is_same_v<T, fp32_t>) {
+        variant = kGatedActFastMath;
+      }
+    }
     variant &= ~int64_t{kGatedActExact};
     if constexpr (std::is_same_v<T, fp32_t>) variant &= ~int64_t{kGatedActFastMath | kGatedActCheckedFast};
     if constexpr (kAct != GatedActivation::kSilu) variant &= ~int64_t{kGatedActCheckedFast};
