@@ -11,12 +11,12 @@ short). Each row prints as soon as it is measured; the whole run stays under a m
 Old-vs-new rows in the same run: "jit v1" is the first routing engine
 (``SGLANG_MOE_ROUTING_ENGINE=1``), "jit match" the moe_align scatter with ``__match_any_sync``
 (``SGLANG_MOE_ALIGN_PEERS=match``), "jit smem" the routing kernels' shared-memory winners
-(``SGLANG_MOE_TOPK_WINNERS=smem``, the default before the register winners), "jit lookahead" the
-opt-in lookahead kernel (``SGLANG_MOE_TOPK_WINNERS=lookahead``, the same bits; "1 input" and "cold"
-rows, the A/B for a default flip), "jit single" the
+(``SGLANG_MOE_TOPK_WINNERS=smem``, the default before the register winners), "jit regs" the
+register winners (``SGLANG_MOE_TOPK_WINNERS=regs``, the default before the lookahead kernel; the same
+bits; "1 input" and "cold" rows), "jit single" the
 one-CTA moe_align and "jit split" the two-launch multi-CTA one (``_variant=``; the default picks
-split from ``moe_align.SPLIT_MIN_NUMEL`` routed ids); "jit small" the opt-in decode variant (PDL, two
-barriers after the ids arrive, stores over up to 8 CTAs), "jit small 1cta" it on one CTA
+split from ``moe_align.SPLIT_MIN_NUMEL`` routed ids, "small" below); "jit small" the decode variant
+(PDL, two barriers after the ids arrive, stores over up to 8 CTAs), "jit small 1cta" it on one CTA
 (``SGLANG_MOE_ALIGN_SMALL_CTAS=1``) and "jit small nopdl" it without PDL
 (``SGLANG_MOE_ALIGN_SMALL_PDL=0``: the kernel alone, as the comparator launches); "jit" is the
 default path. Bytes moved per call: num_tokens * (num_experts * gating element size
@@ -163,9 +163,7 @@ def routing_rows() -> list[BenchRow]:
                     "jit": lambda w, i, g, f=jit: f(w, i, g),
                     "jit v1": with_env("SGLANG_MOE_ROUTING_ENGINE", "1", lambda w, i, g, f=jit: f(w, i, g)),
                     "jit smem": with_env("SGLANG_MOE_TOPK_WINNERS", "smem", lambda w, i, g, f=jit: f(w, i, g)),
-                    "jit lookahead": with_env(
-                        "SGLANG_MOE_TOPK_WINNERS", "lookahead", lambda w, i, g, f=jit: f(w, i, g)
-                    ),
+                    "jit regs": with_env("SGLANG_MOE_TOPK_WINNERS", "regs", lambda w, i, g, f=jit: f(w, i, g)),
                     "torch": eager,
                     "torch.compile": compiled,
                 }
@@ -192,8 +190,8 @@ def routing_rows() -> list[BenchRow]:
             "jit smem": with_env(
                 "SGLANG_MOE_TOPK_WINNERS", "smem", lambda g, b: grouped_topk(g, b, 8, 4, TOPK, True, 2.5)
             ),
-            "jit lookahead": with_env(
-                "SGLANG_MOE_TOPK_WINNERS", "lookahead", lambda g, b: grouped_topk(g, b, 8, 4, TOPK, True, 2.5)
+            "jit regs": with_env(
+                "SGLANG_MOE_TOPK_WINNERS", "regs", lambda g, b: grouped_topk(g, b, 8, 4, TOPK, True, 2.5)
             ),
             "torch": torch_grouped,
             "torch.compile": compiled,
@@ -247,7 +245,7 @@ def sum_reduce_rows() -> list[BenchRow]:
     return rows
 
 
-#: 384 tokens = 3072 ids, where the default switches from "single" to "split".
+#: 384 tokens = 3072 ids, below moe_align.SPLIT_MIN_NUMEL (4096), where the default switches from "small" to "split".
 ALIGN_TOKENS = get_benchmark_range(full_range=[1, 64, 384, 4096], ci_range=[1, 4096])
 
 

@@ -10,11 +10,11 @@ Per [num_tokens, E] fp32 top-8 (num_tokens 1 / 64 / 4096, E 128 / 256), µs per 
   rescan    + the winner's clear and rescan of its run (the real step; the ids are the top-8)
   softmax   + the softmax statistics and weights: the lookahead kernel without options, k fixed
             at compile time (the same bits as topk_softmax)
-and topk_softmax itself: the default ("jit"), the shared-memory winners ("jit smem") and the
-lookahead kernel ("jit lookahead"), plus rmsnorm [1, 4096] bf16, the memory-bound reference the
+and topk_softmax itself: the default, the lookahead kernel ("jit"), the shared-memory winners
+("jit smem") and the register winners ("jit regs"), plus rmsnorm [1, 4096] bf16, the memory-bound reference the
 issue's ~1 µs floor comes from. "steps" - "max" is what 8 dependent warp steps cost, "softmax" is
-what the lookahead structure can reach without its options and runtime k; their distance to "jit
-lookahead" is what the options, the runtime k and the generic launcher cost. What a run of it told:
+what the lookahead structure can reach without its options and runtime k; their distance to "jit" is
+what the options, the runtime k and the generic launcher cost. What a run of it told:
 docs/perf_notes.md ("Top-k routing floor"). Not a CI benchmark (no bench_ prefix); on a GPU machine:
 
     python python/sglang/jit_kernel/benchmark/probe_topk_floor.py
@@ -105,7 +105,7 @@ def main() -> None:
     ops = {
         "jit": with_winners(None, topk_softmax),
         "jit smem": with_winners("smem", topk_softmax),
-        "jit lookahead": with_winners("lookahead", topk_softmax),
+        "jit regs": with_winners("regs", topk_softmax),
     }
     print(f"{'case':<22}" + "".join(f"{name:>9}" for name in MODES) + "".join(f"{name:>15}" for name in ops))
     for num_experts in EXPERTS:

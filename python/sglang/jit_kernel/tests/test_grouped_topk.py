@@ -214,19 +214,19 @@ def test_grouped_topk_reg_winners_variant_bit_exact(monkeypatch, shape, with_bia
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("renormalize", [False, True])
 def test_grouped_topk_lookahead_variant_bit_exact(monkeypatch, shape, with_bias, renormalize):
-    """SGLANG_MOE_TOPK_WINNERS=lookahead against the reference on grid logits and bit for bit against
-    the default on grid logits and randn rows led by edge rows; the shapes give 1, 2, 4 and 16 lanes
+    """The lookahead kernel (the default) against the reference on grid logits and bit for bit against
+    the register winners (SGLANG_MOE_TOPK_WINNERS=regs) on grid logits and randn rows led by edge rows; the shapes give 1, 2, 4 and 16 lanes
     per group (the ballot test of the winning group) and runs of 1, 2, 4 and 8 experts."""
     num_experts, groups, topk_group, topk = shape
     scores = grid_logits(129, num_experts, torch.float32, seed=num_experts + groups)
     bias = torch.randint(-8, 8, (num_experts,), device="cuda").float() / 8 if with_bias else None
     rows = edge_rows(1031, num_experts, torch.float32, seed=num_experts + groups)
     results = {}
-    for variant in ("default", "lookahead"):
+    for variant in ("regs", "default"):
         use_topk_winners(monkeypatch, variant)
         results[variant] = [
             check(scores, bias, groups, topk_group, topk, renormalize, 2.5),
             grouped_topk(rows, bias, groups, topk_group, topk, renormalize, 2.5),
         ]
-    for a, b in zip(results["default"], results["lookahead"]):
+    for a, b in zip(results["regs"], results["default"]):
         assert_same_bits(a, b)

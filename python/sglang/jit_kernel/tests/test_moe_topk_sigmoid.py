@@ -205,8 +205,8 @@ def test_topk_sigmoid_reg_winners_variant_bit_exact(monkeypatch, num_experts, op
 @pytest.mark.parametrize("num_experts", [8, 60, 128, 256, 257])
 @pytest.mark.parametrize("options", [(False, False), (True, False), (False, True), (True, True)])
 def test_topk_sigmoid_lookahead_variant_bit_exact(monkeypatch, dtype, num_experts, options):
-    """SGLANG_MOE_TOPK_WINNERS=lookahead against the reference on grid logits and bit for bit against
-    the default on grid logits, randn rows led by edge rows and a misaligned strided view, at topk 1,
+    """The lookahead kernel (the default) against the reference on grid logits and bit for bit against
+    the register winners (SGLANG_MOE_TOPK_WINNERS=regs) on grid logits, randn rows led by edge rows and a misaligned strided view, at topk 1,
     4, 8, 17 and 32; without a bias the weight comes from the kept key, with one from the winner's
     logit (a shuffle)."""
     renormalize, with_bias = options
@@ -216,12 +216,12 @@ def test_topk_sigmoid_lookahead_variant_bit_exact(monkeypatch, dtype, num_expert
     strided = torch.randn(67, num_experts + 3, device="cuda").to(dtype)[:, 1 : num_experts + 1]
     topks = [k for k in (1, 4, 8, 17, 32) if k <= num_experts]
     results = {}
-    for variant in ("default", "lookahead"):
+    for variant in ("regs", "default"):
         use_topk_winners(monkeypatch, variant)
         out = [check(gating, min(8, num_experts), renormalize, bias)]
         for k in topks:
             out.append(run(rows, k, renormalize, bias))
             out.append(run(strided, k, renormalize, bias))
         results[variant] = out
-    for a, b in zip(results["default"], results["lookahead"]):
+    for a, b in zip(results["regs"], results["default"]):
         assert_same_bits(a, b)

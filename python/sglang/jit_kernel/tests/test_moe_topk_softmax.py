@@ -325,8 +325,8 @@ def test_topk_softmax_reg_winners_variant_bit_exact(monkeypatch, dtype, num_expe
 @pytest.mark.parametrize("num_experts", [8, 60, 64, 128, 160, 256, 257])
 @pytest.mark.parametrize("options", [(False, 0.0, False), (True, 0.0, False), (False, 2.5, True), (True, 30.0, True)])
 def test_topk_softmax_lookahead_variant_bit_exact(monkeypatch, dtype, num_experts, options):
-    """SGLANG_MOE_TOPK_WINNERS=lookahead (engine v2 rows of <= 256 experts) against the reference on
-    grid logits, and bit for bit against the default on grid logits, on randn rows led by edge rows
+    """The lookahead kernel (the default of engine v2 rows of <= 256 experts) against the reference on
+    grid logits, and bit for bit against the register winners (SGLANG_MOE_TOPK_WINNERS=regs) on grid logits, on randn rows led by edge rows
     (NaN, +-inf, ties, exp underflow) and on a misaligned strided view (the scalar loads), at every
     topk path: 1 and 4 (butterfly stages of the denominator after the steps), 8, 17 and 32 (the
     renormalising butterfly's skipped stages)."""
@@ -337,12 +337,12 @@ def test_topk_softmax_lookahead_variant_bit_exact(monkeypatch, dtype, num_expert
     strided = torch.randn(67, num_experts + 3, device="cuda").to(dtype)[:, 1 : num_experts + 1]
     topks = [k for k in (1, 4, 8, 17, 32) if k <= num_experts]
     results = {}
-    for variant in ("default", "lookahead"):
+    for variant in ("regs", "default"):
         use_topk_winners(monkeypatch, variant)
         out = [check(gating, min(8, num_experts), renormalize, softcap, bias)]
         for k in topks:
             out.append(run(rows, k, renormalize, softcap, bias))
             out.append(run(strided, k, renormalize, softcap, bias))
         results[variant] = out
-    for a, b in zip(results["default"], results["lookahead"]):
+    for a, b in zip(results["regs"], results["default"]):
         assert_same_bits(a, b)

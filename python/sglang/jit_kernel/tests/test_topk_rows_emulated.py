@@ -1,4 +1,4 @@
-"""The lookahead kernel of topk_rows.cuh against the default register-winner kernel, bit for bit,
+"""The lookahead kernel of topk_rows.cuh (the default) against the register-winner kernel, bit for bit,
 with no GPU: the kernels and their launcher compiled for the host by the C++ compiler against
 topk_rows_emulation/warp_emulation.h (one warp as 32 coroutines switched at every warp collective),
 over softmax / sigmoid / grouped routing, bias, softcap, renormalize, topk 1..32, aligned and

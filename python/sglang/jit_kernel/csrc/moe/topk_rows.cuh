@@ -407,8 +407,8 @@ SGL_DEVICE float v2_weight(const TopkRowsParams& p, const T* row, int32_t e, flo
 /// One warp per row (grid-stride), runs of kPer experts per lane; topk <= 32; num_experts <= 32 *
 /// kPer; grouped rows with the run conditions above (the host checks them).
 ///
-/// kRegWinners (the default for kPer <= 8 since the 2026-12-01 A/B run; SGLANG_MOE_TOPK_WINNERS=smem
-/// selects the shared-memory winners instead): no shared
+/// kRegWinners (SGLANG_MOE_TOPK_WINNERS=regs; the default for kPer <= 8 before the lookahead kernel;
+/// without it, SGLANG_MOE_TOPK_WINNERS=smem, the shared-memory winners): no shared
 /// memory and no lane-divergent branch per step. Every lane runs the same predicated update (the
 /// winner lane clears its slot and rescans its run; the others keep theirs), the winner's expert is
 /// broadcast by one shuffle off the critical path (the next step's reduction depends on the
@@ -580,8 +580,8 @@ SGL_DEVICE float run_pick(const float (&v)[kPer], int32_t slot) {
   return picked;
 }
 
-/// Engine v2, lookahead variant (opt-in: SGLANG_MOE_TOPK_WINNERS=lookahead; kPer <= 8): the experts
-/// and weight bits of topk_rows_v2_kernel on a shorter dependent chain per row.
+/// Engine v2, lookahead variant (the default of kPer <= 8; SGLANG_MOE_TOPK_WINNERS=regs / smem select
+/// the others): the experts and weight bits of topk_rows_v2_kernel on a shorter dependent chain per row.
 /// - Scoring options are uniform branches around loops over the whole run (no per-slot branch), and
 ///   the bias run is loaded next to the logits: a run's kPer chains are one block the compiler
 ///   interleaves. Softcap and bias use __fmul_rn / __fadd_rn, the roundings of the default kernel
@@ -814,20 +814,21 @@ inline int routing_engine() {
 
 /// The winner variant of engine v2 rows of <= 256 experts (kPer <= 8).
 enum class TopkWinners {
-  kRegs,       // topk_rows_v2_kernel<T, kPer, true>: the default
-  kSmem,       // topk_rows_v2_kernel<T, kPer, false>: the shared-memory winners, the old default
-  kLookahead,  // topk_rows_v2_lookahead_kernel: opt-in, a shorter chain per row
+  kLookahead,  // topk_rows_v2_lookahead_kernel: the default, a shorter chain per row
+  kRegs,       // topk_rows_v2_kernel<T, kPer, true>: register winners, the default before lookahead
+  kSmem,       // topk_rows_v2_kernel<T, kPer, false>: the shared-memory winners, the default before that
 };
 
-/// SGLANG_MOE_TOPK_WINNERS (read at each call, so at graph capture): exactly "smem" the
-/// shared-memory winners, exactly "lookahead" the lookahead kernel, anything else (or unset) the
-/// register winners, the default: it won every row of bench_moe (1 / 64 / 4096 tokens, 128 / 256
-/// experts, softmax, sigmoid, grouped). All three give the same bits.
+/// SGLANG_MOE_TOPK_WINNERS (read at each call, so at graph capture): exactly "regs" the register
+/// winners, exactly "smem" the shared-memory winners, anything else (or unset) the lookahead kernel,
+/// the default: it won every row of bench_moe on the H200 (2026-12-01, fourth session: topk_softmax
+/// 1 / 64 / 4096 tokens, 256 experts 1.98 / 2.10 / 6.87 us against 2.96 / 3.16 / 8.25 for the
+/// register winners; sigmoid and grouped alike). All three give the same bits.
 inline TopkWinners topk_winners() {
   const char* value = std::getenv("SGLANG_MOE_TOPK_WINNERS");
-  if (value == nullptr) return TopkWinners::kRegs;
+  if (value == nullptr) return TopkWinners::kLookahead;
   const std::string_view v{value};
-  return v == "smem" ? TopkWinners::kSmem : v == "lookahead" ? TopkWinners::kLookahead : TopkWinners::kRegs;
+  return v == "smem" ? TopkWinners::kSmem : v == "regs" ? TopkWinners::kRegs : TopkWinners::kLookahead;
 }
 
 template <typename T, int kPer>
