@@ -35,16 +35,18 @@ _SPLIT_MAX_CTAS = 64
 #: MoeAlignSplitConfig::kMaxExperts: wider rows run the one-CTA kernel under "split" too.
 _SPLIT_MAX_EXPERTS = 1024
 #: The kernel variants of ``moe_align_block_size(..., _variant=...)``: None (the default) picks
-#: "split" from SPLIT_MIN_NUMEL routed ids (and at most 1024 experts), else "single" (one CTA);
-#: "small" (opt-in, not picked by the default yet) is the one-CTA algorithm with fewer barriers,
-#: PDL and its stores split over a few CTAs (docs/perf_notes.md, "moe_align small"); its A/B knobs,
-#: read by the launcher at each call (so at graph capture): SGLANG_MOE_ALIGN_SMALL_CTAS=1..8 forces
-#: the CTA count, SGLANG_MOE_ALIGN_SMALL_PDL=0 launches it without PDL (the same bits either way).
+#: "split" from SPLIT_MIN_NUMEL routed ids (and at most 1024 experts), else "small": the one-CTA
+#: algorithm with fewer barriers, PDL and its stores split over a few CTAs (docs/perf_notes.md,
+#: "moe_align small"; rows of more than 1024 experts run "single" under it); "single" (one CTA, the
+#: small-size default before "small") stays selectable. The "small" A/B knobs, read by the launcher
+#: at each call (so at graph capture): SGLANG_MOE_ALIGN_SMALL_CTAS=1..8 forces the CTA count,
+#: SGLANG_MOE_ALIGN_SMALL_PDL=0 launches it without PDL (the same bits either way).
 VARIANTS = (None, "single", "split", "small")
-#: From this many routed ids the default runs "split" (bench_moe, 2026-12-01, 257 experts, block 64:
-#: one CTA 5.67 / 7.55 / 43.69 us at 8 / 512 / 32768 ids, split 7.10 / 8.60 / 8.95 us; the one-CTA
-#: time grows ~1.1 us per 1000 ids, so they cross near 3000).
-SPLIT_MIN_NUMEL = 3072
+#: From this many routed ids the default runs "split" (bench_moe on the H200, 2026-12-01, fourth
+#: session, 257 experts, block 64: "small" 3.21 / 3.62 / 5.80 / 31.77 us at 8 / 512 / 3072 / 32768
+#: ids, "split" 6.83 / 7.92 / 7.95 / 8.71, "single" 5.33 / 7.26 / 9.98 / 43.15; "small" grows ~0.9
+#: us per 1000 ids, so it stays ahead of "split" to about 5000 ids).
+SPLIT_MIN_NUMEL = 4096
 
 
 @cache_once
@@ -100,7 +102,7 @@ def _launch(
         return
     name, scratch = f"moe_align_block_size_{_SUFFIX[topk_ids.dtype][0]}", ()
     if variant is None:
-        variant = "split" if topk_ids.numel() >= SPLIT_MIN_NUMEL and num_experts <= _SPLIT_MAX_EXPERTS else "single"
+        variant = "split" if topk_ids.numel() >= SPLIT_MIN_NUMEL and num_experts <= _SPLIT_MAX_EXPERTS else "small"
     if variant == "split":
         # The count table of the split variant (scratch: any contents; the caching allocator, no launch).
         name = f"moe_align_block_size_split_{_SUFFIX[topk_ids.dtype][0]}"
@@ -199,8 +201,8 @@ def moe_align_block_size(
     ``numel`` with ``pad_sorted_token_ids`` and keep what the caller put there without it.
     ``expert_ids[sum(padded) // block_size:]`` is not written. ``numel == 0`` launches no kernel:
     torch writes ``num_tokens_post_pad = 0``, ``cumsum_buffer[:num_experts + 1] = 0`` and, with
-    padding, zeros (``numel``) into ``sorted_token_ids``. One CTA and one launch below 3072 routed
-    ids, two launches over up to 64 CTAs from there (see ``_variant``); no host sync (CUDA-graph
+    padding, zeros (``numel``) into ``sorted_token_ids``. One launch of up to 8 CTAs below 4096
+    routed ids, two launches over up to 64 CTAs from there (see ``_variant``); no host sync (CUDA-graph
     safe).
 
     Parameters
@@ -228,13 +230,13 @@ def moe_align_block_size(
         Fill the slots that hold no token with ``numel``. Default False.
     _variant : str or None
         Private benchmark knob (keyword only): None (default) picks ``"split"`` from
-        ``SPLIT_MIN_NUMEL`` (3072) routed ids with at most 1024 experts, else ``"single"``;
+        ``SPLIT_MIN_NUMEL`` (4096) routed ids with at most 1024 experts, else ``"small"``;
         ``"single"`` one CTA, one launch; ``"split"`` two launches over up to 64 CTAs (a per-CTA count
         table in a scratch tensor from the caching allocator, then a stable scatter; the same bits;
         rows of more than 1024 experts run ``"single"``); ``"small"`` one launch (PDL) of up to 8 CTAs
         that each compute the whole layout and split the stores, two barriers after the ids arrive
-        (the same bits; rows of more than 1024 experts run ``"single"``; meant for decode sizes, not
-        picked by the default). Under ``torch.compile`` the default runs.
+        (the same bits; rows of more than 1024 experts run ``"single"``; the default below
+        ``SPLIT_MIN_NUMEL`` ids). Under ``torch.compile`` the default runs.
 
     Returns
     -------

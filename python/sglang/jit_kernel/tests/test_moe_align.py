@@ -366,7 +366,7 @@ def test_moe_align_peer_finders_agree(monkeypatch, num_tokens, topk, num_experts
 def test_moe_align_split_variant_bit_exact(num_tokens, topk, num_experts, block_size, pad):
     """_variant="split" (count kernel + multi-CTA stable scatter), "single" (one CTA) and "small"
     (PDL, two barriers, stores split over CTAs): against the reference, and the same bits as the
-    default (which picks "single" or "split" by size) in every output (padding and untouched slots
+    default (which picks "small" or "split" by size) in every output (padding and untouched slots
     included)."""
     ids = routed_ids(num_tokens, topk, 256 if num_experts == 257 else num_experts)
     if num_tokens >= 64:
@@ -401,15 +401,17 @@ def test_moe_align_split_variant_graph_and_bad_name():
         moe_align_block_size(ids, 257, 64, sorted_ids, expert_ids, total, cumsum, True, _variant="fast")
 
 
-# ---- the "small" variant (opt-in: PDL, two barriers after the ids arrive, stores over CTAs) ----
+# ---- the "small" variant (the default below SPLIT_MIN_NUMEL ids: PDL, two barriers after the ids arrive, stores over CTAs) ----
 def check_small_against_default(topk_ids, num_experts, block_size, pad=True, out_len=None):
-    """ "small" against the reference and bit for bit against the default (every output, padding
-    and untouched slots included, each inside its poisoned buffer)."""
+    """ "small" against the reference and bit for bit against "single", the one-CTA kernel it replaced
+    as the default below SPLIT_MIN_NUMEL ids (every output, padding and untouched slots included, each
+    inside its poisoned buffer)."""
     numel = topk_ids.numel()
     small_out = Outputs(numel, num_experts, block_size, sorted_len=out_len)
     small = check(topk_ids, num_experts, block_size, pad, out=small_out, variant="small")
-    default = Outputs(numel, num_experts, block_size, sorted_len=out_len).call(topk_ids, num_experts, block_size, pad)
-    assert all(np.array_equal(a, b) for a, b in zip(small, default.host()))
+    single = Outputs(numel, num_experts, block_size, sorted_len=out_len)
+    single.call(topk_ids, num_experts, block_size, pad, "single")
+    assert all(np.array_equal(a, b) for a, b in zip(small, single.host()))
 
 
 @requires_cuda

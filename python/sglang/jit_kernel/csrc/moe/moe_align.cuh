@@ -699,8 +699,8 @@ void moe_align_block_size_split(
 }
 
 // ---------------------------------------------------------------------------------------------
-// Opt-in variant "small" (moe_align_block_size(..., _variant="small")): the one-CTA algorithm with
-// a shorter chain of dependent steps, for decode sizes (up to a few thousand ids). The same bits.
+// Variant "small" (the default below moe_align.SPLIT_MIN_NUMEL = 4096 ids; _variant="small"): the
+// one-CTA algorithm with a shorter chain of dependent steps, for decode sizes. The same bits.
 //   - PDL: the shared-memory clear and the barrier after it come before griddepcontrol.wait (no
 //     global access there); the next kernel is released right after the wait.
 //   - The padding past the worst-case total, [max_padded, sorted_len) (data-independent: 97 % of
