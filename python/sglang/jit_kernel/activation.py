@@ -434,6 +434,10 @@ def _check_cases(name: str) -> Callable[[], list[CheckCase]]:
                 reference=lambda x, o: gated_reference(name, x),
                 bytes_moved=3 * t * h * 2,  # read gate and up, write out
                 dtype=torch.bfloat16,
+                # two ulps (twice testing.TOLERANCE[bfloat16]): the rounded activation may be its
+                # neighbour next to a rounding midpoint (the 16-byte fast kernels), and the product
+                # with up carries that to 2 ulps of out
+                tolerance=(1.6e-2, 1e-5),
             )
         ]
 

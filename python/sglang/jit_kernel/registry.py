@@ -60,7 +60,8 @@ class CheckCase:
     its output (for in-place ops, the mutated tensor); ``reference(*inputs)`` returns the expected
     output from an fp32 computation on the same inputs, rounded to the output dtype (``check`` calls
     it before ``call`` mutates anything); ``bytes_moved`` is the fewest bytes the op must read plus
-    write; ``dtype`` selects the tolerance (integer dtypes compare exactly).
+    write; ``dtype`` selects the tolerance (integer dtypes compare exactly); ``tolerance``
+    (``(rtol, atol)``, optional) replaces it for an op whose documented error is wider than one ulp.
     """
 
     label: str
@@ -69,6 +70,7 @@ class CheckCase:
     reference: Callable[..., torch.Tensor]
     bytes_moved: int
     dtype: torch.dtype
+    tolerance: tuple[float, float] | None = None
 
 
 def _show(value: Any) -> str:
