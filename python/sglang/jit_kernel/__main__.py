@@ -181,10 +181,15 @@ def check(jobs: int) -> int:
 
     has_gpu = torch.cuda.is_available()
     if not has_gpu:
+        source = (
+            "from SGLANG_JIT_CUDA_ARCH"
+            if "SGLANG_JIT_CUDA_ARCH" in os.environ
+            else "the default; set SGLANG_JIT_CUDA_ARCH for another"
+        )
         os.environ.setdefault("SGLANG_JIT_CUDA_ARCH", DEFAULT_ARCH)
         print(
             f"No CUDA GPU visible: compiling every op for {os.environ['SGLANG_JIT_CUDA_ARCH']} "
-            "(SGLANG_JIT_CUDA_ARCH); nothing can be run here."
+            f"({source}); nothing can be run here."
         )
     failures = build_variants(None, jobs)
     if not has_gpu:
