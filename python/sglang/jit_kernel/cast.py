@@ -119,8 +119,10 @@ def _check_destinations(loc: torch.Tensor, mult: int, offset: int, num_slots: in
 #: element, the legacy kernel (up to 4 rows per thread, scale and loc loaded after each store), and
 #: the multi kernel (8-element vectors, one 16-byte load each, 1 / 2 / 4 per thread with every load
 #: issued first, a register cap for 8 / 6 / 4 blocks per SM; the flat kernel where the vector width
-#: is below 8).
-VARIANTS = {"flat": 0, "flat fdiv": 1, "legacy": 2, "vec8 x1": 3, "vec8 x2": 4, "vec8 x4": 5}
+#: is below 8), and the coalesced kernel (8-element vectors, lane l of a warp taking vectors l and
+#: l + 32 of the warp's 64, so that every load instruction reads 512 contiguous bytes; no register cap;
+#: the flat kernel where the vector width is below 8).
+VARIANTS = {"flat": 0, "flat fdiv": 1, "legacy": 2, "vec8 x1": 3, "vec8 x2": 4, "vec8 x4": 5, "coalesced": 6}
 
 
 def _run(

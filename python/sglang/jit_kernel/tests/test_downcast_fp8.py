@@ -200,6 +200,10 @@ def test_downcast_fp8_variants_write_the_same_bytes(dtype):
         assert_bits_equal(caches[variant][1], caches["legacy"][1])
 
 
+#: The variants of 8-element vectors (the default where the vector width is below 8).
+VEC8_VARIANTS = ("vec8 x1", "vec8 x2", "vec8 x4", "coalesced")
+
+
 @requires_cuda
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
@@ -207,10 +211,12 @@ def test_downcast_fp8_variants_write_the_same_bytes(dtype):
     [(8, 128, "plain"), (8, 128, "strided"), (3, 24, "plain"), (5, 6, "plain"), (8, 128, "shifted")],
 )
 def test_downcast_fp8_vec8_variants_write_the_same_bytes(dtype, heads, dim, view):
-    """The multi kernel (variants "vec8 x1 / x2 / x4") against the default, bit for bit: the bench's
-    16384 x 8 x 128 (thousands of blocks, the last one partial per kPer), padded token / head strides
-    with int32 loc and mult / offset, a head_dim of 24 (3 vectors per head), and the fallbacks to the
-    default (head_dim 6, a source shifted by one element: vectors below 8)."""
+    """The multi kernel (variants "vec8 x1 / x2 / x4") and the coalesced kernel ("coalesced") against
+        the default, bit for bit: the bench's
+        16384 x 8 x 128 (thousands of blocks, the last one partial per kPer; the coalesced kernel's
+    last warp covers fewer than 64 vectors at 777 tokens x 3 x 24), padded token / head strides
+        with int32 loc and mult / offset, a head_dim of 24 (3 vectors per head), and the fallbacks to the
+        default (head_dim 6, a source shifted by one element: vectors below 8)."""
     t = 16384 if view == "plain" and dim == 128 else 777
     slots = 2 * t + 5
     if view == "strided":
@@ -228,7 +234,7 @@ def test_downcast_fp8_vec8_variants_write_the_same_bytes(dtype, heads, dim, view
         loc = loc.to(torch.int32)
     out_slots = slots * mult + offset
     caches = {}
-    for variant in ("flat", "vec8 x1", "vec8 x2", "vec8 x4"):
+    for variant in ("flat", *VEC8_VARIANTS):
         k_out = sentinel_filled((out_slots, heads, dim), torch.uint8)
         v_out = sentinel_filled((out_slots, heads, dim), torch.uint8)
         downcast_fp8_variant(variant, k, v, k_out, v_out, scale_of(0.37), scale_of(1.7), loc, mult, offset)
@@ -236,7 +242,7 @@ def test_downcast_fp8_vec8_variants_write_the_same_bytes(dtype, heads, dim, view
     fresh = sentinel_filled((out_slots, heads, dim), torch.uint8)
     assert_bits_equal(caches["flat"][0], expected_cache(fresh, k, scale_of(0.37), loc, mult, offset))
     assert_bits_equal(caches["flat"][1], expected_cache(fresh, v, scale_of(1.7), loc, mult, offset))
-    for variant in ("vec8 x1", "vec8 x2", "vec8 x4"):
+    for variant in VEC8_VARIANTS:
         assert_bits_equal(caches[variant][0], caches["flat"][0])
         assert_bits_equal(caches[variant][1], caches["flat"][1])
 

@@ -30,7 +30,9 @@
 // vector) is issued before any compute or store, so a thread waits one memory latency; the row and
 // head of g come from multiply-shifts (RowDivider). The legacy kernel (up to 4 rows of 8-element
 // vectors per thread, __fdiv_rn per element, scale and loc loaded after the previous row's store)
-// stays selectable for A/B benches (variant 2). Moves num_tokens * H * D * 2 * (sizeof(T) + 1)
+// stays selectable for A/B benches (variant 2); so do the multi kernel (variants 3-5) and the
+// coalesced kernel (variant 6: the default's loads rearranged so that every warp load instruction
+// uses whole sectors; see its comment for the cause it tests and the prediction). Moves num_tokens * H * D * 2 * (sizeof(T) + 1)
 // bytes, plus loc.
 //
 // PDL (flat kernel): it waits for the previous kernel (griddepcontrol.wait) before its first global
@@ -408,6 +410,84 @@ __global__ void __launch_bounds__(DowncastFp8FlatConfig::kThreads, DowncastFp8Fl
   }
 }
 
+/// Coalesced kernel (variant 6, opt-in A/B): the flat kernel's work in a lane layout whose every load
+/// instruction uses all of each 32-byte sector it touches. Why (SASS of the default, sm_90, bf16,
+/// 16-element vectors): lane l loads source bytes [32 l, 32 l + 16) and then [32 l + 16, 32 l + 32),
+/// so each of the two LDG.E.128.STRONG.GPU of a warp touches all 32 sectors of a 1 KiB span and uses
+/// half of each; the loads bypass L1 (ld.relaxed.gpu), so L2 returns every source sector twice:
+/// 134 MB of sectors for 67 MB of bf16 at [16384, 8, 128], with the 34 MB of stores ~168 MB through
+/// L2 in 33.6 us (~5.0 TB/s, near the L2's own rate) where a copy of the same bytes needs ~100 MB.
+/// Here warp w owns the 64 consecutive 8-element vectors [64 w, 64 w + 64) of the rows laid end to
+/// end and lane l takes vectors 64 w + l and 64 w + l + 32: each load instruction reads 512
+/// contiguous source bytes, each 8-byte store writes 256 contiguous destination bytes, every sector
+/// once. Two vectors per thread keep the default's 32 source bytes in flight per thread; scale, loc
+/// and source of both are loaded before any convert or store (no register cap: the multi kernel's
+/// caps spill the two scales right after their loads, STL waiting on the LDG, which puts a second
+/// memory latency in front of the source loads: a plausible cause of its 45-47 %). The conversion is
+/// downcast8_fast: the default's bytes, bit for bit. Prediction at [16384, 8, 128] on the H200: if
+/// the doubled L2 traffic is what holds the default at 71 %, ~27 us (~88 % of copy, near store_cache's
+/// 91 % at random slots); if this row stays at ~33 us, the L2 sector traffic is not the limit (see
+/// benchmark/probe_downcast_floor.py, whose "floor flat layout" / "floor coalesced x2" rows compare
+/// the two layouts without any compute).
+template <typename T>
+__global__ void __launch_bounds__(DowncastFp8FlatConfig::kThreads)
+    downcast_fp8_coalesced_kernel(const DowncastFp8FlatParams fp) {
+  constexpr uint32_t kThreads = DowncastFp8FlatConfig::kThreads;
+  constexpr uint32_t kWarpVecs = 2 * device::kWarpThreads;  // vectors per warp and pass
+  using load_vec = device::AlignedVector<T, 8>;
+  const DowncastFp8Params& p = fp.base;
+  device::pdl_wait_primary();  // before the first global load (see the file comment)
+  device::pdl_launch_dependents();
+  const uint32_t lane = threadIdx.x % device::kWarpThreads;
+  const uint32_t warp = (blockIdx.x * kThreads + threadIdx.x) / device::kWarpThreads;
+  const uint32_t stride = gridDim.x * (kThreads / device::kWarpThreads) * kWarpVecs;  // <= 2^29
+  for (uint32_t first = warp * kWarpVecs + lane; first < fp.total; first += stride) {
+    // Loads, all issued before any use: scale, loc, source of each of the two vectors
+    load_vec x[2];
+    int64_t loc[2];
+    float s[2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const uint32_t g = first + u * device::kWarpThreads;
+      if (g < fp.total) {
+        const uint32_t row = fp.row_divider.divide(g);
+        const uint32_t col = g - row * fp.vecs_per_side;
+        const uint32_t head = fp.head_divider.divide(col);
+        const uint32_t head_vec = col - head * fp.vecs_per_head;
+        const int64_t token = row >> 1;
+        const bool is_v = row & 1;
+        const void* src_base = is_v ? p.v.src : p.k.src;
+        const int64_t src_ts = is_v ? p.v.src_token_stride : p.k.src_token_stride;
+        const int64_t src_hs = is_v ? p.v.src_head_stride : p.k.src_head_stride;
+        s[u] = *(is_v ? p.v.scale : p.k.scale);
+        loc[u] = load_loc(p, token);
+        const auto* src = static_cast<const T*>(src_base) + token * src_ts + head * src_hs;
+        x[u] = load_issued_here<load_vec>(src, head_vec);
+      }
+    }
+    // Convert and store
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const uint32_t g = first + u * device::kWarpThreads;
+      if (g < fp.total) {
+        const uint32_t row = fp.row_divider.divide(g);
+        const uint32_t col = g - row * fp.vecs_per_side;
+        const uint32_t head = fp.head_divider.divide(col);
+        const uint32_t head_vec = col - head * fp.vecs_per_head;
+        const bool is_v = row & 1;
+        const int64_t slot = slot_of_loc(p, loc[u]);
+        const auto q = downcast8_fast<T>(x[u], s[u]);
+        if (slot >= 0) {
+          void* dst_base = is_v ? p.v.dst : p.k.dst;
+          const int64_t dst_ts = is_v ? p.v.dst_token_stride : p.k.dst_token_stride;
+          const int64_t dst_hs = is_v ? p.v.dst_head_stride : p.k.dst_head_stride;
+          q.store(device::pointer::offset(dst_base, slot * dst_ts + head * dst_hs), head_vec);
+        }
+      }
+    }
+  }
+}
+
 /// Widest vector (8, 4, 2 or 1 elements) that head_dim, every data pointer and every stride of a
 /// dim of more than one element is a multiple of (sources in elements of 2 bytes, outputs in bytes).
 inline int downcast_fp8_vector(const DowncastFp8Params& p, int64_t head_dim, int64_t num_heads) {
@@ -526,6 +606,30 @@ bool launch_downcast_fp8_multi(
   return true;
 }
 
+/// Launches the coalesced kernel; false (nothing launched) when the vector width is below 8 or the
+/// 32-bit vector ids do not cover the rows, for the caller to fall back to the default.
+template <typename T>
+bool launch_downcast_fp8_coalesced(const DowncastFp8Params& p, int64_t head_dim, int64_t num_heads, DLDevice device) {
+  using namespace host;
+  using Config = DowncastFp8FlatConfig;
+  if (downcast_fp8_flat_vector(p, head_dim, num_heads) < 8) return false;
+  const int64_t vecs_per_head = head_dim / 8;
+  const int64_t vecs_per_side = num_heads * vecs_per_head;
+  if (vecs_per_side >= Config::kMaxVecs || 2 * p.num_tokens >= Config::kMaxVecs / vecs_per_side) return false;
+  DowncastFp8FlatParams fp{};
+  fp.base = p;
+  fp.vecs_per_head = static_cast<uint32_t>(vecs_per_head);
+  fp.vecs_per_side = static_cast<uint32_t>(vecs_per_side);
+  fp.total = static_cast<uint32_t>(2 * p.num_tokens * vecs_per_side);
+  fp.row_divider = RowDivider::make(fp.vecs_per_side);
+  fp.head_divider = RowDivider::make(fp.vecs_per_head);
+  const int64_t blocks =
+      std::clamp<int64_t>(div_ceil(int64_t{fp.total}, int64_t{Config::kThreads} * 2), 1, Config::kMaxBlocks / 2);
+  LaunchKernel(static_cast<uint32_t>(blocks), Config::kThreads, device)
+      .enable_pdl()(downcast_fp8_coalesced_kernel<T>, fp);
+  return true;
+}
+
 /// Verifies `t` as [rows, num_heads, head_dim] with the last stride 1 and the others free.
 inline void verify_heads(
     tvm::ffi::TensorView t,
@@ -553,7 +657,8 @@ inline void verify_heads(
 /// on a mismatch; nothing is launched for 0 tokens, 0 slots or empty rows. variant (A/B benches;
 /// every variant writes the same bytes): 0 the flat kernel with the reciprocal done once per thread,
 /// 1 the flat kernel with __fdiv_rn per element, 2 the legacy kernel, 3 / 4 / 5 the multi kernel
-/// with 1 / 2 / 4 8-element vectors per thread (the default where the vector width is below 8).
+/// with 1 / 2 / 4 8-element vectors per thread, 6 the coalesced kernel (8-element vectors, lanes l
+/// and l + 32 of a warp's 64; variants 3-6 take the default where the vector width is below 8).
 template <typename T>
 void downcast_fp8(
     tvm::ffi::TensorView k,
@@ -623,8 +728,12 @@ void downcast_fp8(
   p.int32_loc = loc_dtype.is_type<int32_t>();
   const int64_t heads = num_heads.unwrap(), dim = head_dim.unwrap();
   const DLDevice device = device_.unwrap();
-  RuntimeCheck(variant >= 0 && variant <= 5, "downcast_fp8: variant = ", variant, ": expected 0 to 5");
+  RuntimeCheck(variant >= 0 && variant <= 6, "downcast_fp8: variant = ", variant, ": expected 0 to 6");
   if (p.num_tokens == 0 || p.num_slots == 0 || heads == 0 || dim == 0) return;
+  if (variant == 6) {
+    if (launch_downcast_fp8_coalesced<T>(p, dim, heads, device)) return;
+    variant = 0;  // vectors below 8 elements: the default
+  }
   if (variant >= 3) {
     const int per = variant == 3 ? 1 : (variant == 4 ? 2 : 4);
     if (launch_downcast_fp8_multi<T>(p, dim, heads, per, device)) return;
