@@ -29,7 +29,7 @@
 // loaded (gated_act_threads). gridDim.y is capped at 65535; CTAs then stride over row groups.
 // Offsets are 64-bit throughout (any element count). Benchmark-only variants of the 16-byte kernel
 // (two rows per thread, evict_last loads, exact math, pipelined rows, checked fast silu, fast-math
-// gelu_tanh) are selected by set_gated_act_launch_variant.
+// gelu_tanh, branch-free silu) are selected by set_gated_act_launch_variant.
 //
 // Expert filter (MoE): with expert_ids, row t is computed only if expert_ids[t / expert_step] !=
 // -1; a filtered row reads its id and nothing else, and its out row is not written.
@@ -229,6 +229,55 @@ SGL_DEVICE float activate_logistic(float g) {
   return __fmul_rn(g, r);
 }
 
+/// kGatedActBranchFreeSilu's silu (16-bit T): g / (1 + exp(-g)) by one ex2.approx.ftz and one
+/// rcp.approx.ftz, FMAs and no branch (activate_fast's clamp, hi / lo product split and non-ftz
+/// reciprocal cost 16 fp32 instructions per gate, this 5 for bf16, 8 for fp16):
+///   exp(-g) = 2^(-g * kHi) * 2^(-g * lo), log2(e) = kHi + lo, kHi with few enough significant bits that
+///   g * kHi is exact for every gate of T (bf16 gates have 8 bits: kHi = 23637 / 2^14, 15 bits, within
+///   2^-17.1 of log2(e); fp16 gates 11: 5909 / 2^12, 13 bits), so ex2's argument carries no rounding
+///   (the relative error of exp(-g) would otherwise grow with |g|); 2^(-g * lo) = 1 - g * lo * ln2 to
+///   first order (second-order term below 0.8 fp32 ulps for the bf16 gates above -88.7, 1.4 for the
+///   fp16 gates above -12 whose results are normal in fp16).
+///   Everything is scaled by S (a power of two; g * S exact for every gate of T):
+///     c = sat(S * (1 - g * lo * ln2))   one FFMA.SAT: in [0, 1] for finite gates; g = +inf gives 0
+///                                       (not -inf: no 0 * inf in d), NaN gives 0
+///     d = fma(2^(-g kHi), c, S)         S * (1 + exp(-g))
+///     act = (g * S) * rcp(d)
+///   bf16, S = 2^-4: d < 2^124 wherever exp(-g) is finite, so the ftz reciprocal of d stays normal where
+///   the formula's 1 + exp(-g) >= 2^126 (gates -87.5 .. -88.5) still gives normal tiny results; where
+///   exp(-g) overflows (g < -88.7) d = inf and act = g * S * 0 = -0, as the formula's g / inf.
+///   fp16, S = 1/2: one Newton step on the reciprocal (the fp16 gate -3.25390625 lies 11 fp32 ulps from
+///   a rounding midpoint, within the MUFU bounds' reach at twice their size without it); the exponent
+///   path takes max(g, -88.5) (fmaxf), so exp(-g) stays finite (no inf * 0 in the step) and d >= 2^126
+///   below about -88: rcp flushes to 0, act = -0 (fp16's rounding of the formula's value there), g =
+///   -inf gives -inf * 0 = NaN.
+/// Special values: g = +inf gives +inf (e = 0, c = 0, d = S), -inf NaN (the formula's -inf / inf), NaN
+/// NaN. Error (PTX bounds: ex2.approx 2 ulps relative, rcp.approx 1 ulp): modelled on every finite
+/// 16-bit gate at every corner of the MUFU bounds and at twice them (scripts/silu_branch_free_model.py):
+/// the rounding to T equals the fp32 formula's except within MIDPOINT_ULPS["silu"] = 8 fp32 ulps of a
+/// midpoint (also with the formula's expf one ulp off); on the GPU, test_branch_free_silu_every_16_bit_gate.
+template <typename T>
+SGL_DEVICE float activate_silu_branch_free(float g) {
+  static_assert(!std::is_same_v<T, fp32_t>, "16-bit types only");
+  constexpr bool kBf16 = std::is_same_v<T, bf16_t>;
+  constexpr double kLog2e = 1.4426950408889634;
+  constexpr double kLn2 = 0.6931471805599453;
+  constexpr double kHi = kBf16 ? 23637.0 / 16384.0 : 5909.0 / 4096.0;  // kSiluLog2eHi of the model
+  constexpr float kScale = kBf16 ? 0x1p-4f : 0.5f;                     // S
+  constexpr float kNegHi = static_cast<float>(-kHi);
+  constexpr float kSlope = static_cast<float>(-(kLog2e - kHi) * kLn2 * kScale);
+  constexpr float kHalfFloor = -88.5f;  // fp16: the exponent path's lower clamp
+  float x = g;
+  if constexpr (!kBf16) x = fmaxf(g, kHalfFloor);
+  float c, e, r;
+  asm("fma.rn.sat.f32 %0, %1, %2, %3;" : "=f"(c) : "f"(x), "f"(kSlope), "f"(kScale));
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(__fmul_rn(x, kNegHi)));
+  const float d = __fmaf_rn(e, c, kScale);
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
+  if constexpr (!kBf16) r = __fmaf_rn(r, __fmaf_rn(-d, r, 1.0f), r);
+  return __fmul_rn(__fmul_rn(g, kScale), r);
+}
+
 /// kGatedActCheckedFast's tolerance: fp32 bit patterns by which silu_rcp_quotient(g) may differ from
 /// activate<kSilu>(g). Both divide the same d = 1 + expf(-g) (expf itself, bit-identical); the exact
 /// quotient is correctly rounded (<= 0.5 ulp), g * rcp.approx(d) within 1 ulp (rcp) + 0.5 ulp (the
@@ -313,8 +362,16 @@ SGL_DEVICE void activate_vector(const float (&g)[N], float (&act)[N]) {
 
 /// out[i] = round(float(round(act(float(gate[i])))) * float(up[i])) for the N elements of one vector.
 /// 16-bit types convert pairs (one packed conversion instruction per two elements).
-/// kLogistic (16-bit T, N even, gelu / gelu_tanh): activate_logistic instead of activate_vector.
-template <GatedActivation kAct, bool kFast, typename T, std::size_t N, bool kChecked = false, bool kLogistic = false>
+/// kLogistic (16-bit T, N even, gelu / gelu_tanh): activate_logistic instead of activate_vector;
+/// kBranchFree (16-bit T, N even, silu): activate_silu_branch_free.
+template <
+    GatedActivation kAct,
+    bool kFast,
+    typename T,
+    std::size_t N,
+    bool kChecked = false,
+    bool kLogistic = false,
+    bool kBranchFree = false>
 SGL_DEVICE device::AlignedVector<T, N> act_and_mul(
     const device::AlignedVector<T, N>& gate, const device::AlignedVector<T, N>& up) {
   device::AlignedVector<T, N> out;
@@ -341,6 +398,9 @@ SGL_DEVICE device::AlignedVector<T, N> act_and_mul(
     if constexpr (kLogistic && kAct != GatedActivation::kSilu) {
 #pragma unroll
       for (std::size_t i = 0; i < N; ++i) act[i] = activate_logistic<kAct>(g[i]);
+    } else if constexpr (kBranchFree && kAct == GatedActivation::kSilu) {
+#pragma unroll
+      for (std::size_t i = 0; i < N; ++i) act[i] = activate_silu_branch_free<T>(g[i]);
     } else if constexpr (kChecked && !kFast && kAct == GatedActivation::kSilu) {
       silu_checked_fast_vector<T>(g, act);
     } else {
@@ -396,6 +456,10 @@ SGL_DEVICE bool gated_act_row_kept(const GatedActParams& params, int64_t row) {
 ///                      gelu / gelu_tanh 16-byte launches since the H200 A/B of 2026-12-01 (fourth
 ///                      session, [16384, 2 x 14336] bf16: 319.7 / 320.2 us, 104 % of copy, against
 ///                      409.4 / 394.7 for erff / kGatedActFastMath); silu and fp32 ignore the bit
+///   kGatedActBranchFreeSilu  16-bit silu: one ex2 and one rcp per gate, no clamp, no branch, no
+///                      non-ftz reciprocal (activate_silu_branch_free; bf16 SASS 5 fp32 instructions
+///                      per gate against kGatedActFastMath's 16); the contract of kGatedActFastMath;
+///                      opt-in (not timed yet); gelu / gelu_tanh and fp32 ignore the bit
 inline constexpr int kGatedActPlain = 0;
 inline constexpr int kGatedActPairRows = 1;
 inline constexpr int kGatedActEvictLast = 2;
@@ -403,6 +467,7 @@ inline constexpr int kGatedActFastMath = 4;
 inline constexpr int kGatedActPipelined = 8;
 inline constexpr int kGatedActCheckedFast = 16;
 inline constexpr int kGatedActLogistic = 64;
+inline constexpr int kGatedActBranchFreeSilu = 128;
 /// Not a kernel bit: _set_launch_variant(32, _) runs kGatedActPlain where the default would run
 /// kGatedActFastMath / kGatedActLogistic (the exact-libm default before 2026-12-01), for old-vs-new
 /// rows and bit tests.
@@ -424,6 +489,7 @@ __global__ void __launch_bounds__(GatedActConfig::kMaxThreads) gated_act_and_mul
   constexpr bool kPipelined = (kVariant & kGatedActPipelined) != 0;
   constexpr bool kChecked = (kVariant & kGatedActCheckedFast) != 0;
   constexpr bool kLogistic = (kVariant & kGatedActLogistic) != 0;
+  constexpr bool kBranchFree = (kVariant & kGatedActBranchFreeSilu) != 0;
   const int64_t vec = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;  // vector index inside a row
   const int64_t row_step = int64_t{gridDim.y} * blockDim.y;
   device::pdl_wait_primary();  // before the first global access: the rows and ids may be the previous kernel's
@@ -453,10 +519,11 @@ __global__ void __launch_bounds__(GatedActConfig::kMaxThreads) gated_act_and_mul
         load(next_up, input + next * params.input_stride + params.hidden_size);
       }
       if (keep) {
-        act_and_mul<kAct, kFast, T, kVecN, kChecked, kLogistic>(gate, up).store(out + row * params.out_stride, vec);
+        act_and_mul<kAct, kFast, T, kVecN, kChecked, kLogistic, kBranchFree>(gate, up).store(
+            out + row * params.out_stride, vec);
       }
       if (keep_next) {
-        act_and_mul<kAct, kFast, T, kVecN, kChecked, kLogistic>(next_gate, next_up)
+        act_and_mul<kAct, kFast, T, kVecN, kChecked, kLogistic, kBranchFree>(next_gate, next_up)
             .store(out + next * params.out_stride, vec);
       }
     }
@@ -477,7 +544,8 @@ __global__ void __launch_bounds__(GatedActConfig::kMaxThreads) gated_act_and_mul
         load(next_up, input + next * params.input_stride + params.hidden_size);
       }
       if (keep) {
-        act_and_mul<kAct, kFast, T, kVecN, kChecked, kLogistic>(gate, up).store(out + row * params.out_stride, vec);
+        act_and_mul<kAct, kFast, T, kVecN, kChecked, kLogistic, kBranchFree>(gate, up).store(
+            out + row * params.out_stride, vec);
       }
       gate = next_gate;
       up = next_up;
@@ -490,7 +558,8 @@ __global__ void __launch_bounds__(GatedActConfig::kMaxThreads) gated_act_and_mul
       vec_t gate, up;
       load(gate, gate_row);
       load(up, gate_row + params.hidden_size);
-      act_and_mul<kAct, kFast, T, kVecN, kChecked, kLogistic>(gate, up).store(out + row * params.out_stride, vec);
+      act_and_mul<kAct, kFast, T, kVecN, kChecked, kLogistic, kBranchFree>(gate, up).store(
+          out + row * params.out_stride, vec);
     }
   }
 }
@@ -648,6 +717,9 @@ void launch_gated_act(GatedActParams params, DLDevice device, bool pdl) {
     // The logistic bit: 16-bit gelu / gelu_tanh only; silu and fp32 run their default without it.
     constexpr bool kLogistic16 = !std::is_same_v<T, fp32_t> && kAct != GatedActivation::kSilu;
     if constexpr (!kLogistic16) variant &= ~int64_t{kGatedActLogistic};
+    // The branch-free silu bit: 16-bit silu only; gelu / gelu_tanh and fp32 run their default without it.
+    constexpr bool kBranchFree16 = !std::is_same_v<T, fp32_t> && kAct == GatedActivation::kSilu;
+    if constexpr (!kBranchFree16) variant &= ~int64_t{kGatedActBranchFreeSilu};
     // The default: the logistic kernel for 16-bit gelu / gelu_tanh, fast math for 16-bit silu, else
     // plain (kGatedActExact, 32, asks for plain where these would run).
     if (variant == kGatedActPlain) {
@@ -699,6 +771,11 @@ void launch_gated_act(GatedActParams params, DLDevice device, bool pdl) {
       case kGatedActLogistic:
         if constexpr (kLogistic16) {
           return launch_gated_act_variant<T, kVecN, kAct, kGatedActLogistic>(params, device, pdl);
+        }
+        break;
+      case kGatedActBranchFreeSilu:
+        if constexpr (kBranchFree16) {
+          return launch_gated_act_variant<T, kVecN, kAct, kGatedActBranchFreeSilu>(params, device, pdl);
         }
         break;
       case kGatedActFastMath:
@@ -872,9 +949,9 @@ inline void set_gated_act_launch_override(int64_t threads, int64_t vec_bytes) {
 /// Benchmark hook (bench_activation.py, old-vs-new rows): the kernel variant of later 16-byte
 /// launches of this module (0 plain, 1 pair rows, 2 loads evict_last, 4 fast math, 5 pair rows + fast
 /// math, 6 fast math + evict_last, 8 pipelined rows, 12 pipelined + fast math, 16 checked fast silu,
-/// 17 pair rows + checked fast silu, 24 pipelined + checked fast silu, 64 logistic gelu / gelu_tanh;
-/// fp32 ignores the fast-math, checked-fast and logistic bits, gelu and gelu_tanh the checked-fast bit,
-/// silu the logistic bit) and whether the CTA size follows
+/// 17 pair rows + checked fast silu, 24 pipelined + checked fast silu, 64 logistic gelu / gelu_tanh,
+/// 128 branch-free silu; fp32 ignores the fast-math, checked-fast, logistic and branch-free bits, gelu
+/// and gelu_tanh the checked-fast and branch-free bits, silu the logistic bit) and whether the CTA size follows
 /// 9f465cb's rule (old_geometry != 0). (0, 0) is the default; (1, 1) is 9f15607's large-T kernel and
 /// launch exactly (the same SASS and grid), (5, 1) that code with fast math.
 inline void set_gated_act_launch_variant(int64_t variant, int64_t old_geometry) {
@@ -885,8 +962,8 @@ inline void set_gated_act_launch_variant(int64_t variant, int64_t old_geometry) 
           variant == (kGatedActPipelined | kGatedActFastMath) || variant == kGatedActCheckedFast ||
           variant == (kGatedActPairRows | kGatedActCheckedFast) ||
           variant == (kGatedActPipelined | kGatedActCheckedFast) || variant == kGatedActExact ||
-          variant == kGatedActLogistic,
-      "_set_launch_variant: variant must be 0, 1, 2, 4, 5, 6, 8, 12, 16, 17, 24, 32 or 64, got ",
+          variant == kGatedActLogistic || variant == kGatedActBranchFreeSilu,
+      "_set_launch_variant: variant must be 0, 1, 2, 4, 5, 6, 8, 12, 16, 17, 24, 32, 64 or 128, got ",
       variant);
   gated_act_override().variant = variant;
   gated_act_override().old_geometry = old_geometry != 0;
