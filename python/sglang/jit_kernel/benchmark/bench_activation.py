@@ -11,8 +11,8 @@ call at T = 1, and the issue's targets checked against this run.
 Last, the launch variants (``_set_launch_variant``) side by side: the default (16-bit silu:
 fast math, ex2/rcp approximations; 16-bit gelu / gelu_tanh: the logistic kernel, g * sigmoid(z) by one
 ex2 and one rcp), the exact-libm kernel that was the default before, 9f465cb's pair rows, pipelined
-rows, the checked fast silu, the fast-math gelu_tanh (its default before the logistic kernel); cold
-and one input.
+rows, the checked fast silu, the fast-math gelu_tanh (its default before the logistic kernel), the
+branch-free silu (opt-in: one ex2 and one rcp per gate, no clamp); cold and one input.
 
 ``python bench_activation.py --sweep`` times forced CTA sizes and vector widths against the
 heuristic's choice (the launch hook ``_set_launch_override``).
@@ -165,7 +165,8 @@ def expert_filter_rows() -> list[BenchRow]:
 #: (64) for gelu / gelu_tanh; 32 is the exact-libm kernel that was the default before, (1, 1) its
 #: pair rows under 9f465cb's CTA-size rule (the code of 9f15607), 4 the fast-math gelu_tanh (its
 #: default before the logistic kernel), 12 pipelined rows with fast math, 16 the checked fast silu
-#: (bit-identical to 32; other ops ignore the bit and are not timed under it).
+#: (bit-identical to 32; other ops ignore the bit and are not timed under it), 128 the branch-free silu
+#: (activate_silu_branch_free; silu only, like 16).
 VARIANTS = {
     "jit": (0, 0),
     "jit exact (old default)": (32, 0),
@@ -173,6 +174,7 @@ VARIANTS = {
     "jit pipelined + fast math": (12, 0),
     "jit checked fast silu": (16, 0),
     "jit fast math gelu_tanh (old default)": (4, 0),
+    "jit branch-free silu (128)": (128, 0),
 }
 
 
@@ -191,8 +193,8 @@ def variant_rows() -> list[BenchRow]:
                 for label, (variant, old_geometry) in VARIANTS.items():
                     if op == "gelu_and_mul" and variant & 4:
                         continue  # gelu keeps erff in the fast-math variant: same kernel code
-                    if op != "silu_and_mul" and variant & 16:
-                        continue  # the checked-fast bit is silu's only: same kernel code
+                    if op != "silu_and_mul" and variant & (16 | 128):
+                        continue  # the checked-fast and branch-free bits are silu's only: same kernel code
                     if op == "silu_and_mul" and variant == 4:
                         continue  # silu's default is the fast-math kernel: same kernel code
                     module._set_launch_variant(variant, old_geometry)

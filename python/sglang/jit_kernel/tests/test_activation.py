@@ -55,6 +55,9 @@ EXACT = 32
 #: _set_launch_variant value of the logistic 16-bit gelu / gelu_tanh (their default at 16-byte vectors,
 #: named; silu and fp32 ignore the bit).
 LOGISTIC = 64
+#: _set_launch_variant value of the branch-free 16-bit silu (opt-in; gelu / gelu_tanh and fp32 ignore
+#: the bit).
+BRANCH_FREE = 128
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,6 +304,7 @@ def test_forced_geometries_agree(dtype, threads, vec_bytes):
         (17, 1),
         (24, 0),
         (LOGISTIC, 0),
+        (BRANCH_FREE, 0),
     ],
 )
 def test_launch_variants(dtype, variant, old_geometry):
@@ -309,7 +313,8 @@ def test_launch_variants(dtype, variant, old_geometry):
     same bits as the exact variant (32); fast math (4, 5, 6, 12, and the default 0 of 16-bit silu; fp32
     ignores the bit, gelu has no fast build) stays within the ulp check, as does the logistic gelu /
     gelu_tanh (64 and the default 0 of 16-bit gelu / gelu_tanh; silu runs its default, fp32 ignores the
-    bit), which may also round as the float64 activation. Cases cover one-shot grids past 4 waves (pair rows on), several chunks per
+    bit), which may also round as the float64 activation, and the branch-free silu (128; gelu / gelu_tanh
+    run their default, fp32 ignores the bit), held to the fast-math contract. Cases cover one-shot grids past 4 waves (pair rows on), several chunks per
     row, row groups and narrow vectors."""
     from sglang.jit_kernel.activation import _jit_activation_module
 
@@ -319,8 +324,10 @@ def test_launch_variants(dtype, variant, old_geometry):
         if dtype == torch.float32:
             return "exact"
         if name == "silu":
+            if variant == BRANCH_FREE:
+                return "branch-free"
             return "fast" if variant in (0, LOGISTIC) or variant & 4 else "exact"
-        if variant in (0, LOGISTIC):
+        if variant in (0, LOGISTIC, BRANCH_FREE):
             return "logistic"
         return "fast" if name == "gelu_tanh" and variant & 4 else "exact"  # gelu's fast build keeps erff
 
@@ -425,6 +432,48 @@ def test_logistic_every_16_bit_gate(dtype):
         nan = torch.isnan(exact_special)
         assert torch.equal(torch.isnan(got_special), nan)  # NaN where the exact kernel has NaN (any payload)
         assert torch.equal(got_special[~nan], exact_special[~nan])
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_branch_free_silu_every_16_bit_gate(dtype):
+    """The branch-free silu (variant 128, opt-in) on every finite 16-bit gate, 16-byte vectors forced (one
+    row of 65k gates would otherwise narrow to 4-byte, exact vectors under the decode rule): against the
+    fp32 reference at up = 1.5 as the fast-math default is held to, and at up = 1 the rounded activation
+    itself, exactly the formula's rounding or (within MIDPOINT_ULPS of a midpoint) its neighbour
+    (scripts/silu_branch_free_model.py models both on the CPU; bf16 gates -87.5 .. -88.5 keep their tiny
+    normal results). Non-finite gates give the exact variant's values (NaN where it has NaN: -inf and NaN;
+    +inf gives +inf). The default stays the fast-math kernel."""
+    from sglang.jit_kernel.activation import _jit_activation_module
+
+    x, y = every_gate_rows(dtype)
+    up_one = x.clone()
+    up_one[:, x.shape[1] // 2 :] = 1
+    module = _jit_activation_module(dtype)
+    try:
+        module._set_launch_override(0, 16)
+        module._set_launch_variant(EXACT, 0)
+        exact_special = silu_and_mul(y)
+        module._set_launch_variant(4, 0)
+        fast = silu_and_mul(x)
+        module._set_launch_variant(BRANCH_FREE, 0)
+        got = silu_and_mul(x)
+        got_special = silu_and_mul(y)
+        got_up_one = silu_and_mul(up_one)
+        module._set_launch_variant(0, 0)
+        default = silu_and_mul(x)
+    finally:
+        module._set_launch_variant(0, 0)
+        module._set_launch_override(0, 0)
+    assert_matches_reference("silu", got, x, or_float64=False)
+    assert_matches_reference("silu", got_up_one, up_one, or_float64=False)
+    expected, alternative, ambiguous = reference_pair("silu", up_one)
+    ok = (got_up_one == expected) | (ambiguous & (got_up_one == alternative))
+    assert bool(ok.all()), up_one[:, : x.shape[1] // 2][~ok][:8].tolist()
+    assert torch.equal(default, fast)  # not the default
+    nan = torch.isnan(exact_special)
+    assert torch.equal(torch.isnan(got_special), nan)  # NaN where the exact kernel has NaN (any payload)
+    assert torch.equal(got_special[~nan], exact_special[~nan])
 
 
 @requires_cuda
@@ -883,6 +932,8 @@ def test_ffi_rejects_mismatches_from_cpp():
         module._set_launch_variant(20, 0)
     with pytest.raises(RuntimeError, match="_set_launch_variant: variant"):
         module._set_launch_variant(LOGISTIC | 1, 0)  # the logistic bit alone
+    with pytest.raises(RuntimeError, match="_set_launch_variant: variant"):
+        module._set_launch_variant(BRANCH_FREE | 4, 0)  # the branch-free bit alone
 
 
 if __name__ == "__main__":
