@@ -16,11 +16,13 @@ branch-free silu (opt-in: one ex2 and one rcp per gate, no clamp); cold and one 
 
 ``python bench_activation.py --sweep`` times forced CTA sizes and vector widths against the
 heuristic's choice (the launch hook ``_set_launch_override``).
-``python bench_activation.py --variants`` prints the launch-variant rows alone.
+``python bench_activation.py --variants`` prints the launch-variant rows alone (``BENCH_ACT_VARIANTS``
+narrows them to the labels given).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 
@@ -178,6 +180,11 @@ VARIANTS = {
 }
 
 
+#: ``BENCH_ACT_VARIANTS="jit,jit exact (old default)"`` (labels of VARIANTS, comma-separated) times only
+#: those rows (a short A/B in a device call that also runs the tests); unset: every variant.
+ONLY_VARIANTS = {v.strip() for v in os.environ.get("BENCH_ACT_VARIANTS", "").split(",") if v.strip()}
+
+
 def variant_rows() -> list[BenchRow]:
     """Every op at every T under each launch variant, cold and one input (the old-vs-new A/B of one run)."""
     from sglang.jit_kernel.activation import _jit_activation_module
@@ -191,6 +198,8 @@ def variant_rows() -> list[BenchRow]:
             case = f"[{tokens}, 2 x {HIDDEN}]"
             for op, fn in JIT.items():
                 for label, (variant, old_geometry) in VARIANTS.items():
+                    if ONLY_VARIANTS and label not in ONLY_VARIANTS:
+                        continue
                     if op == "gelu_and_mul" and variant & 4:
                         continue  # gelu keeps erff in the fast-math variant: same kernel code
                     if op != "silu_and_mul" and variant & (16 | 128):
