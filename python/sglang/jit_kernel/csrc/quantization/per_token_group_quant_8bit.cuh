@@ -406,6 +406,159 @@ __global__ void __launch_bounds__(GroupQuantConfig::kTileMaxThreads, Tuning::kMi
   }
 }
 
+/// The full-sector kernel (opt-in variant 10): the 2-D kernel's grid and rows with TileShape<kSlots, 1>
+/// tiles (kSlots coalesced steps of one chunk per lane), a cheaper group maximum, one scale per lane.
+///
+/// Why (SASS of the default, bf16 -> fp8 at [T, 7168] g128): variant 3 loads its pair of adjacent
+/// chunks as two LDG.E.128 at +0 and +0x10 of one lane address, and lanes are 32 bytes apart, so
+/// each warp load touches 32 sectors (1 KiB) and uses half of each: 2x the sector requests and
+/// L1 wavefronts per byte, and, the second load arriving while the first's sectors are still in
+/// flight, up to 2x the L2 -> SM traffic (the pattern that doubled it in a sibling op). That is
+/// the L2-resident case's ceiling (T = 2048: 10.28 us against 8.99 for a 16-lanes-per-group
+/// kernel) and costs a few % from DRAM (T = 16384: 95.2 %). Variant 4 (TileShape<4, 1>) has
+/// full-sector loads but pays for them elsewhere: 4 butterflies of 4 levels (16 SHFL), 4 scales
+/// and 4 reciprocals (8 IEEE divisions) per lane, 80 registers (3 blocks of 224 threads per SM
+/// against 4 at v3's 72), and 4 scale stores of 8 bytes per warp and tile.
+///
+/// Here slot k of lane l is chunk k * 32 + l of the tile: every load is 512 contiguous bytes (16
+/// full sectors) and every fp8 store 32 * kVecN contiguous bytes (full sectors; 8 bytes per lane
+/// for bf16 / fp16, so output_q needs only `aligned`). The kSlots maxima of a lane belong to
+/// kSlots different groups (slot k of lanes l and l ^ m, m < lanes_per_group, is one group), so
+/// the butterfly is a reduce-scatter: at each of its first log2(kSlots) levels a lane keeps half
+/// of its values (the upper half when its lane bit of the level is set) and receives the partner's
+/// copy of that half: 2 + 1 SHFL for kSlots 4 instead of 4 + 4, then 1 SHFL per remaining level
+/// (16 lanes per group: 5 SHFL, 4 dependent levels). The lane then holds the whole maximum of one
+/// slot, computes that slot's scale and reciprocal once (2 divisions instead of 8), and an
+/// all-gather (1 + 2 SHFL) returns the kSlots reciprocals to every lane. The lanes whose bits
+/// below the last scatter level are 0 each hold a distinct group of the tile, so one store
+/// instruction writes all of the tile's scales (8 fp32 = one 32-byte sector at g128, where v3
+/// writes two half sectors). The maximum is exact in any order (fmaxf of |x| with NaN ignored),
+/// so the bits are the default's.
+/// Requires group_chunks >= kSlots (the scatter levels lie inside a group) and <= kSlots * 32
+/// (a tile holds whole groups); the dispatcher falls back to the default's choice otherwise.
+template <typename TIn, typename TOut, bool kAligned, bool kClamp, int kSlots>
+__global__ void __launch_bounds__(GroupQuantConfig::kTileMaxThreads)
+    per_token_group_quant_8bit_sector_kernel(const GroupQuantParams p) {
+  using namespace device::quant;
+  using Shape = TileShape<kSlots, 1>;
+  constexpr int kVecN = 16 / sizeof(TIn);
+  constexpr int kLevels = std::countr_zero(static_cast<unsigned>(kSlots));  // scatter levels
+  static_assert(kSlots == 2 || kSlots == 4, "per_token_group_quant_8bit_sector_kernel: 2 or 4 slots");
+
+  const int32_t lane = threadIdx.x % device::kWarpThreads;
+  const int32_t tile = blockIdx.x * (blockDim.x / device::kWarpThreads) + threadIdx.x / device::kWarpThreads;
+  const int32_t row_chunks = static_cast<int32_t>(p.row_chunks);
+  const int32_t first = tile * Shape::kTileChunks + lane;                   // chunk of slot 0 in the row
+  if (tile >= static_cast<int32_t>(p.tiles_per_row)) return;                // whole warps: no shuffle partner lost
+  const int32_t group_chunks = 1 << p.log2_group_chunks;                    // kSlots .. kSlots * 32
+  const int32_t lanes_per_group = min(group_chunks, device::kWarpThreads);  // >= kSlots
+  // Scatter level r exchanges with lane ^ (lanes_per_group >> (r + 1)); `upper` bit r: this lane
+  // keeps the upper half at level r. It ends with the maximum of slot `mine`.
+  int32_t upper = 0, mine = 0;
+#pragma unroll
+  for (int r = 0; r < kLevels; ++r) {
+    const bool up = (lane & (lanes_per_group >> (r + 1))) != 0;
+    upper |= int32_t{up} << r;
+    mine += up ? (kSlots >> (r + 1)) : 0;
+  }
+  const int32_t last_mask = lanes_per_group >> kLevels;  // the first plain butterfly level is last_mask / 2
+  // The group of slot `mine` (its first chunk in the row) and whether this lane writes its scale:
+  // the lowest such lane of the group, and for a group spanning slots only its first slot.
+  const int32_t group_first = tile * Shape::kTileChunks + mine * device::kWarpThreads + (lane & -lanes_per_group);
+  const bool writes_scale =
+      (lane & (last_mask - 1)) == 0 && (group_first & (group_chunks - 1)) == 0 && group_first < row_chunks;
+  const float type_max = kTypeMax<TOut>;
+  int64_t row = int64_t{blockIdx.y} * blockDim.y + threadIdx.y;
+  const int64_t row_step = int64_t{gridDim.y} * blockDim.y;
+  device::pdl_wait_primary();  // the input may be the previous kernel's output
+  device::pdl_launch_dependents();
+
+  for (; row < p.num_tokens; row += row_step) {
+    const TIn* src = static_cast<const TIn*>(p.input) + row * p.input_row_stride;
+    TOut* dst = static_cast<TOut*>(p.output_q) + row * p.q_row_stride;
+    Chunk<TIn, kVecN, kAligned> x[kSlots];
+#pragma unroll
+    for (int k = 0; k < kSlots; ++k) {
+      if (first + k * device::kWarpThreads < row_chunks) x[k].load(src, first + k * device::kWarpThreads);
+    }
+    float v[kSlots];
+#pragma unroll
+    for (int k = 0; k < kSlots; ++k) {
+      v[k] = first + k * device::kWarpThreads < row_chunks ? chunk_absmax(x[k], 0.0f) : 0.0f;
+    }
+    // Groups longer than a slot: slots k .. k + span - 1 of a lane are one group.
+#pragma unroll
+    for (int span = 2; span <= kSlots; span *= 2) {
+      if (group_chunks >= span * device::kWarpThreads) {
+#pragma unroll
+        for (int k = 0; k < kSlots; k += span) {
+          const float m = fmaxf(v[k], v[k + span / 2]);
+#pragma unroll
+          for (int i = 0; i < span; ++i) v[k + i] = m;
+        }
+      }
+    }
+    // Reduce-scatter: level r halves the values of a lane (n -> n / 2), v[0 .. n / 2) afterwards.
+#pragma unroll
+    for (int r = 0; r < kLevels; ++r) {
+      const int n = kSlots >> r;
+      const bool up = (upper >> r) & 1;
+#pragma unroll
+      for (int i = 0; i < n / 2; ++i) {
+        const float keep = up ? v[i + n / 2] : v[i];
+        const float send = up ? v[i] : v[i + n / 2];
+        v[i] = fmaxf(keep, __shfl_xor_sync(0xffffffffu, send, lanes_per_group >> (r + 1)));
+      }
+    }
+    float amax = v[0];
+    for (int mask = last_mask / 2; mask > 0; mask /= 2) {
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, mask));
+    }
+    const float scale = block_scale(amax, p.eps, type_max, p.scale_ue8m0);
+    // All-gather of the reciprocals, the scatter's levels in reverse: inv[0 .. 2n) after level r.
+    float inv[kSlots];
+    inv[0] = __fdiv_rn(1.0f, scale);
+#pragma unroll
+    for (int r = kLevels - 1; r >= 0; --r) {
+      const int n = kSlots >> (r + 1);
+      const bool up = (upper >> r) & 1;
+      float other[kSlots / 2];
+#pragma unroll
+      for (int i = 0; i < n; ++i) other[i] = __shfl_xor_sync(0xffffffffu, inv[i], lanes_per_group >> (r + 1));
+#pragma unroll
+      for (int i = 0; i < n; ++i) {
+        const float own = inv[i];
+        inv[i] = up ? other[i] : own;
+        inv[i + n] = up ? own : other[i];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kSlots; ++k) {
+      const int32_t index = first + k * device::kWarpThreads;
+      if (index < row_chunks) quantize_chunk<TOut, kClamp>(x[k], inv[k], p.q_min, p.q_max).store(dst, index);
+    }
+    if (writes_scale) store_group_scale(p, row, group_first >> p.log2_group_chunks, scale);
+  }
+}
+
+/// The full-sector kernel with kSlots slots: the grid of launch_group_quant_tiles for TileShape<kSlots,
+/// 1> (the same tiles per row, warps_x and rows_y). Aligned rows only (the dispatcher checks).
+template <typename TIn, typename TOut, bool kClamp, int kSlots>
+void launch_group_quant_sectors(GroupQuantParams params, DLDevice device) {
+  using namespace host;
+  using Shape = TileShape<kSlots, 1>;
+  params.tiles_per_row = div_ceil(params.row_chunks, int64_t{Shape::kTileChunks});
+  const int64_t max_warps = GroupQuantConfig::kTileMaxThreads / device::kWarpThreads;
+  const int64_t warps_x = params.tiles_per_row <= max_warps ? params.tiles_per_row : 4;
+  const int64_t rows_y = std::max<int64_t>(1, 4 / warps_x);
+  const dim3 block(static_cast<uint32_t>(warps_x * device::kWarpThreads), static_cast<uint32_t>(rows_y));
+  const int64_t grid_x = div_ceil(params.tiles_per_row, warps_x);
+  const int64_t grid_y = std::min(div_ceil(params.num_tokens, rows_y), GroupQuantConfig::kMaxRowBlocks);
+  const dim3 grid(static_cast<uint32_t>(grid_x), static_cast<uint32_t>(grid_y));
+  const auto kernel = per_token_group_quant_8bit_sector_kernel<TIn, TOut, true, kClamp, kSlots>;
+  LaunchKernel(grid, block, device).enable_pdl(true)(kernel, params);
+}
+
 template <typename TIn, typename TOut, bool kClamp>
 void launch_per_token_group_quant_8bit(const GroupQuantParams& params, bool aligned, DLDevice device) {
   using namespace host;
@@ -460,6 +613,9 @@ void launch_group_quant_tiles(GroupQuantParams params, bool aligned, DLDevice de
 /// 6 blocks of 224 threads per SM at hidden 7168 instead of 4); 9 is 3 with TileTuning<3, true>
 /// (rows looped over by 3 blocks per SM, <= 80 registers, the next row's loads issued before the
 /// current row is reduced: up to 6 rows of loads in flight per SM). Where 3 would fall back to Shape<4, 1>, 8 and 9 take that same untuned fallback.
+/// 10 is 1 with the full-sector kernel (per_token_group_quant_8bit_sector_kernel: coalesced 512-byte
+/// loads, a reduce-scatter group maximum, one scale per lane); unaligned rows and groups it cannot
+/// hold take variant 1.
 template <typename TIn, typename TOut, bool kClamp>
 void dispatch_per_token_group_quant_8bit(
     const GroupQuantParams& params, bool aligned, bool pair_aligned, int64_t variant, DLDevice device) {
@@ -470,6 +626,21 @@ void dispatch_per_token_group_quant_8bit(
   if (variant == 0 || params.row_chunks >= (int64_t{1} << 30)) {
     launch_per_token_group_quant_8bit<TIn, TOut, kClamp>(params, aligned, device);
     return;
+  }
+  if (variant == 10) {
+    // v1's size rule with full-sector tiles: 2 slots (v2's 64-chunk tiles) up to kSmallTokens rows,
+    // else 4 (v3's 128-chunk tiles); a group they cannot hold, or unaligned rows, take variant 1.
+    const bool small = params.num_tokens <= GroupQuantConfig::kSmallTokens;
+    const int64_t slots = small ? 2 : 4;
+    if (aligned && group_chunks >= slots && group_chunks <= slots * device::kWarpThreads) {
+      if (small) {
+        launch_group_quant_sectors<TIn, TOut, kClamp, 2>(params, device);
+      } else {
+        launch_group_quant_sectors<TIn, TOut, kClamp, 4>(params, device);
+      }
+      return;
+    }
+    variant = 1;
   }
   if (variant == 1) variant = params.num_tokens <= GroupQuantConfig::kSmallTokens ? 2 : 3;
   const bool pairs_ok = pair_aligned && group_chunks >= 2;
@@ -558,8 +729,8 @@ void per_token_group_quant_8bit(
   verify_no_partial_overlap(output_s, "output_s", output_q, "output_q", /*allow_same=*/false);
   RuntimeCheck(q_min < q_max, "per_token_group_quant_8bit: fp8_min must be < fp8_max, got ", q_min, " and ", q_max);
   RuntimeCheck(
-      (variant >= 0 && variant <= 4) || variant == 8 || variant == 9,
-      "per_token_group_quant_8bit: variant must be in [0, 4] or 8 or 9, got ",
+      (variant >= 0 && variant <= 4) || variant == 8 || variant == 9 || variant == 10,
+      "per_token_group_quant_8bit: variant must be in [0, 4] or 8, 9, 10, got ",
       variant);
 
   // Unwrap
