@@ -1924,7 +1924,7 @@ for _v in (5, 7, -1):
             with kernel_variant(v):
                 args, kwargs = gq_args()
                 error = expect_error("per_token_group_quant_8bit", ValueError, "KERNEL_VARIANT", args, kwargs)
-            want = f"per_token_group_quant_8bit: KERNEL_VARIANT value: expected an int in 0..4, 8 or 9, got {v}"
+            want = f"per_token_group_quant_8bit: KERNEL_VARIANT value: expected an int in 0..4, 8, 9 or 10, got {v}"
             assert str(error).startswith(want), f"warm={warm}: {error}"
 
 
