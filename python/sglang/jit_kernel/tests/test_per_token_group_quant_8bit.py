@@ -149,7 +149,7 @@ def test_values_against_fp64_and_fp32_arithmetic(in_dtype, out_dtype, shape, gro
 
 
 @requires_cuda
-@pytest.mark.parametrize("variant", [0, 1, 2, 3, 4, 8, 9])
+@pytest.mark.parametrize("variant", [0, 1, 2, 3, 4, 8, 9, 10])
 @pytest.mark.parametrize("in_dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("case", ["row", "col", "ue8m0", "int8", "offset", "clamp"])
 @pytest.mark.parametrize(("m", "k", "group_size"), [(1, 7168, 128), (5, 384, 16), (3, 2048, 1024), (300, 256, 64)])
@@ -295,7 +295,7 @@ def test_inf_and_nan_inputs(out_dtype):
 
 
 @requires_cuda
-@pytest.mark.parametrize("variant", [0, 1, 2, 3, 4, 8, 9])
+@pytest.mark.parametrize("variant", [0, 1, 2, 3, 4, 8, 9, 10])
 @pytest.mark.parametrize("out_dtype", [FP8, torch.int8])
 def test_inf_and_nan_groups_every_variant(variant, out_dtype):
     """Every launcher variant writes the documented result for groups holding inf / -inf / NaN,
@@ -318,15 +318,16 @@ def test_inf_and_nan_groups_every_variant(variant, out_dtype):
 
 
 @requires_cuda
-@pytest.mark.parametrize("variant", [8, 9])
+@pytest.mark.parametrize("variant", [8, 9, 10])
 @pytest.mark.parametrize("in_dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize(
     ("m", "k", "group_size"), [(3000, 7168, 128), (1500, 2048, 64), (700, 16384, 128), (77, 7168, 128), (2, 512, 256)]
 )
 def test_tuned_variants_match_default(variant, in_dtype, m, k, group_size):
     """The opt-in tunings of variant 3 (8: capped registers; 9: rows looped over with the next row's
-    loads in flight, more rows than resident blocks) give exactly the default's bytes, with row-major
-    and column-major scales."""
+    loads in flight, more rows than resident blocks) and of variant 1 (10: full-sector tiles, 2 slots
+    up to 256 rows, 4 from 257) give exactly the default's bytes, with row-major and column-major
+    scales."""
     from sglang.jit_kernel._quant_8bit import jit_quant_8bit_module
 
     if group_size > max_group_size(in_dtype):
@@ -344,6 +345,44 @@ def test_tuned_variants_match_default(variant, in_dtype, m, k, group_size):
         assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
     q_ref, s_ref = reference(x, group_size, EPS, -448.0, 448.0, FP8)
     assert torch.equal(outs[1][0], q_ref.view(torch.uint8)) and torch.equal(outs[1][1], s_ref)
+
+
+@requires_cuda
+@pytest.mark.parametrize("in_dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("case", ["row", "col", "ue8m0", "int8", "clamp"])
+@pytest.mark.parametrize("m", [200, 300])
+@pytest.mark.parametrize("k", [2560, 3072])
+@pytest.mark.parametrize("group_size", [16, 32, 64, 128, 256, 512, 1024])
+def test_full_sector_variant_matches_default(in_dtype, case, m, k, group_size):
+    """Variant 10 (full-sector tiles: 2 slots up to 256 rows, 4 from 257; the reduce-scatter maximum
+    for every lanes-per-group count, groups spanning slots, rows ending inside a tile) gives the
+    default's bytes and the emulation's, for row- and column-major, ue8m0, int8 and clamped fp8; the
+    groups it cannot hold (2 chunks with 4 slots, longer than a tile) take the default's path."""
+    from sglang.jit_kernel._quant_8bit import jit_quant_8bit_module
+
+    if group_size > max_group_size(in_dtype) or k % group_size:
+        pytest.skip("group_size exceeds the dtype's maximum or does not divide k")
+    fn = jit_quant_8bit_module(in_dtype).per_token_group_quant_8bit
+    dtype = torch.int8 if case == "int8" else FP8
+    lo, hi = (-100.0, 300.0) if case == "clamp" else BOUNDS[dtype]
+    ue8m0 = case == "ue8m0"
+    g = k // group_size
+    x = (torch.randn(m, k, device="cuda") * torch.logspace(-3, 3, m, device="cuda").unsqueeze(1)).to(in_dtype)
+    outs = []
+    for v in (1, 10):
+        q = torch.full((m, k), 0x7F, dtype=torch.uint8, device="cuda").view(dtype)
+        if ue8m0:
+            s = column_major(m, (g + 3) // 4, torch.int32)
+        else:
+            s = column_major(m, g) if case == "col" else torch.full((m, g), float("nan"), device="cuda")
+        fn(x, q, s, group_size, EPS, lo, hi, ue8m0, v)
+        # ue8m0: the packed words' bytes, padding bytes of the last word included
+        outs.append((q.view(torch.uint8).clone(), packed_bytes(s).clone() if ue8m0 else s.clone(), s))
+    assert torch.equal(outs[0][0], outs[1][0]), "output_q differs from the default"
+    assert torch.equal(outs[0][1], outs[1][1]), "output_s differs from the default"
+    q_ref, s_ref = reference(x, group_size, EPS, lo, hi, dtype, ue8m0)
+    assert torch.equal(outs[1][0], q_ref.view(torch.uint8))
+    assert torch.equal(decode_ue8m0(outs[1][2], g) if ue8m0 else outs[1][1], s_ref)
 
 
 # ---- layouts ----
