@@ -95,6 +95,9 @@ def main() -> None:
         # loads issued before the current row is reduced
         "jit v8 2x2 occupancy": variant(8),
         "jit v9 2x2 prefetch": variant(9),
+        # opt-in v10: v1's size rule with full-sector tiles (every load 512 contiguous bytes where
+        # v2 / v3 use half of each sector per load; reduce-scatter group maximum, one scale per lane)
+        "jit v10 full sectors": variant(10),
     }
     roof = copy_roof_gbps()
     rows = quant_rows(

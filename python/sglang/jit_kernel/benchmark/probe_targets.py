@@ -171,7 +171,7 @@ if "quant" in which:
             nb,
             cold=t >= 2048,
         )
-        for v in (0, 2, 3, 4):
+        for v in (0, 2, 3, 4, 10):  # 10: the opt-in full-sector tiles
             row(
                 "per_token_group_quant",
                 f"[{t}, {K}] g{G}",
