@@ -434,6 +434,12 @@ __global__ void __launch_bounds__(GroupQuantConfig::kTileMaxThreads, Tuning::kMi
 /// instruction writes all of the tile's scales (8 fp32 = one 32-byte sector at g128, where v3
 /// writes two half sectors). The maximum is exact in any order (fmaxf of |x| with NaN ignored),
 /// so the bits are the default's.
+/// ptxas (sm_90, bf16 -> fp8 unclamped): 48 registers with 4 slots (v3: 72), so 6 blocks of 224
+/// threads per SM instead of 4: up to 86 KB of loads in flight per SM against 57 KB.
+/// Prediction, [T, 7168] bf16 g128 on the H200 (v1 today: 1.34 / 10.28 / 88.59 us): T = 64
+/// ~1.33 us (latency-bound: launch plus one load round trip; 2 slots, 5 dependent SHFL levels
+/// against v2's 3, so no gain expected); T = 2048 one input ~9.3 us (L2-resident: half the sector
+/// requests per byte); T = 16384 ~86 us (~98 % of the copy roof).
 /// Requires group_chunks >= kSlots (the scatter levels lie inside a group) and <= kSlots * 32
 /// (a tile holds whole groups); the dispatcher falls back to the default's choice otherwise.
 template <typename TIn, typename TOut, bool kAligned, bool kClamp, int kSlots>
