@@ -248,7 +248,7 @@ _DOC_COMMON = """
     operation by operation as written in the summary line above, without fused multiply-adds, with
     libm's ``expf`` / ``erff`` / ``tanhf``. Exception, for speed: float16 / bfloat16 rows that allow
     16-byte vectors (the common, aligned case) take ``exp`` and the reciprocal from the hardware
-    approximations (ex2.approx, rcp.approx): ``silu`` as written, ``gelu_tanh`` and ``gelu`` as
+    approximations (ex2.approx, rcp.approx): ``silu`` as written (no branch), ``gelu_tanh`` and ``gelu`` as
     ``g * sigmoid(z)`` (``0.5 * (1 + tanh(y)) = sigmoid(2y)``; gelu's ``z = logit(Phi(g))`` by a
     polynomial fit). The activation rounded to the dtype is then the same except next to a rounding
     midpoint, where it may be its neighbour (one ulp of the dtype), or, for gelu / gelu_tanh gates

@@ -50,7 +50,7 @@ CANCEL_ULPS = {"silu": 0, "gelu": 4, "gelu_tanh": 4}
 #: gate's rounding against this window).
 MIDPOINT_ULPS = {"silu": 8, "gelu": 16, "gelu_tanh": 8}
 #: _set_launch_variant value of the exact-libm 16-byte kernels (the defaults of 16-bit 16-byte
-#: launches are fast math for silu and the logistic kernel for gelu / gelu_tanh).
+#: launches are the branch-free kernel for silu and the logistic kernel for gelu / gelu_tanh).
 EXACT = 32
 #: _set_launch_variant value of the logistic 16-bit gelu / gelu_tanh (their default at 16-byte vectors,
 #: named; silu and fp32 ignore the bit).
@@ -268,8 +268,8 @@ def test_forced_geometries_agree(dtype, threads, vec_bytes):
     for num_tokens, hidden_size in [(1, 14336), (129, 64), (4097, 4), (7, 1234)]:
         x = make_input((num_tokens, 2 * hidden_size), dtype)
         for op in (gelu_and_mul, gelu_tanh_and_mul, silu_and_mul):
-            # exact math everywhere; then the default kernels (16-byte 16-bit launches: fast math,
-            # logistic gelu / gelu_tanh)
+            # exact math everywhere; then the default kernels (16-byte 16-bit launches: branch-free
+            # silu, logistic gelu / gelu_tanh)
             # against the heuristic's CTA size at the same forced vector width (the heuristic alone
             # may pick narrower, exact vectors at small sizes)
             for variant in (EXACT, 0):
@@ -310,12 +310,12 @@ def test_forced_geometries_agree(dtype, threads, vec_bytes):
 def test_launch_variants(dtype, variant, old_geometry):
     """The benchmark's old-vs-new variants of 16-byte launches (_set_launch_variant): pair rows, evict_last
     loads, 9f465cb's CTA-size rule, pipelined rows (8) and the checked fast silu (16, 17, 24) compute the
-    same bits as the exact variant (32); fast math (4, 5, 6, 12, and the default 0 of 16-bit silu; fp32
-    ignores the bit, gelu has no fast build) stays within the ulp check, as does the logistic gelu /
-    gelu_tanh (64 and the default 0 of 16-bit gelu / gelu_tanh; silu runs its default, fp32 ignores the
-    bit), which may also round as the float64 activation, and the branch-free silu (128; gelu / gelu_tanh
-    run their default, fp32 ignores the bit), held to the fast-math contract. Cases cover one-shot grids past 4 waves (pair rows on), several chunks per
-    row, row groups and narrow vectors."""
+    same bits as the exact variant (32); fast math (4, 5, 6, 12; fp32 ignores the bit, gelu has no fast
+    build) stays within the ulp check, as does the logistic gelu / gelu_tanh (64 and the default 0 of
+    16-bit gelu / gelu_tanh; silu runs its default, fp32 ignores the bit), which may also round as the
+    float64 activation, and the branch-free silu (128 and the default 0 of 16-bit silu; gelu / gelu_tanh
+    run their default, fp32 ignores the bit), held to the fast-math contract. Cases cover one-shot grids
+    past 4 waves (pair rows on), several chunks per row, row groups and narrow vectors."""
     from sglang.jit_kernel.activation import _jit_activation_module
 
     module = _jit_activation_module(dtype)
@@ -324,9 +324,9 @@ def test_launch_variants(dtype, variant, old_geometry):
         if dtype == torch.float32:
             return "exact"
         if name == "silu":
-            if variant == BRANCH_FREE:
+            if variant in (0, LOGISTIC, BRANCH_FREE):  # 0 and 64: silu's default, the branch-free kernel
                 return "branch-free"
-            return "fast" if variant in (0, LOGISTIC) or variant & 4 else "exact"
+            return "fast" if variant & 4 else "exact"
         if variant in (0, LOGISTIC, BRANCH_FREE):
             return "logistic"
         return "fast" if name == "gelu_tanh" and variant & 4 else "exact"  # gelu's fast build keeps erff
@@ -354,8 +354,8 @@ def test_launch_variants(dtype, variant, old_geometry):
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_fast_math_every_16_bit_gate(dtype):
-    """The fast-math variant (4; silu's default at 16-byte vectors, gelu_tanh's before the logistic
-    kernel) on every finite 16-bit gate, against the reference; non-finite gates give the exact variant's values (NaN where
+    """The fast-math variant (4; the default of silu at 16-byte vectors before the branch-free kernel,
+    of gelu_tanh before the logistic kernel) on every finite 16-bit gate, against the reference; non-finite gates give the exact variant's values (NaN where
     it has NaN). 16-byte vectors forced: the one row of 65k gates has fewer vectors than the decode
     rule's 128 threads per SM on GPUs of 64+ SMs, which would run it on 4-byte, exact vectors."""
     from sglang.jit_kernel.activation import _jit_activation_module
@@ -380,9 +380,6 @@ def test_fast_math_every_16_bit_gate(dtype):
             nan = torch.isnan(exact_special)
             assert torch.equal(torch.isnan(got_special), nan)  # NaN where the exact kernel has NaN (any payload)
             assert torch.equal(got_special[~nan], exact_special[~nan])
-            if name == "silu":  # silu's default is this kernel
-                assert torch.equal(OPS[name](x), got)
-                assert torch.equal(OPS[name](y).view(torch.int16), got_special.view(torch.int16))  # NaN bits too
     finally:
         module._set_launch_override(0, 0)
 
@@ -393,7 +390,7 @@ def test_logistic_every_16_bit_gate(dtype):
     """The logistic gelu / gelu_tanh (variant 64, their default) on every finite 16-bit gate, up = 1
     (the activation's own rounding) and 1.5, 16-byte vectors forced
     (one row of 65k gates would otherwise narrow to 4-byte, exact vectors under the decode rule):
-    gelu_tanh against the fp32 reference as the fast-math default is held to; gelu against it or the
+    gelu_tanh against the fp32 reference as the fast-math kernel (4) is held to; gelu against it or the
     float64 activation (the fp32 formula's 1 + erf cancels near gate -3, where it misrounds 3 fp16
     gates that the fit rounds as float64 does: scripts/gelu_logistic_fit.py). Non-finite gates give the
     exact variant's values (NaN where it has NaN)."""
@@ -437,13 +434,13 @@ def test_logistic_every_16_bit_gate(dtype):
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_branch_free_silu_every_16_bit_gate(dtype):
-    """The branch-free silu (variant 128, opt-in) on every finite 16-bit gate, 16-byte vectors forced (one
+    """The branch-free silu (variant 128, the default of 16-bit silu at 16-byte vectors) on every finite 16-bit gate, 16-byte vectors forced (one
     row of 65k gates would otherwise narrow to 4-byte, exact vectors under the decode rule): against the
-    fp32 reference at up = 1.5 as the fast-math default is held to, and at up = 1 the rounded activation
+    fp32 reference at up = 1.5 as the fast-math kernel (4) is held to, and at up = 1 the rounded activation
     itself, exactly the formula's rounding or (within MIDPOINT_ULPS of a midpoint) its neighbour
     (scripts/silu_branch_free_model.py models both on the CPU; bf16 gates -87.5 .. -88.5 keep their tiny
     normal results). Non-finite gates give the exact variant's values (NaN where it has NaN: -inf and NaN;
-    +inf gives +inf). The default stays the fast-math kernel."""
+    +inf gives +inf). The default is this kernel, bit for bit (NaN bits too)."""
     from sglang.jit_kernel.activation import _jit_activation_module
 
     x, y = every_gate_rows(dtype)
@@ -462,6 +459,7 @@ def test_branch_free_silu_every_16_bit_gate(dtype):
         got_up_one = silu_and_mul(up_one)
         module._set_launch_variant(0, 0)
         default = silu_and_mul(x)
+        default_special = silu_and_mul(y)
     finally:
         module._set_launch_variant(0, 0)
         module._set_launch_override(0, 0)
@@ -470,7 +468,9 @@ def test_branch_free_silu_every_16_bit_gate(dtype):
     expected, alternative, ambiguous = reference_pair("silu", up_one)
     ok = (got_up_one == expected) | (ambiguous & (got_up_one == alternative))
     assert bool(ok.all()), up_one[:, : x.shape[1] // 2][~ok][:8].tolist()
-    assert torch.equal(default, fast)  # not the default
+    assert torch.equal(default, got)
+    assert torch.equal(default_special.view(torch.int16), got_special.view(torch.int16))
+    assert_matches_reference("silu", fast, x, or_float64=False)  # the old default (4), for comparison
     nan = torch.isnan(exact_special)
     assert torch.equal(torch.isnan(got_special), nan)  # NaN where the exact kernel has NaN (any payload)
     assert torch.equal(got_special[~nan], exact_special[~nan])
@@ -521,7 +521,7 @@ def test_silu_every_16_bit_gate(dtype):
     gate = bits[order].view(dtype).cuda()
     x = torch.cat([gate, torch.full_like(gate, 1.5)]).view(1, -1)
     module = _jit_activation_module(dtype)
-    module._set_launch_variant(EXACT, 0)  # the 16-byte default is fast math
+    module._set_launch_variant(EXACT, 0)  # the 16-byte default is the branch-free kernel
     try:
         module._set_launch_override(0, 16)  # one row of 65k gates: the decode rule would narrow it
         wide = silu_and_mul(x)

@@ -12,8 +12,8 @@
 //   gelu       (g * 0.5) * (1 + erf(g * 0.70710678))                        (exact, erf form)
 //   gelu_tanh  (0.5 * g) * (1 + tanh(0.7978845608 * (g + 0.044715 * (g * g * g))))
 // Exception, for speed: 16-bit types launched with 16-byte vectors (aligned rows, the common case)
-// compute the activation with ex2.approx / rcp.approx: silu by activate_fast, gelu / gelu_tanh as
-// g * sigmoid(z(g)) (activate_logistic). The fp32 value is a few ulps off the formula, so after the
+// compute the activation with ex2.approx / rcp.approx: silu by activate_silu_branch_free, gelu /
+// gelu_tanh as g * sigmoid(z(g)) (activate_logistic). The fp32 value is a few ulps off the formula, so after the
 // rounding to T it is the same value except next to a rounding midpoint of T, where it may be the
 // neighbour (1 ulp of T), or (gelu / gelu_tanh near g = -3, where the formula's 1 + erf / 1 + tanh
 // cancels) the rounding of the float64 activation; checked on every 16-bit gate. fp32 and narrower
@@ -436,8 +436,8 @@ SGL_DEVICE bool gated_act_row_kept(const GatedActParams& params, int64_t row) {
 ///                      lines back before it drops clean ones, 97.7 -> 100 % of copy for an
 ///                      out-of-place rmsnorm; the input's lines stay evict_last after the kernel)
 ///   kGatedActFastMath  16-bit types: ex2.approx / rcp.approx / tanh.approx based activations (see
-///                      activate_fast): the default of 16-bit silu 16-byte launches (and of gelu_tanh
-///                      before kGatedActLogistic; 99 %
+///                      activate_fast): the default of 16-bit silu 16-byte launches before
+///                      kGatedActBranchFreeSilu (and of gelu_tanh before kGatedActLogistic; 99 %
 ///                      of copy at [16384, 2 x 14336] bf16 against 86 % exact, same run); the rounded
 ///                      activation equals the exact one except next to a 16-bit rounding midpoint,
 ///                      where it may be its neighbour (test_fast_math_every_16_bit_gate, every gate)
@@ -459,7 +459,10 @@ SGL_DEVICE bool gated_act_row_kept(const GatedActParams& params, int64_t row) {
 ///   kGatedActBranchFreeSilu  16-bit silu: one ex2 and one rcp per gate, no clamp, no branch, no
 ///                      non-ftz reciprocal (activate_silu_branch_free; bf16 SASS 5 fp32 instructions
 ///                      per gate against kGatedActFastMath's 16); the contract of kGatedActFastMath;
-///                      opt-in (not timed yet); gelu / gelu_tanh and fp32 ignore the bit
+///                      the default of 16-bit silu 16-byte launches since the H200 A/B of 2026-12-01
+///                      (fourth session, [T, 2 x 14336] bf16 cold, T = 64 / 2048 / 16384: 2.97 / 41.63
+///                      / 320.05 us against 3.37 / 42.87 / 342.02); gelu / gelu_tanh and fp32 ignore
+///                      the bit
 inline constexpr int kGatedActPlain = 0;
 inline constexpr int kGatedActPairRows = 1;
 inline constexpr int kGatedActEvictLast = 2;
@@ -469,7 +472,7 @@ inline constexpr int kGatedActCheckedFast = 16;
 inline constexpr int kGatedActLogistic = 64;
 inline constexpr int kGatedActBranchFreeSilu = 128;
 /// Not a kernel bit: _set_launch_variant(32, _) runs kGatedActPlain where the default would run
-/// kGatedActFastMath / kGatedActLogistic (the exact-libm default before 2026-12-01), for old-vs-new
+/// kGatedActBranchFreeSilu / kGatedActLogistic (the exact-libm default before 2026-12-01), for old-vs-new
 /// rows and bit tests.
 inline constexpr int kGatedActExact = 32;
 
@@ -720,13 +723,15 @@ void launch_gated_act(GatedActParams params, DLDevice device, bool pdl) {
     // The branch-free silu bit: 16-bit silu only; gelu / gelu_tanh and fp32 run their default without it.
     constexpr bool kBranchFree16 = !std::is_same_v<T, fp32_t> && kAct == GatedActivation::kSilu;
     if constexpr (!kBranchFree16) variant &= ~int64_t{kGatedActBranchFreeSilu};
-    // The default: the logistic kernel for 16-bit gelu / gelu_tanh, fast math for 16-bit silu, else
-    // plain (kGatedActExact, 32, asks for plain where these would run).
+    // The default: the logistic kernel for 16-bit gelu / gelu_tanh, the branch-free one for 16-bit silu
+    // (H200, [16384, 2 x 14336] bf16 cold: 320.05 us, 104.3 % of copy, against 342.02 for
+    // kGatedActFastMath, now variant 4), else plain (kGatedActExact, 32, asks for plain where these
+    // would run).
     if (variant == kGatedActPlain) {
       if constexpr (kLogistic16) {
         variant = kGatedActLogistic;
-      } else if constexpr (!std::is_same_v<T, fp32_t>) {
-        variant = kGatedActFastMath;
+      } else if constexpr (kBranchFree16) {
+        variant = kGatedActBranchFreeSilu;
       }
     }
     variant &= ~int64_t{kGatedActExact};
