@@ -32,8 +32,9 @@
 // vectors per thread, __fdiv_rn per element, scale and loc loaded after the previous row's store)
 // stays selectable for A/B benches (variant 2); so do the multi kernel (variants 3-5) and the
 // coalesced kernel (variant 6: the default's loads rearranged so that every warp load instruction
-// uses whole sectors; see its comment for the cause it tests and the prediction). Moves num_tokens * H * D * 2 * (sizeof(T) + 1)
-// bytes, plus loc.
+// uses whole sectors; see its comment for the cause it tests and the prediction) and the lean kernel
+// (variant 7: the default's layout with about half its instructions per vector and 8 blocks per SM;
+// see its comment). Moves num_tokens * H * D * 2 * (sizeof(T) + 1) bytes, plus loc.
 //
 // PDL (flat kernel): it waits for the previous kernel (griddepcontrol.wait) before its first global
 // load and then releases the next kernel at once (see rmsnorm.cuh's pdl_wait_then_release).
@@ -48,9 +49,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <dlpack/dlpack.h>
+#include <limits>
 #include <tvm/ffi/container/tensor.h>
+#include <type_traits>
 
 #include "access.cuh"  // For RowDivider, load_issued_here
 
@@ -630,6 +634,260 @@ bool launch_downcast_fp8_coalesced(const DowncastFp8Params& p, int64_t head_dim,
   return true;
 }
 
+/// Lean kernel (variant 7, opt-in A/B): the default's lane layout, launch and load order (one
+/// 16-element vector per thread: two 16-byte loads, one 16-byte store; every load before any
+/// compute), in fewer instructions per vector and with a register bound for 8 resident blocks per SM.
+/// Why (cuobjdump -sass of the bf16 module, sm_90, nvcc 13.0; dynamic count of one thread's
+/// fast path, one loop pass): the default issues 320 instructions per 16-element vector (23 before
+/// the loop; 140 of index math, loads, widening and the |x| test; 68 of division; 85 of e4m3 packing
+/// and store) where the floor probe's same access pattern ("flat layout", 22 registers) issues ~60.
+/// At [16384, 8, 128] that is 65536 warps x 320 = 21 M warp instructions, 39.7 k issue cycles per SM
+/// sub-partition (132 SMs x 4): ~20 us of the 33.8 us at 1.98 GHz. The schedulers are busy ~60 % of
+/// the time, and a warp has no load in flight while it computes (~230 of its instructions come after
+/// the loads); with 44 registers only 5 blocks of 256 fit per SM (40 KiB of source loads in flight).
+/// Per vector the default spends 16 FMNMX + 2 FSETP + a branch on the |x| <= 2^60 test, 16 LOP3 on
+/// the sign OR, ~24 on the bf16 -> fp32 widening (PRMT + shift for the odd elements), ~45 on the
+/// e4m3 packing (the 16-byte store is rebuilt byte by byte: LOP3 0xffff / 0xff0000 / 0xff000000
+/// merges after the NaN fix-up) and ~20 on the 128-bit slot test. Here, bit for bit the default's
+/// bytes:
+///   - |x| is clamped to 2^60 (sign and NaN kept: min.NaN.xorsign.abs; bf16 sources as bf16x2, 8
+///     HMNMX2 per vector; fp16 ones on the fp32 values, 16 FMNMX) instead of tested: an element above
+///     2^60 (or an inf) has |x / s| > 2^20 for s <= 2^40, so its byte is +-448 (0x7E / 0xFE) on both
+///     the exact division and the clamped one; elements up to 2^60 are unchanged. Only the scale
+///     range (s in [2^-40, 2^40], once per thread) chooses between the paths.
+///   - The residual is negated: ne = fma(s, q0, -x), q = fma(-r, ne, q0). RN is odd-symmetric, so ne
+///     = -e exactly and q is the default's q bit for bit wherever that is nonzero; for x = -0 the
+///     default's steps give +0 (its sign OR fixes that), these give -0 (s * -0 + +0 = +0, then
+///     -r * +0 + -0 = -0), for x = +0 +0, and a zero q0 (x r underflowed) gives q = RN(r x), signed
+///     as x on both. So no sign OR: three FP32 instructions per element.
+///   - bf16 widening by shift / mask (one instruction per element); the e4m3 words come from two
+///     cvt.rn.satfinite.e4m3x2 (ptxas merges them: F2FP ... MERGE_C), the NaN fix-up in three
+///     instructions per word, and one STG.128 of four words.
+///   - The slot test: loc against [loc_lo, loc_hi] computed on the host (exact, 128-bit), two 64-bit
+///     compares; the row is then loc * mult + offset in wrapping 64-bit arithmetic (exact in range).
+///     loc's dtype is a template parameter (no runtime select of the load).
+///   - Result (same SASS count): 209 instructions per vector (24 + 50 of index math and loads + 96 of
+///     clamp, widening, division and packing + 39 of slot test, address and store), 32 registers, no
+///     stack or local memory (ptxas; bf16 and fp16, both loc dtypes: the e4m3 words are packed before
+///     the slot test, so only 4 of them stay live; packing after it spilled 4 quotients to 16 bytes
+///     of stack), __launch_bounds__(256, 8): 8 blocks of 256 per SM, 64 KiB
+///     of source loads in flight per SM (the floor probe's occupancy) against the default's 40 KiB;
+///     13.1 us of issue per sub-partition at [16384, 8, 128] against ~20.
+/// Prediction (H200, bench "jit lean" / probe "lean random" against "jit" / "random"): [16384, 8,
+/// 128] ~29.5 us (~81 % of copy) against 33.8 (a line through the default, 33.8 us at 20 us of
+/// issue, and the floor, 26.05 us at ~3.8, gives 30.4 us at 13.1; the occupancy of 8 blocks is worth
+/// the rest); [64, 32, 128] (128 blocks: one partial wave, latency bound) ~1.60 us against 1.65. If
+/// it stays near 33.8 us, neither the issue load nor the occupancy is what holds the default.
+struct DowncastFp8LeanParams {
+  DowncastFp8FlatParams flat;
+  int64_t loc_lo;  // loc * mult + offset lies in [0, num_slots) exactly for loc in [loc_lo, loc_hi]
+  int64_t loc_hi;  // loc_lo > loc_hi: for no loc
+};
+
+/// Launch facts of the lean kernel.
+struct DowncastFp8LeanConfig {
+  static constexpr uint32_t kThreads = 256;
+  static constexpr int kMinBlocks = 8;  // per SM: 65536 / (256 * 8) = 32 registers at most
+};
+
+/// Elements of x (two bf16 or fp16 in a word) with |x| > 2^60 become +-2^60; NaN stays NaN.
+template <typename T>
+SGL_DEVICE uint32_t clamp_pair_magnitude(uint32_t w) {
+  if constexpr (std::is_same_v<T, bf16_t>) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 860
+    uint32_t c;
+    asm("min.NaN.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(c) : "r"(w), "r"(0x5D805D80u));  // 2^60, 2^60
+    return c;
+#else
+    uint32_t c = w;
+#pragma unroll
+    for (int h = 0; h < 32; h += 16) {
+      const uint32_t m = (w >> h) & 0x7FFFu;  // |x| bits; above 0x7F80: NaN
+      if (m > 0x5D80u && m <= 0x7F80u) c = (c & ~(0x7FFFu << h)) | (0x5D80u << h);
+    }
+    return c;
+#endif
+  } else {
+    return w;  // fp16: |x| <= 65504 or inf; clamped as fp32 (clamp_magnitude)
+  }
+}
+
+/// fp32 x with |x| > 2^60 -> +-2^60; NaN stays NaN.
+SGL_DEVICE float clamp_magnitude(float x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 860
+  float c;
+  asm("min.NaN.xorsign.abs.f32 %0, %1, %2;" : "=f"(c) : "f"(x), "f"(0x1p60f));
+  return c;
+#else
+  return fabsf(x) > 0x1p60f ? copysignf(0x1p60f, x) : x;
+#endif
+}
+
+/// The two elements of word w of a source vector, widened to fp32 (exact).
+template <typename T>
+SGL_DEVICE float2 widen_pair(uint32_t w) {
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    return float2{__uint_as_float(w << 16), __uint_as_float(w & 0xFFFF0000u)};
+  } else {
+    const __half2 h = *reinterpret_cast<const __half2*>(&w);
+    return __half22float2(h);
+  }
+}
+
+/// Four fp32 values -> four e4m3 bytes (RNE, satfinite; NaN -> 0x7F) in a word, first in the low byte.
+SGL_DEVICE uint32_t e4m3_word(float a, float b, float c, float d) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t w;  // cvt.e4m3x2 d, hi, lo: the second source goes to the low byte
+  asm("{\n .reg .b16 lo, hi;\n cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+      " mov.b32 %0, {lo, hi};\n}"
+      : "=r"(w)
+      : "f"(a), "f"(b), "f"(c), "f"(d));
+  // canonical_nan_bytes in three instructions: w & ~(((w & 0x7F7F7F7F) + 0x01010101) & 0x80808080)
+  const uint32_t t = (w & 0x7F7F7F7Fu) + 0x01010101u;
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0x70;" : "=r"(r) : "r"(w), "r"(t), "r"(0x80808080u));  // a & ~(b & c)
+  return r;
+#else
+  const auto lo = static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(float2{a, b}, __NV_SATFINITE, __NV_E4M3));
+  const auto hi = static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(float2{c, d}, __NV_SATFINITE, __NV_E4M3));
+  return canonical_nan_bytes(lo | (hi << 16));
+#endif
+}
+
+/// The e4m3 word of source words w0, w1 (four elements) divided by s with the fast steps
+/// (lean kernel comment): |x| clamped to 2^60, q0 = x r, q = fma(-r, fma(s, q0, -x), q0).
+template <typename T>
+SGL_DEVICE uint32_t lean_fast_word(uint32_t w0, uint32_t w1, float s, float r) {
+  float y[4];
+  const uint32_t w[2] = {w0, w1};
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const float2 x = widen_pair<T>(clamp_pair_magnitude<T>(w[j]));
+    const float x0 = std::is_same_v<T, bf16_t> ? x.x : clamp_magnitude(x.x);
+    const float x1 = std::is_same_v<T, bf16_t> ? x.y : clamp_magnitude(x.y);
+    const float q0 = __fmul_rn(x0, r), q1 = __fmul_rn(x1, r);
+    y[2 * j] = __fmaf_rn(-r, __fmaf_rn(s, q0, -x0), q0);
+    y[2 * j + 1] = __fmaf_rn(-r, __fmaf_rn(s, q1, -x1), q1);
+  }
+  return e4m3_word(y[0], y[1], y[2], y[3]);
+}
+
+/// The same word with __fdiv_rn per element (scales outside [2^-40, 2^40], NaN).
+template <typename T>
+SGL_DEVICE uint32_t lean_slow_word(uint32_t w0, uint32_t w1, float s) {
+  const float2 a = widen_pair<T>(w0), b = widen_pair<T>(w1);
+  return e4m3_word(__fdiv_rn(a.x, s), __fdiv_rn(a.y, s), __fdiv_rn(b.x, s), __fdiv_rn(b.y, s));
+}
+
+template <typename T, bool kInt32Loc>
+__global__ void __launch_bounds__(DowncastFp8LeanConfig::kThreads, DowncastFp8LeanConfig::kMinBlocks)
+    downcast_fp8_lean_kernel(const DowncastFp8LeanParams lp) {
+  constexpr int kVec = 16;
+  using raw_vec = device::AlignedVector<uint32_t, 4>;  // 8 elements of T
+  const DowncastFp8FlatParams& fp = lp.flat;
+  const DowncastFp8Params& p = fp.base;
+  device::pdl_wait_primary();  // before the first global load (see the file comment)
+  device::pdl_launch_dependents();
+  const uint32_t step = gridDim.x * blockDim.x;  // <= 2^28: g + step < 2^32
+  for (uint32_t g = blockIdx.x * blockDim.x + threadIdx.x; g < fp.total; g += step) {
+    const uint32_t row = fp.row_divider.divide(g);
+    const uint32_t col = g - row * fp.vecs_per_side;
+    const uint32_t head = fp.head_divider.divide(col);
+    const uint32_t head_vec = col - head * fp.vecs_per_head;
+    const int64_t token = row >> 1;
+    const bool is_v = row & 1;
+    const void* src_base = is_v ? p.v.src : p.k.src;
+    const float* scale_ptr = is_v ? p.v.scale : p.k.scale;
+    const int64_t src_ts = is_v ? p.v.src_token_stride : p.k.src_token_stride;
+    const int64_t src_hs = is_v ? p.v.src_head_stride : p.k.src_head_stride;
+
+    // Loads, all issued before any use: scale, loc, the two halves of the source vector
+    const float s = *scale_ptr;
+    const int64_t loc = kInt32Loc ? int64_t{static_cast<const int32_t*>(p.loc)[token * p.loc_stride]}
+                                  : static_cast<const int64_t*>(p.loc)[token * p.loc_stride];
+    const auto* src = static_cast<const T*>(src_base) + token * src_ts + head * src_hs + int64_t{head_vec} * kVec;
+    const raw_vec a = load_issued_here<raw_vec>(src, 0);
+    const raw_vec b = load_issued_here<raw_vec>(src + 8, 0);
+    uint32_t w[8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      w[i] = a[i];
+      w[4 + i] = b[i];
+    }
+
+    // Convert (the default's bits; kernel comment) into 4 words of e4m3 bytes, packed before the
+    // slot test so that only they stay live
+    raw_vec q;
+    if (s >= 0x1p-40f && s <= 0x1p40f) {  // false for a NaN scale
+      const float r = division_reciprocal(s);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) q[i] = lean_fast_word<T>(w[2 * i], w[2 * i + 1], s, r);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) q[i] = lean_slow_word<T>(w[2 * i], w[2 * i + 1], s);
+    }
+    if (loc >= lp.loc_lo && loc <= lp.loc_hi) {
+      // exact in range: the 64-bit wrap-around of unsigned arithmetic cancels
+      const auto slot = static_cast<int64_t>(
+          static_cast<uint64_t>(loc) * static_cast<uint64_t>(p.mult) + static_cast<uint64_t>(p.offset));
+      void* dst_base = is_v ? p.v.dst : p.k.dst;
+      const int64_t dst_ts = is_v ? p.v.dst_token_stride : p.k.dst_token_stride;
+      const int64_t dst_hs = is_v ? p.v.dst_head_stride : p.k.dst_head_stride;
+      q.store(device::pointer::offset(dst_base, slot * dst_ts + head * dst_hs), head_vec);
+    }
+  }
+}
+
+/// floor(n / d) for d != 0.
+inline __int128 floor_div128(__int128 n, __int128 d) {
+  const __int128 q = n / d;
+  return (n % d != 0 && ((n < 0) != (d < 0))) ? q - 1 : q;
+}
+
+/// The loc values [lo, hi] whose row loc * mult + offset lies in [0, num_slots) (exact), clipped to
+/// int64; lo > hi when there are none.
+inline void downcast_fp8_loc_range(const DowncastFp8Params& p, int64_t& lo, int64_t& hi) {
+  constexpr __int128 kMin = std::numeric_limits<int64_t>::min(), kMax = std::numeric_limits<int64_t>::max();
+  const __int128 a = -static_cast<__int128>(p.offset), b = static_cast<__int128>(p.num_slots) - 1 - p.offset;
+  __int128 l = 1, h = 0;  // none
+  if (p.mult == 0) {
+    if (a <= 0 && 0 <= b) l = kMin, h = kMax;
+  } else if (p.mult > 0) {
+    l = -floor_div128(-a, p.mult), h = floor_div128(b, p.mult);  // mult * loc in [a, b]
+  } else {
+    l = -floor_div128(-b, p.mult), h = floor_div128(a, p.mult);
+  }
+  l = std::max(l, kMin), h = std::min(h, kMax);
+  if (l > h) l = 1, h = 0;
+  lo = static_cast<int64_t>(l), hi = static_cast<int64_t>(h);
+}
+
+/// Launches the lean kernel; false (nothing launched) when the vector width is below 16 or the
+/// 32-bit vector ids do not cover the rows, for the caller to fall back to the default.
+template <typename T>
+bool launch_downcast_fp8_lean(const DowncastFp8Params& p, int64_t head_dim, int64_t num_heads, DLDevice device) {
+  using namespace host;
+  using Config = DowncastFp8FlatConfig;
+  if (downcast_fp8_flat_vector(p, head_dim, num_heads) < 16) return false;
+  const int64_t vecs_per_head = head_dim / 16;
+  const int64_t vecs_per_side = num_heads * vecs_per_head;
+  if (vecs_per_side >= Config::kMaxVecs || 2 * p.num_tokens >= Config::kMaxVecs / vecs_per_side) return false;
+  DowncastFp8LeanParams lp{};
+  DowncastFp8FlatParams& fp = lp.flat;
+  fp.base = p;
+  fp.vecs_per_head = static_cast<uint32_t>(vecs_per_head);
+  fp.vecs_per_side = static_cast<uint32_t>(vecs_per_side);
+  fp.total = static_cast<uint32_t>(2 * p.num_tokens * vecs_per_side);
+  fp.row_divider = RowDivider::make(fp.vecs_per_side);
+  fp.head_divider = RowDivider::make(fp.vecs_per_head);
+  downcast_fp8_loc_range(p, lp.loc_lo, lp.loc_hi);
+  const int64_t blocks =
+      std::clamp<int64_t>(div_ceil(int64_t{fp.total}, int64_t{DowncastFp8LeanConfig::kThreads}), 1, Config::kMaxBlocks);
+  const auto kernel = p.int32_loc ? downcast_fp8_lean_kernel<T, true> : downcast_fp8_lean_kernel<T, false>;
+  LaunchKernel(static_cast<uint32_t>(blocks), DowncastFp8LeanConfig::kThreads, device).enable_pdl()(kernel, lp);
+  return true;
+}
+
 /// Verifies `t` as [rows, num_heads, head_dim] with the last stride 1 and the others free.
 inline void verify_heads(
     tvm::ffi::TensorView t,
@@ -658,7 +916,9 @@ inline void verify_heads(
 /// every variant writes the same bytes): 0 the flat kernel with the reciprocal done once per thread,
 /// 1 the flat kernel with __fdiv_rn per element, 2 the legacy kernel, 3 / 4 / 5 the multi kernel
 /// with 1 / 2 / 4 8-element vectors per thread, 6 the coalesced kernel (8-element vectors, lanes l
-/// and l + 32 of a warp's 64; variants 3-6 take the default where the vector width is below 8).
+/// and l + 32 of a warp's 64; variants 3-6 take the default where the vector width is below 8), 7
+/// the lean kernel (the default's layout in fewer instructions, 8 blocks per SM; the default where
+/// the vector width is below 16).
 template <typename T>
 void downcast_fp8(
     tvm::ffi::TensorView k,
@@ -728,8 +988,12 @@ void downcast_fp8(
   p.int32_loc = loc_dtype.is_type<int32_t>();
   const int64_t heads = num_heads.unwrap(), dim = head_dim.unwrap();
   const DLDevice device = device_.unwrap();
-  RuntimeCheck(variant >= 0 && variant <= 6, "downcast_fp8: variant = ", variant, ": expected 0 to 6");
+  RuntimeCheck(variant >= 0 && variant <= 7, "downcast_fp8: variant = ", variant, ": expected 0 to 7");
   if (p.num_tokens == 0 || p.num_slots == 0 || heads == 0 || dim == 0) return;
+  if (variant == 7) {
+    if (launch_downcast_fp8_lean<T>(p, dim, heads, device)) return;
+    variant = 0;  // vectors below 16 elements: the default
+  }
   if (variant == 6) {
     if (launch_downcast_fp8_coalesced<T>(p, dim, heads, device)) return;
     variant = 0;  // vectors below 8 elements: the default
