@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sglang.jit_kernel._validate import CHECK_INDICES_ENV
-from sglang.jit_kernel.cast import VARIANTS, downcast_fp8, downcast_fp8_variant, reference_downcast_fp8
+from sglang.jit_kernel.cast import VARIANTS, _loc_range, downcast_fp8, downcast_fp8_variant, reference_downcast_fp8
 from sglang.jit_kernel.testing import (
     SENTINEL_BYTE,
     assert_bits_equal,
@@ -202,6 +202,9 @@ def test_downcast_fp8_variants_write_the_same_bytes(dtype):
 
 #: The variants of 8-element vectors (the default where the vector width is below 8).
 VEC8_VARIANTS = ("vec8 x1", "vec8 x2", "vec8 x4", "coalesced")
+#: The opt-in variants held bit for bit against the default: those and the lean kernel (16-element
+#: vectors; the default where the vector width is below 16).
+OPT_IN_VARIANTS = (*VEC8_VARIANTS, "lean")
 
 
 @requires_cuda
@@ -211,12 +214,13 @@ VEC8_VARIANTS = ("vec8 x1", "vec8 x2", "vec8 x4", "coalesced")
     [(8, 128, "plain"), (8, 128, "strided"), (3, 24, "plain"), (5, 6, "plain"), (8, 128, "shifted")],
 )
 def test_downcast_fp8_vec8_variants_write_the_same_bytes(dtype, heads, dim, view):
-    """The multi kernel (variants "vec8 x1 / x2 / x4") and the coalesced kernel ("coalesced") against
-        the default, bit for bit: the bench's
+    """The multi kernel (variants "vec8 x1 / x2 / x4"), the coalesced kernel ("coalesced") and the lean
+        kernel ("lean") against the default, bit for bit: the bench's
         16384 x 8 x 128 (thousands of blocks, the last one partial per kPer; the coalesced kernel's
     last warp covers fewer than 64 vectors at 777 tokens x 3 x 24), padded token / head strides
         with int32 loc and mult / offset, a head_dim of 24 (3 vectors per head), and the fallbacks to the
-        default (head_dim 6, a source shifted by one element: vectors below 8)."""
+        default (head_dim 6, a source shifted by one element: vectors below 8; the lean kernel also at
+        head_dim 24: vectors below 16)."""
     t = 16384 if view == "plain" and dim == 128 else 777
     slots = 2 * t + 5
     if view == "strided":
@@ -234,7 +238,7 @@ def test_downcast_fp8_vec8_variants_write_the_same_bytes(dtype, heads, dim, view
         loc = loc.to(torch.int32)
     out_slots = slots * mult + offset
     caches = {}
-    for variant in ("flat", *VEC8_VARIANTS):
+    for variant in ("flat", *OPT_IN_VARIANTS):
         k_out = sentinel_filled((out_slots, heads, dim), torch.uint8)
         v_out = sentinel_filled((out_slots, heads, dim), torch.uint8)
         downcast_fp8_variant(variant, k, v, k_out, v_out, scale_of(0.37), scale_of(1.7), loc, mult, offset)
@@ -242,9 +246,55 @@ def test_downcast_fp8_vec8_variants_write_the_same_bytes(dtype, heads, dim, view
     fresh = sentinel_filled((out_slots, heads, dim), torch.uint8)
     assert_bits_equal(caches["flat"][0], expected_cache(fresh, k, scale_of(0.37), loc, mult, offset))
     assert_bits_equal(caches["flat"][1], expected_cache(fresh, v, scale_of(1.7), loc, mult, offset))
-    for variant in VEC8_VARIANTS:
+    for variant in OPT_IN_VARIANTS:
         assert_bits_equal(caches[variant][0], caches["flat"][0])
         assert_bits_equal(caches[variant][1], caches["flat"][1])
+
+
+@requires_cuda
+@pytest.mark.parametrize("loc_dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize(
+    "mult,offset,bad",
+    [
+        (4, 0, -1),
+        (4, 0, 2**62),  # 2^62 * 4 wraps to 0 in 64 bits
+        (4, 3, 2**63 - 1),
+        (-3, 250, -(2**63)),
+        (1, -(2**62), 2**62 - 1),  # row -1
+        (2**40, 5, 2**40),
+        (0, 7, 1),  # one token: every token goes to row 7
+        (0, 1000, 3),  # offset outside the cache: nothing is written
+    ],
+)
+def test_downcast_fp8_lean_destinations_match_the_default(loc_dtype, mult, offset, bad):
+    """The lean kernel's slot test (a loc range computed on the host in 128-bit arithmetic, then two
+    64-bit compares) against the default's 128-bit test, bit for bit: distinct loc values from 3
+    below to 3 above the valid range (out of range on both sides), a `bad` entry where loc * mult
+    wraps around in 64 bits or sits at the int64 limits, negative mult, mult 0, int32 loc."""
+    heads, dim, num_slots = 8, 128, 260
+    bounds = _loc_range(mult, offset, num_slots)
+    lo, hi = bounds if bounds is not None else (-20, 20)
+    if mult == 0:
+        lo, hi = -20, 20
+    if loc_dtype == torch.int32 and not (-(2**31) <= lo - 3 and hi + 3 < 2**31 and -(2**31) <= bad < 2**31):
+        pytest.skip("outside int32")
+    span = hi - lo + 7
+    t = 1 if mult == 0 and bounds is not None else min(40, span)
+    loc = lo - 3 + torch.randperm(span, device="cuda")[:t]
+    if t > 1:
+        loc[t // 2] = bad
+    loc = loc.to(loc_dtype)
+    k, v = source((t, heads, dim), torch.bfloat16, spread=300.0), source((t, heads, dim), torch.bfloat16)
+    caches = {}
+    for variant in ("flat", "lean"):
+        k_out = sentinel_filled((num_slots, heads, dim), torch.uint8)
+        v_out = sentinel_filled((num_slots, heads, dim), torch.uint8)
+        downcast_fp8_variant(variant, k, v, k_out, v_out, scale_of(0.37), scale_of(1.7), loc, mult, offset)
+        caches[variant] = (k_out, v_out)
+    written = (caches["flat"][0] != SENTINEL_BYTE).any(dim=(1, 2)).sum().item()
+    assert written == sum(bounds is not None and bounds[0] <= x <= bounds[1] for x in loc.tolist())
+    assert_bits_equal(caches["lean"][0], caches["flat"][0])
+    assert_bits_equal(caches["lean"][1], caches["flat"][1])
 
 
 def test_downcast_fp8_variant_name_is_checked():
