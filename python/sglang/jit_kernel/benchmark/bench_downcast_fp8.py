@@ -14,7 +14,9 @@ __fdiv_rn per element), "jit legacy" (the previous kernel) and "jit vec8 x1 / x2
 kernel: 8-element vectors, one fully used 16-byte load each, 1 / 2 / 4 per thread, registers capped
 for 8 / 6 / 4 blocks per SM) and "jit coalesced" (8-element vectors, lanes l and l + 32 of a warp's 64:
 every load instruction reads 512 contiguous bytes, where the default's two loads each use half of
-every sector they touch); see downcast_fp8.cuh. The floors: benchmark/probe_downcast_floor.py.
+every sector they touch) and "jit lean" (the default's layout in about two thirds of its instructions
+per vector, 32 registers: 8 blocks per SM); see downcast_fp8.cuh. The floors:
+benchmark/probe_downcast_floor.py.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ def rows() -> list[BenchRow]:
         "jit vec8 x2": lambda *a: downcast_fp8_variant("vec8 x2", *a),
         "jit vec8 x4": lambda *a: downcast_fp8_variant("vec8 x4", *a),
         "jit coalesced": lambda *a: downcast_fp8_variant("coalesced", *a),
+        "jit lean": lambda *a: downcast_fp8_variant("lean", *a),
         "torch eager": torch_downcast,
         "torch.compile": lambda *a: compiled_once("downcast_fp8", torch_downcast)(*a),
     }

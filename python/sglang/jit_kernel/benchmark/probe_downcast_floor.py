@@ -8,6 +8,10 @@ per element, read loc), so the % columns compare directly:
   identity 4T   slot i = i into the [4T + 1]-slot cache (random's footprint, written in order)
   coalesced ... the opt-in variant "coalesced" (two fully used 16-byte loads per thread) on random /
                 identity slots
+  lean ...      the opt-in variant "lean" (the default's layout and load order in about two thirds of
+                its instructions per vector, 32 registers: 8 blocks per SM) on random / identity slots:
+                against "random" / "identity" it is the cost of the default's instruction count and
+                occupancy, against "floor flat layout ..." what remains of the compute
   floor <mode> <pattern>
                 probe_downcast_floor.cuh: the same reads and writes (one byte per element, the high byte
                 of each bf16: no scale, no division), on random or identity slots, in three lane layouts:
@@ -118,6 +122,8 @@ def size_rows(probe, t: int, h: int) -> list[BenchRow]:
         if pattern in ("random", "identity"):
             median, _, _ = bench_rotating(lambda *a: downcast_fp8_variant("coalesced", *a), sets, REP_MS, CAPTURES)
             rows.append(BenchRow("downcast_fp8", case, f"coalesced {pattern}", median, nbytes))
+            median, _, _ = bench_rotating(lambda *a: downcast_fp8_variant("lean", *a), sets, REP_MS, CAPTURES)
+            rows.append(BenchRow("downcast_fp8", case, f"lean {pattern}", median, nbytes))
             check_floor(probe, sets[0])
             for mode, label in FLOOR_MODES.items():
 
