@@ -531,6 +531,24 @@ inline int downcast_fp8_flat_vector(const DowncastFp8Params& p, int64_t head_dim
   return src_vec < 8 ? std::min(src_vec, dst_vec) : dst_vec;
 }
 
+/// The flat-layout parameters of `p` for `vec`-element vectors (the flat, multi, coalesced and lean
+/// kernels): false when the 32-bit vector ids do not cover the rows (2^31 vectors or more).
+inline bool make_flat_params(
+    const DowncastFp8Params& p, int64_t head_dim, int64_t num_heads, int64_t vec, DowncastFp8FlatParams& fp) {
+  using Config = DowncastFp8FlatConfig;
+  const int64_t vecs_per_head = head_dim / vec;
+  const int64_t vecs_per_side = num_heads * vecs_per_head;
+  if (vecs_per_side >= Config::kMaxVecs || 2 * p.num_tokens >= Config::kMaxVecs / vecs_per_side) return false;
+  fp = DowncastFp8FlatParams{};
+  fp.base = p;
+  fp.vecs_per_head = static_cast<uint32_t>(vecs_per_head);
+  fp.vecs_per_side = static_cast<uint32_t>(vecs_per_side);
+  fp.total = static_cast<uint32_t>(2 * p.num_tokens * vecs_per_side);
+  fp.row_divider = RowDivider::make(fp.vecs_per_side);
+  fp.head_divider = RowDivider::make(fp.vecs_per_head);
+  return true;
+}
+
 /// Launches the flat kernel; false (nothing launched) when its 32-bit vector ids do not cover the
 /// rows (2^31 vectors or more), which the legacy kernel then takes.
 template <typename T>
@@ -539,16 +557,8 @@ bool launch_downcast_fp8_flat(
   using namespace host;
   using Config = DowncastFp8FlatConfig;
   const int vec = downcast_fp8_flat_vector(p, head_dim, num_heads);
-  const int64_t vecs_per_head = head_dim / vec;
-  const int64_t vecs_per_side = num_heads * vecs_per_head;
-  if (vecs_per_side >= Config::kMaxVecs || 2 * p.num_tokens >= Config::kMaxVecs / vecs_per_side) return false;
-  DowncastFp8FlatParams fp{};
-  fp.base = p;
-  fp.vecs_per_head = static_cast<uint32_t>(vecs_per_head);
-  fp.vecs_per_side = static_cast<uint32_t>(vecs_per_side);
-  fp.total = static_cast<uint32_t>(2 * p.num_tokens * vecs_per_side);
-  fp.row_divider = RowDivider::make(fp.vecs_per_side);
-  fp.head_divider = RowDivider::make(fp.vecs_per_head);
+  DowncastFp8FlatParams fp;
+  if (!make_flat_params(p, head_dim, num_heads, vec, fp)) return false;
   const int64_t blocks =
       std::clamp<int64_t>(div_ceil(int64_t{fp.total}, int64_t{Config::kThreads}), 1, Config::kMaxBlocks);
   const auto launch = [&](auto kernel) {
@@ -585,16 +595,8 @@ bool launch_downcast_fp8_multi(
   using namespace host;
   using Config = DowncastFp8FlatConfig;
   if (downcast_fp8_flat_vector(p, head_dim, num_heads) < 8) return false;
-  const int64_t vecs_per_head = head_dim / 8;
-  const int64_t vecs_per_side = num_heads * vecs_per_head;
-  if (vecs_per_side >= Config::kMaxVecs || 2 * p.num_tokens >= Config::kMaxVecs / vecs_per_side) return false;
-  DowncastFp8FlatParams fp{};
-  fp.base = p;
-  fp.vecs_per_head = static_cast<uint32_t>(vecs_per_head);
-  fp.vecs_per_side = static_cast<uint32_t>(vecs_per_side);
-  fp.total = static_cast<uint32_t>(2 * p.num_tokens * vecs_per_side);
-  fp.row_divider = RowDivider::make(fp.vecs_per_side);
-  fp.head_divider = RowDivider::make(fp.vecs_per_head);
+  DowncastFp8FlatParams fp;
+  if (!make_flat_params(p, head_dim, num_heads, 8, fp)) return false;
   const auto launch = [&](auto kernel, int64_t per_thread) {
     const int64_t blocks = std::clamp<int64_t>(
         div_ceil(int64_t{fp.total}, int64_t{Config::kThreads} * per_thread), 1, Config::kMaxBlocks / per_thread);
@@ -617,16 +619,8 @@ bool launch_downcast_fp8_coalesced(const DowncastFp8Params& p, int64_t head_dim,
   using namespace host;
   using Config = DowncastFp8FlatConfig;
   if (downcast_fp8_flat_vector(p, head_dim, num_heads) < 8) return false;
-  const int64_t vecs_per_head = head_dim / 8;
-  const int64_t vecs_per_side = num_heads * vecs_per_head;
-  if (vecs_per_side >= Config::kMaxVecs || 2 * p.num_tokens >= Config::kMaxVecs / vecs_per_side) return false;
-  DowncastFp8FlatParams fp{};
-  fp.base = p;
-  fp.vecs_per_head = static_cast<uint32_t>(vecs_per_head);
-  fp.vecs_per_side = static_cast<uint32_t>(vecs_per_side);
-  fp.total = static_cast<uint32_t>(2 * p.num_tokens * vecs_per_side);
-  fp.row_divider = RowDivider::make(fp.vecs_per_side);
-  fp.head_divider = RowDivider::make(fp.vecs_per_head);
+  DowncastFp8FlatParams fp;
+  if (!make_flat_params(p, head_dim, num_heads, 8, fp)) return false;
   const int64_t blocks =
       std::clamp<int64_t>(div_ceil(int64_t{fp.total}, int64_t{Config::kThreads} * 2), 1, Config::kMaxBlocks / 2);
   LaunchKernel(static_cast<uint32_t>(blocks), Config::kThreads, device)
@@ -869,17 +863,9 @@ bool launch_downcast_fp8_lean(const DowncastFp8Params& p, int64_t head_dim, int6
   using namespace host;
   using Config = DowncastFp8FlatConfig;
   if (downcast_fp8_flat_vector(p, head_dim, num_heads) < 16) return false;
-  const int64_t vecs_per_head = head_dim / 16;
-  const int64_t vecs_per_side = num_heads * vecs_per_head;
-  if (vecs_per_side >= Config::kMaxVecs || 2 * p.num_tokens >= Config::kMaxVecs / vecs_per_side) return false;
   DowncastFp8LeanParams lp{};
   DowncastFp8FlatParams& fp = lp.flat;
-  fp.base = p;
-  fp.vecs_per_head = static_cast<uint32_t>(vecs_per_head);
-  fp.vecs_per_side = static_cast<uint32_t>(vecs_per_side);
-  fp.total = static_cast<uint32_t>(2 * p.num_tokens * vecs_per_side);
-  fp.row_divider = RowDivider::make(fp.vecs_per_side);
-  fp.head_divider = RowDivider::make(fp.vecs_per_head);
+  if (!make_flat_params(p, head_dim, num_heads, 16, fp)) return false;
   downcast_fp8_loc_range(p, lp.loc_lo, lp.loc_hi);
   const int64_t blocks =
       std::clamp<int64_t>(div_ceil(int64_t{fp.total}, int64_t{DowncastFp8LeanConfig::kThreads}), 1, Config::kMaxBlocks);
