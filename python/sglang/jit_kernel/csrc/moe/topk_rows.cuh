@@ -30,6 +30,7 @@
 #include <string_view>
 #include <tvm/ffi/container/tensor.h>
 #include <type_traits>
+#include <utility>
 
 namespace moe_routing {
 
@@ -580,6 +581,44 @@ SGL_DEVICE float run_pick(const float (&v)[kPer], int32_t slot) {
   return picked;
 }
 
+/// The lookahead kernel's options as its params give them (topk_rows_v2_lookahead_kernel, the
+/// default): every option a uniform run-time branch, k a run-time loop count.
+/// (The grouping test is `kMayGroup && p.num_groups > 1` in the body and the steps' loop carries
+/// `#pragma unroll(kStepUnroll)`, 1 here: the forms that leave this kernel's SASS as it was before
+/// the options were factored out, instruction for instruction; a grouped() call or a lambda per
+/// step moved a few instructions.)
+struct LookaheadRuntimeOptions {
+  static constexpr bool kFixedTopk = false;
+  static constexpr int kStepUnroll = 1;
+  static constexpr bool kMayGroup = true;
+  static SGL_DEVICE bool softmax(const TopkRowsParams& p) { return p.scoring == kSoftmax; }
+  static SGL_DEVICE bool has_bias(const TopkRowsParams& p) { return p.bias != nullptr; }
+  static SGL_DEVICE bool softcap(const TopkRowsParams& p) { return p.softcap > 0.0f; }
+  static SGL_DEVICE bool renormalize(const TopkRowsParams& p) { return p.renormalize; }
+  static SGL_DEVICE int32_t topk(const TopkRowsParams& p) { return p.topk; }
+  static SGL_DEVICE float scaled(const TopkRowsParams& p, float weight) { return weight * p.scale; }
+};
+
+/// k of the specialised lookahead kernels (the common decode top-k).
+inline constexpr int32_t kSpecialTopk = 8;
+
+/// The options of a specialised lookahead kernel, fixed at compile time: scoring, renormalize, a
+/// bias, a softcap (softmax only), k = kSpecialTopk, no grouping, scale 1. The values behind them
+/// (the bias pointer, softcap, renorm_eps) still come from the params.
+template <int kScoring, bool kRenormalize, bool kBias, bool kSoftcap>
+struct LookaheadFixedOptions {
+  static_assert(kScoring == kSoftmax || !kSoftcap, "the softcap is softmax only");
+  static constexpr bool kFixedTopk = true;
+  static constexpr int kStepUnroll = kSpecialTopk;  // the 8 steps fully unrolled: every i a constant
+  static constexpr bool kMayGroup = false;
+  static SGL_DEVICE bool softmax(const TopkRowsParams&) { return kScoring == kSoftmax; }
+  static SGL_DEVICE bool has_bias(const TopkRowsParams&) { return kBias; }
+  static SGL_DEVICE bool softcap(const TopkRowsParams&) { return kSoftcap; }
+  static SGL_DEVICE bool renormalize(const TopkRowsParams&) { return kRenormalize; }
+  static SGL_DEVICE int32_t topk(const TopkRowsParams&) { return kSpecialTopk; }
+  static SGL_DEVICE float scaled(const TopkRowsParams&, float weight) { return weight; }  // w * 1 == w
+};
+
 /// Engine v2, lookahead variant (the default of kPer <= 8; SGLANG_MOE_TOPK_WINNERS=regs / smem select
 /// the others): the experts and weight bits of topk_rows_v2_kernel on a shorter dependent chain per row.
 /// - Scoring options are uniform branches around loops over the whole run (no per-slot branch), and
@@ -599,8 +638,11 @@ SGL_DEVICE float run_pick(const float (&v)[kPer], int32_t slot) {
 ///   >= topk to lanes < topk (weights are never -0), which leaves them unchanged.
 /// - Grouped rows test "the lowest lane holding the top group key is in my group" from the ballot
 ///   (no division by the lanes per group).
-template <typename T, int kPer>
-__global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_lookahead_kernel(const TopkRowsParams p) {
+///
+/// The body is lookahead_rows, shared with the specialised kernels below: `Options` says where each
+/// option comes from (LookaheadRuntimeOptions, the params, for this kernel).
+template <typename T, int kPer, typename Options>
+SGL_DEVICE void lookahead_rows(const TopkRowsParams& p) {
   static_assert(kPer <= 8, "the lookahead kernel keeps two copies of a run's keys per step");
   constexpr uint32_t kFull = 0xFFFFFFFFu;
   const uint32_t lane = threadIdx.x % device::kWarpThreads;
@@ -608,8 +650,8 @@ __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_lookahe
   const int64_t first_row = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / device::kWarpThreads;
   const int64_t row_step = int64_t{gridDim.x} * blockDim.x / device::kWarpThreads;
   const int32_t base = static_cast<int32_t>(lane) * kPer;
-  const bool softmax = p.scoring == kSoftmax;
-  const bool has_bias = p.bias != nullptr;
+  const bool softmax = Options::softmax(p);
+  const bool has_bias = Options::has_bias(p);
   device::pdl_wait_primary();
   device::pdl_launch_dependents();
 
@@ -643,7 +685,7 @@ __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_lookahe
       score[s] = -INFINITY;
     }
     if (softmax) {
-      if (p.softcap > 0.0f) {
+      if (Options::softcap(p)) {
 #pragma unroll
         for (int s = 0; s < kPer; ++s) {
           const float capped = __fmul_rn(p.softcap, tanhf(x[s] / p.softcap));
@@ -657,7 +699,7 @@ __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_lookahe
 #pragma unroll
       for (int s = 0; s < kPer; ++s) key[s] = order_key_if(valid[s], x[s]);
     } else {
-      if (has_bias || p.num_groups > 1) {
+      if (has_bias || (Options::kMayGroup && p.num_groups > 1)) {
 #pragma unroll
         for (int s = 0; s < kPer; ++s) sig[s] = sigmoid(x[s]);
       }
@@ -678,7 +720,7 @@ __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_lookahe
     }
 
     // Grouped (sigmoid only): keep the topk_group best groups, clear the keys of the others.
-    if (p.num_groups > 1) {
+    if (Options::kMayGroup && p.num_groups > 1) {
       const int32_t lanes_per_group = p.group_size / kPer;  // a power of two, >= 1
       float first = -INFINITY, second = -INFINITY;
 #pragma unroll
@@ -736,7 +778,8 @@ __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_lookahe
       uint32_t next_key;
       int32_t next_slot;
       run_best_without<kPer>(key, best_slot, rest, next_key, next_slot);
-      for (int32_t i = 0; i < p.topk; ++i) {
+#pragma unroll(Options::kStepUnroll)
+      for (int32_t i = 0; i < Options::topk(p); ++i) {
         const bool holds = best_key == top;
         const uint32_t holders = __ballot_sync(kFull, holds);
         const bool mine = holds && (holders & lanes_below) == 0;
@@ -745,7 +788,10 @@ __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_lookahe
         float logit = 0.0f;
         if constexpr (decltype(pick_logit)::value) logit = __shfl_sync(kFull, run_pick<kPer>(x, best_slot), winner);
         best_key = mine ? next_key : best_key;
-        const uint32_t next_top = __reduce_max_sync(kFull, best_key);  // the last one unused: no branch
+        uint32_t next_top = top;
+        if (!Options::kFixedTopk || i + 1 < Options::topk(p)) {  // the last one unused: no branch at run time
+          next_top = __reduce_max_sync(kFull, best_key);
+        }
         best_slot = mine ? next_slot : best_slot;
 #pragma unroll
         for (int s = 0; s < kPer; ++s) key[s] = mine ? rest[s] : key[s];
@@ -755,8 +801,11 @@ __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_lookahe
         my_key = record ? top : my_key;
         my_logit = record ? logit : my_logit;
         const uint32_t mask = 16u >> i;  // i < 32: 16, 8, 4, 2, 1, then 0 (no stage)
-        const float other = __shfl_xor_sync(kFull, row_sum, mask);
-        row_sum = mask != 0 ? row_sum + other : row_sum;
+        // A fixed k issues no shuffle for the 0 stages, nor (sigmoid: row_sum is unused) any.
+        if (!Options::kFixedTopk || (softmax && mask != 0)) {
+          const float other = __shfl_xor_sync(kFull, row_sum, mask);
+          row_sum = mask != 0 ? row_sum + other : row_sum;
+        }
         top = next_top;
       }
     };
@@ -765,7 +814,7 @@ __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_lookahe
     } else {
       steps(std::false_type{});
     }
-    for (uint32_t mask = p.topk < 5 ? 16u >> p.topk : 0u; mask > 0; mask >>= 1) {
+    for (uint32_t mask = Options::topk(p) < 5 ? 16u >> Options::topk(p) : 0u; mask > 0; mask >>= 1) {
       row_sum = row_sum + __shfl_xor_sync(kFull, row_sum, mask);
     }
 
@@ -776,20 +825,58 @@ __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_lookahe
     } else {
       weight = sigmoid(has_bias ? my_logit : order_key_value(my_key));
     }
-    weight = lane < static_cast<uint32_t>(p.topk) ? weight : 0.0f;
-    if (p.renormalize) {
+    weight = lane < static_cast<uint32_t>(Options::topk(p)) ? weight : 0.0f;
+    if (Options::renormalize(p)) {
       float total = weight;
       for (uint32_t mask = device::kWarpThreads / 2; mask > 0; mask >>= 1) {
-        if (mask < static_cast<uint32_t>(p.topk)) total = total + __shfl_xor_sync(kFull, total, mask);
+        if (mask < static_cast<uint32_t>(Options::topk(p))) total = total + __shfl_xor_sync(kFull, total, mask);
       }
       // Lanes >= topk hold partial sums (0 possibly, a 0 / 0): they divide by 1 instead.
-      weight = weight / (lane < static_cast<uint32_t>(p.topk) ? total + p.renorm_eps : 1.0f);
+      weight = weight / (lane < static_cast<uint32_t>(Options::topk(p)) ? total + p.renorm_eps : 1.0f);
     }
-    if (lane < static_cast<uint32_t>(p.topk)) {
-      p.weights[row * p.weights_stride + lane] = weight * p.scale;
+    if (lane < static_cast<uint32_t>(Options::topk(p))) {
+      p.weights[row * p.weights_stride + lane] = Options::scaled(p, weight);
       p.ids[row * p.ids_stride + lane] = id;
     }
   }
+}
+
+template <typename T, int kPer>
+__global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_lookahead_kernel(const TopkRowsParams p) {
+  lookahead_rows<T, kPer, LookaheadRuntimeOptions>(p);
+}
+
+/// Engine v2, the lookahead kernel specialised for the common decode call (opt-in:
+/// SGLANG_MOE_TOPK_SPECIALISED=1): k = 8 and the options (scoring, renormalize, bias, softcap) fixed
+/// at compile time, no grouping, scale 1; the launcher takes it for rows of <= 256 experts whose call
+/// matches one instantiation (topk_softmax / topk_sigmoid at top-8) and falls back to the default
+/// kernel for anything else. The same body (lookahead_rows), so the same operations in the same
+/// order on every value: the default's experts and weight bits (test_topk_rows_emulated compares
+/// them over every option and edge row; the GPU tests *_specialised_bit_exact on the device).
+///
+/// What it removes from the default kernel (the probe's "softmax" row is this structure with no
+/// options at all): the uniform branches on the scoring, bias, softcap, grouping and renormalize
+/// flags (each a test of a param and a branch region the scheduler cannot cross: the option-free
+/// code of a call is one straight block here); the steps' run-time loop (8 steps fully unrolled:
+/// no loop counter, the step index a constant, so "lane i records winner i" and the denominator's
+/// butterfly stage of step i are immediates, the 3 empty stages (steps 5..7) issue no shuffle, and
+/// the last step issues no unused reduction; sigmoid rows issue no denominator butterfly at all,
+/// which the default runs on a zero sum); the stage tests of the renormalising butterfly
+/// (masks 4, 2, 1 only) and of the post-step butterfly (none at k = 8); the multiply by scale. What
+/// it keeps: the param struct, the grid-stride row loop, row strides, the aligned / scalar load
+/// choice (p.vec) and the tail masks of rows shorter than 32 * kPer, all of which the probe omits.
+///
+/// Prediction (H200, one input in a CUDA graph, fp32, top-8; from probe_topk_floor's "softmax" row
+/// 1.15 / 1.37 us at 1 token and 4.99 / 6.76 at 4096 for 128 / 256 experts, plus ~0.05-0.1 us for
+/// what the probe omits; 64 tokens ~0.15-0.2 us above 1 token as in every default row): topk_softmax
+/// 128 experts 1 / 64 / 4096 tokens ~1.2-1.3 / ~1.4-1.5 / ~5.0-5.1 us (default 1.63-1.68 / 1.82-1.87
+/// / 5.32-5.37), 256 experts ~1.4-1.5 / ~1.6-1.7 / ~6.8 (default 1.90-1.95 / 2.07 / 6.84-6.92);
+/// topk_sigmoid 128 about the softmax's. So the 1-token target (<= 1.5 us) is within reach for both
+/// widths, 4096 tokens at 128 experts is at the 5 us target, and 256 experts at 4096 tokens is not:
+/// there the kernel is issue-bound on the steps and the probe itself needs 6.76 us.
+template <typename T, int kPer, int kScoring, bool kRenormalize, bool kBias, bool kSoftcap>
+__global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_special_kernel(const TopkRowsParams p) {
+  lookahead_rows<T, kPer, LookaheadFixedOptions<kScoring, kRenormalize, kBias, kSoftcap>>(p);
 }
 
 /// The run length of engine v2 for a row of `num_experts` (0: engine v2 does not take it).
@@ -831,6 +918,37 @@ inline TopkWinners topk_winners() {
   return v == "smem" ? TopkWinners::kSmem : v == "regs" ? TopkWinners::kRegs : TopkWinners::kLookahead;
 }
 
+/// SGLANG_MOE_TOPK_SPECIALISED (read at each call, so at graph capture): exactly "1" lets the
+/// lookahead kernel's calls that match a specialised instantiation (special_kernel) run it; anything
+/// else, or unset, keeps the default. Same bits either way.
+inline bool topk_specialised() {
+  const char* value = std::getenv("SGLANG_MOE_TOPK_SPECIALISED");
+  return value != nullptr && value[0] == '1' && value[1] == '\0';
+}
+
+/// The specialised lookahead kernel `index` = renormalize | bias << 1 | softcap << 2 of kScoring
+/// (the softcap bit only for softmax: 8 softmax and 4 sigmoid kernels per T and kPer).
+template <typename T, int kPer, int kScoring, int... kIndex>
+auto special_kernel_at(int index, std::integer_sequence<int, kIndex...>) {
+  using Kernel = void (*)(TopkRowsParams);
+  static const Kernel kernels[] = {
+      topk_rows_v2_special_kernel<T, kPer, kScoring, (kIndex & 1) != 0, (kIndex & 2) != 0, (kIndex & 4) != 0>...};
+  return kernels[index];
+}
+
+/// The specialised lookahead kernel of `params`, or nullptr where none matches it (k != 8,
+/// grouping, scale != 1): the caller then launches the default.
+template <typename T, int kPer>
+void (*special_kernel(const TopkRowsParams& params))(TopkRowsParams) {
+  if (params.topk != kSpecialTopk || params.num_groups > 1 || params.scale != 1.0f) return nullptr;
+  const int index = (params.renormalize ? 1 : 0) | (params.bias != nullptr ? 2 : 0);
+  if (params.scoring == kSigmoid) {  // the kernels ignore the softcap of sigmoid rows
+    return special_kernel_at<T, kPer, kSigmoid>(index, std::make_integer_sequence<int, 4>{});
+  }
+  return special_kernel_at<T, kPer, kSoftmax>(
+      index | (params.softcap > 0.0f ? 4 : 0), std::make_integer_sequence<int, 8>{});
+}
+
 template <typename T, int kPer>
 void launch_topk_rows_v2(TopkRowsParams params, DLDevice device) {
   using namespace host;
@@ -845,10 +963,16 @@ void launch_topk_rows_v2(TopkRowsParams params, DLDevice device) {
         LaunchKernel(grid, TopkRowsConfig::kThreads, device)
             .enable_pdl(true)(topk_rows_v2_kernel<T, kPer, true>, params);
         return;
-      case TopkWinners::kLookahead:
-        LaunchKernel(grid, TopkRowsConfig::kThreads, device)
-            .enable_pdl(true)(topk_rows_v2_lookahead_kernel<T, kPer>, params);
+      case TopkWinners::kLookahead: {
+        const auto special = special_kernel<T, kPer>(params);  // the shape first: no getenv for others
+        if (special != nullptr && topk_specialised()) {
+          LaunchKernel(grid, TopkRowsConfig::kThreads, device).enable_pdl(true)(special, params);
+        } else {
+          LaunchKernel(grid, TopkRowsConfig::kThreads, device)
+              .enable_pdl(true)(topk_rows_v2_lookahead_kernel<T, kPer>, params);
+        }
         return;
+      }
       case TopkWinners::kSmem:
         break;
     }
