@@ -1,10 +1,12 @@
-"""The lookahead kernel of topk_rows.cuh (the default) against the register-winner kernel, bit for bit,
-with no GPU: the kernels and their launcher compiled for the host by the C++ compiler against
+"""The lookahead kernel of topk_rows.cuh (the default) against the register-winner kernel, and the
+specialised lookahead kernels (SGLANG_MOE_TOPK_SPECIALISED=1: top-8, options fixed at compile time;
+all 48 fp32 instantiations reached, and the launcher's choice of kernel checked) against the default,
+bit for bit, with no GPU: the kernels and their launcher compiled for the host by the C++ compiler against
 topk_rows_emulation/warp_emulation.h (one warp as 32 coroutines switched at every warp collective),
 over softmax / sigmoid / grouped routing, bias, softcap, renormalize, topk 1..32, aligned and
 misaligned strided rows and edge rows (NaN, +-inf, ties, -0, exp underflow). It checks the
 selection logic and the order of the fp32 operations; the device's expf, tanhf and contractions are
-the GPU tests' part (test_*_lookahead_variant_bit_exact)."""
+the GPU tests' part (test_*_lookahead_variant_bit_exact, test_*_specialised_bit_exact)."""
 
 import os
 import shutil

@@ -1,7 +1,11 @@
-// The lookahead kernel (the default) against the register-winner kernel of topk_rows.cuh, bit for bit, on
+// The lookahead kernel (the default) against the register-winner kernel of topk_rows.cuh, and the
+// specialised lookahead kernels (SGLANG_MOE_TOPK_SPECIALISED=1) against the default, bit for bit, on
 // the host (warp_emulation.h; built and run by test_topk_rows_emulated.py, which writes
 // topk_rows_kernels.inc: the kernels and launchers of topk_rows.cuh). Usage: lookahead_check ROWS.
-// Prints one line per mismatching case and "N cases, M mismatches"; exits 1 on any mismatch.
+// Prints one line per mismatching case (or per case launched on the wrong kernel), then
+// "specialised: S cases on N kernels, F fallbacks" and "N cases, M mismatches"; exits 1 on any
+// mismatch.
+#include <algorithm>
 #include <cstdio>
 #include <random>
 #include <string_view>
@@ -19,22 +23,32 @@ using moe_routing::TopkRowsParams;
 struct Routing {
   std::vector<float> weights;  // [num_tokens, weights_stride]
   std::vector<int32_t> ids;    // [num_tokens, ids_stride]
+  const void* kernel;          // the kernel the launcher ran
 };
 
-/// The launcher's output for `params` with SGLANG_MOE_TOPK_WINNERS = `winners` (nullptr: unset);
-/// outputs poisoned with -7 (their padding columns included).
-Routing route(TopkRowsParams params, const char* winners) {
+/// Sets environment variable `name` to `value` (nullptr: unsets it).
+void set_env(const char* name, const char* value) {
+  if (value != nullptr) {
+    setenv(name, value, 1);
+  } else {
+    unsetenv(name);
+  }
+}
+
+/// The launcher's output for `params` with SGLANG_MOE_TOPK_WINNERS = `winners` and
+/// SGLANG_MOE_TOPK_SPECIALISED = `specialised` (nullptr: unset); outputs poisoned with -7 (their
+/// padding columns included).
+Routing route(TopkRowsParams params, const char* winners, const char* specialised = nullptr) {
   Routing out;
   out.weights.assign(params.num_tokens * params.weights_stride, -7.0f);
   out.ids.assign(params.num_tokens * params.ids_stride, -7);
   params.weights = out.weights.data();
   params.ids = out.ids.data();
-  if (winners != nullptr) {
-    setenv("SGLANG_MOE_TOPK_WINNERS", winners, 1);
-  } else {
-    unsetenv("SGLANG_MOE_TOPK_WINNERS");
-  }
+  set_env("SGLANG_MOE_TOPK_WINNERS", winners);
+  set_env("SGLANG_MOE_TOPK_SPECIALISED", specialised);
   moe_routing::launch_topk_rows<float>(params, DLDevice{kDLCUDA, 0});
+  out.kernel = warp_emulation::last_kernel;
+  set_env("SGLANG_MOE_TOPK_SPECIALISED", nullptr);
   return out;
 }
 
@@ -83,14 +97,15 @@ std::vector<float> bias_of(int num_experts, int steps, uint32_t seed) {
 
 int main(int argc, char** argv) {
   const int num_tokens = argc > 1 ? std::max(9, std::atoi(argv[1])) : 16;
-  int cases = 0, mismatches = 0;
-  const auto check = [&](const TopkRowsParams& params, const char* what) {
-    ++cases;
-    if (same_bits(route(params, "regs"), route(params, nullptr))) return;
+  int cases = 0, mismatches = 0, special_cases = 0, fallbacks = 0;
+  std::vector<const void*> special_kernels;  // the distinct specialised kernels run
+  const auto report = [&](const TopkRowsParams& params, const char* what, const char* against) {
     ++mismatches;
     std::printf(
-        "mismatch: %s experts %d topk %d scoring %d bias %d softcap %g renormalize %d groups %d keep %d\n",
+        "mismatch: %s (%s) experts %d topk %d scoring %d bias %d softcap %g renormalize %d groups %d keep %d "
+        "scale %g stride %lld\n",
         what,
+        against,
         params.num_experts,
         params.topk,
         params.scoring,
@@ -98,7 +113,34 @@ int main(int argc, char** argv) {
         params.softcap,
         params.renormalize,
         params.num_groups,
-        params.topk_group);
+        params.topk_group,
+        params.scale,
+        static_cast<long long>(params.gating_stride));
+  };
+  // The default against the register winners; the specialised path against the default, and on the
+  // right kernel: its own where k == 8, no grouping and scale 1 (every row here has <= 256 experts),
+  // the default's elsewhere; "1" exactly selects it, and SGLANG_MOE_TOPK_WINNERS=regs wins over it.
+  const auto check = [&](const TopkRowsParams& params, const char* what) {
+    ++cases;
+    const Routing base = route(params, nullptr);
+    const Routing regs = route(params, "regs");
+    if (!same_bits(regs, base)) report(params, what, "lookahead vs regs");
+    const Routing special = route(params, nullptr, "1");
+    if (!same_bits(special, base)) report(params, what, "specialised vs lookahead");
+    const bool fits = params.topk == 8 && params.num_groups == 1 && params.scale == 1.0f;
+    if ((special.kernel != base.kernel) != fits) report(params, what, "specialised kernel choice");
+    if (fits) {
+      ++special_cases;
+      if (std::find(special_kernels.begin(), special_kernels.end(), special.kernel) == special_kernels.end()) {
+        special_kernels.push_back(special.kernel);
+      }
+      if (route(params, nullptr, "1 ").kernel != base.kernel || route(params, nullptr, "2").kernel != base.kernel) {
+        report(params, what, "specialised knob not exactly 1");
+      }
+      if (route(params, "regs", "1").kernel != regs.kernel) report(params, what, "specialised with regs");
+    } else {
+      ++fallbacks;
+    }
   };
 
   // Softmax and sigmoid, every option, aligned rows and misaligned strided ones (the scalar loads).
@@ -114,6 +156,7 @@ int main(int argc, char** argv) {
             for (float softcap : {0.0f, 2.5f}) {
               for (int renormalize : {0, 1}) {
                 if (scoring == moe_routing::kSigmoid && softcap > 0.0f) continue;
+                const float scale = topk == 8 && strided && renormalize ? 2.5f : 1.0f;  // 2.5: not specialised
                 check(
                     TopkRowsParams{
                         .gating = rows.data() + offset,
@@ -130,7 +173,7 @@ int main(int argc, char** argv) {
                         .scoring = scoring,
                         .softcap = softcap,
                         .renorm_eps = scoring == moe_routing::kSigmoid ? 1e-20f : 0.0f,
-                        .scale = 1.0f,
+                        .scale = scale,
                         .renormalize = renormalize != 0,
                     },
                     "plain");
@@ -173,6 +216,7 @@ int main(int argc, char** argv) {
       }
     }
   }
+  std::printf("specialised: %d cases on %zu kernels, %d fallbacks\n", special_cases, special_kernels.size(), fallbacks);
   std::printf("%d cases, %d mismatches\n", cases, mismatches);
   return mismatches != 0 ? 1 : 0;
 }

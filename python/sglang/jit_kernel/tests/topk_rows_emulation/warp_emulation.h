@@ -35,6 +35,7 @@ inline uint64_t lane_result[kLanes];
 inline int arrived = 0;
 inline int finished = 0;
 inline std::function<void()> lane_body;
+inline const void* last_kernel = nullptr;  // the kernel of the last LaunchKernel call
 
 inline Dim3 thread_index() { return Dim3{static_cast<uint32_t>(current_lane), 0, 0}; }
 
@@ -206,6 +207,7 @@ struct LaunchKernel {
   LaunchKernel& enable_pdl(bool) { return *this; }
   template <typename Kernel, typename Params>
   void operator()(Kernel kernel, const Params& params) {
+    warp_emulation::last_kernel = reinterpret_cast<const void*>(kernel);
     warp_emulation::run_warp([&] { kernel(params); });
   }
 };
