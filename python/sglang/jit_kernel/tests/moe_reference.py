@@ -52,6 +52,15 @@ def use_topk_winners(monkeypatch, variant: str) -> None:
         monkeypatch.setenv("SGLANG_MOE_TOPK_WINNERS", variant)
 
 
+def use_topk_specialised(monkeypatch, on: bool) -> None:
+    """Sets SGLANG_MOE_TOPK_SPECIALISED=1 (``on``) or clears it for the calls that follow (read at each
+    call): the specialised lookahead kernels for the calls that match one (top-8, no grouping)."""
+    if on:
+        monkeypatch.setenv("SGLANG_MOE_TOPK_SPECIALISED", "1")
+    else:
+        monkeypatch.delenv("SGLANG_MOE_TOPK_SPECIALISED", raising=False)
+
+
 def assert_same_bits(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]) -> None:
     """Two (weights, ids) results agree bit for bit: the same ids, NaN weights at the same places and
     the same fp32 bits everywhere else (-0 and +0 differ)."""

@@ -10,6 +10,7 @@ from moe_reference import (
     edge_rows,
     grid_logits,
     softmax_reference,
+    use_topk_specialised,
     use_topk_winners,
 )
 
@@ -345,4 +346,33 @@ def test_topk_softmax_lookahead_variant_bit_exact(monkeypatch, dtype, num_expert
             out.append(run(strided, k, renormalize, softcap, bias))
         results[variant] = out
     for a, b in zip(results["regs"], results["default"]):
+        assert_same_bits(a, b)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("num_experts", [8, 60, 64, 128, 160, 256, 257])
+@pytest.mark.parametrize("renormalize", [False, True])
+@pytest.mark.parametrize("softcap", [0.0, 2.5, 30.0])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_topk_softmax_specialised_bit_exact(monkeypatch, dtype, num_experts, renormalize, softcap, with_bias):
+    """SGLANG_MOE_TOPK_SPECIALISED=1 (the lookahead kernel with k = 8 and the options fixed at compile
+    time, rows of <= 256 experts) against the reference on grid logits and bit for bit against the
+    default on grid logits, randn rows led by edge rows (NaN, +-inf, ties, -0, exp underflow) and a
+    misaligned strided view (the scalar loads), at top-8 (its kernels) and top-4 / top-17 (fallbacks
+    to the default); 257 experts is engine v2's 16-slot kernel (no specialised one)."""
+    bias = (torch.randint(-32, 32, (num_experts,), device="cuda").float() / 32) if with_bias else None
+    gating = grid_logits(129, num_experts, dtype, seed=num_experts)
+    rows = edge_rows(1031, num_experts, dtype, seed=num_experts)
+    strided = torch.randn(67, num_experts + 3, device="cuda").to(dtype)[:, 1 : num_experts + 1]
+    topks = [k for k in (4, 8, 17) if k <= num_experts]
+    results = {}
+    for specialised in (False, True):
+        use_topk_specialised(monkeypatch, specialised)
+        out = [check(gating, 8, renormalize, softcap, bias)]
+        for k in topks:
+            out.append(run(rows, k, renormalize, softcap, bias))
+            out.append(run(strided, k, renormalize, softcap, bias))
+        results[specialised] = out
+    for a, b in zip(results[False], results[True]):
         assert_same_bits(a, b)
