@@ -11,7 +11,9 @@ Per [num_tokens, E] fp32 top-8 (num_tokens 1 / 64 / 4096, E 128 / 256), µs per 
   softmax   + the softmax statistics and weights: the lookahead kernel without options, k fixed
             at compile time (the same bits as topk_softmax)
 and topk_softmax itself: the default, the lookahead kernel ("jit"), the shared-memory winners
-("jit smem") and the register winners ("jit regs"), plus rmsnorm [1, 4096] bf16, the memory-bound reference the
+("jit smem"), the register winners ("jit regs") and the lookahead kernel specialised for k = 8 and
+no options ("jit specialised", SGLANG_MOE_TOPK_SPECIALISED=1: the same structure as "softmax" with
+the param struct, strides, tails and grid-stride loop of the real op), plus rmsnorm [1, 4096] bf16, the memory-bound reference the
 issue's ~1 µs floor comes from. "steps" - "max" is what 8 dependent warp steps cost, "softmax" is
 what the lookahead structure can reach without its options and runtime k; their distance to "jit" is
 what the options, the runtime k and the generic launcher cost. What a run of it told:
@@ -44,24 +46,31 @@ TOPK = 8
 REP_MS = int(os.environ.get("BENCH_MOE_REP_MS", "4"))
 CAPTURES = 3
 WINNERS = "SGLANG_MOE_TOPK_WINNERS"
+SPECIALISED = "SGLANG_MOE_TOPK_SPECIALISED"
 
 
-def with_winners(value: str | None, fn):
-    """``fn`` called with SGLANG_MOE_TOPK_WINNERS set to ``value`` (None: unset), restored after (the
-    launcher reads it at each call, so at graph capture)."""
+def with_env(name: str, value: str | None, fn):
+    """``fn`` called with environment variable ``name`` set to ``value`` (None: unset), restored after
+    (the launcher reads SGLANG_MOE_TOPK_WINNERS / _SPECIALISED at each call, so at graph capture)."""
 
     def call(*args):
-        old = os.environ.pop(WINNERS, None)
+        old = os.environ.pop(name, None)
         if value is not None:
-            os.environ[WINNERS] = value
+            os.environ[name] = value
         try:
             return fn(*args)
         finally:
-            os.environ.pop(WINNERS, None)
+            os.environ.pop(name, None)
             if old is not None:
-                os.environ[WINNERS] = old
+                os.environ[name] = old
 
     return call
+
+
+def with_winners(value: str | None, fn):
+    """``fn`` called with SGLANG_MOE_TOPK_WINNERS set to ``value`` (None: unset), and
+    SGLANG_MOE_TOPK_SPECIALISED unset."""
+    return with_env(SPECIALISED, None, with_env(WINNERS, value, fn))
 
 
 def time_us(call, inputs) -> float:
@@ -76,7 +85,7 @@ def check(probe, num_tokens: int, num_experts: int) -> list[str]:
     gating = torch.randn(num_tokens, num_experts, device="cuda")
     weights = torch.empty(num_tokens, TOPK, device="cuda")
     ids = torch.empty(num_tokens, TOPK, dtype=torch.int32, device="cuda")
-    topk_softmax(weights, ids, gating)
+    with_winners(None, topk_softmax)(weights, ids, gating)  # the default
     w = torch.empty_like(weights)
     i = torch.empty_like(ids)
     failures = []
@@ -89,6 +98,9 @@ def check(probe, num_tokens: int, num_experts: int) -> list[str]:
     probe.topk_floor(w, i, gating, MODES.index("softmax"))
     if not (torch.equal(i, ids) and torch.equal(w.view(torch.int32), weights.view(torch.int32))):
         failures.append("softmax: not topk_softmax's bits")
+    with_env(SPECIALISED, "1", topk_softmax)(w, i, gating)
+    if not (torch.equal(i, ids) and torch.equal(w.view(torch.int32), weights.view(torch.int32))):
+        failures.append("jit specialised: not topk_softmax's bits")
     return failures
 
 
@@ -106,8 +118,9 @@ def main() -> None:
         "jit": with_winners(None, topk_softmax),
         "jit smem": with_winners("smem", topk_softmax),
         "jit regs": with_winners("regs", topk_softmax),
+        "jit specialised": with_env(WINNERS, None, with_env(SPECIALISED, "1", topk_softmax)),
     }
-    print(f"{'case':<22}" + "".join(f"{name:>9}" for name in MODES) + "".join(f"{name:>15}" for name in ops))
+    print(f"{'case':<22}" + "".join(f"{name:>9}" for name in MODES) + "".join(f"{name:>17}" for name in ops))
     for num_experts in EXPERTS:
         for num_tokens in TOKENS:
             for failure in check(probe, num_tokens, num_experts):
@@ -121,7 +134,7 @@ def main() -> None:
             for mode in range(len(MODES)):
                 line += f"{time_us(lambda w, i, g, m=mode: probe.topk_floor(w, i, g, m), inputs):>9.2f}"
             for call in ops.values():
-                line += f"{time_us(call, inputs):>15.2f}"
+                line += f"{time_us(call, inputs):>17.2f}"
             print(line, flush=True)
 
 
