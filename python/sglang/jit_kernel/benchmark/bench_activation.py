@@ -12,7 +12,7 @@ Last, the launch variants (``_set_launch_variant``) side by side: the default (1
 the branch-free kernel, one ex2 and one rcp per gate; 16-bit gelu / gelu_tanh: the logistic kernel, g *
 sigmoid(z) by one ex2 and one rcp), the exact-libm kernel that was the default before, 9f465cb's pair
 rows, pipelined rows, the checked fast silu, the fast-math kernel (4: the silu / gelu_tanh default
-before the branch-free and logistic kernels), the branch-free silu named (128); cold and one input.
+before the branch-free and logistic kernels); cold and one input.
 
 ``python bench_activation.py --sweep`` times forced CTA sizes and vector widths against the
 heuristic's choice (the launch hook ``_set_launch_override``).
@@ -167,8 +167,8 @@ def expert_filter_rows() -> list[BenchRow]:
 #: logistic kernel (64) for gelu / gelu_tanh; 32 is the exact-libm kernel that was the default before,
 #: (1, 1) its pair rows under 9f465cb's CTA-size rule (the code of 9f15607), 4 the fast-math kernel
 #: (the silu / gelu_tanh default before 128 / 64), 12 pipelined rows with fast math, 16 the checked fast
-#: silu (bit-identical to 32; other ops ignore the bit and are not timed under it), 128 the branch-free
-#: silu named (the default's kernel; silu only, like 16).
+#: silu (bit-identical to 32; other ops ignore the bit and are not timed under it). 128 (the branch-free
+#: silu) and 64 (logistic) are the defaults' kernels, so "jit" times them.
 VARIANTS = {
     "jit": (0, 0),
     "jit exact (old default)": (32, 0),
@@ -176,7 +176,6 @@ VARIANTS = {
     "jit pipelined + fast math": (12, 0),
     "jit checked fast silu": (16, 0),
     "jit fast math (old silu / gelu_tanh default)": (4, 0),
-    "jit branch-free silu (128)": (128, 0),
 }
 
 
@@ -202,8 +201,8 @@ def variant_rows() -> list[BenchRow]:
                         continue
                     if op == "gelu_and_mul" and variant & 4:
                         continue  # gelu keeps erff in the fast-math variant: same kernel code
-                    if op != "silu_and_mul" and variant & (16 | 128):
-                        continue  # the checked-fast and branch-free bits are silu's only: same kernel code
+                    if op != "silu_and_mul" and variant & 16:
+                        continue  # the checked-fast bit is silu's only: same kernel code
                     module._set_launch_variant(variant, old_geometry)
                     call = lambda x, o, fn=fn: fn(x, o)
                     rows += [

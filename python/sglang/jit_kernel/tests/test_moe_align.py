@@ -402,7 +402,7 @@ def test_moe_align_split_variant_graph_and_bad_name():
 
 
 # ---- the "small" variant (the default below SPLIT_MIN_NUMEL ids: PDL, two barriers after the ids arrive, stores over CTAs) ----
-def check_small_against_default(topk_ids, num_experts, block_size, pad=True, out_len=None):
+def check_small_against_single(topk_ids, num_experts, block_size, pad=True, out_len=None):
     """ "small" against the reference and bit for bit against "single", the one-CTA kernel it replaced
     as the default below SPLIT_MIN_NUMEL ids (every output, padding and untouched slots included, each
     inside its poisoned buffer)."""
@@ -421,7 +421,7 @@ def check_small_against_default(topk_ids, num_experts, block_size, pad=True, out
 @pytest.mark.parametrize("num_experts", EXPERTS)
 def test_moe_align_small_variant_grid(block_size, num_tokens, topk, num_experts):
     """test_moe_align_grid's grid under _variant="small"."""
-    check_small_against_default(routed_ids(num_tokens, topk, num_experts), num_experts, block_size)
+    check_small_against_single(routed_ids(num_tokens, topk, num_experts), num_experts, block_size)
 
 
 @requires_cuda
@@ -431,13 +431,13 @@ def test_moe_align_small_variant_dtypes_skips_and_padding(dtype, pad):
     """Both id dtypes, with and without the padding fill, with skipped ids (-1, num_experts, values
     that wrap) and with nothing routed (total 0)."""
     ids = routed_ids(129, 8, 64, dtype)
-    check_small_against_default(ids, 64, 64, pad)
+    check_small_against_single(ids, 64, 64, pad)
     flat = ids.view(-1)
     flat[::5] = -1
     flat[1::7] = 64
     flat[2::11] = -(2**31) if dtype == torch.int32 else 2**32 + 3
-    check_small_against_default(ids, 64, 16, pad)
-    check_small_against_default(torch.full((7, 8), -1, dtype=dtype, device="cuda"), 64, 16, pad)
+    check_small_against_single(ids, 64, 16, pad)
+    check_small_against_single(torch.full((7, 8), -1, dtype=dtype, device="cuda"), 64, 16, pad)
 
 
 @requires_cuda
@@ -449,7 +449,7 @@ def test_moe_align_small_variant_experts_blocks_sizes(num_experts, block_size, n
     block, 1 to 16 sorting warps, one to several register tiles per warp."""
     topk = min(8, num_experts)
     ids = routed_ids(num_tokens, topk, num_experts, seed=num_experts + num_tokens)
-    check_small_against_default(ids, num_experts, block_size)
+    check_small_against_single(ids, num_experts, block_size)
 
 
 @requires_cuda
@@ -457,13 +457,13 @@ def test_moe_align_small_variant_experts_blocks_sizes(num_experts, block_size, n
 def test_moe_align_small_variant_skewed_and_tight(num_experts):
     """Every id to one expert, a 90 % hot expert (many equal ids per warp step), buffers of exactly
     the worst case (no slot past it: the early tail fill is empty) and a strided view."""
-    check_small_against_default(torch.full((64, 8), num_experts - 1, dtype=torch.int32, device="cuda"), num_experts, 64)
+    check_small_against_single(torch.full((64, 8), num_experts - 1, dtype=torch.int32, device="cuda"), num_experts, 64)
     ids = routed_ids(384, 1, num_experts)
     ids[torch.rand(ids.shape, device="cuda") < 0.9] = 0
-    check_small_against_default(ids, num_experts, 16)
+    check_small_against_single(ids, num_experts, 16)
     wide = routed_ids(129, 11, 256)
     view = wide[:, 2:10]
-    check_small_against_default(view, 257, 64, out_len=max_num_tokens_padded(view.numel(), 257, 64))
+    check_small_against_single(view, 257, 64, out_len=max_num_tokens_padded(view.numel(), 257, 64))
 
 
 @requires_cuda
@@ -477,7 +477,7 @@ def test_moe_align_small_variant_forced_ctas_and_pdl(monkeypatch, ctas, pdl, num
     monkeypatch.setenv("SGLANG_MOE_ALIGN_SMALL_PDL", pdl)
     ids = routed_ids(num_tokens, 8, 256)
     for pad in (True, False):
-        check_small_against_default(ids, 257, 64, pad)
+        check_small_against_single(ids, 257, 64, pad)
 
 
 @requires_cuda
