@@ -33,10 +33,11 @@ _OP = "per_token_group_quant_8bit"
 _OUT_DTYPES = (torch.float8_e4m3fn, torch.int8)
 
 #: The launcher's kernel variant (csrc/quantization/per_token_group_quant_8bit.cuh,
-#: dispatch_per_token_group_quant_8bit): 1 picks by size; 0 and 2..4 are kept for the benchmark's
+#: dispatch_per_token_group_quant_8bit): 1 picks by size (variant 2 up to 256 rows, the full-sector
+#: kernel of 10 above, where 3 was before the fifth session of 2026-12-01); 0 and 2..4 are kept for the benchmark's
 #: old-vs-new rows, which call the module function with each of them; 8 and 9 are opt-in tunings of
 #: 3 (8: registers capped for 7 blocks per SM; 9: rows looped over with the next row's loads in
-#: flight), timed next to the default by the benchmark; 10 is an opt-in of 1 with full-sector tiles
+#: flight), timed next to the default by the benchmark; 10 is the full-sector tiles at every size
 #: (coalesced 512-byte loads, a reduce-scatter group maximum, one scale per lane; same bytes).
 #: 5..7 are refused.
 KERNEL_VARIANT = 1

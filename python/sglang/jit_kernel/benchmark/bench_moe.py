@@ -13,9 +13,9 @@ Old-vs-new rows in the same run: "jit v1" is the first routing engine
 (``SGLANG_MOE_ALIGN_PEERS=match``), "jit smem" the routing kernels' shared-memory winners
 (``SGLANG_MOE_TOPK_WINNERS=smem``, the default before the register winners), "jit regs" the
 register winners (``SGLANG_MOE_TOPK_WINNERS=regs``, the default before the lookahead kernel; the same
-bits; "1 input" and "cold" rows), "jit specialised" the lookahead kernel with k = 8 and the options
-fixed at compile time (``SGLANG_MOE_TOPK_SPECIALISED=1``; the routing rows are all top-8 without
-options: its kernels; the same bits), "jit single" the
+bits; "1 input" and "cold" rows), "jit generic" the lookahead kernel without its k = 8 / options
+specialisation (``SGLANG_MOE_TOPK_SPECIALISED=0``; the default, "jit", runs the specialised kernels
+on the routing rows, all top-8 without options; the same bits), "jit single" the
 one-CTA moe_align and "jit split" the two-launch multi-CTA one (``_variant=``; the default picks
 split from ``moe_align.SPLIT_MIN_NUMEL`` routed ids, "small" below); "jit small" the decode variant
 (PDL, two barriers after the ids arrive, stores over up to 8 CTAs), "jit small 1cta" it on one CTA
@@ -166,7 +166,7 @@ def routing_rows() -> list[BenchRow]:
                     "jit v1": with_env("SGLANG_MOE_ROUTING_ENGINE", "1", lambda w, i, g, f=jit: f(w, i, g)),
                     "jit smem": with_env("SGLANG_MOE_TOPK_WINNERS", "smem", lambda w, i, g, f=jit: f(w, i, g)),
                     "jit regs": with_env("SGLANG_MOE_TOPK_WINNERS", "regs", lambda w, i, g, f=jit: f(w, i, g)),
-                    "jit specialised": with_env("SGLANG_MOE_TOPK_SPECIALISED", "1", lambda w, i, g, f=jit: f(w, i, g)),
+                    "jit generic": with_env("SGLANG_MOE_TOPK_SPECIALISED", "0", lambda w, i, g, f=jit: f(w, i, g)),
                     "torch": eager,
                     "torch.compile": compiled,
                 }

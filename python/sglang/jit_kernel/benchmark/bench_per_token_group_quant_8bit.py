@@ -85,7 +85,7 @@ def main() -> None:
         "torch": _torch_group_quant,
         "torch.compile": compiled,
         # old vs new kernels in one run: v0 the 1-D kernel of 9f15607; v2 / v3 / v4 the 2-D kernel with
-        # tiles of 1 x 2 / 2 x 2 / 4 x 1 chunks per lane ("jit" is v2 up to 256 tokens, else v3)
+        # tiles of 1 x 2 / 2 x 2 / 4 x 1 chunks per lane ("jit" is v2 up to 256 tokens, else v10's 4-slot full-sector tiles; v3 before)
         "jit v0 old": variant(0),
         "jit v2 1x2": variant(2),
         "jit v3 2x2": variant(3),
@@ -95,8 +95,9 @@ def main() -> None:
         # loads issued before the current row is reduced
         "jit v8 2x2 occupancy": variant(8),
         "jit v9 2x2 prefetch": variant(9),
-        # opt-in v10: v1's size rule with full-sector tiles (every load 512 contiguous bytes where
-        # v2 / v3 use half of each sector per load; reduce-scatter group maximum, one scale per lane)
+        # v10: full-sector tiles at every size, 2 slots up to 256 tokens, where the default takes v2
+        # (every load 512 contiguous bytes where v2 / v3 use half of each sector per load;
+        # reduce-scatter group maximum, one scale per lane)
         "jit v10 full sectors": variant(10),
     }
     roof = copy_roof_gbps()

@@ -53,12 +53,13 @@ def use_topk_winners(monkeypatch, variant: str) -> None:
 
 
 def use_topk_specialised(monkeypatch, on: bool) -> None:
-    """Sets SGLANG_MOE_TOPK_SPECIALISED=1 (``on``) or clears it for the calls that follow (read at each
-    call): the specialised lookahead kernels for the calls that match one (top-8, no grouping)."""
+    """Clears SGLANG_MOE_TOPK_SPECIALISED (``on``: the default, the specialised lookahead kernels for
+    the calls that match one, top-8 without grouping) or sets it to 0 (the generic lookahead kernel)
+    for the calls that follow (read at each call)."""
     if on:
-        monkeypatch.setenv("SGLANG_MOE_TOPK_SPECIALISED", "1")
-    else:
         monkeypatch.delenv("SGLANG_MOE_TOPK_SPECIALISED", raising=False)
+    else:
+        monkeypatch.setenv("SGLANG_MOE_TOPK_SPECIALISED", "0")
 
 
 def assert_same_bits(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]) -> None:

@@ -200,10 +200,10 @@ def test_downcast_fp8_variants_write_the_same_bytes(dtype):
         assert_bits_equal(caches[variant][1], caches["legacy"][1])
 
 
-#: The variants of 8-element vectors (the default where the vector width is below 8).
+#: The variants of 8-element vectors (the flat kernel where the vector width is below 8).
 VEC8_VARIANTS = ("vec8 x1", "vec8 x2", "vec8 x4", "coalesced")
-#: The opt-in variants held bit for bit against the default: those and the lean kernel (16-element
-#: vectors; the default where the vector width is below 16).
+#: The variants held bit for bit against the flat kernel (the default before the lean one): those and
+#: the lean kernel (the default: 16-element vectors; the flat kernel where the vector width is below 16).
 OPT_IN_VARIANTS = (*VEC8_VARIANTS, "lean")
 
 
@@ -215,11 +215,11 @@ OPT_IN_VARIANTS = (*VEC8_VARIANTS, "lean")
 )
 def test_downcast_fp8_vec8_variants_write_the_same_bytes(dtype, heads, dim, view):
     """The multi kernel (variants "vec8 x1 / x2 / x4"), the coalesced kernel ("coalesced") and the lean
-        kernel ("lean") against the default, bit for bit: the bench's
+        kernel ("lean", the default) against the flat kernel, bit for bit: the bench's
         16384 x 8 x 128 (thousands of blocks, the last one partial per kPer; the coalesced kernel's
     last warp covers fewer than 64 vectors at 777 tokens x 3 x 24), padded token / head strides
         with int32 loc and mult / offset, a head_dim of 24 (3 vectors per head), and the fallbacks to the
-        default (head_dim 6, a source shifted by one element: vectors below 8; the lean kernel also at
+        flat kernel (head_dim 6, a source shifted by one element: vectors below 8; the lean kernel also at
         head_dim 24: vectors below 16)."""
     t = 16384 if view == "plain" and dim == 128 else 777
     slots = 2 * t + 5
@@ -268,7 +268,7 @@ def test_downcast_fp8_vec8_variants_write_the_same_bytes(dtype, heads, dim, view
 )
 def test_downcast_fp8_lean_destinations_match_the_default(loc_dtype, mult, offset, bad):
     """The lean kernel's slot test (a loc range computed on the host in 128-bit arithmetic, then two
-    64-bit compares) against the default's 128-bit test, bit for bit: distinct loc values from 3
+    64-bit compares) against the flat kernel's 128-bit test, bit for bit: distinct loc values from 3
     below to 3 above the valid range (out of range on both sides), a `bad` entry where loc * mult
     wraps around in 64 bits or sits at the int64 limits, negative mult, mult 0, int32 loc."""
     heads, dim, num_slots = 8, 128, 260

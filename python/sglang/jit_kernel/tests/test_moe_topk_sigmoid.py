@@ -234,8 +234,9 @@ def test_topk_sigmoid_lookahead_variant_bit_exact(monkeypatch, dtype, num_expert
 @pytest.mark.parametrize("renormalize", [False, True])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_topk_sigmoid_specialised_bit_exact(monkeypatch, dtype, num_experts, renormalize, with_bias):
-    """SGLANG_MOE_TOPK_SPECIALISED=1 (the lookahead kernel with k = 8 and the options fixed at compile
-    time) against the reference on grid logits and bit for bit against the default on grid logits,
+    """The specialised lookahead kernels (the default; k = 8 and the options fixed at compile
+    time) against the reference on grid logits and bit for bit against the generic lookahead kernel
+    (SGLANG_MOE_TOPK_SPECIALISED=0) on grid logits,
     randn rows led by edge rows and a misaligned strided view, at top-8 (its kernels) and top-4 /
     top-17 (fallbacks); with a bias the weight comes from the winner's logit (a shuffle)."""
     bias = (torch.randint(-32, 32, (num_experts,), device="cuda").float() / 32) if with_bias else None

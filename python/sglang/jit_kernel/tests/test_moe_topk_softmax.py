@@ -356,11 +356,11 @@ def test_topk_softmax_lookahead_variant_bit_exact(monkeypatch, dtype, num_expert
 @pytest.mark.parametrize("softcap", [0.0, 2.5, 30.0])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_topk_softmax_specialised_bit_exact(monkeypatch, dtype, num_experts, renormalize, softcap, with_bias):
-    """SGLANG_MOE_TOPK_SPECIALISED=1 (the lookahead kernel with k = 8 and the options fixed at compile
+    """The specialised lookahead kernels (the default; k = 8 and the options fixed at compile
     time, rows of <= 256 experts) against the reference on grid logits and bit for bit against the
-    default on grid logits, randn rows led by edge rows (NaN, +-inf, ties, -0, exp underflow) and a
-    misaligned strided view (the scalar loads), at top-8 (its kernels) and top-4 / top-17 (fallbacks
-    to the default); 257 experts is engine v2's 16-slot kernel (no specialised one)."""
+    generic lookahead kernel (SGLANG_MOE_TOPK_SPECIALISED=0) on grid logits, randn rows led by edge
+    rows (NaN, +-inf, ties, -0, exp underflow) and a misaligned strided view (the scalar loads), at
+    top-8 (its kernels) and top-4 / top-17 (fallbacks to the generic kernel); 257 experts is engine v2's 16-slot kernel (no specialised one)."""
     bias = (torch.randint(-32, 32, (num_experts,), device="cuda").float() / 32) if with_bias else None
     gating = grid_logits(129, num_experts, dtype, seed=num_experts)
     rows = edge_rows(1031, num_experts, dtype, seed=num_experts)

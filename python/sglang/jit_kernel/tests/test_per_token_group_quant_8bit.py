@@ -355,9 +355,11 @@ def test_tuned_variants_match_default(variant, in_dtype, m, k, group_size):
 @pytest.mark.parametrize("group_size", [16, 32, 64, 128, 256, 512, 1024])
 def test_full_sector_variant_matches_default(in_dtype, case, m, k, group_size):
     """Variant 10 (full-sector tiles: 2 slots up to 256 rows, 4 from 257; the reduce-scatter maximum
-    for every lanes-per-group count, groups spanning slots, rows ending inside a tile) gives the
-    default's bytes and the emulation's, for row- and column-major, ue8m0, int8 and clamped fp8; the
-    groups it cannot hold (2 chunks with 4 slots, longer than a tile) take the default's path."""
+    for every lanes-per-group count, groups spanning slots, rows ending inside a tile) and the default
+    (the 4-slot tiles from 257 rows) give the 2-D tiles' bytes (variant 2 up to 256 rows, 3 above: the
+    default before the full-sector kernel) and the emulation's, for row- and column-major, ue8m0, int8
+    and clamped fp8; the groups it cannot hold (2 chunks with 4 slots, longer than a tile) take the
+    2-D tiles' path."""
     from sglang.jit_kernel._quant_8bit import jit_quant_8bit_module
 
     if group_size > max_group_size(in_dtype) or k % group_size:
@@ -369,7 +371,7 @@ def test_full_sector_variant_matches_default(in_dtype, case, m, k, group_size):
     g = k // group_size
     x = (torch.randn(m, k, device="cuda") * torch.logspace(-3, 3, m, device="cuda").unsqueeze(1)).to(in_dtype)
     outs = []
-    for v in (1, 10):
+    for v in (2 if m <= 256 else 3, 1, 10):
         q = torch.full((m, k), 0x7F, dtype=torch.uint8, device="cuda").view(dtype)
         if ue8m0:
             s = column_major(m, (g + 3) // 4, torch.int32)
@@ -378,11 +380,12 @@ def test_full_sector_variant_matches_default(in_dtype, case, m, k, group_size):
         fn(x, q, s, group_size, EPS, lo, hi, ue8m0, v)
         # ue8m0: the packed words' bytes, padding bytes of the last word included
         outs.append((q.view(torch.uint8).clone(), packed_bytes(s).clone() if ue8m0 else s.clone(), s))
-    assert torch.equal(outs[0][0], outs[1][0]), "output_q differs from the default"
-    assert torch.equal(outs[0][1], outs[1][1]), "output_s differs from the default"
+    for name, out in zip(("the default", "variant 10"), outs[1:]):
+        assert torch.equal(outs[0][0], out[0]), f"output_q of {name} differs from the 2-D tiles'"
+        assert torch.equal(outs[0][1], out[1]), f"output_s of {name} differs from the 2-D tiles'"
     q_ref, s_ref = reference(x, group_size, EPS, lo, hi, dtype, ue8m0)
-    assert torch.equal(outs[1][0], q_ref.view(torch.uint8))
-    assert torch.equal(decode_ue8m0(outs[1][2], g) if ue8m0 else outs[1][1], s_ref)
+    assert torch.equal(outs[0][0], q_ref.view(torch.uint8))
+    assert torch.equal(decode_ue8m0(outs[0][2], g) if ue8m0 else outs[0][1], s_ref)
 
 
 # ---- layouts ----

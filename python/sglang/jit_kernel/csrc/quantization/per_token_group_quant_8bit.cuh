@@ -406,7 +406,7 @@ __global__ void __launch_bounds__(GroupQuantConfig::kTileMaxThreads, Tuning::kMi
   }
 }
 
-/// The full-sector kernel (opt-in variant 10): the 2-D kernel's grid and rows with TileShape<kSlots, 1>
+/// The full-sector kernel (the default above 256 rows; variant 10 at every size): the 2-D kernel's grid and rows with TileShape<kSlots, 1>
 /// tiles (kSlots coalesced steps of one chunk per lane), a cheaper group maximum, one scale per lane.
 ///
 /// Why (SASS of the default, bf16 -> fp8 at [T, 7168] g128): variant 3 loads its pair of adjacent
@@ -611,7 +611,7 @@ void launch_group_quant_tiles(GroupQuantParams params, bool aligned, DLDevice de
 
 /// Kernel variants (the `variant` argument; 1 is the default, the others are kept for A/B runs):
 /// 0 the 1-D kernel (64-bit tile division, kItems = 4, 8-byte fp8 stores); 1 = 2 up to kSmallTokens
-/// rows, else 3; 2 the 2-D kernel with tiles of 1 step x 2 chunks per lane; 3 of 2 steps x 2
+/// rows, else the full-sector kernel (below; 3 where it cannot hold the group or rows are unaligned); 2 the 2-D kernel with tiles of 1 step x 2 chunks per lane; 3 of 2 steps x 2
 /// chunks; 4 of 4 steps x 1 chunk. A 2-D shape whose tile is shorter than a group, whose pair of
 /// chunks is longer than a group, or whose paired output stores output_q does not align, takes
 /// Shape<4, 1>; rows of 2^30 chunks or more take variant 0 (its offsets are 64-bit).
@@ -620,8 +620,10 @@ void launch_group_quant_tiles(GroupQuantParams params, bool aligned, DLDevice de
 /// (rows looped over by 3 blocks per SM, <= 80 registers, the next row's loads issued before the
 /// current row is reduced: up to 6 rows of loads in flight per SM). Where 3 would fall back to Shape<4, 1>, 8 and 9 take that same untuned fallback.
 /// 10 is 1 with the full-sector kernel (per_token_group_quant_8bit_sector_kernel: coalesced 512-byte
-/// loads, a reduce-scatter group maximum, one scale per lane); unaligned rows and groups it cannot
-/// hold take variant 1.
+/// loads, a reduce-scatter group maximum, one scale per lane) at every size; unaligned rows and groups
+/// it cannot hold take the 2-D tiles. The default, 1, takes the full-sector kernel above
+/// kSmallTokens rows (4 slots), and variant 2 up to there; variant 3 is the default above kSmallTokens
+/// before that.
 template <typename TIn, typename TOut, bool kClamp>
 void dispatch_per_token_group_quant_8bit(
     const GroupQuantParams& params, bool aligned, bool pair_aligned, int64_t variant, DLDevice device) {
@@ -633,10 +635,14 @@ void dispatch_per_token_group_quant_8bit(
     launch_per_token_group_quant_8bit<TIn, TOut, kClamp>(params, aligned, device);
     return;
   }
-  if (variant == 10) {
-    // v1's size rule with full-sector tiles: 2 slots (v2's 64-chunk tiles) up to kSmallTokens rows,
-    // else 4 (v3's 128-chunk tiles); a group they cannot hold, or unaligned rows, take variant 1.
-    const bool small = params.num_tokens <= GroupQuantConfig::kSmallTokens;
+  const bool small = params.num_tokens <= GroupQuantConfig::kSmallTokens;
+  if (variant == 10 || (variant == 1 && !small)) {
+    // Full-sector tiles: 2 slots (v2's 64-chunk tiles) up to kSmallTokens rows (variant 10 only),
+    // else 4 (v3's 128-chunk tiles; the default's choice there since probe_targets on the H200,
+    // 2026-12-01, fifth session: [2048, 7168] g128 bf16 12.17 / 9.52 us cold / one input against
+    // 12.54 / 10.15 for v3, [16384, 7168] 84.38 us, 99.4 % of copy, against 87.93; at 1 token the
+    // 2-slot tiles lost, 1.08 against v2's 0.95). A group they cannot hold, or unaligned rows, take
+    // v1's 2-D tiles.
     const int64_t slots = small ? 2 : 4;
     if (aligned && group_chunks >= slots && group_chunks <= slots * device::kWarpThreads) {
       if (small) {
@@ -648,7 +654,7 @@ void dispatch_per_token_group_quant_8bit(
     }
     variant = 1;
   }
-  if (variant == 1) variant = params.num_tokens <= GroupQuantConfig::kSmallTokens ? 2 : 3;
+  if (variant == 1) variant = small ? 2 : 3;
   const bool pairs_ok = pair_aligned && group_chunks >= 2;
   const bool large_ok = pairs_ok && group_chunks <= Large::kTileChunks;
   if (variant == 2 && pairs_ok && group_chunks <= Small::kTileChunks) {

@@ -1,5 +1,6 @@
-// The lookahead kernel (the default) against the register-winner kernel of topk_rows.cuh, and the
-// specialised lookahead kernels (SGLANG_MOE_TOPK_SPECIALISED=1) against the default, bit for bit, on
+// The generic lookahead kernel against the register-winner kernel of topk_rows.cuh, and the
+// specialised lookahead kernels (the default; SGLANG_MOE_TOPK_SPECIALISED=0 the generic one) against
+// the generic one, bit for bit, on
 // the host (warp_emulation.h; built and run by test_topk_rows_emulated.py, which writes
 // topk_rows_kernels.inc: the kernels and launchers of topk_rows.cuh). Usage: lookahead_check ROWS.
 // Prints one line per mismatching case (or per case launched on the wrong kernel), then
@@ -117,15 +118,16 @@ int main(int argc, char** argv) {
         params.scale,
         static_cast<long long>(params.gating_stride));
   };
-  // The default against the register winners; the specialised path against the default, and on the
-  // right kernel: its own where k == 8, no grouping and scale 1 (every row here has <= 256 experts),
-  // the default's elsewhere; "1" exactly selects it, and SGLANG_MOE_TOPK_WINNERS=regs wins over it.
+  // The generic lookahead kernel (SGLANG_MOE_TOPK_SPECIALISED=0) against the register winners; the
+  // default (specialised where one fits) against the generic one, and on the right kernel: its own
+  // where k == 8, no grouping and scale 1 (every row here has <= 256 experts), the generic one
+  // elsewhere; only "0" exactly deselects it, and SGLANG_MOE_TOPK_WINNERS=regs wins over it.
   const auto check = [&](const TopkRowsParams& params, const char* what) {
     ++cases;
-    const Routing base = route(params, nullptr);
+    const Routing base = route(params, nullptr, "0");
     const Routing regs = route(params, "regs");
     if (!same_bits(regs, base)) report(params, what, "lookahead vs regs");
-    const Routing special = route(params, nullptr, "1");
+    const Routing special = route(params, nullptr);
     if (!same_bits(special, base)) report(params, what, "specialised vs lookahead");
     const bool fits = params.topk == 8 && params.num_groups == 1 && params.scale == 1.0f;
     if ((special.kernel != base.kernel) != fits) report(params, what, "specialised kernel choice");
@@ -134,10 +136,11 @@ int main(int argc, char** argv) {
       if (std::find(special_kernels.begin(), special_kernels.end(), special.kernel) == special_kernels.end()) {
         special_kernels.push_back(special.kernel);
       }
-      if (route(params, nullptr, "1 ").kernel != base.kernel || route(params, nullptr, "2").kernel != base.kernel) {
-        report(params, what, "specialised knob not exactly 1");
+      if (route(params, nullptr, "0 ").kernel != special.kernel ||
+          route(params, nullptr, "1").kernel != special.kernel) {
+        report(params, what, "specialised knob: only exactly 0 deselects it");
       }
-      if (route(params, "regs", "1").kernel != regs.kernel) report(params, what, "specialised with regs");
+      if (route(params, "regs").kernel != regs.kernel) report(params, what, "specialised with regs");
     } else {
       ++fallbacks;
     }
