@@ -138,6 +138,8 @@ VARIANTS = {
     "coalesced": 6,
     "lean": 7,
 }
+#: The variant every downcast_fp8 call runs (eager fast path, checked path, torch.library op).
+DEFAULT_VARIANT = VARIANTS["lean"]
 
 
 def _run(
@@ -150,7 +152,7 @@ def _run(
     loc: torch.Tensor,
     mult: int,
     offset: int,
-    variant: int = VARIANTS["lean"],
+    variant: int = DEFAULT_VARIANT,
 ) -> None:
     """The checked call: the optional host index check, then the launcher."""
     _check_destinations(loc, mult, offset, k_out.shape[0])
@@ -292,7 +294,8 @@ def downcast_fp8(
         fn = _FNS.get(getattr(k, "dtype", None))
         if fn is not None and type(mult) is int and type(offset) is int:  # the FFI would take a bool
             try:
-                fn(k, v, k_out, v_out, k_scale, v_scale, loc, mult, offset, 0)  # the launcher checks everything
+                # the launcher checks everything
+                fn(k, v, k_out, v_out, k_scale, v_scale, loc, mult, offset, DEFAULT_VARIANT)
                 return
             except (TypeError, RuntimeError, ValueError, OverflowError):  # before any launch: explain
                 pass

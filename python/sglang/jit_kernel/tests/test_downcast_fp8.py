@@ -646,3 +646,20 @@ if __name__ == "__main__":
     import sys
 
     sys.exit(pytest.main([__file__, "-v", "-s"]))
+
+
+def test_every_call_path_passes_the_default_variant(monkeypatch):
+    """The eager fast path and the checked path hand the launcher DEFAULT_VARIANT (the lean kernel),
+    not a literal (a fast path once passed 0, the flat kernel, while the checked path passed the
+    default). No GPU: the dtype's exported function is replaced by a recorder, CPU tensors."""
+    from sglang.jit_kernel import cast
+
+    seen = []
+    monkeypatch.setitem(cast._FNS, torch.bfloat16, lambda *args: seen.append(args[-1]))
+    monkeypatch.setattr(cast, "_load", lambda dtype: cast._FNS[dtype])
+    k, v = torch.zeros(2, 1, 16, dtype=torch.bfloat16), torch.zeros(2, 1, 16, dtype=torch.bfloat16)
+    k_out, v_out = torch.zeros(5, 1, 16, dtype=torch.uint8), torch.zeros(5, 1, 16, dtype=torch.uint8)
+    scale, loc = torch.ones(1), torch.tensor([0, 3])
+    downcast_fp8(k, v, k_out, v_out, scale, scale, loc)  # the fast path (the recorder accepts anything)
+    cast._run(k, v, k_out, v_out, scale, scale, loc, 1, 0)  # what the checked path and the op call
+    assert seen == [cast.DEFAULT_VARIANT, cast.DEFAULT_VARIANT] and cast.DEFAULT_VARIANT == VARIANTS["lean"]
