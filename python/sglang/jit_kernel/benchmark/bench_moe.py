@@ -44,6 +44,7 @@ from sglang.jit_kernel.benchmark.utils import (  # noqa: E402
     format_rows,
     get_benchmark_range,
     num_rotating_sets,
+    with_env,
 )
 from sglang.jit_kernel.grouped_topk import grouped_topk  # noqa: E402
 from sglang.jit_kernel.moe_align import moe_align_block_size  # noqa: E402
@@ -63,24 +64,6 @@ BUDGET_S = float(os.environ.get("BENCH_MOE_BUDGET_S", "55"))
 PARTS = os.environ.get("BENCH_MOE_PARTS", "routing,align,sum_reduce").split(",")
 _START = time.monotonic()
 _ROOF: list[float] = []
-
-
-def with_env(name, value, fn):
-    """``fn`` called with environment variable ``name`` set to ``value`` (read by the C++ launcher at
-    each call, so at graph capture), restored afterwards."""
-
-    def call(*args):
-        old = os.environ.get(name)
-        os.environ[name] = value
-        try:
-            return fn(*args)
-        finally:
-            if old is None:
-                del os.environ[name]
-            else:
-                os.environ[name] = old
-
-    return call
 
 
 def emit(row: BenchRow) -> BenchRow:

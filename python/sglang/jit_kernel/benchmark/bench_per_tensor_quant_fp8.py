@@ -6,6 +6,8 @@ dynamic op reads the input twice above one block's worth (2048 16-byte chunks); 
 near 60 % of copy by this count, less what the second pass finds in L2. The dynamic "jit" rows include the
 zeroing of output_s the caller owes (a fill kernel in the graph), as a caller of the original's contract
 pays it; "jit no zero_" calls with accumulate=False, which overwrites output_s and needs no zeroing.
+"jit cluster" rows: the opt-in cluster pass (SGLANG_PER_TENSOR_CLUSTER=1; one launch up to 262144
+bf16 elements, i.e. T <= 64 here; the default's passes above, so those rows repeat "jit").
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ if __name__ == "__main__":
     exit_unless_gpu("bench_per_tensor_quant_fp8.py")  # before importing triton
 
 from sglang.jit_kernel.benchmark.bench_per_token_group_quant_8bit import quant_rows  # noqa: E402
-from sglang.jit_kernel.benchmark.utils import copy_roof_gbps, format_rows, get_benchmark_range  # noqa: E402
+from sglang.jit_kernel.benchmark.utils import copy_roof_gbps, format_rows, get_benchmark_range, with_env  # noqa: E402
 from sglang.test.ci.ci_register import register_cuda_ci  # noqa: E402
 
 register_cuda_ci(est_time=60, suite="stage-b-kernel-benchmark-1-gpu-large")
@@ -62,6 +64,12 @@ def main() -> None:
             "torch.compile": torch.compile(_torch_dynamic),
             # accumulate=False overwrites output_s: no zeroing node in the graph
             "jit no zero_": lambda x, q, s: per_tensor_quant_fp8(x, q, s, accumulate=False),
+            # opt-in: one launch of one 8-CTA cluster up to 262144 bf16 elements (the default's passes
+            # above; SGLANG_PER_TENSOR_CLUSTER=1)
+            "jit cluster": with_env("SGLANG_PER_TENSOR_CLUSTER", "1", jit_dynamic),
+            "jit cluster no zero_": with_env(
+                "SGLANG_PER_TENSOR_CLUSTER", "1", lambda x, q, s: per_tensor_quant_fp8(x, q, s, accumulate=False)
+            ),
         },
         nbytes,
     )

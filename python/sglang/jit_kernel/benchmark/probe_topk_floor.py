@@ -33,7 +33,7 @@ from sglang.jit_kernel.benchmark.utils import exit_unless_gpu
 if __name__ == "__main__":
     exit_unless_gpu("probe_topk_floor.py")  # before importing triton, which a CPU-only install lacks
 
-from sglang.jit_kernel.benchmark.utils import bench_rotating  # noqa: E402
+from sglang.jit_kernel.benchmark.utils import bench_rotating, with_env  # noqa: E402
 from sglang.jit_kernel.moe_topk_softmax import topk_softmax  # noqa: E402
 from sglang.jit_kernel.norm import rmsnorm  # noqa: E402
 from sglang.jit_kernel.utils import load_jit  # noqa: E402
@@ -47,24 +47,6 @@ REP_MS = int(os.environ.get("BENCH_MOE_REP_MS", "4"))
 CAPTURES = 3
 WINNERS = "SGLANG_MOE_TOPK_WINNERS"
 SPECIALISED = "SGLANG_MOE_TOPK_SPECIALISED"
-
-
-def with_env(name: str, value: str | None, fn):
-    """``fn`` called with environment variable ``name`` set to ``value`` (None: unset), restored after
-    (the launcher reads SGLANG_MOE_TOPK_WINNERS / _SPECIALISED at each call, so at graph capture)."""
-
-    def call(*args):
-        old = os.environ.pop(name, None)
-        if value is not None:
-            os.environ[name] = value
-        try:
-            return fn(*args)
-        finally:
-            os.environ.pop(name, None)
-            if old is not None:
-                os.environ[name] = old
-
-    return call
 
 
 def with_winners(value: str | None, fn):

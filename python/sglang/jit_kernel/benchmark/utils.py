@@ -267,3 +267,21 @@ def compiled_once(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     if name not in _COMPILED:
         _COMPILED[name] = torch.compile(fn)
     return _COMPILED[name]
+
+
+def with_env(name: str, value: str | None, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` called with environment variable ``name`` set to ``value`` (None: unset), restored after
+    each call. For the launchers' A/B knobs, which C++ reads at each call (so at graph capture)."""
+
+    def call(*args: Any) -> Any:
+        old = os.environ.pop(name, None)
+        if value is not None:
+            os.environ[name] = value
+        try:
+            return fn(*args)
+        finally:
+            os.environ.pop(name, None)
+            if old is not None:
+                os.environ[name] = old
+
+    return call

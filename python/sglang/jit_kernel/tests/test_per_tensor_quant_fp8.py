@@ -272,3 +272,68 @@ if __name__ == "__main__":
     import sys
 
     sys.exit(pytest.main([__file__, "-v", "-s"]))
+
+
+# ---- the opt-in cluster pass (SGLANG_PER_TENSOR_CLUSTER=1, 9.0+ GPUs) ----
+#: Up to 8 CTAs x 1024 threads x 4 chunks of 16 bytes: 262144 bf16 elements; (64, 4096) bf16 is the
+#: largest square case, (33, 4000) ends rows inside a CTA, (3, 1001) / (64, 4095) are unaligned
+#: (element-wise chunks), (65, 4096) bf16 and (64, 4096) fp32 are past it (the default's passes).
+CLUSTER_SHAPES = [(2, 4096), (64, 4096), (33, 4000), (3, 1001), (64, 4095), (65, 4096), (2, 9), (1, 16385)]
+
+
+def cluster_and_default(monkeypatch, x, accumulate, prior):
+    """(q bytes, s) of the default and of SGLANG_PER_TENSOR_CLUSTER=1 on the same input."""
+    out = []
+    for value in (None, "1"):
+        if value is None:
+            monkeypatch.delenv("SGLANG_PER_TENSOR_CLUSTER", raising=False)
+        else:
+            monkeypatch.setenv("SGLANG_PER_TENSOR_CLUSTER", value)
+        q = torch.full(x.shape, 0x7F, dtype=torch.uint8, device=x.device).view(FP8)
+        s = torch.full((1,), prior, device=x.device)
+        per_tensor_quant_fp8(x, q, s, accumulate=accumulate)
+        out.append((q.view(torch.uint8).clone(), s.clone()))
+    monkeypatch.delenv("SGLANG_PER_TENSOR_CLUSTER", raising=False)
+    return out
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("shape", CLUSTER_SHAPES)
+@pytest.mark.parametrize("accumulate,prior", [(True, 0.0), (True, 0.5), (True, float("nan")), (False, 100.0)])
+def test_cluster_pass_matches_default(monkeypatch, dtype, shape, accumulate, prior):
+    """The cluster pass gives the default's bytes and scale, bit for bit, and the reference's:
+    aligned and unaligned rows, rows ending inside a CTA, a row-strided view, accumulate with a zero,
+    a larger and a NaN prior scale, and without accumulate; shapes past its capacity take the
+    default's passes with the knob on."""
+    x = (torch.randn(shape, device="cuda") * torch.logspace(-2, 2, shape[0], device="cuda").unsqueeze(1)).to(dtype)
+    x.view(-1)[x.numel() // 3] = 37.5  # a known maximum away from the first CTA
+    wide = torch.randn(shape[0], shape[1] + 24, device="cuda").to(dtype)[:, 8 : 8 + shape[1]]
+    for view in (x, wide):
+        (q0, s0), (q1, s1) = cluster_and_default(monkeypatch, view, accumulate, prior)
+        assert torch.equal(q0, q1), "output_q of the cluster pass differs from the default's"
+        assert torch.equal(s0, s1), "output_s of the cluster pass differs from the default's"
+        expected = reference(view, None)
+        if not accumulate or prior == 0.0 or prior != prior:  # the scale is the tensor's own
+            assert torch.equal(q1, expected[0].view(torch.uint8)) and torch.equal(s1.reshape(1), expected[1])
+
+
+@requires_cuda
+def test_cluster_pass_special_values_and_graph(monkeypatch):
+    """inf, NaN, zeros and subnormals through the cluster pass (the default's bits), and a CUDA
+    graph captured with the knob on replays the cluster pass on new data."""
+    x = torch.randn(64, 4096, device="cuda").to(torch.bfloat16)
+    x[3, 5], x[40, 7], x[63, 4095], x[10] = float("inf"), float("nan"), -0.0, 1e-40
+    (q0, s0), (q1, s1) = cluster_and_default(monkeypatch, x, True, 0.0)
+    assert torch.equal(q0, q1) and torch.equal(s0, s1)
+    monkeypatch.setenv("SGLANG_PER_TENSOR_CLUSTER", "1")
+    y = torch.randn(64, 4096, device="cuda").to(torch.bfloat16)
+    q, s = run(y)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        per_tensor_quant_fp8(y, q, s, accumulate=False)
+    monkeypatch.delenv("SGLANG_PER_TENSOR_CLUSTER")
+    y.copy_(torch.randn_like(y) * 5)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_bitwise(q, s, y)

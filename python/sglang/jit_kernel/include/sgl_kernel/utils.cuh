@@ -202,11 +202,29 @@ class LaunchKernel {
     return *this;
   }
 
+  /// Launches the grid as clusters of `size` consecutive CTAs along x (thread block clusters; `size`
+  /// in 1..8, the portable maximum, dividing grid.x; 1 launches without clusters); returns *this.
+  /// Throws PanicError when size > 1 and the launch device's compute capability is below 9.0: the
+  /// caller picks a cluster kernel only for 9.0+ devices (is_cluster_device).
+  LaunchKernel& cluster(uint32_t size) {
+    if (size < 1 || size > 8 || grid_.x % size != 0) [[unlikely]] {
+      detail::panic_at(loc_, "LaunchKernel: cluster size ", size, " must be in 1..8 and divide grid.x = ", grid_.x);
+    }
+    if (size > 1 && device_cc_major() < 9) [[unlikely]] {
+      detail::panic_at(loc_, "LaunchKernel: thread block clusters need compute capability 9.0 or newer");
+    }
+    cluster_ = size;
+    return *this;
+  }
+
+  /// Whether the launch device can run thread block clusters (compute capability 9.0 or newer).
+  bool is_cluster_device() const { return device_cc_major() >= 9; }
+
   /// Launches `kernel<<<grid, block, smem, stream>>>(args...)`; throws PanicError on launch failure.
   template <typename... KernelArgs, typename... Args>
   void operator()(void (*kernel)(KernelArgs...), Args&&... args) const {
     static_assert(sizeof...(KernelArgs) == sizeof...(Args), "LaunchKernel: argument count mismatch");
-    cudaLaunchAttribute attrs[1];
+    cudaLaunchAttribute attrs[2];
     cudaLaunchConfig_t config{};
     config.gridDim = grid_;
     config.blockDim = block_;
@@ -215,9 +233,16 @@ class LaunchKernel {
     config.attrs = attrs;
     config.numAttrs = 0;
     if (pdl_) {
-      attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      attrs[0].val.programmaticStreamSerializationAllowed = 1;
-      config.numAttrs = 1;
+      attrs[config.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attrs[config.numAttrs].val.programmaticStreamSerializationAllowed = 1;
+      ++config.numAttrs;
+    }
+    if (cluster_ > 1) {
+      attrs[config.numAttrs].id = cudaLaunchAttributeClusterDimension;
+      attrs[config.numAttrs].val.clusterDim.x = cluster_;
+      attrs[config.numAttrs].val.clusterDim.y = 1;
+      attrs[config.numAttrs].val.clusterDim.z = 1;
+      ++config.numAttrs;
     }
     int previous_device = -1;
     if (device_id_ >= 0) {
@@ -295,6 +320,7 @@ class LaunchKernel {
   cudaStream_t stream_{nullptr};
   int device_id_;  // -1: launch on the current device
   bool pdl_{false};
+  uint32_t cluster_{1};  // CTAs per thread block cluster (1: no clusters)
   std::source_location loc_;
 };
 
