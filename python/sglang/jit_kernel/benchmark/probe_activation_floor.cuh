@@ -1,0 +1,99 @@
+// Gated-activation floor probe (driver: probe_activation_floor.py): silu_and_mul's access pattern with
+// the least compute. input [T, 2H] contiguous bf16 (gate | up), out [T, H] contiguous bf16; H a
+// multiple of 8 * kVecs. Thread i of the one-shot grid takes kVecs 16-byte vectors of the flattened
+// [T, H / 8] vector grid (vectors i * kVecs .. i * kVecs + kVecs - 1, consecutive in a row: a row's
+// vector count is a multiple of kVecs), loads every gate and up vector first, then stores
+// out = gate + up (8 bf16 adds per vector: the whole compute), so the probe moves silu_and_mul's bytes
+// with the same 16-byte accesses and none of its arithmetic. With PDL (mode bit 4) it waits for the
+// previous kernel before its first load and releases the next one right after, as the op does.
+// What it bounds: at T = 1 / 64 (a fraction of a wave, L2-resident input in a replayed graph) the
+// launch, one load round trip and the store drain; at 2048 / 16384 the bandwidth of L2 / DRAM.
+#pragma once
+#include <sgl_kernel/tensor.h>  // For tvm::ffi::TensorView
+#include <sgl_kernel/utils.h>   // For RuntimeCheck
+
+#include <sgl_kernel/utils.cuh>  // For LaunchKernel, SGL_DEVICE, bf16x2_t, pdl_wait_primary
+
+#include <cstdint>
+
+namespace {
+
+struct ActFloorParams {
+  const uint4* input;  // [T, 2 * vecs_per_row] 16-byte vectors
+  uint4* out;          // [T, vecs_per_row]
+  int64_t vecs_per_row;
+  int64_t total_vecs;  // T * vecs_per_row
+};
+
+/// Eight bf16 adds of two 16-byte vectors.
+SGL_DEVICE uint4 add8(uint4 a, uint4 b) {
+  uint4 r;
+  const auto* x = reinterpret_cast<const __nv_bfloat162*>(&a);
+  const auto* y = reinterpret_cast<const __nv_bfloat162*>(&b);
+  auto* z = reinterpret_cast<__nv_bfloat162*>(&r);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) z[i] = __hadd2(x[i], y[i]);
+  return r;
+}
+
+template <int kVecs, bool kPdl>
+__global__ void __launch_bounds__(1024) act_floor_kernel(const ActFloorParams p) {
+  const int64_t first = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) * kVecs;
+  if constexpr (kPdl) device::pdl_wait_primary();
+  if constexpr (kPdl) device::pdl_launch_dependents();
+  if (first >= p.total_vecs) return;
+  const int64_t row = first / p.vecs_per_row;
+  const int64_t col = first - row * p.vecs_per_row;
+  const uint4* gate = p.input + row * 2 * p.vecs_per_row + col;
+  const uint4* up = gate + p.vecs_per_row;
+  uint4 g[kVecs], u[kVecs];
+#pragma unroll
+  for (int v = 0; v < kVecs; ++v) {
+    g[v] = gate[v];
+    u[v] = up[v];
+  }
+  uint4* dst = p.out + row * p.vecs_per_row + col;
+#pragma unroll
+  for (int v = 0; v < kVecs; ++v) dst[v] = add8(g[v], u[v]);
+}
+
+template <int kVecs>
+void launch_act_floor(const ActFloorParams& p, uint32_t threads, bool pdl, DLDevice device) {
+  const int64_t thread_count = (p.total_vecs + kVecs - 1) / kVecs;
+  const auto blocks = static_cast<uint32_t>((thread_count + threads - 1) / threads);
+  if (pdl) {
+    host::LaunchKernel(blocks, threads, device).enable_pdl(true)(act_floor_kernel<kVecs, true>, p);
+  } else {
+    host::LaunchKernel(blocks, threads, device)(act_floor_kernel<kVecs, false>, p);
+  }
+}
+
+/// act_floor(input, out, mode, threads): mode = vectors per thread (1, 2 or 4) | 16 for PDL; threads
+/// per CTA in {32, ..., 1024}. No validation beyond the shapes the probe needs: the driver passes
+/// contiguous bf16 [T, 2H] and [T, H] with H a multiple of 8 * vectors per thread.
+void act_floor(tvm::ffi::TensorView input, tvm::ffi::TensorView out, int64_t mode, int64_t threads) {
+  const int64_t vecs = mode & 15;
+  const bool pdl = (mode & 16) != 0;
+  host::RuntimeCheck(
+      vecs == 1 || vecs == 2 || vecs == 4, "act_floor: vectors per thread ", vecs, ": expected 1, 2 or 4");
+  host::RuntimeCheck(threads >= 32 && threads <= 1024 && threads % 32 == 0, "act_floor: threads = ", threads);
+  const int64_t hidden = out.size(1);
+  host::RuntimeCheck(hidden % (8 * vecs) == 0, "act_floor: H = ", hidden, ": expected a multiple of ", 8 * vecs);
+  ActFloorParams p{};
+  p.input = static_cast<const uint4*>(input.data_ptr());
+  p.out = static_cast<uint4*>(out.data_ptr());
+  p.vecs_per_row = hidden / 8;
+  p.total_vecs = out.size(0) * p.vecs_per_row;
+  if (p.total_vecs == 0) return;
+  const DLDevice device = input.device();
+  const auto t = static_cast<uint32_t>(threads);
+  if (vecs == 1) {
+    launch_act_floor<1>(p, t, pdl, device);
+  } else if (vecs == 2) {
+    launch_act_floor<2>(p, t, pdl, device);
+  } else {
+    launch_act_floor<4>(p, t, pdl, device);
+  }
+}
+
+}  // namespace
