@@ -28,6 +28,7 @@ DTYPE = torch.bfloat16
 
 
 def cases() -> dict[str, Callable[[], Any]]:
+    from sglang.jit_kernel.activation import silu_and_mul
     from sglang.jit_kernel.norm import (
         fused_add_rmsnorm,
         fused_inplace_qknorm,
@@ -35,7 +36,6 @@ def cases() -> dict[str, Callable[[], Any]]:
         rmsnorm,
         rmsnorm_hf,
     )
-    from sglang.jit_kernel.activation import silu_and_mul
     from sglang.jit_kernel.scale import scale
 
     x = torch.randn(1, HIDDEN, dtype=DTYPE, device="cuda")
