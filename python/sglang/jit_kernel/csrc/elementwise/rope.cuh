@@ -62,6 +62,13 @@ struct RopeConfig {
   static constexpr int kKvPrefetch =
       2;  // v vectors per thread loaded before the rotation (KV store; 16-48 B of spills at 64 registers, 1: 16-32 B)
   static constexpr int kKvSplit = -1;  // rope_kernel's kKvMode: v copied by rows of threads of their own
+  // rope_head_slots_kernel (RopeVariant::kHeadSlots): heads per thread, CTA bound, and the threads a
+  // CTA packs tokens up to. 256 x 3 caps the registers at 80 (5 heads: 40 data + 16 cos/sin); one
+  // token per CTA at 32 + 8 heads keeps the residency granular (14 CTAs of 64 threads per SM at 72).
+  static constexpr int kSlotHeads = 5;
+  static constexpr uint32_t kSlotThreads = 128;
+  static constexpr uint32_t kSlotMinBlocks = 5;
+  static constexpr int64_t kSlotTargetThreads = 64;
 };
 
 /// Variants of the launchers. 0 (the default of every launcher) is kEarly for the rotation-only
@@ -81,7 +88,11 @@ struct RopeVariant {
   static constexpr int64_t kKvSplitCopy = 4;
   // launch_rope as it was before kEarly / kKvSplitCopy became the default (A/B rows "jit plain").
   static constexpr int64_t kPlain = 5;
-  static constexpr int64_t kMax = 5;
+  // rope_head_slots_kernel (rotation only, fp32 cache: apply_rope_inplace): kSlotHeads heads per
+  // thread, all loaded before the position; 16-byte vectors, at most kSlotThreads chunks per head,
+  // fewer than 2^30 heads; else the default (kEarly's rule).
+  static constexpr int64_t kHeadSlots = 6;
+  static constexpr int64_t kMax = 6;
 };
 
 /// One tensor of heads (q or k): element (t, h, e) at data + t * token_stride + h * head_stride + e.
@@ -554,6 +565,84 @@ __global__ void __launch_bounds__(RopeConfig::kMaxThreads, 1) rope_early_kernel(
   }
 }
 
+/// RopeVariant::kHeadSlots (rotation only, fp32 cache; opt-in): the L2-resident mid size (about
+/// 256-8192 tokens of 32 + 8 heads x 128; docs/perf_notes.md, "RoPE at 2048 tokens"). Thread (x, y, z)
+/// rotates chunk x of the kHeads heads y, y + blockDim.y, ... (q heads, then k) of token
+/// blockIdx.x * blockDim.z + z, all loaded before the position, so that the position -> cos/sin
+/// chain overlaps kHeads * 32 bytes in flight per thread (rope_kernel at 64 registers: 32 bytes,
+/// the second head's loads sink below the position wait). One cos/sin load serves kHeads heads;
+/// at 32 + 8 heads, kHeads = 5 makes a token two full warps (8 lanes x 8 rows), and the four rows
+/// of a warp read the same 128 bytes of the row (one L1 wavefront per cos/sin vector).
+/// Per-token bases (64-bit) are formed once before the PDL wait; a head costs one 64-bit
+/// multiply-add from them. Same math as rope_kernel (rotate_pairs, load_cos_sin): the same bits.
+/// Loads evict_last / stores evict_normal when `l2_hint` (rope_kernel's kL2Hint rule), else
+/// evict_normal both ways (the priority of a plain access), so one kernel serves both.
+/// Preconditions (the launcher's): rope_kernel's at the 16-byte vector, num_chunks == blockDim.x.
+/// Heads beyond kHeads * blockDim.y (the launcher caps blockDim.y) are rotated one at a time.
+template <typename T, int kVecN, bool kNeox, int kHeads>
+__global__ void __launch_bounds__(RopeConfig::kSlotThreads, RopeConfig::kSlotMinBlocks)
+    rope_head_slots_kernel(const RopeParams p, const bool l2_hint) {
+  using vec_t = device::AlignedVector<T, kVecN>;
+  const int64_t token = int64_t{blockIdx.x} * blockDim.z + threadIdx.z;
+  const bool active = token < p.num_tokens;
+  const int64_t t = active ? token : 0;
+  // head indices in 32 bits (the launcher's bound: fewer than 2^30 heads)
+  const int32_t num_q = static_cast<int32_t>(p.q.num_heads);
+  const int32_t num_heads = num_q + static_cast<int32_t>(p.k.num_heads);
+  const int32_t rows = static_cast<int32_t>(blockDim.y);
+  const int32_t row = static_cast<int32_t>(threadIdx.y);
+  int64_t off_a, off_b;
+  chunk_offsets<kVecN, kNeox>(threadIdx.x, p.half, off_a, off_b);
+  // bytes: a head's address is a select of (base, stride) and one 32 x 64-bit multiply-add
+  char* const q_token = static_cast<char*>(p.q.data) + (t * p.q.token_stride + off_a) * int64_t{sizeof(T)};
+  char* const k_token = static_cast<char*>(p.k.data) + (t * p.k.token_stride + off_a) * int64_t{sizeof(T)};
+  const int64_t q_head_bytes = p.q.head_stride * int64_t{sizeof(T)};
+  const int64_t k_head_bytes = p.k.head_stride * int64_t{sizeof(T)};
+  const int64_t b_minus_a = off_b - off_a;  // elements from a head's first vector to its second
+  const auto head_ptr = [&](int32_t head) {
+    const bool is_q = head < num_q;
+    const uint32_t h = static_cast<uint32_t>(is_q ? head : head - num_q);
+    return reinterpret_cast<T*>((is_q ? q_token : k_token) + int64_t{h} * (is_q ? q_head_bytes : k_head_bytes));
+  };
+
+  device::pdl_wait_primary();
+  device::pdl_launch_dependents();
+  if (!active) return;
+
+  const device::L2Policy load_policy = l2_hint ? device::l2_evict_last_policy() : device::l2_evict_normal_policy();
+  const device::L2Policy store_policy = device::l2_evict_normal_policy();
+  vec_t a[kHeads], b[kHeads];
+  T* ptr[kHeads];
+#pragma unroll
+  for (int i = 0; i < kHeads; ++i) {
+    const int32_t head = row + i * rows;
+    if (head < num_heads) {
+      ptr[i] = head_ptr(head);
+      a[i].load(ptr[i], 0, load_policy);
+      b[i].load(ptr[i] + b_minus_a, 0, load_policy);
+    }
+  }
+  const int64_t pos = load_index(p.positions, p.positions_int64, token);
+  float c[kVecN], s[kVecN];
+  load_cos_sin<fp32_t, kVecN>(p, pos, threadIdx.x, c, s);
+#pragma unroll
+  for (int i = 0; i < kHeads; ++i) {
+    if (row + i * rows >= num_heads) continue;
+    rotate_pairs<T, kVecN, kNeox>(a[i], b[i], c, s);
+    a[i].store(ptr[i], 0, store_policy);
+    b[i].store(ptr[i] + b_minus_a, 0, store_policy);
+  }
+  for (int32_t head = row + kHeads * rows; head < num_heads; head += rows) {
+    T* const x_ptr = head_ptr(head);
+    vec_t x, y;
+    x.load(x_ptr, 0, load_policy);
+    y.load(x_ptr + b_minus_a, 0, load_policy);
+    rotate_pairs<T, kVecN, kNeox>(x, y, c, s);
+    x.store(x_ptr, 0, store_policy);
+    y.store(x_ptr + b_minus_a, 0, store_policy);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Host side
 // ---------------------------------------------------------------------------------------------
@@ -617,6 +706,32 @@ void launch_rope(const RopeParams& p, int64_t vec_n, bool l2_hint, DLDevice devi
       .enable_pdl(pdl)(rope_kernel<T, CacheT, kVecN, kNeox, false, kKvStore>, p);
 }
 
+/// Launches rope_head_slots_kernel (RopeVariant::kHeadSlots) at the 16-byte vector kVecN (the
+/// caller's check) when its other preconditions hold; returns false, launching nothing, otherwise.
+/// Block (lanes = chunks, rows, tokens): rows = ceil(heads / kSlotHeads) up to kSlotThreads
+/// threads per token, tokens packed up to kSlotTargetThreads (32 + 8 heads x 128 bf16: (8, 8, 1),
+/// one CTA per token).
+template <typename T, typename CacheT, int kVecN, bool kNeox>
+bool launch_rope_head_slots(const RopeParams& p, bool l2_hint, DLDevice device, bool pdl) {
+  using namespace host;
+  const int64_t lanes = p.half / kVecN;
+  const int64_t num_heads = p.q.num_heads + p.k.num_heads;
+  if (!std::is_same_v<CacheT, fp32_t> || lanes > int64_t{RopeConfig::kSlotThreads} || num_heads >= (int64_t{1} << 30))
+    return false;
+  const int64_t rows =
+      std::clamp<int64_t>(div_ceil(num_heads, int64_t{RopeConfig::kSlotHeads}), 1, RopeConfig::kSlotThreads / lanes);
+  const int64_t tokens =
+      std::clamp<int64_t>(RopeConfig::kSlotTargetThreads / (lanes * rows), 1, std::clamp<int64_t>(p.num_tokens, 1, 64));
+  const int64_t grid = div_ceil(p.num_tokens, tokens);
+  RuntimeCheck(grid < (int64_t{1} << 31), "rope: num_tokens too large for one launch, got ", p.num_tokens);
+  const dim3 block(static_cast<uint32_t>(lanes), static_cast<uint32_t>(rows), static_cast<uint32_t>(tokens));
+  if constexpr (std::is_same_v<CacheT, fp32_t>) {
+    LaunchKernel(static_cast<uint32_t>(grid), block, device)
+        .enable_pdl(pdl)(rope_head_slots_kernel<T, kVecN, kNeox, RopeConfig::kSlotHeads>, p, l2_hint);
+  }
+  return true;
+}
+
 /// The opt-in variants (RopeVariant) of launch_rope at the widest vector; the default launch_rope
 /// where a variant's preconditions do not hold.
 template <typename T, typename CacheT, bool kNeox, bool kKvStore>
@@ -628,6 +743,10 @@ void launch_rope_variant(RopeParams p, int64_t vec_n, bool l2_hint, DLDevice dev
   const auto fallback = [&]() { launch_rope<T, CacheT, kVecN, kNeox, kKvStore>(p, vec_n, l2_hint, device, pdl); };
   if (vec_n < kVecN) return fallback();
   if constexpr (!kKvStore) {
+    if (variant == RopeVariant::kHeadSlots) {
+      if (launch_rope_head_slots<T, CacheT, kVecN, kNeox>(p, l2_hint, device, pdl)) return;
+      variant = RopeVariant::kEarly;  // what the default (variant 0) launches here
+    }
     if ((variant == RopeVariant::kEarly || variant == RopeVariant::kEarlyFew) && !l2_hint &&
         num_chunks <= RopeConfig::kMaxLanes) {
       const auto launch = [&](auto kernel, int64_t heads_per_thread) {
