@@ -291,9 +291,11 @@ def apply_rope_inplace(
     _variant : int
         Private, for the benchmark's old-vs-new rows: 0 (default) the default kernel
         (``RopeVariant::kEarly`` of ``rope.cuh``: addresses before the PDL wait); 1 / 2 the
-        ``kEarly`` / ``kEarlyFew`` kernels; 5 ``kPlain``, the kernel that was the default before
-        (same results, bit for bit; ``kPlain`` where a variant's preconditions do not hold). Eager
-        only: ignored under torch.compile.
+        ``kEarly`` / ``kEarlyFew`` kernels; 5 ``kPlain``, the kernel that was the default before;
+        6 ``kHeadSlots``, five heads per thread loaded before the position (prepared for the
+        L2-resident mid size, about 2048 tokens; the default's kernel where its preconditions do
+        not hold). Same results, bit for bit (``kPlain`` where a variant's preconditions do not
+        hold). Eager only: ignored under torch.compile.
 
     Returns
     -------
@@ -337,7 +339,7 @@ def apply_rope_inplace(
     op = "apply_rope_inplace"
     check_scalar(op, "enable_pdl", enable_pdl, bool, optional=True)
     if _variant != 0:
-        _check_variant(op, _variant, (1, 2, 5))
+        _check_variant(op, _variant, (1, 2, 5, 6))
     _check_rope_args(op, q, k, cos_sin_cache, positions, is_neox, rope_dim)
     positions = positions.contiguous()  # read only: a strided index tensor is copied
     pdl = _pdl_flag(enable_pdl)
