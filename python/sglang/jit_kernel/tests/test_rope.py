@@ -671,7 +671,7 @@ def test_rope_variant_errors():
     """Before anything else is looked at: a variant the op does not have is a ValueError."""
     x = torch.zeros(1, 1, 2)
     with pytest.raises(
-        ValueError, match=r"^apply_rope_inplace: _variant value: expected 0 or one of \(1, 2, 5\), got 3$"
+        ValueError, match=r"^apply_rope_inplace: _variant value: expected 0 or one of \(1, 2, 5, 6\), got 3$"
     ):
         apply_rope_inplace(x, x, x, x, is_neox=True, _variant=3)
     with pytest.raises(
@@ -682,5 +682,109 @@ def test_rope_variant_errors():
         ValueError, match=r"^rotary_embedding: _variant value: expected 0 or one of \(1, 2, 5\), got 4$"
     ):
         rotary_embedding(x, x, None, 2, x, True, _variant=4)
+    with pytest.raises(
+        ValueError, match=r"^rotary_embedding: _variant value: expected 0 or one of \(1, 2, 5\), got 6$"
+    ):
+        rotary_embedding(x, x, None, 2, x, True, _variant=6)  # kHeadSlots: apply_rope_inplace only
     with pytest.raises(TypeError, match=r"^apply_rope_inplace: _variant type"):
         apply_rope_inplace(x, x, x, x, is_neox=True, _variant=1.0)
+
+
+# ---- RopeVariant::kHeadSlots (apply_rope_inplace only): the default's bits, every buffer byte ----
+# (n, hq, hk, d, r): the bench shape at every bench size (2048: the L2-hint path, 1 / 64 without),
+# awkward head counts and tokens, heads past one pass of rows (203 heads at 8 lanes: rows capped at
+# 32, so 43 heads take the one-at-a-time loop; 104 at 16 lanes, cap 16 rows), partial R, 0 kv heads,
+# narrow vectors and 512 chunks per head (the default's kernel then), 0 tokens
+HEAD_SLOT_CASES = [
+    (1, 32, 8, 128, 128),
+    (64, 32, 8, 128, 128),
+    (2048, 32, 8, 128, 128),
+    (16384, 32, 8, 128, 128),
+    (129, 32, 8, 128, 64),
+    (7, 64, 1, 128, 128),
+    (3, 200, 3, 128, 128),
+    (5, 100, 4, 256, 256),
+    (769, 8, 8, 64, 64),
+    (2, 4, 0, 128, 128),
+    (4097, 1, 1, 512, 96),
+    (5, 8, 8, 256, 80),
+    (3, 2, 1, 8192, 8192),
+    (0, 32, 8, 128, 128),
+]
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    """x's bit patterns (NaN payloads compare too)."""
+    return x.view({2: torch.int16, 4: torch.int32}[x.element_size()])
+
+
+def _fused_views(buf: torch.Tensor, hq: int, hk: int, d: int, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k as views of one [n, (hq + hk + 1) * d + pad] buffer (own token stride, k after q)."""
+    n = buf.shape[0]
+    q = buf[:, : hq * d].view(n, hq, d)
+    k = buf[:, hq * d : (hq + hk) * d].view(n, hk, d)
+    return q, k
+
+
+@requires_cuda
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("pos_dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("n,hq,hk,d,r", HEAD_SLOT_CASES)
+def test_rope_head_slots_match_default(is_neox, dtype, pos_dtype, n, hq, hk, d, r):
+    max_pos = 64 if d > 512 else MAX_POS
+    pad = 8  # 16-byte token strides in every dtype: the variant's kernel, not the narrow fallback
+    buf = torch.randn(n, (hq + hk + 1) * d + pad, dtype=dtype, device="cuda")
+    if n > 0:
+        buf[0, :4] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0])  # same ops, same bits
+    cache = make_cos_sin_cache(max_pos, r)
+    positions = torch.randint(0, max_pos, (n,), device="cuda", dtype=pos_dtype)
+    positions[::3] = max_pos + 5  # out of range: the token is left as it is
+    positions[1::7] = -1
+    positions[2::11] = max_pos - 1
+    rope_dim = r if r != d else 0
+    buf2 = buf.clone()
+    apply_rope_inplace(*_fused_views(buf, hq, hk, d, pad), cache, positions, is_neox=is_neox, rope_dim=rope_dim)
+    apply_rope_inplace(
+        *_fused_views(buf2, hq, hk, d, pad), cache, positions, is_neox=is_neox, rope_dim=rope_dim, _variant=6
+    )
+    assert torch.equal(_bits(buf), _bits(buf2))  # v, padding and [R, d) untouched alike
+
+
+@requires_cuda
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("offset", [0, 1, 8])
+def test_rope_head_slots_separate_strided_and_unaligned(is_neox, offset):
+    """q and k separate tensors with their own token and head strides (heads sliced from wider ones,
+    a storage offset that breaks 16-byte alignment at 1: the default's narrow kernel), NaN around
+    them; strided positions (the op copies them)."""
+    n, hq, hk, d = 300, 16, 4, 128
+    q_buf = torch.randn(offset + n * hq * 2 * d, dtype=torch.bfloat16, device="cuda")
+    k_buf = torch.randn(offset + n * (hk + 3) * d, dtype=torch.bfloat16, device="cuda")
+    q_buf[:offset] = float("nan")
+    k_buf[:offset] = float("nan")
+
+    def views(qb: torch.Tensor, kb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q = qb[offset:].view(n, hq, 2 * d)[:, :, :d]  # head stride 2d
+        k = kb[offset:].view(n, hk + 3, d)[:, 1 : hk + 1]  # token stride (hk + 3) d, heads from 1
+        return q, k
+
+    q_buf[offset:].view(n, hq, 2 * d)[:, :, d:] = float("nan")
+    k_buf[offset:].view(n, hk + 3, d)[:, 0] = float("nan")
+    k_buf[offset:].view(n, hk + 3, d)[:, hk + 1 :] = float("nan")
+    cache = make_cos_sin_cache(MAX_POS, d)
+    positions = torch.randint(0, MAX_POS, (2 * n,), device="cuda")[::2]
+    expected_q, expected_k = (reference(x, cache, positions, d, is_neox) for x in views(q_buf, k_buf))
+    outs = []
+    for variant in (0, 6):
+        qb, kb = q_buf.clone(), k_buf.clone()
+        apply_rope_inplace(*views(qb, kb), cache, positions, is_neox=is_neox, _variant=variant)
+        outs.append((qb, kb))
+    assert torch.equal(_bits(outs[0][0]), _bits(outs[1][0])) and torch.equal(_bits(outs[0][1]), _bits(outs[1][1]))
+    q, k = views(*outs[1])
+    assert_close(q, expected_q)
+    assert_close(k, expected_k)
+    qb, kb = outs[1]  # nothing written outside the views
+    assert qb[:offset].isnan().all() and qb[offset:].view(n, hq, 2 * d)[:, :, d:].isnan().all()
+    kh = kb[offset:].view(n, hk + 3, d)
+    assert kb[:offset].isnan().all() and kh[:, 0].isnan().all() and kh[:, hk + 1 :].isnan().all()
