@@ -59,6 +59,9 @@ QKNORM_VARIANTS = {
 # with it, since the 2026-12-01 A/B run): "plain" the kernel that was the default before, "early few"
 # 4 heads per thread, the KV store without the v prefetch
 ROPE_VARIANTS = {"plain (old default)": 5, "early few": 2}
+# apply_rope_inplace only: "head slots" (kHeadSlots, 5 heads per thread loaded before the position;
+# prepared for the L2-resident 2048 tokens, docs/perf_notes.md "RoPE at 2048 tokens")
+APPLY_ROPE_VARIANTS = {**ROPE_VARIANTS, "head slots": 6}
 KV_VARIANTS = {"plain (old default)": 5, "no v prefetch": 3}
 
 
@@ -136,7 +139,7 @@ def rope_rows(cache: torch.Tensor) -> list[BenchRow]:
                 nbytes,
             )
         )
-        for label, variant in ROPE_VARIANTS.items():
+        for label, variant in APPLY_ROPE_VARIANTS.items():
 
             def call(q, k, pos, variant=variant):
                 apply_rope_inplace(q, k, cache, pos, is_neox=True, _variant=variant)
