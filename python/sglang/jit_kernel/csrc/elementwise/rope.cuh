@@ -63,8 +63,10 @@ struct RopeConfig {
       2;  // v vectors per thread loaded before the rotation (KV store; 16-48 B of spills at 64 registers, 1: 16-32 B)
   static constexpr int kKvSplit = -1;  // rope_kernel's kKvMode: v copied by rows of threads of their own
   // rope_head_slots_kernel (RopeVariant::kHeadSlots): heads per thread, CTA bound, and the threads a
-  // CTA packs tokens up to. 256 x 3 caps the registers at 80 (5 heads: 40 data + 16 cos/sin); one
-  // token per CTA at 32 + 8 heads keeps the residency granular (14 CTAs of 64 threads per SM at 72).
+  // CTA packs tokens up to. 128 x 5 caps the registers at 102: bf16 NeoX / GPT-J use 96 / 88, no
+  // stack (5 heads: 40 data + 16 cos/sin + 10 pointer registers; at 256 x 3, an 80 cap, ptxas spilled
+  // 16-40 bytes). One token per CTA (64 threads at 32 + 8 heads) keeps the residency granular: 10
+  // CTAs per SM at 96 registers, against 6 tokens per SM for rope_kernel at 2048 tokens.
   static constexpr int kSlotHeads = 5;
   static constexpr uint32_t kSlotThreads = 128;
   static constexpr uint32_t kSlotMinBlocks = 5;
@@ -565,20 +567,24 @@ __global__ void __launch_bounds__(RopeConfig::kMaxThreads, 1) rope_early_kernel(
   }
 }
 
-/// RopeVariant::kHeadSlots (rotation only, fp32 cache; opt-in): the L2-resident mid size (about
-/// 256-8192 tokens of 32 + 8 heads x 128; docs/perf_notes.md, "RoPE at 2048 tokens"). Thread (x, y, z)
-/// rotates chunk x of the kHeads heads y, y + blockDim.y, ... (q heads, then k) of token
-/// blockIdx.x * blockDim.z + z, all loaded before the position, so that the position -> cos/sin
-/// chain overlaps kHeads * 32 bytes in flight per thread (rope_kernel at 64 registers: 32 bytes,
-/// the second head's loads sink below the position wait). One cos/sin load serves kHeads heads;
-/// at 32 + 8 heads, kHeads = 5 makes a token two full warps (8 lanes x 8 rows), and the four rows
-/// of a warp read the same 128 bytes of the row (one L1 wavefront per cos/sin vector).
-/// Per-token bases (64-bit) are formed once before the PDL wait; a head costs one 64-bit
-/// multiply-add from them. Same math as rope_kernel (rotate_pairs, load_cos_sin): the same bits.
-/// Loads evict_last / stores evict_normal when `l2_hint` (rope_kernel's kL2Hint rule), else
-/// evict_normal both ways (the priority of a plain access), so one kernel serves both.
-/// Preconditions (the launcher's): rope_kernel's at the 16-byte vector, num_chunks == blockDim.x.
-/// Heads beyond kHeads * blockDim.y (the launcher caps blockDim.y) are rotated one at a time.
+/// RopeVariant::kHeadSlots (rotation only, fp32 cache; opt-in), prepared for the L2-resident mid
+/// size (2048 tokens of 32 + 8 heads x 128; docs/perf_notes.md, "RoPE at 2048 tokens"; not timed).
+/// Thread (x, y, z) rotates chunk x of the kHeads heads y, y + blockDim.y, ... (q heads, then k) of
+/// token blockIdx.x * blockDim.z + z, all loaded together with the position, so that the position ->
+/// cos/sin chain overlaps kHeads * 32 bytes in flight per thread (rope_kernel at its 64-register
+/// cap: 32 bytes, ptxas sinks one of its two heads' loads below the position wait). In the SASS
+/// (bf16 NeoX) the position load issues first, then 8 of the 10 data loads, then the cos/sin loads
+/// with the last head's; about 530 instructions per thread for 80 elements (rope_kernel: 310 for 32).
+/// One cos/sin load serves kHeads heads; at 32 + 8 heads, kHeads = 5 makes a token two full warps
+/// (8 lanes x 8 rows), and the four rows of a warp read the same 128 bytes of the row (one L1
+/// wavefront per cos/sin vector). Per-token bases (64-bit) are formed before the PDL wait; a head's
+/// address is then a select and one 32 x 64-bit multiply-add. Same math as rope_kernel
+/// (rotate_pairs, load_cos_sin): the same bits. Loads evict_last / stores evict_normal when
+/// `l2_hint` (rope_kernel's kL2Hint rule), else evict_normal both ways (the priority of a plain
+/// access), so one kernel serves both.
+/// Preconditions (the launcher's): rope_kernel's at the 16-byte vector, num_chunks == blockDim.x,
+/// fewer than 2^30 heads. Heads beyond kHeads * blockDim.y (the launcher caps blockDim.y at
+/// kSlotThreads / lanes) are rotated one at a time.
 template <typename T, int kVecN, bool kNeox, int kHeads>
 __global__ void __launch_bounds__(RopeConfig::kSlotThreads, RopeConfig::kSlotMinBlocks)
     rope_head_slots_kernel(const RopeParams p, const bool l2_hint) {
