@@ -691,23 +691,18 @@ def test_rope_variant_errors():
 
 
 # ---- RopeVariant::kHeadSlots (apply_rope_inplace only): the default's bits, every buffer byte ----
-# (n, hq, hk, d, r): the bench shape at every bench size (2048: the L2-hint path, 1 / 64 without),
-# awkward head counts and tokens, heads past one pass of rows (203 heads at 8 lanes: rows capped at
-# 32, so 43 heads take the one-at-a-time loop; 104 at 16 lanes, cap 16 rows), partial R, 0 kv heads,
-# narrow vectors and 512 chunks per head (the default's kernel then), 0 tokens
-HEAD_SLOT_CASES = [
-    (1, 32, 8, 128, 128),
-    (64, 32, 8, 128, 128),
-    (2048, 32, 8, 128, 128),
+# VARIANT_CASES (the bench shape at 1 / 64 / 2048 tokens: 2048 takes the L2-hint policy), and: the
+# bench shape at 16384, partial R at 129 tokens, heads past one pass of rows (203 heads at 8 lanes:
+# rows capped at 16, so 123 heads take the one-at-a-time loop; 104 at 16 lanes, cap 8 rows; 203 at
+# 4 lanes in VARIANT_CASES), awkward tokens and lanes (6 chunks per head at 512 / 96), 512 chunks
+# per head (the default's kernel then), 0 tokens
+HEAD_SLOT_CASES = VARIANT_CASES + [
     (16384, 32, 8, 128, 128),
     (129, 32, 8, 128, 64),
-    (7, 64, 1, 128, 128),
     (3, 200, 3, 128, 128),
     (5, 100, 4, 256, 256),
     (769, 8, 8, 64, 64),
-    (2, 4, 0, 128, 128),
     (4097, 1, 1, 512, 96),
-    (5, 8, 8, 256, 80),
     (3, 2, 1, 8192, 8192),
     (0, 32, 8, 128, 128),
 ]
