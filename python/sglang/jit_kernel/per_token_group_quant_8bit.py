@@ -38,10 +38,12 @@ _OUT_DTYPES = (torch.float8_e4m3fn, torch.int8)
 #: old-vs-new rows, which call the module function with each of them; 8 and 9 are opt-in tunings of
 #: 3 (8: registers capped for 7 blocks per SM; 9: rows looped over with the next row's loads in
 #: flight), timed next to the default by the benchmark; 10 is the full-sector tiles at every size
-#: (coalesced 512-byte loads, a reduce-scatter group maximum, one scale per lane; same bytes).
-#: 5..7 are refused.
+#: (coalesced 512-byte loads, a reduce-scatter group maximum, one scale per lane; same bytes);
+#: 11 is the one-chunk-per-lane kernel at every size (16 lanes per g128 bf16 group, one 16-byte load
+#: each, <= 32 registers; meant for decode and L2-resident sizes: docs/perf_notes.md, "Group quant at
+#: 64 and 2048 tokens"; same bytes). 5..7 are refused.
 KERNEL_VARIANT = 1
-_VARIANTS = (0, 1, 2, 3, 4, 8, 9, 10)
+_VARIANTS = (0, 1, 2, 3, 4, 8, 9, 10, 11)
 
 # The exported function by input dtype, filled when a dtype's module is loaded (the eager fast path).
 _FNS: dict[torch.dtype, Callable[..., None]] = {}
@@ -140,7 +142,7 @@ def _check(
         fail(ValueError, _OP, "fp8_max", "value", f"> fp8_min ({fp8_min})", fp8_max)
     check_scalar(_OP, "scale_ue8m0", scale_ue8m0, bool)
     if type(KERNEL_VARIANT) is not int or KERNEL_VARIANT not in _VARIANTS:  # the module knob (benchmarks)
-        fail(ValueError, _OP, "KERNEL_VARIANT", "value", "an int in 0..4, 8, 9 or 10", KERNEL_VARIANT)
+        fail(ValueError, _OP, "KERNEL_VARIANT", "value", "an int in 0..4 or 8..11", KERNEL_VARIANT)
     if scale_ue8m0 and output_q.dtype != torch.float8_e4m3fn:
         fail(
             RuntimeError, _OP, "output_q", "dtype", "float8_e4m3fn (scale_ue8m0 is for fp8)", dtype_name(output_q.dtype)

@@ -99,6 +99,9 @@ def main() -> None:
         # (every load 512 contiguous bytes where v2 / v3 use half of each sector per load;
         # reduce-scatter group maximum, one scale per lane)
         "jit v10 full sectors": variant(10),
+        # v11: one 16-byte chunk per lane at every size (16 lanes per group, <= 32 registers, 9 blocks
+        # of 224 threads per SM; one-warp blocks over the SMs at decode sizes), for 64 / 2048 tokens
+        "jit v11 chunk per lane": variant(11),
     }
     roof = copy_roof_gbps()
     rows = quant_rows(

@@ -171,7 +171,7 @@ if "quant" in which:
             nb,
             cold=t >= 2048,
         )
-        for v in (0, 2, 3, 4, 10):  # 10: the opt-in full-sector tiles
+        for v in (0, 2, 3, 4, 10, 11):  # 10: the opt-in full-sector tiles; 11: one chunk per lane
             row(
                 "per_token_group_quant",
                 f"[{t}, {K}] g{G}",

@@ -1764,7 +1764,7 @@ ptq_result_case("accumulate_True_large_two_pass_stale_nan_like_single_pass", lam
 # ---------------------------------------------------------------------------------------------
 # per_token_group_quant_8bit (kernel variants, new today)
 # ---------------------------------------------------------------------------------------------
-VARIANTS = (0, 1, 2, 3, 4)
+VARIANTS = (0, 1, 2, 3, 4, 11)
 
 
 def gq_args(x=_MISSING, q=_MISSING, s=_MISSING, g: Any = 128, *rest, **kwargs) -> tuple[tuple, dict]:
@@ -1924,7 +1924,7 @@ for _v in (5, 7, -1):
             with kernel_variant(v):
                 args, kwargs = gq_args()
                 error = expect_error("per_token_group_quant_8bit", ValueError, "KERNEL_VARIANT", args, kwargs)
-            want = f"per_token_group_quant_8bit: KERNEL_VARIANT value: expected an int in 0..4, 8, 9 or 10, got {v}"
+            want = f"per_token_group_quant_8bit: KERNEL_VARIANT value: expected an int in 0..4 or 8..11, got {v}"
             assert str(error).startswith(want), f"warm={warm}: {error}"
 
 
@@ -2013,8 +2013,11 @@ gq_result_case("ue8m0_5_groups_column_major", 10, 640, 128, ue8m0=True, column_m
 gq_result_case("ue8m0_row_major_g16_q_misaligned", 6, 16 * 9, 16, ue8m0=True, q_offset=5)
 gq_result_case("one_row", 1, 128, 128)
 gq_result_case("rows_257_variant_boundary", 257, 128, 128)
-gq_result_case("rows_over_grid_y_cap_4x65535", 4 * 65535 + 5, 16, 16, variants=(1, 2, 3, 4), guard=False)
-gq_result_case("rows_over_grid_y_cap_2x65535_two_tiles", 2 * 65535 + 3, 640, 128, variants=(2,), guard=False, mem_gib=1)
+gq_result_case("rows_over_grid_y_cap_4x65535", 4 * 65535 + 5, 16, 16, variants=(1, 2, 3, 4, 11), guard=False)
+# variant 11: 3 warps per row, 2 rows per block, so 131070 rows per pass of the grid: its row loop
+gq_result_case(
+    "rows_over_grid_y_cap_2x65535_two_tiles", 2 * 65535 + 3, 640, 128, variants=(2, 11), guard=False, mem_gib=1
+)
 gq_result_case("fp32_rows_over_grid_y_cap_4x65535", 4 * 65535 + 1, 16, 16, dtype=FP32, variants=(3,), guard=False)
 
 

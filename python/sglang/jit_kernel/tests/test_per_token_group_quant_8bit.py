@@ -149,7 +149,7 @@ def test_values_against_fp64_and_fp32_arithmetic(in_dtype, out_dtype, shape, gro
 
 
 @requires_cuda
-@pytest.mark.parametrize("variant", [0, 1, 2, 3, 4, 8, 9, 10])
+@pytest.mark.parametrize("variant", [0, 1, 2, 3, 4, 8, 9, 10, 11])
 @pytest.mark.parametrize("in_dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("case", ["row", "col", "ue8m0", "int8", "offset", "clamp"])
 @pytest.mark.parametrize(("m", "k", "group_size"), [(1, 7168, 128), (5, 384, 16), (3, 2048, 1024), (300, 256, 64)])
@@ -295,7 +295,7 @@ def test_inf_and_nan_inputs(out_dtype):
 
 
 @requires_cuda
-@pytest.mark.parametrize("variant", [0, 1, 2, 3, 4, 8, 9, 10])
+@pytest.mark.parametrize("variant", [0, 1, 2, 3, 4, 8, 9, 10, 11])
 @pytest.mark.parametrize("out_dtype", [FP8, torch.int8])
 def test_inf_and_nan_groups_every_variant(variant, out_dtype):
     """Every launcher variant writes the documented result for groups holding inf / -inf / NaN,
@@ -318,7 +318,7 @@ def test_inf_and_nan_groups_every_variant(variant, out_dtype):
 
 
 @requires_cuda
-@pytest.mark.parametrize("variant", [8, 9, 10])
+@pytest.mark.parametrize("variant", [8, 9, 10, 11])
 @pytest.mark.parametrize("in_dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize(
     ("m", "k", "group_size"), [(3000, 7168, 128), (1500, 2048, 64), (700, 16384, 128), (77, 7168, 128), (2, 512, 256)]
@@ -326,8 +326,8 @@ def test_inf_and_nan_groups_every_variant(variant, out_dtype):
 def test_tuned_variants_match_default(variant, in_dtype, m, k, group_size):
     """The opt-in tunings of variant 3 (8: capped registers; 9: rows looped over with the next row's
     loads in flight, more rows than resident blocks) and of variant 1 (10: full-sector tiles, 2 slots
-    up to 256 rows, 4 from 257) give exactly the default's bytes, with row-major and column-major
-    scales."""
+    up to 256 rows, 4 from 257; 11: one chunk per lane) give exactly the default's bytes, with
+    row-major and column-major scales."""
     from sglang.jit_kernel._quant_8bit import jit_quant_8bit_module
 
     if group_size > max_group_size(in_dtype):
@@ -386,6 +386,48 @@ def test_full_sector_variant_matches_default(in_dtype, case, m, k, group_size):
     q_ref, s_ref = reference(x, group_size, EPS, lo, hi, dtype, ue8m0)
     assert torch.equal(outs[0][0], q_ref.view(torch.uint8))
     assert torch.equal(decode_ue8m0(outs[0][2], g) if ue8m0 else outs[0][1], s_ref)
+
+
+@requires_cuda
+@pytest.mark.parametrize("in_dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("case", ["row", "col", "ue8m0", "int8", "clamp", "strided"])
+@pytest.mark.parametrize(("m", "k"), [(1, 7168), (5, 2176), (33, 384), (64, 7168), (300, 2176)])
+@pytest.mark.parametrize("group_size", [16, 64, 128, 256, 1024])
+def test_chunk_variant_matches_default(in_dtype, case, m, k, group_size):
+    """Variant 11 (one 16-byte chunk per lane: groups of 2..32 lanes, one-warp blocks spread over the
+    SMs at decode sizes, short rows packed several to a block, rows ending inside a warp at k = 2176
+    bf16) gives the default's bytes and the emulation's, for row- and column-major scales, ue8m0, int8,
+    clamped fp8 and strided (aligned) rows of input and output_q in poisoned buffers; groups longer
+    than 32 chunks take the default's path."""
+    from sglang.jit_kernel._quant_8bit import jit_quant_8bit_module
+
+    if group_size > max_group_size(in_dtype) or k % group_size:
+        pytest.skip("group_size exceeds the dtype's maximum or does not divide k")
+    fn = jit_quant_8bit_module(in_dtype).per_token_group_quant_8bit
+    dtype = torch.int8 if case == "int8" else FP8
+    lo, hi = (-100.0, 300.0) if case == "clamp" else BOUNDS[dtype]
+    ue8m0 = case == "ue8m0"
+    g = k // group_size
+    pad = 64 if case == "strided" else 0  # row strides k + 64: still 16-byte aligned rows
+    wide = (torch.randn(m, k + pad, device="cuda") * torch.logspace(-3, 3, m, device="cuda").unsqueeze(1)).to(in_dtype)
+    x = wide[:, :k]
+    outs = []
+    for v in (1, 11):
+        q_buffer = torch.full((m, k + pad), 0x7F, dtype=torch.uint8, device="cuda")
+        q = q_buffer[:, :k].view(dtype)
+        if ue8m0:
+            s = column_major(m, (g + 3) // 4, torch.int32)
+        else:
+            s = column_major(m, g) if case == "col" else torch.full((m, g), float("nan"), device="cuda")
+        fn(x, q, s, group_size, EPS, lo, hi, ue8m0, v)
+        assert (q_buffer[:, k:] == 0x7F).all(), f"variant {v} wrote past the rows of output_q"
+        # ue8m0: the packed words' bytes, padding bytes of the last word included
+        outs.append((q.view(torch.uint8).clone(), packed_bytes(s).clone() if ue8m0 else s.clone(), s))
+    assert torch.equal(outs[0][0], outs[1][0]), "output_q of variant 11 differs from the default's"
+    assert torch.equal(outs[0][1], outs[1][1]), "output_s of variant 11 differs from the default's"
+    q_ref, s_ref = reference(x, group_size, EPS, lo, hi, dtype, ue8m0)
+    assert torch.equal(outs[1][0], q_ref.view(torch.uint8))
+    assert torch.equal(decode_ue8m0(outs[1][2], g) if ue8m0 else outs[1][1], s_ref)
 
 
 # ---- layouts ----

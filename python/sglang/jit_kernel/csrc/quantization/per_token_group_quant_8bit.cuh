@@ -63,6 +63,7 @@ struct GroupQuantConfig {
   static constexpr uint32_t kTileMaxThreads = 256;     // 2-D kernel: a row's tiles in one block
   static constexpr int64_t kMaxRowBlocks = 65535;      // gridDim.y cap; rows past it are looped over
   static constexpr int64_t kSmallTokens = 256;         // variant 1: Shape<1, 2> up to here
+  static constexpr int kChunkMinBlocks = 8;            // chunk kernel: <= 32 registers (9 blocks of 224)
 };
 
 /// Writes the scale of group `group` of row `row` (one lane per group calls it).
@@ -547,6 +548,115 @@ __global__ void __launch_bounds__(GroupQuantConfig::kTileMaxThreads)
   }
 }
 
+/// Largest |f[i]| of kN (a power of two) fp32 values, floored at +0: a balanced tree of fmaxf
+/// (depth log2(kN) instead of chunk_absmax's kN dependent steps). fmaxf is exact and ignores NaN,
+/// so the value is chunk_absmax(chunk, 0.0f)'s for any input (all-NaN: the floor's +0).
+template <int kN>
+SGL_DEVICE float tree_absmax(const float (&f)[kN]) {
+  float m[kN];
+#pragma unroll
+  for (int i = 0; i < kN; ++i) m[i] = fabsf(f[i]);
+#pragma unroll
+  for (int width = kN / 2; width > 0; width /= 2) {
+#pragma unroll
+    for (int i = 0; i < width; ++i) m[i] = fmaxf(m[i], m[i + width]);
+  }
+  return fmaxf(m[0], 0.0f);
+}
+
+/// The one-chunk-per-lane kernel (opt-in variant 11; design, chain and occupancy:
+/// docs/perf_notes.md, "Group quant at 64 and 2048 tokens"). Block (32 * warps_x, rows_y): lane
+/// threadIdx.x of block column blockIdx.x holds chunk blockIdx.x * blockDim.x + threadIdx.x of row
+/// blockIdx.y * rows_y + threadIdx.y (rows past gridDim.y * rows_y looped over), so a warp load is
+/// 512 contiguous bytes (16 full sectors) and its fp8 store 32 * kVecN contiguous bytes. A group is
+/// group_chunks (2..32, a power of two) consecutive lanes: the lane's values are reduced as a tree,
+/// the group by an unrolled butterfly of log2(group_chunks) levels (4 at g128 bf16), and every lane
+/// computes the scale and the reciprocal (__frcp_rn: the IEEE value of __fdiv_rn(1, s)) itself, so
+/// nothing waits on a second exchange; the group's first lane stores the scale. Against the 2-D
+/// tiles (v2) a lane has half the values, no paired half-sector loads, a 3-deep maximum instead
+/// of 16, and the row's addresses are formed before the PDL wait. __launch_bounds__ caps the
+/// registers at 32: 9 blocks of 224 threads (63 warps, one 16-byte load each) per SM.
+/// Aligned rows only, groups of at most 32 chunks (the dispatcher checks); lanes past the row end
+/// (whole groups: row_chunks is whole groups) take part in the shuffles with a maximum of 0 and
+/// neither read nor write; warps wholly past it exit before the wait.
+template <typename TIn, typename TOut, bool kClamp>
+__global__ void __launch_bounds__(GroupQuantConfig::kTileMaxThreads, GroupQuantConfig::kChunkMinBlocks)
+    per_token_group_quant_8bit_chunk_kernel(const GroupQuantParams p) {
+  using namespace device::quant;
+  constexpr int kVecN = 16 / sizeof(TIn);
+
+  const int32_t index = blockIdx.x * blockDim.x + threadIdx.x;  // chunk of this lane in its row
+  const int32_t row_chunks = static_cast<int32_t>(p.row_chunks);
+  int64_t row = int64_t{blockIdx.y} * blockDim.y + threadIdx.y;
+  const int32_t warp_first = index - static_cast<int32_t>(threadIdx.x % device::kWarpThreads);
+  if (warp_first >= row_chunks || row >= p.num_tokens) return;  // whole warps: no shuffle partner lost
+  const int64_t row_step = int64_t{gridDim.y} * blockDim.y;
+  const int32_t group_chunks = 1 << p.log2_group_chunks;  // 2 .. 32 lanes
+  const bool in_row = index < row_chunks;
+  const bool writes_scale = in_row && (index & (group_chunks - 1)) == 0;
+  const int64_t group = index >> p.log2_group_chunks;
+  const float type_max = kTypeMax<TOut>;
+  // Lanes past the row end read the row's last chunk (and ignore it): the load needs no branch.
+  const int64_t read_offset = int64_t{min(index, row_chunks - 1)} * kVecN;
+  const auto src_of = [&](int64_t r) {
+    return static_cast<const TIn*>(p.input) + (r * p.input_row_stride + read_offset);
+  };
+  const auto quantize_row = [&](int64_t r, const TIn* src) {
+    Chunk<TIn, kVecN, true> x;
+    x.load(src, 0);  // unconditional (no branch for the address arithmetic to sink into)
+    float f[kVecN];
+    chunk_to_float(x, f);
+    float amax = in_row ? tree_absmax(f) : 0.0f;
+    // group_chunks is the same in every lane: the whole warp shuffles or none of it. 16 lanes (g128
+    // of 16-bit inputs, g64 of fp32) are unrolled: no test between the dependent levels.
+    if (group_chunks == 16) {
+#pragma unroll
+      for (int mask = 1; mask < 16; mask *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, mask));
+    } else {
+      for (int mask = 1; mask < group_chunks; mask *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, mask));
+    }
+    const float scale = block_scale(amax, p.eps, type_max, p.scale_ue8m0);
+    if (in_row) {
+      TOut* dst = static_cast<TOut*>(p.output_q) + r * p.q_row_stride;
+      quantize_values<TOut, kClamp, kVecN, true>(f, __frcp_rn(scale), p.q_min, p.q_max).store(dst, index);
+      if (writes_scale) store_group_scale(p, r, group, scale);
+    }
+  };
+  // The first row outside the loop, its address formed before the wait (a launch with PDL runs this
+  // part while the previous kernel finishes); in a loop, the compiler put the loop-invariant
+  // scale-address arithmetic and the row's address between the wait and the load.
+  const TIn* src = src_of(row);
+  device::pdl_wait_primary();  // the input may be the previous kernel's output
+  device::pdl_launch_dependents();
+  quantize_row(row, src);
+  for (row += row_step; row < p.num_tokens; row += row_step) quantize_row(row, src_of(row));
+}
+
+/// The chunk kernel's grid: a row's ceil(row_chunks / 32) warps in blocks of at most 8 warps
+/// (warps_x balanced over the blocks of a row: 7 at hidden 7168 bf16), rows of fewer warps packed
+/// rows_y to a block. A grid of fewer blocks than SMs (decode) takes narrower blocks of one row,
+/// so that a call's loads come from more SMs (one token at hidden 7168 bf16: 28 one-warp blocks).
+template <typename TIn, typename TOut, bool kClamp>
+void launch_group_quant_chunks(const GroupQuantParams& params, DLDevice device) {
+  using namespace host;
+  const int64_t max_warps = GroupQuantConfig::kTileMaxThreads / device::kWarpThreads;
+  const int64_t row_warps = div_ceil(params.row_chunks, int64_t{device::kWarpThreads});
+  int64_t warps_x = std::min(row_warps, max_warps);
+  int64_t rows_y = std::max<int64_t>(1, max_warps / warps_x);
+  const int64_t sms = runtime::get_sm_count(device.device_id);
+  if (div_ceil(row_warps, warps_x) * div_ceil(params.num_tokens, rows_y) < sms) {
+    warps_x = std::clamp<int64_t>(row_warps * params.num_tokens / sms, 1, warps_x);
+    rows_y = 1;
+  }
+  warps_x = div_ceil(row_warps, div_ceil(row_warps, warps_x));  // the same warps in every block of a row
+  const dim3 block(static_cast<uint32_t>(warps_x * device::kWarpThreads), static_cast<uint32_t>(rows_y));
+  const int64_t grid_x = div_ceil(row_warps, warps_x);
+  const int64_t grid_y = std::min(div_ceil(params.num_tokens, rows_y), GroupQuantConfig::kMaxRowBlocks);
+  const dim3 grid(static_cast<uint32_t>(grid_x), static_cast<uint32_t>(grid_y));
+  const auto kernel = per_token_group_quant_8bit_chunk_kernel<TIn, TOut, kClamp>;
+  LaunchKernel(grid, block, device).enable_pdl(true)(kernel, params);
+}
+
 /// The full-sector kernel with kSlots slots: the grid of launch_group_quant_tiles for TileShape<kSlots,
 /// 1> (the same tiles per row, warps_x and rows_y). Aligned rows only (the dispatcher checks).
 template <typename TIn, typename TOut, bool kClamp, int kSlots>
@@ -621,7 +731,9 @@ void launch_group_quant_tiles(GroupQuantParams params, bool aligned, DLDevice de
 /// current row is reduced: up to 6 rows of loads in flight per SM). Where 3 would fall back to Shape<4, 1>, 8 and 9 take that same untuned fallback.
 /// 10 is 1 with the full-sector kernel (per_token_group_quant_8bit_sector_kernel: coalesced 512-byte
 /// loads, a reduce-scatter group maximum, one scale per lane) at every size; unaligned rows and groups
-/// it cannot hold take the 2-D tiles. The default, 1, takes the full-sector kernel above
+/// it cannot hold take the 2-D tiles. 11 is the one-chunk-per-lane kernel (per_token_group_quant_8bit_chunk_kernel:
+/// 16 lanes per g128 bf16 group, one 16-byte load each, <= 32 registers) at every size, for decode and
+/// L2-resident sizes; unaligned rows and groups longer than 32 chunks take the default's choice. The default, 1, takes the full-sector kernel above
 /// kSmallTokens rows (4 slots), and variant 2 up to there; variant 3 is the default above kSmallTokens
 /// before that.
 template <typename TIn, typename TOut, bool kClamp>
@@ -634,6 +746,14 @@ void dispatch_per_token_group_quant_8bit(
   if (variant == 0 || params.row_chunks >= (int64_t{1} << 30)) {
     launch_per_token_group_quant_8bit<TIn, TOut, kClamp>(params, aligned, device);
     return;
+  }
+  if (variant == 11) {
+    // The chunk kernel where it holds (aligned rows, a group within a warp's 32 chunks), else the default's choice
+    if (aligned && group_chunks <= device::kWarpThreads) {
+      launch_group_quant_chunks<TIn, TOut, kClamp>(params, device);
+      return;
+    }
+    variant = 1;
   }
   const bool small = params.num_tokens <= GroupQuantConfig::kSmallTokens;
   if (variant == 10 || (variant == 1 && !small)) {
@@ -741,8 +861,8 @@ void per_token_group_quant_8bit(
   verify_no_partial_overlap(output_s, "output_s", output_q, "output_q", /*allow_same=*/false);
   RuntimeCheck(q_min < q_max, "per_token_group_quant_8bit: fp8_min must be < fp8_max, got ", q_min, " and ", q_max);
   RuntimeCheck(
-      (variant >= 0 && variant <= 4) || variant == 8 || variant == 9 || variant == 10,
-      "per_token_group_quant_8bit: variant must be in [0, 4] or 8, 9, 10, got ",
+      (variant >= 0 && variant <= 4) || (variant >= 8 && variant <= 11),
+      "per_token_group_quant_8bit: variant must be in [0, 4] or [8, 11], got ",
       variant);
 
   // Unwrap
