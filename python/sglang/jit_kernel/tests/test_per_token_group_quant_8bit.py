@@ -128,6 +128,39 @@ def run(x, group_size, dtype=FP8, scales="row", ue8m0=False):
     return q, s
 
 
+def quantize_with_variants(in_dtype, case, m, k, group_size, variants, pad=0):
+    """For the variant-vs-default tests, on ``x`` [m, k] (rows scaled 1e-3 .. 1e3; a view of rows k + pad
+    wide): the emulation's (q bytes, scales) and, per variant, (q bytes, the bytes of output_s for
+    ue8m0 (padding bytes of the last word included) else output_s, its decoded scales). output_q sits
+    in 0x7F-poisoned rows k + pad wide, checked untouched past k. ``case``: "row" / "col" scales,
+    "ue8m0", "int8", "clamp" (fp8 in [-100, 300]), "strided" (row-major)."""
+    from sglang.jit_kernel._quant_8bit import jit_quant_8bit_module
+
+    if group_size > max_group_size(in_dtype) or k % group_size:
+        pytest.skip("group_size exceeds the dtype's maximum or does not divide k")
+    fn = jit_quant_8bit_module(in_dtype).per_token_group_quant_8bit
+    dtype = torch.int8 if case == "int8" else FP8
+    lo, hi = (-100.0, 300.0) if case == "clamp" else BOUNDS[dtype]
+    ue8m0 = case == "ue8m0"
+    g = k // group_size
+    scale = torch.logspace(-3, 3, m, device="cuda").unsqueeze(1)
+    x = (torch.randn(m, k + pad, device="cuda") * scale).to(in_dtype)[:, :k]
+    outs = []
+    for v in variants:
+        q_buffer = torch.full((m, k + pad), 0x7F, dtype=torch.uint8, device="cuda")
+        q = q_buffer[:, :k].view(dtype)
+        if ue8m0:
+            s = column_major(m, (g + 3) // 4, torch.int32)
+        else:
+            s = column_major(m, g) if case == "col" else torch.full((m, g), float("nan"), device="cuda")
+        fn(x, q, s, group_size, EPS, lo, hi, ue8m0, v)
+        assert (q_buffer[:, k:] == 0x7F).all(), f"variant {v} wrote past the rows of output_q"
+        decoded = decode_ue8m0(s, g) if ue8m0 else s.clone()
+        outs.append((q.view(torch.uint8).clone(), packed_bytes(s).clone() if ue8m0 else s.clone(), decoded))
+    q_ref, s_ref = reference(x, group_size, EPS, lo, hi, dtype, ue8m0)
+    return (q_ref.view(torch.uint8), s_ref), outs
+
+
 # ---- values ----
 @requires_cuda
 @pytest.mark.parametrize("in_dtype", FLOAT_DTYPES)
@@ -360,32 +393,11 @@ def test_full_sector_variant_matches_default(in_dtype, case, m, k, group_size):
     default before the full-sector kernel) and the emulation's, for row- and column-major, ue8m0, int8
     and clamped fp8; the groups it cannot hold (2 chunks with 4 slots, longer than a tile) take the
     2-D tiles' path."""
-    from sglang.jit_kernel._quant_8bit import jit_quant_8bit_module
-
-    if group_size > max_group_size(in_dtype) or k % group_size:
-        pytest.skip("group_size exceeds the dtype's maximum or does not divide k")
-    fn = jit_quant_8bit_module(in_dtype).per_token_group_quant_8bit
-    dtype = torch.int8 if case == "int8" else FP8
-    lo, hi = (-100.0, 300.0) if case == "clamp" else BOUNDS[dtype]
-    ue8m0 = case == "ue8m0"
-    g = k // group_size
-    x = (torch.randn(m, k, device="cuda") * torch.logspace(-3, 3, m, device="cuda").unsqueeze(1)).to(in_dtype)
-    outs = []
-    for v in (2 if m <= 256 else 3, 1, 10):
-        q = torch.full((m, k), 0x7F, dtype=torch.uint8, device="cuda").view(dtype)
-        if ue8m0:
-            s = column_major(m, (g + 3) // 4, torch.int32)
-        else:
-            s = column_major(m, g) if case == "col" else torch.full((m, g), float("nan"), device="cuda")
-        fn(x, q, s, group_size, EPS, lo, hi, ue8m0, v)
-        # ue8m0: the packed words' bytes, padding bytes of the last word included
-        outs.append((q.view(torch.uint8).clone(), packed_bytes(s).clone() if ue8m0 else s.clone(), s))
+    ref, outs = quantize_with_variants(in_dtype, case, m, k, group_size, (2 if m <= 256 else 3, 1, 10))
     for name, out in zip(("the default", "variant 10"), outs[1:]):
         assert torch.equal(outs[0][0], out[0]), f"output_q of {name} differs from the 2-D tiles'"
         assert torch.equal(outs[0][1], out[1]), f"output_s of {name} differs from the 2-D tiles'"
-    q_ref, s_ref = reference(x, group_size, EPS, lo, hi, dtype, ue8m0)
-    assert torch.equal(outs[0][0], q_ref.view(torch.uint8))
-    assert torch.equal(decode_ue8m0(outs[0][2], g) if ue8m0 else outs[0][1], s_ref)
+    assert torch.equal(outs[0][0], ref[0]) and torch.equal(outs[0][2], ref[1])
 
 
 @requires_cuda
@@ -399,35 +411,10 @@ def test_chunk_variant_matches_default(in_dtype, case, m, k, group_size):
     bf16) gives the default's bytes and the emulation's, for row- and column-major scales, ue8m0, int8,
     clamped fp8 and strided (aligned) rows of input and output_q in poisoned buffers; groups longer
     than 32 chunks take the default's path."""
-    from sglang.jit_kernel._quant_8bit import jit_quant_8bit_module
-
-    if group_size > max_group_size(in_dtype) or k % group_size:
-        pytest.skip("group_size exceeds the dtype's maximum or does not divide k")
-    fn = jit_quant_8bit_module(in_dtype).per_token_group_quant_8bit
-    dtype = torch.int8 if case == "int8" else FP8
-    lo, hi = (-100.0, 300.0) if case == "clamp" else BOUNDS[dtype]
-    ue8m0 = case == "ue8m0"
-    g = k // group_size
-    pad = 64 if case == "strided" else 0  # row strides k + 64: still 16-byte aligned rows
-    wide = (torch.randn(m, k + pad, device="cuda") * torch.logspace(-3, 3, m, device="cuda").unsqueeze(1)).to(in_dtype)
-    x = wide[:, :k]
-    outs = []
-    for v in (1, 11):
-        q_buffer = torch.full((m, k + pad), 0x7F, dtype=torch.uint8, device="cuda")
-        q = q_buffer[:, :k].view(dtype)
-        if ue8m0:
-            s = column_major(m, (g + 3) // 4, torch.int32)
-        else:
-            s = column_major(m, g) if case == "col" else torch.full((m, g), float("nan"), device="cuda")
-        fn(x, q, s, group_size, EPS, lo, hi, ue8m0, v)
-        assert (q_buffer[:, k:] == 0x7F).all(), f"variant {v} wrote past the rows of output_q"
-        # ue8m0: the packed words' bytes, padding bytes of the last word included
-        outs.append((q.view(torch.uint8).clone(), packed_bytes(s).clone() if ue8m0 else s.clone(), s))
+    ref, outs = quantize_with_variants(in_dtype, case, m, k, group_size, (1, 11), pad=64 if case == "strided" else 0)
     assert torch.equal(outs[0][0], outs[1][0]), "output_q of variant 11 differs from the default's"
     assert torch.equal(outs[0][1], outs[1][1]), "output_s of variant 11 differs from the default's"
-    q_ref, s_ref = reference(x, group_size, EPS, lo, hi, dtype, ue8m0)
-    assert torch.equal(outs[1][0], q_ref.view(torch.uint8))
-    assert torch.equal(decode_ue8m0(outs[1][2], g) if ue8m0 else outs[1][1], s_ref)
+    assert torch.equal(outs[1][0], ref[0]) and torch.equal(outs[1][2], ref[1])
 
 
 # ---- layouts ----

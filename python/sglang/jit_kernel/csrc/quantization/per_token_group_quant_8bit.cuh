@@ -64,6 +64,7 @@ struct GroupQuantConfig {
   static constexpr int64_t kMaxRowBlocks = 65535;      // gridDim.y cap; rows past it are looped over
   static constexpr int64_t kSmallTokens = 256;         // variant 1: Shape<1, 2> up to here
   static constexpr int kChunkMinBlocks = 8;            // chunk kernel: <= 32 registers (9 blocks of 224)
+  static constexpr int kChunkMinBlocksFp32 = 6;        // fp32 input: <= 40 (at 32 it spilled its chunk)
 };
 
 /// Writes the scale of group `group` of row `row` (one lane per group calls it).
@@ -570,38 +571,47 @@ SGL_DEVICE float tree_absmax(const float (&f)[kN]) {
 /// blockIdx.y * rows_y + threadIdx.y (rows past gridDim.y * rows_y looped over), so a warp load is
 /// 512 contiguous bytes (16 full sectors) and its fp8 store 32 * kVecN contiguous bytes. A group is
 /// group_chunks (2..32, a power of two) consecutive lanes: the lane's values are reduced as a tree,
-/// the group by an unrolled butterfly of log2(group_chunks) levels (4 at g128 bf16), and every lane
+/// the group by a butterfly of log2(group_chunks) levels (4 at g128 bf16, unrolled), and every lane
 /// computes the scale and the reciprocal (__frcp_rn: the IEEE value of __fdiv_rn(1, s)) itself, so
 /// nothing waits on a second exchange; the group's first lane stores the scale. Against the 2-D
-/// tiles (v2) a lane has half the values, no paired half-sector loads, a 3-deep maximum instead
-/// of 16, and the row's addresses are formed before the PDL wait. __launch_bounds__ caps the
-/// registers at 32: 9 blocks of 224 threads (63 warps, one 16-byte load each) per SM.
-/// Aligned rows only, groups of at most 32 chunks (the dispatcher checks); lanes past the row end
-/// (whole groups: row_chunks is whole groups) take part in the shuffles with a maximum of 0 and
-/// neither read nor write; warps wholly past it exit before the wait.
+/// tiles (v2, the default up to 256 rows) a lane has half the values, no paired half-sector loads,
+/// a maximum 4 deep instead of 16, an unrolled butterfly, and 11 instructions between the PDL wait
+/// and the load instead of 63. __launch_bounds__ caps the registers at 32: 9 blocks of 224 threads
+/// (63 warps, one 16-byte load each) per SM (fp32 inputs: 40, 7 blocks). The grid spreads decode-sized calls over the SMs
+/// (launch_group_quant_chunks). The bytes are the default's: the same block_scale and
+/// quantize_values on the same group maximum (exact in any order).
+/// Aligned rows only, groups of at most 32 chunks, rows and strides below 2^31 (the dispatcher
+/// checks); lanes past the row end (whole groups: row_chunks is whole groups) read the row's last
+/// chunk, take part in the shuffles with a maximum of 0 and write nothing; warps wholly past it
+/// exit before the wait.
 template <typename TIn, typename TOut, bool kClamp>
-__global__ void __launch_bounds__(GroupQuantConfig::kTileMaxThreads, GroupQuantConfig::kChunkMinBlocks)
+__global__ void __launch_bounds__(
+    GroupQuantConfig::kTileMaxThreads,
+    sizeof(TIn) == 4 ? GroupQuantConfig::kChunkMinBlocksFp32 : GroupQuantConfig::kChunkMinBlocks)
     per_token_group_quant_8bit_chunk_kernel(const GroupQuantParams p) {
   using namespace device::quant;
   constexpr int kVecN = 16 / sizeof(TIn);
 
   const int32_t index = blockIdx.x * blockDim.x + threadIdx.x;  // chunk of this lane in its row
   const int32_t row_chunks = static_cast<int32_t>(p.row_chunks);
-  int64_t row = int64_t{blockIdx.y} * blockDim.y + threadIdx.y;
+  // Rows, strides and group counts are below 2^31 (the dispatcher checks): each offset is one
+  // 32 x 32 -> 64-bit multiply-add (IMAD.WIDE.U32), not the three of a 64-bit product.
+  const uint32_t num_tokens = static_cast<uint32_t>(p.num_tokens);
+  uint32_t row = blockIdx.y * blockDim.y + threadIdx.y;
   const int32_t warp_first = index - static_cast<int32_t>(threadIdx.x % device::kWarpThreads);
-  if (warp_first >= row_chunks || row >= p.num_tokens) return;  // whole warps: no shuffle partner lost
-  const int64_t row_step = int64_t{gridDim.y} * blockDim.y;
+  if (warp_first >= row_chunks || row >= num_tokens) return;  // whole warps: no shuffle partner lost
+  const uint32_t row_step = gridDim.y * blockDim.y;
   const int32_t group_chunks = 1 << p.log2_group_chunks;  // 2 .. 32 lanes
   const bool in_row = index < row_chunks;
   const bool writes_scale = in_row && (index & (group_chunks - 1)) == 0;
-  const int64_t group = index >> p.log2_group_chunks;
+  const uint32_t group = static_cast<uint32_t>(index) >> p.log2_group_chunks;
   const float type_max = kTypeMax<TOut>;
   // Lanes past the row end read the row's last chunk (and ignore it): the load needs no branch.
-  const int64_t read_offset = int64_t{min(index, row_chunks - 1)} * kVecN;
-  const auto src_of = [&](int64_t r) {
-    return static_cast<const TIn*>(p.input) + (r * p.input_row_stride + read_offset);
+  const uint32_t read_offset = static_cast<uint32_t>(min(index, row_chunks - 1)) * kVecN;
+  const auto src_of = [&](uint32_t r) {
+    return static_cast<const TIn*>(p.input) + (uint64_t{r} * static_cast<uint32_t>(p.input_row_stride) + read_offset);
   };
-  const auto quantize_row = [&](int64_t r, const TIn* src) {
+  const auto quantize_row = [&](uint32_t r, const TIn* src) {
     Chunk<TIn, kVecN, true> x;
     x.load(src, 0);  // unconditional (no branch for the address arithmetic to sink into)
     float f[kVecN];
@@ -617,9 +627,18 @@ __global__ void __launch_bounds__(GroupQuantConfig::kTileMaxThreads, GroupQuantC
     }
     const float scale = block_scale(amax, p.eps, type_max, p.scale_ue8m0);
     if (in_row) {
-      TOut* dst = static_cast<TOut*>(p.output_q) + r * p.q_row_stride;
-      quantize_values<TOut, kClamp, kVecN, true>(f, __frcp_rn(scale), p.q_min, p.q_max).store(dst, index);
-      if (writes_scale) store_group_scale(p, r, group, scale);
+      TOut* dst = static_cast<TOut*>(p.output_q) +
+                  (uint64_t{r} * static_cast<uint32_t>(p.q_row_stride) + static_cast<uint32_t>(index) * kVecN);
+      quantize_values<TOut, kClamp, kVecN, true>(f, __frcp_rn(scale), p.q_min, p.q_max).store(dst, 0);
+      if (writes_scale) {
+        if (p.scale_ue8m0) {
+          store_group_scale(p, r, group, scale);
+        } else {
+          static_cast<float*>(p.output_s)
+              [uint64_t{r} * static_cast<uint32_t>(p.s_row_stride) +
+               uint64_t{group} * static_cast<uint32_t>(p.s_group_stride)] = scale;
+        }
+      }
     }
   };
   // The first row outside the loop, its address formed before the wait (a launch with PDL runs this
@@ -629,7 +648,7 @@ __global__ void __launch_bounds__(GroupQuantConfig::kTileMaxThreads, GroupQuantC
   device::pdl_wait_primary();  // the input may be the previous kernel's output
   device::pdl_launch_dependents();
   quantize_row(row, src);
-  for (row += row_step; row < p.num_tokens; row += row_step) quantize_row(row, src_of(row));
+  for (row += row_step; row < num_tokens; row += row_step) quantize_row(row, src_of(row));
 }
 
 /// The chunk kernel's grid: a row's ceil(row_chunks / 32) warps in blocks of at most 8 warps
@@ -748,8 +767,13 @@ void dispatch_per_token_group_quant_8bit(
     return;
   }
   if (variant == 11) {
-    // The chunk kernel where it holds (aligned rows, a group within a warp's 32 chunks), else the default's choice
-    if (aligned && group_chunks <= device::kWarpThreads) {
+    // The chunk kernel where it holds (aligned rows, a group within a warp's 32 chunks, rows and
+    // strides below 2^31), else the default's choice
+    const auto below_2_31 = [](int64_t v) { return v >= 0 && v < (int64_t{1} << 31); };
+    const bool offsets_32 = below_2_31(params.num_tokens) && below_2_31(params.input_row_stride) &&
+                            below_2_31(params.q_row_stride) && below_2_31(params.s_row_stride) &&
+                            below_2_31(params.s_group_stride);
+    if (aligned && group_chunks <= device::kWarpThreads && offsets_32) {
       launch_group_quant_chunks<TIn, TOut, kClamp>(params, device);
       return;
     }
