@@ -575,11 +575,11 @@ SGL_DEVICE float tree_absmax(const float (&f)[kN]) {
 /// computes the scale and the reciprocal (__frcp_rn: the IEEE value of __fdiv_rn(1, s)) itself, so
 /// nothing waits on a second exchange; the group's first lane stores the scale. Against the 2-D
 /// tiles (v2, the default up to 256 rows) a lane has half the values, no paired half-sector loads,
-/// a maximum 4 deep instead of 16, an unrolled butterfly, and 11 instructions between the PDL wait
-/// and the load instead of 63. __launch_bounds__ caps the registers at 32: 9 blocks of 224 threads
-/// (63 warps, one 16-byte load each) per SM (fp32 inputs: 40, 7 blocks). The grid spreads decode-sized calls over the SMs
-/// (launch_group_quant_chunks). The bytes are the default's: the same block_scale and
-/// quantize_values on the same group maximum (exact in any order).
+/// a maximum 4 deep instead of 16, an unrolled butterfly, and 8 SASS instructions between the PDL
+/// wait and the load instead of 63. __launch_bounds__ caps the registers at 32: 9 blocks of 224
+/// threads (63 warps, one 16-byte load each) per SM (fp32 inputs: 40, 7 blocks). The grid spreads
+/// decode-sized calls over the SMs (launch_group_quant_chunks). The bytes are the default's: the
+/// same block_scale and quantize_values on the same group maximum (exact in any order).
 /// Aligned rows only, groups of at most 32 chunks, rows and strides below 2^31 (the dispatcher
 /// checks); lanes past the row end (whole groups: row_chunks is whole groups) read the row's last
 /// chunk, take part in the shuffles with a maximum of 0 and write nothing; warps wholly past it
@@ -594,7 +594,7 @@ __global__ void __launch_bounds__(
 
   const int32_t index = blockIdx.x * blockDim.x + threadIdx.x;  // chunk of this lane in its row
   const int32_t row_chunks = static_cast<int32_t>(p.row_chunks);
-  // Rows, strides and group counts are below 2^31 (the dispatcher checks): each offset is one
+  // Rows and strides are below 2^31 (the dispatcher checks): each offset is one
   // 32 x 32 -> 64-bit multiply-add (IMAD.WIDE.U32), not the three of a 64-bit product.
   const uint32_t num_tokens = static_cast<uint32_t>(p.num_tokens);
   uint32_t row = blockIdx.y * blockDim.y + threadIdx.y;
@@ -750,9 +750,11 @@ void launch_group_quant_tiles(GroupQuantParams params, bool aligned, DLDevice de
 /// current row is reduced: up to 6 rows of loads in flight per SM). Where 3 would fall back to Shape<4, 1>, 8 and 9 take that same untuned fallback.
 /// 10 is 1 with the full-sector kernel (per_token_group_quant_8bit_sector_kernel: coalesced 512-byte
 /// loads, a reduce-scatter group maximum, one scale per lane) at every size; unaligned rows and groups
-/// it cannot hold take the 2-D tiles. 11 is the one-chunk-per-lane kernel (per_token_group_quant_8bit_chunk_kernel:
-/// 16 lanes per g128 bf16 group, one 16-byte load each, <= 32 registers) at every size, for decode and
-/// L2-resident sizes; unaligned rows and groups longer than 32 chunks take the default's choice. The default, 1, takes the full-sector kernel above
+/// it cannot hold take the 2-D tiles. 11 is the one-chunk-per-lane kernel
+/// (per_token_group_quant_8bit_chunk_kernel: 16 lanes per g128 bf16 group, one 16-byte load each,
+/// <= 32 registers) at every size, for decode and L2-resident sizes; unaligned rows, groups longer
+/// than 32 chunks and rows or strides of 2^31 or more take the default's choice. The default, 1,
+/// takes the full-sector kernel above
 /// kSmallTokens rows (4 slots), and variant 2 up to there; variant 3 is the default above kSmallTokens
 /// before that.
 template <typename TIn, typename TOut, bool kClamp>
