@@ -180,7 +180,7 @@ def check_no_partial_overlap(
     dense_only: bool = False,
 ) -> None:
     """RuntimeError if the bytes spanned by ``out`` and ``ref`` intersect, unless (with ``allow_same``)
-    ``out`` is exactly the view ``ref`` (same pointer, shape and strides: an in-place call).
+    ``out`` is exactly the view ``ref`` (same pointer, shape, strides and element size: an in-place call).
 
     The message names both byte spans, in the words of the C++ launchers' exact check
     (``verify_no_partial_overlap``):
@@ -201,7 +201,12 @@ def check_no_partial_overlap(
     b0, b1 = _byte_span(ref)
     if a0 >= b1 or b0 >= a1:
         return
-    same = out.data_ptr() == ref.data_ptr() and out.shape == ref.shape and out.stride() == ref.stride()
+    same = (
+        out.data_ptr() == ref.data_ptr()
+        and out.shape == ref.shape
+        and out.stride() == ref.stride()
+        and out.element_size() == ref.element_size()  # views of one buffer as types of other widths differ
+    )
     if same and allow_same:
         return
     dense = _is_dense(out, (a0, a1)) and _is_dense(ref, (b0, b1))

@@ -159,6 +159,54 @@ def _run(
     _load(k.dtype)(k, v, k_out, v_out, k_scale, v_scale, loc, mult, offset, variant)
 
 
+def _check_downcast(
+    op: str,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_out: torch.Tensor,
+    v_out: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    loc: torch.Tensor,
+    mult: int,
+    offset: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """downcast_fp8's argument checks (raising as its docstring says, named for ``op``); returns k, v,
+    k_out, v_out with a unit last dim's stride normalised."""
+    check_tensor(
+        op, "k", k, dtypes=SOURCE_DTYPES, dims=[("num_tokens", None), ("num_kv_heads", None), ("head_dim", None)]
+    )
+    check_tensor(op, "v", v, dtype_as=(k, "k"), shape_as=(k, "k"))
+    for arg, out in (("k_out", k_out), ("v_out", v_out)):
+        check_tensor(op, arg, out, dtypes=OUT_DTYPES, device_as=(k, "k"))
+        check_shape(op, arg, out, [("num_slots", None), ("num_kv_heads", k.shape[1]), ("head_dim", k.shape[2])])
+    if v_out.shape != k_out.shape:
+        fail(RuntimeError, op, "v_out", "shape", f"{tuple(k_out.shape)} (the shape of k_out)", tuple(v_out.shape))
+    for arg, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+        check_tensor(op, arg, scale, dtypes=(torch.float32,), device_as=(k, "k"))
+        if scale.numel() != 1 or scale.dim() > 1:
+            fail(RuntimeError, op, arg, "shape", "[1] (one float32 on the device)", tuple(scale.shape))
+    check_tensor(op, "loc", loc, dtypes=INDEX_DTYPES, device_as=(k, "k"), dims=[("num_tokens", k.shape[0])])
+    for arg, value in (("mult", mult), ("offset", offset)):
+        check_scalar(op, arg, value, int, minimum=_INT64_MIN, maximum=_INT64_MAX)
+    k, v, k_out, v_out = (_last_dim_unit(t) for t in (k, v, k_out, v_out))
+    for arg, t in (("k", k), ("v", v), ("k_out", k_out), ("v_out", v_out)):
+        if t.stride(-1) != 1 and t.shape[-1] > 1:
+            fail(
+                RuntimeError,
+                op,
+                arg,
+                "last-dim stride",
+                "1 (a contiguous head_dim)",
+                f"{t.stride(-1)} (shape {tuple(t.shape)} with strides {t.stride()})",
+            )
+    for out_arg, out in (("k_out", k_out), ("v_out", v_out)):
+        for arg, t in (("k", k), ("v", v), ("loc", loc), ("k_scale", k_scale), ("v_scale", v_scale)):
+            check_no_partial_overlap(op, out_arg, out, t, arg, allow_same=False)
+    check_no_partial_overlap(op, "v_out", v_out, k_out, "k_out", allow_same=False)
+    return k, v, k_out, v_out
+
+
 def downcast_fp8_variant(
     variant: str,
     k: torch.Tensor,
@@ -172,10 +220,14 @@ def downcast_fp8_variant(
     offset: int = 0,
 ) -> None:
     """:func:`downcast_fp8` through one kernel variant (a key of ``VARIANTS``), eager only: for A/B
-    benchmarks and tests. Arguments as :func:`downcast_fp8` (the launcher validates them)."""
-    if variant not in VARIANTS:
-        fail(ValueError, "downcast_fp8_variant", "variant", "value", f"one of {sorted(VARIANTS)}", repr(variant))
-    check_tensor("downcast_fp8_variant", "k", k, dtypes=SOURCE_DTYPES)
+    benchmarks and tests. Arguments and errors as :func:`downcast_fp8` (the same checks, named for
+    ``downcast_fp8_variant``); ValueError for a ``variant`` that is not a key of ``VARIANTS``."""
+    op = "downcast_fp8_variant"
+    if type(variant) is not str or variant not in VARIANTS:
+        fail(ValueError, op, "variant", "value", f"one of {sorted(VARIANTS)}", repr(variant))
+    k, v, k_out, v_out = _check_downcast(op, k, v, k_out, v_out, k_scale, v_scale, loc, mult, offset)
+    if k.shape[0] == 0:
+        return
     _run(k, v, k_out, v_out, k_scale.reshape(1), v_scale.reshape(1), loc, mult, offset, VARIANTS[variant])
 
 
@@ -299,38 +351,7 @@ def downcast_fp8(
                 return
             except (TypeError, RuntimeError, ValueError, OverflowError):  # before any launch: explain
                 pass
-    op = "downcast_fp8"
-    check_tensor(
-        op, "k", k, dtypes=SOURCE_DTYPES, dims=[("num_tokens", None), ("num_kv_heads", None), ("head_dim", None)]
-    )
-    check_tensor(op, "v", v, dtype_as=(k, "k"), shape_as=(k, "k"))
-    for arg, out in (("k_out", k_out), ("v_out", v_out)):
-        check_tensor(op, arg, out, dtypes=OUT_DTYPES, device_as=(k, "k"))
-        check_shape(op, arg, out, [("num_slots", None), ("num_kv_heads", k.shape[1]), ("head_dim", k.shape[2])])
-    if v_out.shape != k_out.shape:
-        fail(RuntimeError, op, "v_out", "shape", f"{tuple(k_out.shape)} (the shape of k_out)", tuple(v_out.shape))
-    for arg, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
-        check_tensor(op, arg, scale, dtypes=(torch.float32,), device_as=(k, "k"))
-        if scale.numel() != 1 or scale.dim() > 1:
-            fail(RuntimeError, op, arg, "shape", "[1] (one float32 on the device)", tuple(scale.shape))
-    check_tensor(op, "loc", loc, dtypes=INDEX_DTYPES, device_as=(k, "k"), dims=[("num_tokens", k.shape[0])])
-    for arg, value in (("mult", mult), ("offset", offset)):
-        check_scalar(op, arg, value, int, minimum=_INT64_MIN, maximum=_INT64_MAX)
-    k, v, k_out, v_out = (_last_dim_unit(t) for t in (k, v, k_out, v_out))
-    for arg, t in (("k", k), ("v", v), ("k_out", k_out), ("v_out", v_out)):
-        if t.stride(-1) != 1 and t.shape[-1] > 1:
-            fail(
-                RuntimeError,
-                op,
-                arg,
-                "last-dim stride",
-                "1 (a contiguous head_dim)",
-                f"{t.stride(-1)} (shape {tuple(t.shape)} with strides {t.stride()})",
-            )
-    for out_arg, out in (("k_out", k_out), ("v_out", v_out)):
-        for arg, t in (("k", k), ("v", v), ("loc", loc), ("k_scale", k_scale), ("v_scale", v_scale)):
-            check_no_partial_overlap(op, out_arg, out, t, arg, allow_same=False)
-    check_no_partial_overlap(op, "v_out", v_out, k_out, "k_out", allow_same=False)
+    k, v, k_out, v_out = _check_downcast("downcast_fp8", k, v, k_out, v_out, k_scale, v_scale, loc, mult, offset)
     if k.shape[0] == 0:
         return
     if torch.compiler.is_compiling():

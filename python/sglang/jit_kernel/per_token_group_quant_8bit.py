@@ -141,7 +141,9 @@ def _check(
     if not fp8_min < fp8_max:
         fail(ValueError, _OP, "fp8_max", "value", f"> fp8_min ({fp8_min})", fp8_max)
     check_scalar(_OP, "scale_ue8m0", scale_ue8m0, bool)
-    if type(KERNEL_VARIANT) is not int or KERNEL_VARIANT not in _VARIANTS:  # the module knob (benchmarks)
+    if type(KERNEL_VARIANT) is not int:  # the module knob (benchmarks)
+        fail(TypeError, _OP, "KERNEL_VARIANT", "type", "an int", f"{type(KERNEL_VARIANT).__name__} {KERNEL_VARIANT!r}")
+    if KERNEL_VARIANT not in _VARIANTS:
         fail(ValueError, _OP, "KERNEL_VARIANT", "value", "an int in 0..4 or 8..11", KERNEL_VARIANT)
     if scale_ue8m0 and output_q.dtype != torch.float8_e4m3fn:
         fail(
@@ -270,6 +272,7 @@ def per_token_group_quant_8bit(
                 and type(eps) is float
                 and type(fp8_min) is float
                 and type(fp8_max) is float
+                and type(KERNEL_VARIANT) is int  # the FFI would take a bool for it
                 and eps >= 0
             ):
                 fn(input, output_q, output_s, group_size, eps, fp8_min, fp8_max, scale_ue8m0, KERNEL_VARIANT)

@@ -319,7 +319,7 @@ def apply_rope_inplace(
     IndexError
         With ``SGLANG_JIT_CHECK_INDICES=1``: a position outside ``[0, max_position)``.
     """
-    if _variant == 0 and not torch.compiler.is_compiling():
+    if type(_variant) is int and _variant == 0 and not torch.compiler.is_compiling():
         try:
             fn = _ROPE_FNS.get(q.dtype)
         except AttributeError:  # not a tensor: the checked path raises TypeError
@@ -338,7 +338,7 @@ def apply_rope_inplace(
                 pass
     op = "apply_rope_inplace"
     check_scalar(op, "enable_pdl", enable_pdl, bool, optional=True)
-    if _variant != 0:
+    if type(_variant) is not int or _variant != 0:  # a bool or float is refused, not read as 0
         _check_variant(op, _variant, (1, 2, 5, 6))
     _check_rope_args(op, q, k, cos_sin_cache, positions, is_neox, rope_dim)
     positions = positions.contiguous()  # read only: a strided index tensor is copied
@@ -428,7 +428,7 @@ def apply_rope_inplace_with_kvcache(
         size or slot count, out_loc not int32/int64 or not ``[num_tokens]``; from the launcher, a
         cache sharing memory with another argument.
     """
-    if _variant == 0 and not torch.compiler.is_compiling():
+    if type(_variant) is int and _variant == 0 and not torch.compiler.is_compiling():
         try:
             fn = _ROPE_KV_FNS.get(q.dtype) if k_cache.dim() == 2 and v_cache.dim() == 2 else None
         except AttributeError:
@@ -459,7 +459,7 @@ def apply_rope_inplace_with_kvcache(
                 pass
     op = "apply_rope_inplace_with_kvcache"
     check_scalar(op, "enable_pdl", enable_pdl, bool, optional=True)
-    if _variant != 0:
+    if type(_variant) is not int or _variant != 0:  # a bool or float is refused, not read as 0
         _check_variant(op, _variant, (3, 4, 5))
     _check_rope_args(op, q, k, cos_sin_cache, positions, is_neox, rope_dim)
     num_tokens, num_kv_heads, head_dim = k.shape
@@ -694,7 +694,7 @@ def rotary_embedding(
         With ``SGLANG_JIT_CHECK_INDICES=1``: a position outside ``[0, max_position)``.
     """
     op = "rotary_embedding"
-    if _variant != 0:
+    if type(_variant) is not int or _variant != 0:  # a bool or float is refused, not read as 0
         _check_variant(op, _variant, (1, 2, 5))
     check_scalar(op, "head_size", head_size, int, minimum=1)
     check_scalar(op, "is_neox", is_neox, bool)

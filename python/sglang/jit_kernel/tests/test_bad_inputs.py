@@ -1914,18 +1914,22 @@ for _name, _pos, _value, _exc, _arg in (
         expect_error("per_token_group_quant_8bit", exc, arg, args, kwargs)
 
 
-for _v in (5, 7, -1):
+# Out of range: ValueError; not an int: TypeError (the warm fast path once took a bool, which the FFI
+# converts to an int: False ran variant 0).
+_KV_BAD = [(v, ValueError, f"value: expected an int in 0..4 or 8..11, got {v}") for v in (5, 7, -1)] + [
+    (v, TypeError, f"type: expected an int, got {type(v).__name__} {v!r}") for v in (True, False, "11", 11.0)
+]
+for _v, _exc, _want in _KV_BAD:
 
-    @case("per_token_group_quant_8bit", f"KERNEL_VARIANT_{_v}_refused_before_launch")
-    def _(v=_v) -> None:
+    @case("per_token_group_quant_8bit", f"KERNEL_VARIANT_{type(_v).__name__}_{_v}_refused_before_launch")
+    def _(v=_v, exc=_exc, want=_want) -> None:
         for warm in (False, True):
             if warm:
                 warm_quant_module()
             with kernel_variant(v):
                 args, kwargs = gq_args()
-                error = expect_error("per_token_group_quant_8bit", ValueError, "KERNEL_VARIANT", args, kwargs)
-            want = f"per_token_group_quant_8bit: KERNEL_VARIANT value: expected an int in 0..4 or 8..11, got {v}"
-            assert str(error).startswith(want), f"warm={warm}: {error}"
+                error = expect_error("per_token_group_quant_8bit", exc, "KERNEL_VARIANT", args, kwargs)
+            assert str(error).startswith(f"per_token_group_quant_8bit: KERNEL_VARIANT {want}"), f"warm={warm}: {error}"
 
 
 def pack_ue8m0(s: torch.Tensor) -> torch.Tensor:

@@ -663,3 +663,19 @@ def test_every_call_path_passes_the_default_variant(monkeypatch):
     downcast_fp8(k, v, k_out, v_out, scale, scale, loc)  # the fast path (the recorder accepts anything)
     cast._run(k, v, k_out, v_out, scale, scale, loc, 1, 0)  # what the checked path and the op call
     assert seen == [cast.DEFAULT_VARIANT, cast.DEFAULT_VARIANT] and cast.DEFAULT_VARIANT == VARIANTS["lean"]
+
+
+def test_overlap_check_tells_same_view_from_other_width_views():
+    """_validate.check_no_partial_overlap: views of one buffer at one pointer, shape and strides but of
+    element types of other widths span different bytes: "a partial overlap", never "the same tensor",
+    and allow_same does not accept them as an in-place call. No GPU: CPU tensors."""
+    from sglang.jit_kernel._validate import check_no_partial_overlap
+
+    buffer = torch.zeros(512, dtype=torch.uint8)
+    wide, narrow = buffer[:256].view(torch.bfloat16).view(4, 32), buffer[:128].view(4, 32)
+    for allow_same in (False, True):
+        with pytest.raises(RuntimeError, match=r"^op: out overlaps input: expected disjoint memory.*, got a partial"):
+            check_no_partial_overlap("op", "out", narrow, wide, "input", allow_same=allow_same)
+    check_no_partial_overlap("op", "out", wide, wide, "input", allow_same=True)  # in place: accepted
+    with pytest.raises(RuntimeError, match=r"got the same tensor"):
+        check_no_partial_overlap("op", "out", wide, wide, "input", allow_same=False)

@@ -783,3 +783,22 @@ def test_rope_head_slots_separate_strided_and_unaligned(is_neox, offset):
     assert qb[:offset].isnan().all() and qb[offset:].view(n, hq, 2 * d)[:, :, d:].isnan().all()
     kh = kb[offset:].view(n, hk + 3, d)
     assert kb[:offset].isnan().all() and kh[:, 0].isnan().all() and kh[:, hk + 1 :].isnan().all()
+
+
+@pytest.mark.parametrize("variant", [False, True, 0.0, 6.0, "6"])
+def test_variant_knob_refuses_non_ints(variant):
+    """The private ``_variant`` knob takes ints only: a bool or float is refused with TypeError naming
+    it (False and 0.0 were once read as the default), before any other check or launch. No GPU: the
+    knob is checked first, so CPU tensors suffice."""
+    from sglang.jit_kernel.rope import apply_rope_inplace, apply_rope_inplace_with_kvcache, rotary_embedding
+
+    q, k = torch.zeros(2, 4, 64), torch.zeros(2, 1, 64)
+    cache, positions = torch.zeros(16, 64), torch.zeros(2, dtype=torch.int64)
+    with pytest.raises(TypeError, match=r"^apply_rope_inplace: _variant type: expected"):
+        apply_rope_inplace(q, k, cache, positions, is_neox=True, _variant=variant)
+    with pytest.raises(TypeError, match=r"^apply_rope_inplace_with_kvcache: _variant type: expected"):
+        apply_rope_inplace_with_kvcache(
+            q, k, k, torch.zeros(8, 64), torch.zeros(8, 64), cache, positions, positions, is_neox=True, _variant=variant
+        )
+    with pytest.raises(TypeError, match=r"^rotary_embedding: _variant type: expected"):
+        rotary_embedding(positions, q.view(2, -1), k.view(2, -1), 64, cache, True, _variant=variant)

@@ -26,6 +26,8 @@
 #include <sgl_kernel/utils.cuh>    // For LaunchKernel, SGL_DEVICE, kWarpThreads, fp8_e4m3_t, pdl_wait_primary
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cfloat>
 #include <cooperative_groups.h>
 #include <cstdint>
@@ -216,6 +218,42 @@ inline bool per_tensor_cluster_enabled() {
   return value != nullptr && std::string_view{value} == "1";
 }
 
+/// Whether one cluster of kClusterSize CTAs of kClusterThreads threads of `kernel` can be resident on
+/// device `device_id` (cudaOccupancyMaxActiveClusters > 0: a MIG slice or an MPS thread limit may
+/// leave no GPC with 8 free SMs, and the launch would then fail), for the largest CTA the cluster
+/// pass launches (smaller ones fit wherever it does). Queried once per device and kernel; a failed
+/// query counts as no.
+template <typename TIn, bool kAligned>
+bool per_tensor_cluster_fits(int device_id) {
+  constexpr int kMaxDevices = 64;
+  static std::array<std::atomic<int>, kMaxDevices> cache{};  // 0 not asked, 1 fits, 2 does not
+  if (device_id < 0 || device_id >= kMaxDevices) return false;
+  const int cached = cache[device_id].load(std::memory_order_relaxed);
+  if (cached != 0) return cached == 1;
+  int previous = -1;
+  bool fits = cudaGetDevice(&previous) == cudaSuccess && cudaSetDevice(device_id) == cudaSuccess;
+  if (fits) {
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = TensorQuantConfig::kClusterSize;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(TensorQuantConfig::kClusterSize);
+    config.blockDim = dim3(TensorQuantConfig::kClusterThreads);
+    config.attrs = &attr;
+    config.numAttrs = 1;
+    int clusters = 0;
+    fits = cudaOccupancyMaxActiveClusters(&clusters, per_tensor_quant_fp8_cluster_kernel<TIn, kAligned>, &config) ==
+               cudaSuccess &&
+           clusters > 0;
+    (void)cudaGetLastError();  // a refused query leaves no error behind for the next launch
+  }
+  if (previous >= 0) (void)cudaSetDevice(previous);
+  cache[device_id].store(fits ? 1 : 2, std::memory_order_relaxed);
+  return fits;
+}
+
 /// Dynamic without accumulate, two passes: output_s = 0 before the absmax pass max-reduces into it
 /// (one thread; PDL keeps it off the critical path of the launches).
 __global__ void per_tensor_reset_scale_kernel(float* output_s) {
@@ -375,7 +413,9 @@ void per_tensor_quant_fp8(
         32,
         TensorQuantConfig::kClusterThreads);
     LaunchKernel launch(TensorQuantConfig::kClusterSize, static_cast<uint32_t>(threads), device);
-    if (launch.is_cluster_device()) {
+    const bool fits = launch.is_cluster_device() && (aligned ? per_tensor_cluster_fits<TIn, true>(device.device_id)
+                                                             : per_tensor_cluster_fits<TIn, false>(device.device_id));
+    if (fits) {  // else the default's passes
       const auto kernel =
           aligned ? per_tensor_quant_fp8_cluster_kernel<TIn, true> : per_tensor_quant_fp8_cluster_kernel<TIn, false>;
       launch.enable_pdl(true).cluster(TensorQuantConfig::kClusterSize)(kernel, params);
