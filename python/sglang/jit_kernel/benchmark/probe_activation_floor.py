@@ -3,10 +3,15 @@
 
 input [T, 2 x 14336] bf16 -> out [T, 14336] bf16, the op's bytes (3 * T * H * 2). Rows:
   silu_and_mul         the op (default kernel and launch geometry)
+  silu_and_mul t<K>    the op with its CTA size forced to K threads (16-byte vectors; _set_launch_override)
   floor v<N> t<K> pdl  probe_activation_floor.cuh: the same 16-byte loads and stores with one bf16
                        add per element as the whole compute; N vectors per thread (all loads before
                        any store), K threads per CTA, a one-shot grid; PDL on as the op launches it
   floor v1 t256        the same without PDL
+  sfu v<N> t<K> pdl    the same loads and stores with silu's least arithmetic per element (ex2.approx,
+                       rcp.approx: the two special-function operations every silu needs, 3 fp32
+                       instructions around them); T <= 2048 only. The smallest of these rows bounds the
+                       op by its bytes plus its special-function work (the op: 5 fp32 + the same 2)
 "one input" rows replay one input set in a CUDA graph (the tutorial's method, the issue's numbers;
 L2-resident up to T = 2048), "cold" rows rotate sets past 4x the L2. The smallest floor row at a T
 is the fastest this access pattern was seen to go; the op's distance to it is what its arithmetic
@@ -34,8 +39,13 @@ from sglang.jit_kernel.utils import load_jit
 
 HIDDEN = 14336
 TOKENS = (1, 64, 2048, 16384)
-#: (vectors per thread, threads per CTA, PDL)
-FLOOR_CONFIGS = [(1, 256, False)] + [(v, t, True) for v in (1, 2, 4) for t in (128, 256, 512)]
+#: (vectors per thread, threads per CTA, PDL, silu arithmetic)
+FLOOR_CONFIGS = [(1, 256, False, False)] + [(v, t, True, False) for v in (1, 2, 4) for t in (128, 256, 512)]
+SFU_CONFIGS = [(1, t, True, True) for t in (64, 128, 256, 512)] + [
+    (v, t, True, True) for v in (2, 4) for t in (128, 256, 1024)
+]
+#: CTA sizes forced on the op (16-byte vectors) beside its default
+OP_THREADS = (128, 512)
 PROBE_CUH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "probe_activation_floor.cuh")
 
 
@@ -45,19 +55,46 @@ def make_set(t: int) -> tuple[torch.Tensor, torch.Tensor]:
     )
 
 
+def mode_of(vecs: int, pdl: bool, sfu: bool) -> int:
+    return vecs | (16 if pdl else 0) | (32 if sfu else 0)
+
+
+def label_of(vecs: int, threads: int, pdl: bool, sfu: bool) -> str:
+    return f"{'sfu' if sfu else 'floor'} v{vecs} t{threads}" + (" pdl" if pdl else "")
+
+
 def check(probe) -> None:
-    """Every floor configuration writes gate + up (bf16 add) to every element."""
+    """Every floor configuration writes gate + up (bf16 add) to every element; every sfu one
+    silu(gate) * up within 2 bf16 ulps (its approximate exp and reciprocal)."""
     x, out = make_set(64)
-    want = x[:, :HIDDEN] + x[:, HIDDEN:]
-    for vecs, threads, pdl in FLOOR_CONFIGS:
+    gate, up = x[:, :HIDDEN].float(), x[:, HIDDEN:].float()
+    want_add = x[:, :HIDDEN] + x[:, HIDDEN:]
+    want_silu = ((gate * torch.sigmoid(gate)).to(torch.bfloat16).float() * up).to(torch.bfloat16)
+    for vecs, threads, pdl, sfu in FLOOR_CONFIGS + SFU_CONFIGS:
         out.fill_(float("nan"))
-        probe.act_floor(x, out, vecs | (16 if pdl else 0), threads)
-        assert torch.equal(out, want), f"floor v{vecs} t{threads}: wrong output"
+        probe.act_floor(x, out, mode_of(vecs, pdl, sfu), threads)
+        label = label_of(vecs, threads, pdl, sfu)
+        if sfu:
+            torch.testing.assert_close(out, want_silu, rtol=2**-7, atol=1e-30, msg=lambda m: f"{label}: {m}")
+        else:
+            assert torch.equal(out, want_add), f"{label}: wrong output"
 
 
 def main() -> None:
     exit_unless_gpu("probe_activation_floor.py")
-    from sglang.jit_kernel.activation import silu_and_mul  # noqa: PLC0415
+    from sglang.jit_kernel.activation import _jit_activation_module, silu_and_mul  # noqa: PLC0415
+
+    module = _jit_activation_module(torch.bfloat16)
+
+    def forced(threads: int):
+        def call(x, o) -> None:
+            module._set_launch_override(threads, 16)
+            try:
+                silu_and_mul(x, o)
+            finally:
+                module._set_launch_override(0, 0)
+
+        return call
 
     probe = load_jit("probe_activation_floor", cuda_files=[PROBE_CUH], cuda_wrappers=[("act_floor", "act_floor")])
     check(probe)
@@ -74,15 +111,19 @@ def main() -> None:
             case = f"[{t}, 2 x {HIDDEN}] {kind}"
             median, _, _ = bench_rotating(lambda x, o: silu_and_mul(x, o), sets)
             rows.append(BenchRow("silu_and_mul", case, "default", median, nbytes))
-            for vecs, threads, pdl in FLOOR_CONFIGS:
-                mode = vecs | (16 if pdl else 0)
+            for threads in OP_THREADS:
+                median, _, _ = bench_rotating(forced(threads), sets)
+                rows.append(BenchRow("silu_and_mul", case, f"t{threads}", median, nbytes))
+            for vecs, threads, pdl, sfu in FLOOR_CONFIGS + (SFU_CONFIGS if t <= 2048 else []):
+                mode = mode_of(vecs, pdl, sfu)
 
                 def call(x, o, mode=mode, threads=threads) -> None:
                     probe.act_floor(x, o, mode, threads)
 
                 median, _, _ = bench_rotating(call, sets)
-                label = f"floor v{vecs} t{threads}" + (" pdl" if pdl else "")
-                rows.append(BenchRow("floor", case, label, median, nbytes))
+                rows.append(
+                    BenchRow("sfu" if sfu else "floor", case, label_of(vecs, threads, pdl, sfu), median, nbytes)
+                )
             del sets
             torch.cuda.empty_cache()
     print(format_rows(rows, roof))

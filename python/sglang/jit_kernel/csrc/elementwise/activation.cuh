@@ -78,20 +78,22 @@ struct GatedActParams {
 
 /// Launch facts of gated_act_and_mul_kernel.
 struct GatedActConfig {
-  static constexpr uint32_t kMaxThreads = 512;      // __launch_bounds__, the largest CTA of the heuristic
-                                                    // and the benchmark override's limit (1024 made
-                                                    // ptxas spill the fp32 gelu_tanh build)
-  static constexpr uint32_t kDefaultThreads = 256;  // CTA size for large launches
-  static constexpr uint32_t kMinThreads = 64;       // smallest CTA the heuristic picks
-  static constexpr int64_t kMinCtasPerSm = 2;       // decode rule: narrower vectors until the launch has
-                                                    // this many kMinThreads CTAs per SM
-  static constexpr int64_t kMaxGridY = 65535;       // CUDA's limit on gridDim.y
-  static constexpr int64_t kThreadsPerSm = 2048;    // resident threads per SM (SM80 / SM90)
-  static constexpr int64_t kPairRowsMinWaves = 4;   // pair-rows variant: two rows per thread from this
-                                                    // many full waves
-  static constexpr int64_t kSmallLaunchWaves = 2;   // up to this many waves of 256-thread CTAs the
-                                                    // fewest-CTAs rule picks the CTA size
-  static constexpr int64_t kMinDecodeVecBytes = 4;  // narrowest vector the decode rule picks
+  static constexpr uint32_t kMaxThreads = 512;             // __launch_bounds__, the largest CTA of the heuristic
+                                                           // and the benchmark override's limit (1024 made
+                                                           // ptxas spill the fp32 gelu_tanh build)
+  static constexpr uint32_t kDefaultThreads = 256;         // CTA size for large launches
+  static constexpr uint32_t kMinThreads = 64;              // smallest CTA of the 9f465cb rule (old_geometry) and
+                                                           // the CTA of the decode rule's count
+  static constexpr uint32_t kMinSmallLaunchThreads = 128;  // smallest CTA of the fewest-CTAs rule
+  static constexpr int64_t kMinCtasPerSm = 2;              // decode rule: narrower vectors until the launch has
+                                                           // this many kMinThreads CTAs per SM
+  static constexpr int64_t kMaxGridY = 65535;              // CUDA's limit on gridDim.y
+  static constexpr int64_t kThreadsPerSm = 2048;           // resident threads per SM (SM80 / SM90)
+  static constexpr int64_t kPairRowsMinWaves = 4;          // pair-rows variant: two rows per thread from this
+                                                           // many full waves
+  static constexpr int64_t kSmallLaunchWaves = 2;          // up to this many waves of 256-thread CTAs the
+                                                           // fewest-CTAs rule picks the CTA size
+  static constexpr int64_t kMinDecodeVecBytes = 4;         // narrowest vector the decode rule picks
 };
 
 /// act(g) in fp32, each operation rounded as written (see the file comment).
@@ -621,13 +623,15 @@ inline int64_t gated_act_busiest_sm(const GatedActGeometry& g, int64_t num_sms) 
 /// vector of one row per thread, as many CTAs as that takes (one-shot grid; 98.9 % of copy at
 /// [16384, 2 x 14336] bf16 in the run of 9fd14a1).
 ///
-/// Smaller launches, fewest-CTAs rule: among kMaxThreads down to kMinThreads, the largest CTA whose
+/// Smaller launches, fewest-CTAs rule: among kMaxThreads down to kMinSmallLaunchThreads, the largest CTA whose
 /// busiest SM holds at most 5/4 of the threads of the best size's busiest SM. Every CTA start is a
 /// serial cost on its SM (and PDL releases the next kernel only once every CTA has started), so a
 /// launch that fits in one wave wants one or two CTAs per SM, not seven small ones: [64, 2 x 14336]
 /// bf16 gets 256 CTAs of 448 threads (the 9f465cb rule below gave 896 CTAs of 128: 2.59 us one input
 /// against 1.71 for one 1024-thread CTA per row elsewhere). Decode rows on narrowed vectors keep
-/// small CTAs ([1, 2 x 14336]: 112 x 64, the bigger sizes put 2-16x the threads on one SM).
+/// small CTAs ([1, 2 x 14336] bf16: 56 x 128, the bigger sizes put 2-16x the threads on one SM; 64-thread
+/// CTAs, 112 of them, were the rule's floor before: 0.91 / 0.90 us bf16 / fp16 one input against 0.88 /
+/// 0.87 for 56 x 128 in the same H200 run of the sixth session of 2026-12-01).
 ///
 /// old_geometry (9f465cb): kDefaultThreads down to kMinThreads, the fewest threads on the busiest
 /// SM, a smaller CTA winning only by more than 1/16.
@@ -649,14 +653,14 @@ inline uint32_t gated_act_threads(int64_t num_tokens, int64_t vecs_per_row, int6
   const int64_t full_wave = num_sms * (Config::kThreadsPerSm / Config::kDefaultThreads);
   if (int64_t{large.grid.x} * large.grid.y > Config::kSmallLaunchWaves * full_wave) return Config::kDefaultThreads;
   int64_t best_load = -1;
-  for (uint32_t t = Config::kMaxThreads; t >= Config::kMinThreads; t /= 2) {
+  for (uint32_t t = Config::kMaxThreads; t >= Config::kMinSmallLaunchThreads; t /= 2) {
     const int64_t load = gated_act_busiest_sm(gated_act_geometry(num_tokens, vecs_per_row, t), num_sms);
     if (best_load < 0 || load < best_load) best_load = load;
   }
-  for (uint32_t t = Config::kMaxThreads; t > Config::kMinThreads; t /= 2) {
+  for (uint32_t t = Config::kMaxThreads; t > Config::kMinSmallLaunchThreads; t /= 2) {
     if (gated_act_busiest_sm(gated_act_geometry(num_tokens, vecs_per_row, t), num_sms) * 4 <= best_load * 5) return t;
   }
-  return Config::kMinThreads;
+  return Config::kMinSmallLaunchThreads;
 }
 
 /// CTAs of block's size of this kernel resident on all SMs at once (cudaOccupancy query, cached per CTA
