@@ -292,9 +292,10 @@ def apply_rope_inplace(
         Private, for the benchmark's old-vs-new rows: 0 (default) the default kernel
         (``RopeVariant::kEarly`` of ``rope.cuh``: addresses before the PDL wait); 1 / 2 the
         ``kEarly`` / ``kEarlyFew`` kernels; 5 ``kPlain``, the kernel that was the default before;
-        6 ``kHeadSlots``, five heads per thread loaded before the position (prepared for the
-        L2-resident mid size, about 2048 tokens; the default's kernel where its preconditions do
-        not hold). Same results, bit for bit (``kPlain`` where a variant's preconditions do not
+        6 ``kHeadSlots``, five heads per thread loaded before the position (aimed at the
+        L2-resident mid size, about 2048 tokens: 7.70 us one input against the default's 7.90 on
+        the H200, and slower at 1 / 64 tokens, so not the default; the default's kernel where its
+        preconditions do not hold). Same results, bit for bit (``kPlain`` where a variant's preconditions do not
         hold). Eager only: ignored under torch.compile.
 
     Returns

@@ -7,7 +7,8 @@ near 60 % of copy by this count, less what the second pass finds in L2. The dyna
 zeroing of output_s the caller owes (a fill kernel in the graph), as a caller of the original's contract
 pays it; "jit no zero_" calls with accumulate=False, which overwrites output_s and needs no zeroing.
 "jit cluster" rows: the opt-in cluster pass (SGLANG_PER_TENSOR_CLUSTER=1; one launch up to 262144
-bf16 elements, i.e. T <= 64 here; the default's passes above, so those rows repeat "jit").
+bf16 elements, i.e. T <= 64 here; the default's passes above, so those rows repeat "jit"; on the H200
+it lost at 64 tokens, 4.96 against 4.74 us without zero_, and stays opt-in).
 """
 
 from __future__ import annotations
