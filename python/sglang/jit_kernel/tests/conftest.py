@@ -34,8 +34,40 @@ def pytest_runtest_makereport(item, call):
 
 #: Cached CUDA memory above which a test's end returns it to the driver.
 _KEEP_CACHED_BYTES = 1 << 30
-#: SGLANG_JIT_TEST_MEMLOG=1: print each test's CUDA memory (allocated / reserved) after it ends.
-_MEMLOG = os.environ.get("SGLANG_JIT_TEST_MEMLOG", "") == "1"
+#: SGLANG_JIT_TEST_MEMLOG=1: print each test's CUDA memory (allocated / reserved) after it ends; 2: also
+#: the CUDA tensors the garbage collector can see (count, bytes) and the referrer types of the largest,
+#: which tells Python holders (frames, tracebacks, caches) from memory held outside Python.
+_MEMLOG = os.environ.get("SGLANG_JIT_TEST_MEMLOG", "") in ("1", "2")
+_MEMLOG_REFERRERS = os.environ.get("SGLANG_JIT_TEST_MEMLOG", "") == "2"
+
+
+def _live_cuda_tensors_line() -> str:
+    """``gc sees N CUDA tensors, X MiB; largest Y MiB (shape) <- referrer(its referrers), ...``."""
+    import sys
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():  # isinstance on every object touches deprecated torch attributes
+        warnings.simplefilter("ignore")
+        tensors = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.is_cuda]
+    if not tensors:
+        return "gc sees no CUDA tensors"
+    total = sum(t.untyped_storage().nbytes() for t in tensors)
+    largest = max(tensors, key=lambda t: t.untyped_storage().nbytes())
+    skip = {id(tensors), id(sys._getframe())}
+    chain = []
+    for ref in gc.get_referrers(largest):
+        if id(ref) not in skip:
+            outer = [type(r).__name__ for r in gc.get_referrers(ref) if id(r) not in skip][:3]
+            chain.append(f"{type(ref).__name__}({', '.join(outer)})")
+    line = (
+        f"gc sees {len(tensors)} CUDA tensors, {total / 2**20:.0f} MiB of storage; largest "
+        f"{largest.untyped_storage().nbytes() / 2**20:.0f} MiB {tuple(largest.shape)} <- "
+        + ("; ".join(chain[:4]) or "nothing")
+    )
+    del tensors, largest
+    return line
 
 
 @pytest.fixture(autouse=True)
@@ -72,3 +104,5 @@ def _release_cached_cuda_memory(request):
                 f"reserved {reserved / 2**20:.0f} MiB",
                 flush=True,
             )
+            if _MEMLOG_REFERRERS:
+                print(f"[memlog] {_live_cuda_tensors_line()}", flush=True)
