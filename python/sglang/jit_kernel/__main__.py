@@ -1,7 +1,7 @@
 """Command line of the JIT kernel system.
 
 python -m sglang.jit_kernel [clangd] [--overwrite] [--arch 9.0]   write a .clangd for the headers
-python -m sglang.jit_kernel check                                 build, verify and time every op
+python -m sglang.jit_kernel check [OP ...] [-j N]                  build, verify and time every op (or the named ones)
 python -m sglang.jit_kernel build [--all | OP ...] [--arch 9.0 ...] [-j N]   prebuild variants
 python -m sglang.jit_kernel cache info | clear | prune [--days N]
 """
@@ -173,11 +173,30 @@ def _case_labels(entry: OpEntry) -> list[str]:
         return []
 
 
-def check(jobs: int) -> int:
-    """The main job: build every op, verify each against its fp32 reference, time it."""
+def _selected_ops(names: list[str] | None) -> dict[str, OpEntry]:
+    """Every registered op in registration order, or the named ones in that order (ValueError naming
+    the unknown ones, as ``build`` answers them)."""
+    from sglang.jit_kernel.registry import all_modules, all_ops
+
+    ops = all_ops()
+    if not names:
+        return ops
+    all_modules(names)  # raises ValueError: unknown op(s), the known ones, how an op registers
+    wanted = set(names)
+    return {name: entry for name, entry in ops.items() if name in wanted}
+
+
+def check(jobs: int, names: list[str] | None = None) -> int:
+    """The main job: build every op (or the named ones), verify each case against its fp32 reference,
+    time it. A case that raises is a failure row (its exception on the line), not the end of the run.
+    Returns 1 on any failure (build, wrong result, exception) or unknown op name, else 0."""
     import torch
 
-    from sglang.jit_kernel.registry import all_ops
+    try:
+        ops = _selected_ops(names)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 1
 
     has_gpu = torch.cuda.is_available()
     if not has_gpu:
@@ -191,9 +210,8 @@ def check(jobs: int) -> int:
             f"No CUDA GPU visible: compiling every op for {os.environ['SGLANG_JIT_CUDA_ARCH']} "
             f"({source}); nothing can be run here."
         )
-    failures = build_variants(None, jobs)
+    failures = build_variants(list(ops) if names else None, jobs)
     if not has_gpu:
-        ops = all_ops()
         width = max(len(name) for name in ops) + 1
         mwidth = max(len(e.module.name) for e in ops.values()) + 1
         print(f"{'op':<{width}} {'module':<{mwidth}} {'cases':>5}  status")
@@ -218,26 +236,32 @@ def check(jobs: int) -> int:
 
     roof = copy_roof_gbps()
     print(f"# {torch.cuda.get_device_name()}; copy roof {roof:.0f} GB/s (1 GiB bf16 device copy)")
-    ops = all_ops()
     width = max(len(name) for name in ops) + 1
     print(f"{'op':<{width}} {'case':<36} {'correct':<8} {'max err':>9} {'us':>9} {'GB/s':>8} {'%copy':>6}")
     bad = failures
     for entry in ops.values():
         for case in entry.check_cases():
-            inputs = case.make_inputs()
-            expected = case.reference(*inputs)
-            actual = case.call(*inputs)
-            torch.cuda.synchronize()
-            if case.dtype.is_floating_point:
-                rtol, atol = case.tolerance or TOLERANCE[case.dtype]
-                diff = (actual.float() - expected.float()).abs()
-                ok = bool(torch.all(diff <= atol + rtol * expected.float().abs()).item())
-                max_err = float(diff.max().item()) if diff.numel() else 0.0
-            else:
-                ok = bool(torch.equal(actual, expected))
-                max_err = float((actual.long() - expected.long()).abs().max().item()) if actual.numel() else 0.0
-            sets = [case.make_inputs() for _ in range(num_rotating_sets(case.bytes_moved))]
-            median, _, _ = bench_rotating(case.call, sets)
+            try:
+                inputs = case.make_inputs()
+                expected = case.reference(*inputs)
+                actual = case.call(*inputs)
+                torch.cuda.synchronize()
+                if case.dtype.is_floating_point:
+                    rtol, atol = case.tolerance or TOLERANCE[case.dtype]
+                    diff = (actual.float() - expected.float()).abs()
+                    ok = bool(torch.all(diff <= atol + rtol * expected.float().abs()).item())
+                    max_err = float(diff.max().item()) if diff.numel() else 0.0
+                else:
+                    ok = bool(torch.equal(actual, expected))
+                    max_err = float((actual.long() - expected.long()).abs().max().item()) if actual.numel() else 0.0
+                sets = [case.make_inputs() for _ in range(num_rotating_sets(case.bytes_moved))]
+                median, _, _ = bench_rotating(case.call, sets)
+            except Exception as exc:  # one broken case is a failure row; the other ops still run
+                bad += 1
+                message = " ".join(f"{type(exc).__name__}: {exc}".split())
+                print(f"{entry.name:<{width}} {case.label:<36} {'ERROR':<8} {message[:300]}", flush=True)
+                torch.cuda.empty_cache()
+                continue
             row = BenchRow(entry.name, case.label, "jit", median, case.bytes_moved)
             bad += 0 if ok else 1
             print(
@@ -274,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     clangd.add_argument("--output", type=Path, default=None)
 
     chk = sub.add_parser("check", help="build every op, verify against fp32 references, time each")
+    chk.add_argument("ops", nargs="*", help="op names (default: every op)")
     chk.add_argument(
         "-j", "--jobs", type=positive_int, default=os.cpu_count() or 1, help="parallel builds (default: the CPU count)"
     )
@@ -305,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         # These print a line as each variant starts and ends: the per-compile stderr lines would repeat them.
         os.environ.setdefault("SGLANG_JIT_QUIET", "1")
     if args.command == "check":
-        return check(args.jobs)
+        return check(args.jobs, args.ops or None)
     if args.command == "build":
         if not args.all and not args.ops:
             bld.error("name ops to build, or pass --all")

@@ -208,6 +208,35 @@ def test_unknown_op_lists_the_known_ones_and_how_to_register(capsys):
     assert "did you mean " in capsys.readouterr().err
 
 
+def test_check_named_ops_builds_and_lists_only_those(monkeypatch, capsys):
+    """`check scale rmsnorm` on a machine without a GPU compiles the two ops' modules (the compile
+    stubbed out here) and lists only their rows; other ops are neither built nor listed."""
+    import sglang.jit_kernel.cache as cache
+    from sglang.jit_kernel.__main__ import main
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    calls = []
+    monkeypatch.setattr(cache, "build_variants", lambda names, **kwargs: calls.append(names) or [])
+    assert main(["check", "scale", "rmsnorm", "-j", "1"]) == 0
+    out = capsys.readouterr().out
+    assert calls == [["rmsnorm", "scale"]] or calls == [["scale", "rmsnorm"]], calls
+    rows = [line.split()[0] for line in out.splitlines() if line.endswith("compiled; not run (no GPU)")]
+    assert sorted(rows) == ["rmsnorm", "scale"], out
+    assert "compile-only check: all variants compiled" in out
+
+
+def test_check_unknown_op_is_answered_before_any_build(monkeypatch, capsys):
+    import sglang.jit_kernel.cache as cache
+    from sglang.jit_kernel.__main__ import main
+
+    calls = []
+    monkeypatch.setattr(cache, "build_variants", lambda names, **kwargs: calls.append(names) or [])
+    assert main(["check", "rmsnrom"]) == 1
+    err = capsys.readouterr().err
+    assert "unknown op(s): rmsnrom (did you mean " in err and "rmsnorm" in err and "known ops: " in err
+    assert calls == []
+
+
 @pytest.mark.parametrize("command", ["build", "check"])
 def test_jobs_must_be_positive(command: str, capsys):
     """``-j 0`` (or negative) would build nothing: argparse rejects it, naming the argument."""
