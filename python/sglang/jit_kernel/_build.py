@@ -86,8 +86,9 @@ class JITCompileError(RuntimeError):
 
 
 def env_flag(name: str) -> bool:
-    """True when environment variable ``name`` is 1/true/yes/on (any case)."""
-    return os.environ.get(name, "").strip().lower() in _TRUE_WORDS
+    """True when environment variable ``name`` is 1/true/yes/on (any case, surrounding blanks ignored)."""
+    value = os.environ.get(name)  # unset: one dict lookup (the ops' eager paths read their flags per call)
+    return value is not None and value.strip().lower() in _TRUE_WORDS
 
 
 # ----------------------------------------------------------------------------------------------

@@ -24,11 +24,12 @@ Usage in a wrapper::
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator, Sequence
 from typing import NoReturn
 
 import torch
+
+from sglang.jit_kernel._build import env_flag
 
 __all__ = [
     "FLOAT_DTYPES",
@@ -334,6 +335,13 @@ def prepare_elementwise_out(
 CHECK_INDICES_ENV = "SGLANG_JIT_CHECK_INDICES"
 
 
+def check_indices_enabled() -> bool:
+    """True when ``SGLANG_JIT_CHECK_INDICES`` is 1/true/yes/on (any case): the index ops' host-side
+    checks run (check_index_range and the ops' own). Read per call, so a test or a debugging session
+    may set it at any time."""
+    return env_flag(CHECK_INDICES_ENV)
+
+
 def check_indices(
     op: str, arg: str, indices: torch.Tensor, size: int, *, skip_value: int | None = -1, dim_name: str = "size"
 ) -> None:
@@ -346,7 +354,7 @@ def check_indices(
     message reads ``store_cache: indices value: expected entries in [0, 64) (num_slots) or -1
     (skipped), got 70 at position 3``.
     """
-    if os.environ.get(CHECK_INDICES_ENV, "") != "1" or indices.numel() == 0:
+    if not check_indices_enabled() or indices.numel() == 0:
         return
     if indices.is_cuda and torch.cuda.is_current_stream_capturing():
         return

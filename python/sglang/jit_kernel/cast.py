@@ -8,15 +8,14 @@ and v, write one byte per element of each, read loc).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 
 from sglang.jit_kernel._validate import (
-    CHECK_INDICES_ENV,
     INDEX_DTYPES,
+    check_indices_enabled,
     check_no_partial_overlap,
     check_scalar,
     check_shape,
@@ -91,7 +90,7 @@ def _check_destinations(loc: torch.Tensor, mult: int, offset: int, num_slots: in
     """With ``SGLANG_JIT_CHECK_INDICES=1``: IndexError naming the first ``loc`` (other than -1) whose
     row ``loc * mult + offset`` is outside ``[0, num_slots)``. Reads ``loc`` on the host (a stream
     sync); left out while a CUDA graph is being captured."""
-    if os.environ.get(CHECK_INDICES_ENV, "") != "1" or loc.numel() == 0:
+    if not check_indices_enabled() or loc.numel() == 0:
         return
     if loc.is_cuda and torch.cuda.is_current_stream_capturing():
         return
@@ -342,7 +341,7 @@ def downcast_fp8(
     IndexError
         With ``SGLANG_JIT_CHECK_INDICES=1``: a ``loc`` (other than -1) whose row is outside the cache.
     """
-    if not torch.compiler.is_compiling() and os.environ.get(CHECK_INDICES_ENV, "") != "1":
+    if not torch.compiler.is_compiling() and not check_indices_enabled():
         fn = _FNS.get(getattr(k, "dtype", None))
         if fn is not None and type(mult) is int and type(offset) is int:  # the FFI would take a bool
             try:

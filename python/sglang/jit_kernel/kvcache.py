@@ -17,16 +17,15 @@ size`` for ``n`` indices; set_mla_kv_buffer ``2 * n * (nope + rope) * element_si
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 
 from sglang.jit_kernel._validate import (
-    CHECK_INDICES_ENV,
     INDEX_DTYPES,
     check_indices,
+    check_indices_enabled,
     check_no_partial_overlap,
     check_scalar,
     check_tensor,
@@ -68,7 +67,7 @@ def _fast_fn(name: str) -> Callable[..., None] | None:
     """The loaded FFI function of ``name`` for the eager fast path, or None (module not loaded yet,
     or ``SGLANG_JIT_CHECK_INDICES=1``, which needs the checked path's host read of the indices)."""
     fn = _FNS.get(name)
-    if fn is None or os.environ.get(CHECK_INDICES_ENV, "") == "1":
+    if fn is None or check_indices_enabled():
         return None
     return fn
 

@@ -21,7 +21,6 @@ turns both into an ``IndexError`` naming the first bad entry (a host read: one s
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -29,10 +28,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from sglang.jit_kernel._validate import (
-    CHECK_INDICES_ENV,
     FLOAT_DTYPES,
     INDEX_DTYPES,
     check_indices,
+    check_indices_enabled,
     check_scalar,
     check_tensor,
     fail,
@@ -103,7 +102,7 @@ def _check_variant(op: str, variant: object, allowed: tuple[int, ...]) -> None:
 
 
 def _indices_checked() -> bool:
-    return os.environ.get(CHECK_INDICES_ENV, "") == "1"
+    return check_indices_enabled()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -312,6 +312,25 @@ def test_check_indices_is_off_by_default(monkeypatch):
     check_indices("store_cache", "indices", torch.tensor([0, 99, -7]), 4)
 
 
+@pytest.mark.parametrize(
+    "value,enabled",
+    [("1", True), ("true", True), (" Yes ", True), ("ON", True), ("0", False), ("", False), ("no", False)],
+)
+def test_check_indices_switch_spellings(monkeypatch, value, enabled):
+    """SGLANG_JIT_CHECK_INDICES takes the package's flag words (1/true/yes/on, any case), as the
+    SGLANG_JIT_* build switches do; anything else leaves the check off."""
+    from sglang.jit_kernel._validate import check_indices_enabled
+
+    monkeypatch.setenv(CHECK_INDICES_ENV, value)
+    assert check_indices_enabled() is enabled
+    bad = torch.tensor([0, 9])
+    if enabled:
+        with pytest.raises(IndexError, match=r"got 9 at position 1$"):
+            check_indices("store_cache", "indices", bad, 4)
+    else:
+        check_indices("store_cache", "indices", bad, 4)
+
+
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
 def test_check_indices_names_the_first_bad_entry(monkeypatch, dtype):
     monkeypatch.setenv(CHECK_INDICES_ENV, "1")
