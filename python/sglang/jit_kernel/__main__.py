@@ -9,10 +9,12 @@ python -m sglang.jit_kernel cache info | clear | prune [--days N]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -283,6 +285,32 @@ def positive_int(text: str) -> int:
     return value
 
 
+@contextlib.contextmanager
+def _stop_builds_on_sigterm() -> Iterator[None]:
+    """Inside: SIGTERM (``kill``, a job scheduler) stops the builds in progress, then exits with status
+    143. The signal reaches only this process, and the ninja / nvcc processes its build threads
+    started would otherwise run on. The previous handler is restored on the way out (main() may be
+    called from a test process). Only in the main thread, where Python handles signals."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        from sglang.jit_kernel._build import terminate_builds
+
+        terminate_builds()
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m sglang.jit_kernel", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -329,6 +357,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("check", "build"):
         # These print a line as each variant starts and ends: the per-compile stderr lines would repeat them.
         os.environ.setdefault("SGLANG_JIT_QUIET", "1")
+        with _stop_builds_on_sigterm():
+            return _check_or_build(args, bld)
+    return cache_command(args.action, args.days)
+
+
+def _check_or_build(args: argparse.Namespace, bld: argparse.ArgumentParser) -> int:
     if args.command == "check":
         return check(args.jobs, args.ops or None)
     if args.command == "build":
@@ -352,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 archs = [DEFAULT_ARCH]
         return 1 if build_variants(None if args.all else args.ops, args.jobs, archs=archs) else 0
-    return cache_command(args.action, args.days)
+    raise AssertionError(f"unhandled command {args.command!r}")
 
 
 if __name__ == "__main__":

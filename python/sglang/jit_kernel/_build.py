@@ -18,6 +18,7 @@ entry directory's mtime, which ``sglang.jit_kernel.cache`` reads as "last used".
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import difflib
@@ -810,13 +811,53 @@ def target_label(archs: Sequence[str]) -> str:
     return ", ".join(f"sm_{major}{minor}{suffix}" for major, minor, suffix in map(parse_arch, archs))
 
 
+#: ninja processes of builds in progress (any thread), for terminate_builds; once it has run, no new
+#: build starts in this process.
+_LIVE_NINJA: set[subprocess.Popen] = set()
+_LIVE_NINJA_LOCK = threading.Lock()
+_BUILDS_STOPPED = threading.Event()
+
+
 def _run_ninja(directory: Path) -> tuple[bool, str]:
     command = [find_ninja(), "-C", str(directory)]
     jobs = os.environ.get("MAX_JOBS")
     if jobs:
         command += ["-j", jobs]
-    proc = subprocess.run(command, capture_output=True, text=True, errors="replace", check=False)
-    return proc.returncode == 0, proc.stdout + proc.stderr
+    with _LIVE_NINJA_LOCK:  # the check and the registration under one lock: terminate_builds sees every build
+        if _BUILDS_STOPPED.is_set():
+            return False, "build not started: this process is stopping its builds (terminate_builds)"
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+        _LIVE_NINJA.add(proc)
+    with proc:
+        try:
+            output, _ = proc.communicate()
+        finally:
+            with _LIVE_NINJA_LOCK:
+                _LIVE_NINJA.discard(proc)
+    return proc.returncode == 0, output
+
+
+def terminate_builds(wait_s: float = 5.0) -> int:
+    """Stop every build this process has in progress: SIGTERM to each ninja (which stops the compiler
+    processes it started), SIGKILL to one still running after ``wait_s`` seconds; builds asked for
+    afterwards fail at once without starting. Returns how many were running. For a command line that
+    is itself being terminated: its build threads then see their ninja fail and return, so the
+    process can exit without leaving compilers behind (a signal to the Python process alone does not
+    reach them)."""
+    with _LIVE_NINJA_LOCK:
+        _BUILDS_STOPPED.set()
+        live = list(_LIVE_NINJA)
+    for proc in live:
+        with contextlib.suppress(OSError):
+            proc.terminate()
+    deadline = time.monotonic() + wait_s
+    for proc in live:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(OSError):
+                proc.kill()
+    return len(live)
 
 
 def resource_usage_lines(log: str) -> list[str]:

@@ -7,6 +7,7 @@ slower as ops register (each in its wrapper module).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -235,6 +236,81 @@ def test_check_unknown_op_is_answered_before_any_build(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "unknown op(s): rmsnrom (did you mean " in err and "rmsnorm" in err and "known ops: " in err
     assert calls == []
+
+
+def _descendants(root: int) -> dict[int, str]:
+    """``{pid: command}`` of every live process below ``root`` (from /proc)."""
+    parents: dict[int, int] = {}
+    commands: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            commands[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found: dict[int, str] = {}
+    frontier = [root]
+    while frontier:
+        pid = frontier.pop()
+        for child, parent in parents.items():
+            if parent == pid and child not in found:
+                found[child] = commands.get(child, "")
+                frontier.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@requires_nvcc
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
+def test_sigterm_stops_the_builds_it_started(tmp_path: Path):
+    """SIGTERM to `python -m sglang.jit_kernel build` while it compiles: the process exits with 143
+    and the ninja / nvcc processes below it are gone too (the signal reaches only the Python
+    process; the CLI stops its builds before exiting)."""
+    import signal
+    import time
+
+    env = dict(os.environ, SGLANG_JIT_CACHE_DIR=str(tmp_path / "cache"), SGLANG_JIT_CUDA_ARCH="9.0")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sglang.jit_kernel", "build", "scale", "-j", "1"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # the test's own process group stays out of it
+    )
+    started: dict[int, str] = {}
+    try:
+        deadline = time.monotonic() + 120
+        compilers: dict[int, str] = {}
+        while time.monotonic() < deadline and proc.poll() is None:
+            below = _descendants(proc.pid)
+            compilers = {pid: cmd for pid, cmd in below.items() if "nvcc" in cmd or "cicc" in cmd or "ptxas" in cmd}
+            if compilers:
+                break
+            time.sleep(0.05)
+        assert compilers, "the build never started a compiler"
+        started = _descendants(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(_alive(pid) for pid in started):
+            time.sleep(0.1)
+        left = {pid: cmd for pid, cmd in started.items() if _alive(pid)}
+        assert not left, f"still running after the CLI exited: {left}"
+    finally:  # on failure: nothing of this test keeps compiling
+        for pid in [proc.pid, *started]:
+            if _alive(pid):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("command", ["build", "check"])
