@@ -54,8 +54,8 @@ def use_topk_winners(monkeypatch, variant: str) -> None:
 
 def use_topk_specialised(monkeypatch, on: bool) -> None:
     """Clears SGLANG_MOE_TOPK_SPECIALISED (``on``: the default, the specialised lookahead kernels for
-    the calls that match one, top-8 without grouping) or sets it to 0 (the generic lookahead kernel)
-    for the calls that follow (read at each call)."""
+    the calls that match one: top-8 without grouping at scale 1, or grouped at DeepSeek-V3's shape) or
+    sets it to 0 (the generic lookahead kernel) for the calls that follow (read at each call)."""
     if on:
         monkeypatch.delenv("SGLANG_MOE_TOPK_SPECIALISED", raising=False)
     else:

@@ -597,6 +597,9 @@ struct LookaheadRuntimeOptions {
   static SGL_DEVICE bool renormalize(const TopkRowsParams& p) { return p.renormalize; }
   static SGL_DEVICE int32_t topk(const TopkRowsParams& p) { return p.topk; }
   static SGL_DEVICE float scaled(const TopkRowsParams& p, float weight) { return weight * p.scale; }
+  static SGL_DEVICE int32_t num_groups(const TopkRowsParams& p) { return p.num_groups; }
+  static SGL_DEVICE int32_t group_size(const TopkRowsParams& p) { return p.group_size; }
+  static SGL_DEVICE int32_t topk_group(const TopkRowsParams& p) { return p.topk_group; }
 };
 
 /// k of the specialised lookahead kernels (the common decode top-k).
@@ -617,6 +620,37 @@ struct LookaheadFixedOptions {
   static SGL_DEVICE bool renormalize(const TopkRowsParams&) { return kRenormalize; }
   static SGL_DEVICE int32_t topk(const TopkRowsParams&) { return kSpecialTopk; }
   static SGL_DEVICE float scaled(const TopkRowsParams&, float weight) { return weight; }  // w * 1 == w
+  static SGL_DEVICE int32_t num_groups(const TopkRowsParams&) { return 1; }
+  static SGL_DEVICE int32_t group_size(const TopkRowsParams& p) { return p.num_experts; }
+  static SGL_DEVICE int32_t topk_group(const TopkRowsParams&) { return 1; }
+};
+
+/// The grouped routing of the specialised lookahead kernels: DeepSeek-V3's shape (256 experts in 8
+/// groups of 32, 4 groups kept, top-8, sigmoid scores; R1, V3.1 and Kimi K2 route the same way).
+inline constexpr int32_t kSpecialNumGroups = 8;
+inline constexpr int32_t kSpecialGroupSize = 32;
+inline constexpr int32_t kSpecialTopkGroup = 4;
+
+/// The options of a specialised grouped kernel: sigmoid scoring, k = kSpecialTopk, kNumGroups
+/// groups of kGroupSize experts with kTopkGroup kept, renormalize and a bias fixed at compile time;
+/// the scale (routed_scaling_factor), the bias values and renorm_eps from the params. The group
+/// merges and the kTopkGroup group steps unroll with constant lane masks (no division by the lanes
+/// per group at run time; constant trip counts, which the compiler unrolls), as the 8 expert steps do.
+template <int kNumGroups, int kGroupSize, int kTopkGroup, bool kRenormalize, bool kBias>
+struct LookaheadGroupedOptions {
+  static_assert(kNumGroups > 1 && kTopkGroup >= 1 && kTopkGroup <= kNumGroups, "a grouped shape");
+  static constexpr bool kFixedTopk = true;
+  static constexpr int kStepUnroll = kSpecialTopk;
+  static constexpr bool kMayGroup = true;
+  static SGL_DEVICE bool softmax(const TopkRowsParams&) { return false; }
+  static SGL_DEVICE bool has_bias(const TopkRowsParams&) { return kBias; }
+  static SGL_DEVICE bool softcap(const TopkRowsParams&) { return false; }
+  static SGL_DEVICE bool renormalize(const TopkRowsParams&) { return kRenormalize; }
+  static SGL_DEVICE int32_t topk(const TopkRowsParams&) { return kSpecialTopk; }
+  static SGL_DEVICE float scaled(const TopkRowsParams& p, float weight) { return weight * p.scale; }
+  static SGL_DEVICE int32_t num_groups(const TopkRowsParams&) { return kNumGroups; }
+  static SGL_DEVICE int32_t group_size(const TopkRowsParams&) { return kGroupSize; }
+  static SGL_DEVICE int32_t topk_group(const TopkRowsParams&) { return kTopkGroup; }
 };
 
 /// Engine v2, lookahead variant (the default of kPer <= 8; SGLANG_MOE_TOPK_WINNERS=regs / smem select
@@ -699,7 +733,7 @@ SGL_DEVICE void lookahead_rows(const TopkRowsParams& p) {
 #pragma unroll
       for (int s = 0; s < kPer; ++s) key[s] = order_key_if(valid[s], x[s]);
     } else {
-      if (has_bias || (Options::kMayGroup && p.num_groups > 1)) {
+      if (has_bias || (Options::kMayGroup && Options::num_groups(p) > 1)) {
 #pragma unroll
         for (int s = 0; s < kPer; ++s) sig[s] = sigmoid(x[s]);
       }
@@ -720,8 +754,8 @@ SGL_DEVICE void lookahead_rows(const TopkRowsParams& p) {
     }
 
     // Grouped (sigmoid only): keep the topk_group best groups, clear the keys of the others.
-    if (Options::kMayGroup && p.num_groups > 1) {
-      const int32_t lanes_per_group = p.group_size / kPer;  // a power of two, >= 1
+    if (Options::kMayGroup && Options::num_groups(p) > 1) {
+      const int32_t lanes_per_group = Options::group_size(p) / kPer;  // a power of two, >= 1
       float first = -INFINITY, second = -INFINITY;
 #pragma unroll
       for (int s = 0; s < kPer; ++s) {
@@ -738,9 +772,10 @@ SGL_DEVICE void lookahead_rows(const TopkRowsParams& p) {
       const uint32_t below_group = (1u << group_lane) - 1u;
       const uint32_t in_group = lanes_per_group >= 32 ? kFull : ((1u << lanes_per_group) - 1u) << group_lane;
       const int32_t group = static_cast<int32_t>(group_lane) / lanes_per_group;
-      uint32_t gkey = group < p.num_groups ? order_key(p.group_size >= 2 ? first + second : first) : 0u;
+      uint32_t gkey =
+          group < Options::num_groups(p) ? order_key(Options::group_size(p) >= 2 ? first + second : first) : 0u;
       bool kept = false;
-      for (int32_t i = 0; i < p.topk_group; ++i) {  // the lowest lane holding the top: the lower group
+      for (int32_t i = 0; i < Options::topk_group(p); ++i) {  // the lowest lane holding the top: the lower group
         const uint32_t top = __reduce_max_sync(kFull, gkey);
         const uint32_t holders = __ballot_sync(kFull, gkey == top);
         const bool won = (holders & below_group) == 0 && (holders & in_group) != 0;
@@ -879,6 +914,25 @@ __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_special
   lookahead_rows<T, kPer, LookaheadFixedOptions<kScoring, kRenormalize, kBias, kSoftcap>>(p);
 }
 
+/// The specialised lookahead kernel of grouped routing at DeepSeek-V3's shape (LookaheadGroupedOptions:
+/// 8 groups of 32 of 256 experts, 4 kept, top-8, sigmoid; renormalize and a bias fixed at compile
+/// time, any scale): grouped_topk's default there (SGLANG_MOE_TOPK_SPECIALISED=0 keeps the generic
+/// lookahead kernel). The same body, so the generic kernel's experts and weight bits
+/// (test_topk_rows_emulated on the host, test_grouped_topk's *_specialised_bit_exact on the GPU).
+/// What it removes besides the specialised kernels' option branches: the run-time loops of the
+/// group merges (2 shuffle stages here) and of the 4 group steps, and the division of the lane by
+/// the lanes per group. Aim (H200, one input, fp32 [T, 256]): the generic kernel's 3.37 / 10.22 us
+/// at 1 / 4096 tokens (fifth session) toward the issue's 2 / 8; the ungrouped specialised kernels
+/// took 0.6 us off the generic one at 1 token (2.01 -> 1.40, 256 experts).
+template <typename T, int kPer, bool kRenormalize, bool kBias>
+__global__ void __launch_bounds__(TopkRowsConfig::kThreads)
+    topk_rows_v2_grouped_special_kernel(const TopkRowsParams p) {
+  lookahead_rows<
+      T,
+      kPer,
+      LookaheadGroupedOptions<kSpecialNumGroups, kSpecialGroupSize, kSpecialTopkGroup, kRenormalize, kBias>>(p);
+}
+
 /// The run length of engine v2 for a row of `num_experts` (0: engine v2 does not take it).
 inline int32_t v2_run_length(const TopkRowsParams& params) {
   const int32_t e = params.num_experts;
@@ -922,7 +976,8 @@ inline TopkWinners topk_winners() {
 /// that match a specialised instantiation (special_kernel) run it, the default since bench_moe on the
 /// H200 (2026-12-01, fifth session: topk_softmax 128 experts 1 / 64 / 4096 tokens 1.23 / 1.31 / 4.95 us
 /// against 1.79 / 1.86 / 5.38 for the generic lookahead kernel; 256 experts 1.40 / 1.51 / 7.07 against
-/// 2.01 / 2.10 / 7.02); exactly "0" keeps the generic lookahead kernel. Same bits either way.
+/// 2.01 / 2.10 / 7.02; grouped_topk at DeepSeek-V3's shape since the sixth session, not timed yet);
+/// exactly "0" keeps the generic lookahead kernel. Same bits either way.
 inline bool topk_specialised() {
   const char* value = std::getenv("SGLANG_MOE_TOPK_SPECIALISED");
   return value == nullptr || !(value[0] == '0' && value[1] == '\0');
@@ -938,12 +993,36 @@ auto special_kernel_at(int index, std::integer_sequence<int, kIndex...>) {
   return kernels[index];
 }
 
-/// The specialised lookahead kernel of `params`, or nullptr where none matches it (k != 8,
-/// grouping, scale != 1): the caller then launches the default.
+/// The grouped specialised kernel `index` = renormalize | bias << 1.
+template <typename T, int kPer, int... kIndex>
+auto grouped_special_kernel_at(int index, std::integer_sequence<int, kIndex...>) {
+  using Kernel = void (*)(TopkRowsParams);
+  static const Kernel kernels[] = {
+      topk_rows_v2_grouped_special_kernel<T, kPer, (kIndex & 1) != 0, (kIndex & 2) != 0>...};
+  return kernels[index];
+}
+
+/// Whether grouped routing `params` has the shape of the grouped specialised kernels.
+inline bool is_special_grouping(const TopkRowsParams& params) {
+  return params.topk == kSpecialTopk && params.scoring == kSigmoid && params.num_groups == kSpecialNumGroups &&
+         params.group_size == kSpecialGroupSize && params.topk_group == kSpecialTopkGroup;
+}
+
+/// The specialised lookahead kernel of `params`, or nullptr where none matches it (k != 8, scale
+/// != 1 without grouping; grouping other than is_special_grouping's): the caller then launches the
+/// default.
 template <typename T, int kPer>
 void (*special_kernel(const TopkRowsParams& params))(TopkRowsParams) {
-  if (params.topk != kSpecialTopk || params.num_groups > 1 || params.scale != 1.0f) return nullptr;
   const int index = (params.renormalize ? 1 : 0) | (params.bias != nullptr ? 2 : 0);
+  if (params.num_groups > 1) {
+    if constexpr (kPer * static_cast<int32_t>(device::kWarpThreads) == kSpecialNumGroups * kSpecialGroupSize) {
+      if (is_special_grouping(params)) {
+        return grouped_special_kernel_at<T, kPer>(index, std::make_integer_sequence<int, 4>{});
+      }
+    }
+    return nullptr;
+  }
+  if (params.topk != kSpecialTopk || params.scale != 1.0f) return nullptr;
   if (params.scoring == kSigmoid) {  // the kernels ignore the softcap of sigmoid rows
     return special_kernel_at<T, kPer, kSigmoid>(index, std::make_integer_sequence<int, 4>{});
   }

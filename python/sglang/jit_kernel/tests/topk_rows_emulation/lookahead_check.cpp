@@ -87,6 +87,39 @@ std::vector<float> logits(int num_tokens, int num_experts, int stride, int offse
   return buffer;
 }
 
+/// Routing rows of `num_experts` logits: contiguous, or (strided) at row stride num_experts + 3 from
+/// element 1 of the buffer (misaligned: the scalar loads).
+struct Rows {
+  int stride;
+  int offset;
+  std::vector<float> buffer;
+  const float* first() const { return buffer.data() + offset; }
+};
+
+Rows rows_of(int num_tokens, int num_experts, bool strided, uint32_t seed) {
+  const int stride = strided ? num_experts + 3 : num_experts, offset = strided ? 1 : 0;
+  return Rows{stride, offset, logits(num_tokens, num_experts, stride, offset, seed)};
+}
+
+/// The fields every case sets alike: `rows`, `bias`, k, outputs padded by `pad` (weights) and 2 * `pad`
+/// (ids) columns; ungrouped, softmax, no softcap, scale 1 until the case says otherwise.
+TopkRowsParams row_params(const Rows& rows, const float* bias, int num_tokens, int num_experts, int topk, int pad) {
+  TopkRowsParams params{};
+  params.gating = rows.first();
+  params.bias = bias;
+  params.num_tokens = num_tokens;
+  params.gating_stride = rows.stride;
+  params.weights_stride = topk + pad;
+  params.ids_stride = topk + 2 * pad;
+  params.num_experts = num_experts;
+  params.topk = topk;
+  params.num_groups = 1;
+  params.group_size = num_experts;
+  params.topk_group = 1;
+  params.scale = 1.0f;
+  return params;
+}
+
 std::vector<float> bias_of(int num_experts, int steps, uint32_t seed) {
   std::mt19937 gen(seed);
   std::vector<float> bias(num_experts);
@@ -129,7 +162,10 @@ int main(int argc, char** argv) {
     if (!same_bits(regs, base)) report(params, what, "lookahead vs regs");
     const Routing special = route(params, nullptr);
     if (!same_bits(special, base)) report(params, what, "specialised vs lookahead");
-    const bool fits = params.topk == 8 && params.num_groups == 1 && params.scale == 1.0f;
+    // the ungrouped specialised kernels: top-8, scale 1; the grouped ones: DeepSeek-V3's shape, any scale
+    const bool fits = params.num_groups == 1 ? params.topk == 8 && params.scale == 1.0f
+                                             : params.num_experts == 256 && params.num_groups == 8 &&
+                                                   params.topk_group == 4 && params.topk == 8;
     if ((special.kernel != base.kernel) != fits) report(params, what, "specialised kernel choice");
     if (fits) {
       ++special_cases;
@@ -150,8 +186,7 @@ int main(int argc, char** argv) {
   for (int num_experts : {8, 60, 64, 128, 160, 256}) {
     const std::vector<float> bias = bias_of(num_experts, 32, num_experts);
     for (int strided = 0; strided < 2; ++strided) {
-      const int stride = strided ? num_experts + 3 : num_experts, offset = strided;
-      const std::vector<float> rows = logits(num_tokens, num_experts, stride, offset, 1234 + num_experts + strided);
+      const Rows rows = rows_of(num_tokens, num_experts, strided != 0, 1234 + num_experts + strided);
       for (int topk : {1, 2, 4, 5, 8, 17, 32}) {
         if (topk > num_experts) continue;
         for (int scoring : {0, 1}) {
@@ -159,27 +194,14 @@ int main(int argc, char** argv) {
             for (float softcap : {0.0f, 2.5f}) {
               for (int renormalize : {0, 1}) {
                 if (scoring == moe_routing::kSigmoid && softcap > 0.0f) continue;
-                const float scale = topk == 8 && strided && renormalize ? 2.5f : 1.0f;  // 2.5: not specialised
-                check(
-                    TopkRowsParams{
-                        .gating = rows.data() + offset,
-                        .bias = with_bias ? bias.data() : nullptr,
-                        .num_tokens = num_tokens,
-                        .gating_stride = stride,
-                        .weights_stride = topk + 1,
-                        .ids_stride = topk + 2,
-                        .num_experts = num_experts,
-                        .topk = topk,
-                        .num_groups = 1,
-                        .group_size = num_experts,
-                        .topk_group = 1,
-                        .scoring = scoring,
-                        .softcap = softcap,
-                        .renorm_eps = scoring == moe_routing::kSigmoid ? 1e-20f : 0.0f,
-                        .scale = scale,
-                        .renormalize = renormalize != 0,
-                    },
-                    "plain");
+                TopkRowsParams params =
+                    row_params(rows, with_bias ? bias.data() : nullptr, num_tokens, num_experts, topk, 1);
+                params.scoring = scoring;
+                params.softcap = softcap;
+                params.renorm_eps = scoring == moe_routing::kSigmoid ? 1e-20f : 0.0f;
+                params.scale = topk == 8 && strided && renormalize ? 2.5f : 1.0f;  // 2.5: not specialised
+                params.renormalize = renormalize != 0;
+                check(params, "plain");
               }
             }
           }
@@ -189,33 +211,39 @@ int main(int argc, char** argv) {
   }
 
   // Grouped (experts, groups, groups kept, topk): 1, 2, 4, 16 lanes per group; runs of 1, 2, 4, 8.
+  // DeepSeek-V3's shape (the first) takes the grouped specialised kernels: also strided, misaligned
+  // rows (the scalar loads) and scale 1; the near shapes after it (k 7, 3 groups kept) do not.
   const int shapes[][4] = {
-      {256, 8, 4, 8}, {256, 16, 4, 8}, {64, 4, 2, 4}, {64, 2, 1, 8}, {8, 8, 8, 8}, {128, 32, 4, 8}, {160, 5, 2, 6}};
+      {256, 8, 4, 8},
+      {256, 8, 4, 7},
+      {256, 8, 3, 8},
+      {256, 16, 4, 8},
+      {64, 4, 2, 4},
+      {64, 2, 1, 8},
+      {8, 8, 8, 8},
+      {128, 32, 4, 8},
+      {160, 5, 2, 6}};
   for (const auto& shape : shapes) {
     const int num_experts = shape[0];
+    const bool deepseek = num_experts == 256 && shape[1] == 8 && shape[2] == 4 && shape[3] == 8;
     const std::vector<float> bias = bias_of(num_experts, 8, 7 * num_experts);
-    const std::vector<float> rows = logits(num_tokens, num_experts, num_experts, 0, 99 + num_experts);
-    for (int with_bias : {0, 1}) {
-      for (int renormalize : {0, 1}) {
-        check(
-            TopkRowsParams{
-                .gating = rows.data(),
-                .bias = with_bias ? bias.data() : nullptr,
-                .num_tokens = num_tokens,
-                .gating_stride = num_experts,
-                .weights_stride = shape[3],
-                .ids_stride = shape[3],
-                .num_experts = num_experts,
-                .topk = shape[3],
-                .num_groups = shape[1],
-                .group_size = num_experts / shape[1],
-                .topk_group = shape[2],
-                .scoring = moe_routing::kSigmoid,
-                .renorm_eps = 1e-20f,
-                .scale = 2.5f,
-                .renormalize = renormalize != 0,
-            },
-            "grouped");
+    for (int strided = 0; strided < (deepseek ? 2 : 1); ++strided) {
+      const Rows rows = rows_of(num_tokens, num_experts, strided != 0, 99 + num_experts + strided);
+      for (float scale : deepseek ? std::vector<float>{2.5f, 1.0f} : std::vector<float>{2.5f}) {
+        for (int with_bias : {0, 1}) {
+          for (int renormalize : {0, 1}) {
+            TopkRowsParams params =
+                row_params(rows, with_bias ? bias.data() : nullptr, num_tokens, num_experts, shape[3], strided);
+            params.num_groups = shape[1];
+            params.group_size = num_experts / shape[1];
+            params.topk_group = shape[2];
+            params.scoring = moe_routing::kSigmoid;
+            params.renorm_eps = 1e-20f;
+            params.scale = scale;
+            params.renormalize = renormalize != 0;
+            check(params, "grouped");
+          }
+        }
       }
     }
   }
