@@ -54,7 +54,7 @@ def use_topk_winners(monkeypatch, variant: str) -> None:
 
 def use_topk_specialised(monkeypatch, on: bool) -> None:
     """Clears SGLANG_MOE_TOPK_SPECIALISED (``on``: the default, the specialised lookahead kernels for
-    the calls that match one: top-8 without grouping at scale 1, or grouped at DeepSeek-V3's shape) or
+    the calls that match one: top-8 without grouping at scale 1) or
     sets it to 0 (the generic lookahead kernel) for the calls that follow (read at each call)."""
     if on:
         monkeypatch.delenv("SGLANG_MOE_TOPK_SPECIALISED", raising=False)

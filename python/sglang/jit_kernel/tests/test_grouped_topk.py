@@ -215,8 +215,7 @@ def test_grouped_topk_reg_winners_variant_bit_exact(monkeypatch, shape, with_bia
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("renormalize", [False, True])
 def test_grouped_topk_lookahead_variant_bit_exact(monkeypatch, shape, with_bias, renormalize):
-    """The lookahead kernel (the default; at (256, 8, 4, 8) its grouped specialisation) against the
-    reference on grid logits and bit for bit against
+    """The lookahead kernel (the default) against the reference on grid logits and bit for bit against
     the register winners (SGLANG_MOE_TOPK_WINNERS=regs) on grid logits and randn rows led by edge rows; the shapes give 1, 2, 4 and 16 lanes
     per group (the ballot test of the winning group) and runs of 1, 2, 4 and 8 experts."""
     num_experts, groups, topk_group, topk = shape
@@ -239,18 +238,22 @@ def test_grouped_topk_lookahead_variant_bit_exact(monkeypatch, shape, with_bias,
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("renormalize", [False, True])
 def test_grouped_topk_specialised_bit_exact(monkeypatch, dtype, with_bias, renormalize):
-    """The grouped specialised kernels (the default at DeepSeek-V3's shape: 256 experts, 8 groups, 4
-    kept, top-8) against the reference on grid logits and bit for bit against the generic lookahead
-    kernel (SGLANG_MOE_TOPK_SPECIALISED=0) on grid logits, randn rows led by edge rows and a
-    misaligned strided view, at scale 2.5 and 1; the near shapes (top-7, 3 groups kept) fall back to
-    the generic kernel, and agree with it too."""
+    """The grouped specialised kernels (opt-in, SGLANG_MOE_TOPK_GROUPED_SPECIALISED=1, at DeepSeek-V3's
+    shape: 256 experts, 8 groups, 4 kept, top-8) against the reference on grid logits and bit for bit
+    against the generic lookahead kernel (the default there) on grid logits, randn rows led by edge
+    rows and a misaligned strided view, at scale 2.5 and 1; the near shapes (top-7, 3 groups kept)
+    fall back to the generic kernel, and agree with it too."""
     scores = grid_logits(129, 256, dtype, seed=256 + 8)
     bias = torch.randint(-8, 8, (256,), device="cuda").float() / 8 if with_bias else None
     rows = edge_rows(1031, 256, dtype, seed=264)
     strided = torch.randn(67, 259, device="cuda").to(dtype)[:, 1:257]
     results = {}
     for specialised in (False, True):
-        use_topk_specialised(monkeypatch, specialised)
+        use_topk_specialised(monkeypatch, True)
+        if specialised:
+            monkeypatch.setenv("SGLANG_MOE_TOPK_GROUPED_SPECIALISED", "1")
+        else:
+            monkeypatch.delenv("SGLANG_MOE_TOPK_GROUPED_SPECIALISED", raising=False)
         out = [check(scores, bias, 8, 4, 8, renormalize, 2.5)]
         for factor in (2.5, 1.0):
             out.append(grouped_topk(rows, bias, 8, 4, 8, renormalize, factor))

@@ -916,8 +916,8 @@ __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_special
 
 /// The specialised lookahead kernel of grouped routing at DeepSeek-V3's shape (LookaheadGroupedOptions:
 /// 8 groups of 32 of 256 experts, 4 kept, top-8, sigmoid; renormalize and a bias fixed at compile
-/// time, any scale): grouped_topk's default there (SGLANG_MOE_TOPK_SPECIALISED=0 keeps the generic
-/// lookahead kernel). The same body, so the generic kernel's experts and weight bits
+/// time, any scale): opt-in there (SGLANG_MOE_TOPK_GROUPED_SPECIALISED=1) until it has run on a GPU.
+/// The same body, so the generic kernel's experts and weight bits
 /// (test_topk_rows_emulated on the host, test_grouped_topk's *_specialised_bit_exact on the GPU).
 /// What it removes besides the specialised kernels' option branches: the run-time loops of the
 /// group merges (2 shuffle stages here) and of the 4 group steps, and the division of the lane by
@@ -976,11 +976,19 @@ inline TopkWinners topk_winners() {
 /// that match a specialised instantiation (special_kernel) run it, the default since bench_moe on the
 /// H200 (2026-12-01, fifth session: topk_softmax 128 experts 1 / 64 / 4096 tokens 1.23 / 1.31 / 4.95 us
 /// against 1.79 / 1.86 / 5.38 for the generic lookahead kernel; 256 experts 1.40 / 1.51 / 7.07 against
-/// 2.01 / 2.10 / 7.02; grouped_topk at DeepSeek-V3's shape since the sixth session, not timed yet);
-/// exactly "0" keeps the generic lookahead kernel. Same bits either way.
+/// 2.01 / 2.10 / 7.02); exactly "0" keeps the generic lookahead kernel. Same bits either way.
 inline bool topk_specialised() {
   const char* value = std::getenv("SGLANG_MOE_TOPK_SPECIALISED");
   return value == nullptr || !(value[0] == '0' && value[1] == '\0');
+}
+
+/// SGLANG_MOE_TOPK_GROUPED_SPECIALISED (read at each call): exactly "1" lets grouped routing at
+/// DeepSeek-V3's shape run the grouped specialised kernels (opt-in until they have run on a GPU: the
+/// host emulation gives the generic kernel's bits, the device tests and timing are the next GPU
+/// session's); SGLANG_MOE_TOPK_SPECIALISED=0 deselects them too.
+inline bool topk_grouped_specialised() {
+  const char* value = std::getenv("SGLANG_MOE_TOPK_GROUPED_SPECIALISED");
+  return value != nullptr && value[0] == '1' && value[1] == '\0';
 }
 
 /// The specialised lookahead kernel `index` = renormalize | bias << 1 | softcap << 2 of kScoring
@@ -1009,14 +1017,14 @@ inline bool is_special_grouping(const TopkRowsParams& params) {
 }
 
 /// The specialised lookahead kernel of `params`, or nullptr where none matches it (k != 8, scale
-/// != 1 without grouping; grouping other than is_special_grouping's): the caller then launches the
-/// default.
+/// != 1 without grouping; grouping other than is_special_grouping's, or without the opt-in
+/// SGLANG_MOE_TOPK_GROUPED_SPECIALISED=1): the caller then launches the default.
 template <typename T, int kPer>
 void (*special_kernel(const TopkRowsParams& params))(TopkRowsParams) {
   const int index = (params.renormalize ? 1 : 0) | (params.bias != nullptr ? 2 : 0);
   if (params.num_groups > 1) {
     if constexpr (kPer * static_cast<int32_t>(device::kWarpThreads) == kSpecialNumGroups * kSpecialGroupSize) {
-      if (is_special_grouping(params)) {
+      if (is_special_grouping(params) && topk_grouped_specialised()) {
         return grouped_special_kernel_at<T, kPer>(index, std::make_integer_sequence<int, 4>{});
       }
     }
