@@ -22,14 +22,7 @@ import os
 
 import torch
 
-from sglang.jit_kernel.benchmark.utils import (
-    BenchRow,
-    bench_rotating,
-    copy_roof_gbps,
-    exit_unless_gpu,
-    format_rows,
-    num_rotating_sets,
-)
+import sglang.jit_kernel.benchmark.utils as bench
 from sglang.jit_kernel.utils import load_jit
 
 TOKENS = (4096, 16384)
@@ -60,17 +53,17 @@ def check(probe) -> None:
 
 
 def main() -> None:
-    exit_unless_gpu("probe_concat_floor.py")
+    bench.exit_unless_gpu("probe_concat_floor.py")
     from sglang.jit_kernel.concat_mla import concat_mla_k  # noqa: PLC0415
 
     probe = load_jit("probe_concat_floor", cuda_files=[PROBE_CUH], cuda_wrappers=[("concat_floor", "concat_floor")])
     check(probe)
-    roof = copy_roof_gbps()
+    roof = bench.copy_roof_gbps()
     rows = []
     for t in TOKENS:
         nbytes = op_bytes(t)
         case = f"[{t}, {HEADS}, {NOPE}+{ROPE}] cold"
-        sets = [make_set(t) for _ in range(num_rotating_sets(nbytes))]
+        sets = [make_set(t) for _ in range(bench.num_rotating_sets(nbytes))]
         k_bytes = t * HEADS * (NOPE + ROPE) * 2
         calls = {  # label: (call, bytes counted)
             "concat_mla_k": (lambda k, n, r: concat_mla_k(k, n, r), nbytes),
@@ -78,16 +71,16 @@ def main() -> None:
             "torch zero_ k": (lambda k, n, r: k.zero_(), k_bytes),
         }
         for label, (call, counted) in calls.items():
-            rows.append(BenchRow(label, case, "", bench_rotating(call, sets)[0], counted))
+            rows.append(bench.BenchRow(label, case, "", bench.bench_rotating(call, sets)[0], counted))
         copies = [(torch.empty_like(n), n) for _, n, _ in sets]
-        median = bench_rotating(lambda dst, src: dst.copy_(src), copies)[0]
-        rows.append(BenchRow("torch copy k_nope", case, "1:1", median, 2 * t * HEADS * NOPE * 2))
+        median = bench.bench_rotating(lambda dst, src: dst.copy_(src), copies)[0]
+        rows.append(bench.BenchRow("torch copy k_nope", case, "1:1", median, 2 * t * HEADS * NOPE * 2))
         del sets, copies
         torch.cuda.empty_cache()
     print(
         "# bytes: each row its own (the op's count; the floor's without the rope rows; zero_ k's writes; the copy's read + write)"
     )
-    print(format_rows(rows, roof))
+    print(bench.format_rows(rows, roof))
 
 
 if __name__ == "__main__":
