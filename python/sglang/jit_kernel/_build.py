@@ -837,15 +837,17 @@ def _run_ninja(directory: Path) -> tuple[bool, str]:
     return proc.returncode == 0, output
 
 
-def terminate_builds(wait_s: float = 5.0) -> int:
+def terminate_builds(wait_s: float = 5.0, stop_new: bool = True) -> int:
     """Stop every build this process has in progress: SIGTERM to each ninja (which stops the compiler
-    processes it started), SIGKILL to one still running after ``wait_s`` seconds; builds asked for
-    afterwards fail at once without starting. Returns how many were running. For a command line that
+    processes it started), SIGKILL to one still running after ``wait_s`` seconds; with ``stop_new``,
+    builds asked for afterwards fail at once without starting (for a process on its way out; see
+    builds_stopped). Returns how many were running. For a command line that
     is itself being terminated: its build threads then see their ninja fail and return, so the
     process can exit without leaving compilers behind (a signal to the Python process alone does not
     reach them)."""
     with _LIVE_NINJA_LOCK:
-        _BUILDS_STOPPED.set()
+        if stop_new:
+            _BUILDS_STOPPED.set()
         live = list(_LIVE_NINJA)
     for proc in live:
         with contextlib.suppress(OSError):
@@ -858,6 +860,11 @@ def terminate_builds(wait_s: float = 5.0) -> int:
             with contextlib.suppress(OSError):
                 proc.kill()
     return len(live)
+
+
+def builds_stopped() -> bool:
+    """True once terminate_builds (with stop_new) has run in this process."""
+    return _BUILDS_STOPPED.is_set()
 
 
 def resource_usage_lines(log: str) -> list[str]:

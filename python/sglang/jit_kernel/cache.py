@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from sglang.jit_kernel._build import ENV_CUDA_ARCH, cache_root, resolve_cuda_archs
+from sglang.jit_kernel._build import ENV_CUDA_ARCH, cache_root, resolve_cuda_archs, terminate_builds
 
 __all__ = [
     "CacheEntry",
@@ -348,11 +348,16 @@ def build_variants(
     try:
         with ThreadPoolExecutor(max_workers=max(1, jobs or os.cpu_count() or 1)) as pool:
             futures = [pool.submit(_build_one, *variant, on_start) for variant in variants]
-            for done, future in enumerate(as_completed(futures), 1):
-                result = future.result()
-                results.append(result)
-                if on_done is not None:
-                    on_done(result, done, len(futures))
+            try:
+                for done, future in enumerate(as_completed(futures), 1):
+                    result = future.result()
+                    results.append(result)
+                    if on_done is not None:
+                        on_done(result, done, len(futures))
+            except BaseException:  # Ctrl-C, SystemExit: no queued variant starts, running ones stop
+                pool.shutdown(wait=False, cancel_futures=True)
+                terminate_builds(stop_new=False)
+                raise
     finally:
         if archs is not None:
             if previous is None:

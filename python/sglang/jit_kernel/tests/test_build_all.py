@@ -226,6 +226,23 @@ def test_check_named_ops_builds_and_lists_only_those(monkeypatch, capsys):
     assert "compile-only check: all variants compiled" in out
 
 
+def test_check_without_gpu_lists_no_op_as_compiled_after_a_failure(monkeypatch, capsys):
+    import sglang.jit_kernel.cache as cache
+    from sglang.jit_kernel.__main__ import main
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+
+    def failing(names, on_done=None, on_start=None, **kwargs):
+        result = cache.VariantResult("scale[float16]", "JITCompileError: boom", 1.0)
+        on_done(result, 1, 1)
+        return [result]
+
+    monkeypatch.setattr(cache, "build_variants", failing)
+    assert main(["check", "scale", "-j", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "compiled; not run" not in out and "compile-only check: 1 failed; no op was run (no GPU)" in out, out
+
+
 def test_check_unknown_op_is_answered_before_any_build(monkeypatch, capsys):
     import sglang.jit_kernel.cache as cache
     from sglang.jit_kernel.__main__ import main
@@ -236,6 +253,34 @@ def test_check_unknown_op_is_answered_before_any_build(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "unknown op(s): rmsnrom (did you mean " in err and "rmsnorm" in err and "known ops: " in err
     assert calls == []
+
+
+def test_interrupt_cancels_the_queued_builds(monkeypatch):
+    """Ctrl-C (or any exception) while build_variants waits: the variants not started yet never
+    start, and the exception reaches the caller (before, the pool ran every queued build first)."""
+    import threading
+    import time
+
+    import sglang.jit_kernel.cache as cache
+
+    started = []
+    gate = threading.Event()
+
+    def fake_build_one(name, build, args, on_start=None):
+        started.append(name)
+        if len(started) > 1:
+            gate.wait(5)
+        return cache.VariantResult(name, None, 0.0)
+
+    def interrupt(result, done, total):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cache, "_build_one", fake_build_one)
+    with pytest.raises(KeyboardInterrupt):
+        cache.build_variants(["rmsnorm", "scale", "silu_and_mul"], archs=["9.0"], jobs=1, on_done=interrupt)
+    gate.set()
+    time.sleep(0.2)
+    assert len(started) == 1, started
 
 
 def _descendants(root: int) -> dict[int, str]:

@@ -1013,7 +1013,8 @@ auto grouped_special_kernel_at(int index, std::integer_sequence<int, kIndex...>)
 /// Whether grouped routing `params` has the shape of the grouped specialised kernels.
 inline bool is_special_grouping(const TopkRowsParams& params) {
   return params.topk == kSpecialTopk && params.scoring == kSigmoid && params.num_groups == kSpecialNumGroups &&
-         params.group_size == kSpecialGroupSize && params.topk_group == kSpecialTopkGroup;
+         params.group_size == kSpecialGroupSize && params.topk_group == kSpecialTopkGroup &&
+         params.num_experts == kSpecialNumGroups * kSpecialGroupSize;
 }
 
 /// The specialised lookahead kernel of `params`, or nullptr where none matches it (k != 8, scale
