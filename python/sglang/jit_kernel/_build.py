@@ -917,7 +917,17 @@ def build_artifact(spec: BuildSpec, root: Path, key: str, force: bool = False) -
         owner = _owner_of(lock_path)
         logger.info("Waiting for pid %s, which is compiling JIT module %s (lock %s)", owner, spec.name, lock_path)
         _announce(f"waiting for pid {owner}, which is compiling {spec.name}")
-        lock.acquire()
+        while True:  # in steps, so that terminate_builds (a SIGTERM to build / check) ends the wait
+            if _BUILDS_STOPPED.is_set():
+                raise JITCompileError(
+                    f"JIT module '{spec.name}' not built: this process is stopping its builds (terminate_builds)",
+                    module_name=spec.name,
+                ) from None
+            try:
+                lock.acquire(timeout=0.5)
+                break
+            except Timeout:
+                continue
     try:
         lock_path.with_suffix(".owner").write_text(str(os.getpid()))
         if artifact.exists() and not force:

@@ -600,6 +600,43 @@ def test_reload_after_entry_removed_elsewhere(cache_dir, ninja_runs, answer_src)
     assert len(ninja_runs) == 2
 
 
+def test_stopped_builds_end_a_wait_on_another_builders_lock(cache_dir, ninja_runs, answer_src, monkeypatch):
+    """After terminate_builds (a SIGTERM to `build` / `check`), a variant waiting on another process's
+    lock gives up within a second instead of waiting for that build, and starts nothing."""
+    import threading
+
+    from filelock import FileLock
+
+    load_answer(answer_src)
+    (entry,) = entries(cache_dir)
+    assert clear_cache() == 1
+    _build._loaded.clear()
+    monkeypatch.setattr(_build, "_BUILDS_STOPPED", threading.Event())  # this test's own flag
+    held = FileLock(str(cache_dir / ".locks" / f"{entry}.lock"))
+    held.acquire()
+    errors: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            load_answer(answer_src)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            errors.append(exc)
+
+    waiter = threading.Thread(target=load, daemon=True)
+    try:
+        waiter.start()
+        time.sleep(0.3)
+        _build._BUILDS_STOPPED.set()
+        waiter.join(timeout=3)
+        assert not waiter.is_alive(), "still waiting on the lock after terminate_builds"
+    finally:
+        held.release()
+        waiter.join(timeout=30)
+    assert len(errors) == 1 and isinstance(errors[0], JITCompileError), errors
+    assert "stopping its builds" in str(errors[0])
+    assert len(ninja_runs) == 1
+
+
 # ---------------------------------------------------------------------------------------------
 # (m) first-use messages on stderr; a missing function lists the module's functions
 # ---------------------------------------------------------------------------------------------
