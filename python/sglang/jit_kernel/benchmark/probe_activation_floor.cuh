@@ -30,36 +30,32 @@ struct ActFloorParams {
   int64_t total_vecs;  // T * vecs_per_row
 };
 
-/// Eight bf16 adds of two 16-byte vectors.
-SGL_DEVICE uint4 add8(uint4 a, uint4 b) {
+/// op(gate pair, up pair) over the four bf16 pairs of two 16-byte vectors.
+template <typename Op>
+SGL_DEVICE uint4 map_pairs(uint4 a, uint4 b, Op op) {
   uint4 r;
   const auto* x = reinterpret_cast<const __nv_bfloat162*>(&a);
   const auto* y = reinterpret_cast<const __nv_bfloat162*>(&b);
   auto* z = reinterpret_cast<__nv_bfloat162*>(&r);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) z[i] = __hadd2(x[i], y[i]);
+  for (int i = 0; i < 4; ++i) z[i] = op(x[i], y[i]);
   return r;
 }
 
-/// Eight silu(gate) * up in bf16 with the least arithmetic (ex2.approx, rcp.approx; see the file comment).
-SGL_DEVICE uint4 silu_min8(uint4 a, uint4 b) {
-  uint4 r;
-  const auto* x = reinterpret_cast<const __nv_bfloat162*>(&a);
-  const auto* y = reinterpret_cast<const __nv_bfloat162*>(&b);
-  auto* z = reinterpret_cast<__nv_bfloat162*>(&r);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 g = __bfloat1622float2(x[i]);
-    const float2 u = __bfloat1622float2(y[i]);
-    float e0, e1, r0, r1;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e0) : "f"(g.x * -1.4426950408889634f));
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e1) : "f"(g.y * -1.4426950408889634f));
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r0) : "f"(1.0f + e0));
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r1) : "f"(1.0f + e1));
-    const float2 act = __bfloat1622float2(__floats2bfloat162_rn(g.x * r0, g.y * r1));
-    z[i] = __floats2bfloat162_rn(act.x * u.x, act.y * u.y);
-  }
-  return r;
+/// Two bf16 adds.
+SGL_DEVICE __nv_bfloat162 add2(__nv_bfloat162 x, __nv_bfloat162 y) { return __hadd2(x, y); }
+
+/// Two silu(gate) * up in bf16 with the least arithmetic (ex2.approx, rcp.approx; see the file comment).
+SGL_DEVICE __nv_bfloat162 silu_min2(__nv_bfloat162 x, __nv_bfloat162 y) {
+  const float2 g = __bfloat1622float2(x);
+  const float2 u = __bfloat1622float2(y);
+  float e0, e1, r0, r1;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e0) : "f"(g.x * -1.4426950408889634f));
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e1) : "f"(g.y * -1.4426950408889634f));
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r0) : "f"(1.0f + e0));
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r1) : "f"(1.0f + e1));
+  const float2 act = __bfloat1622float2(__floats2bfloat162_rn(g.x * r0, g.y * r1));
+  return __floats2bfloat162_rn(act.x * u.x, act.y * u.y);
 }
 
 template <int kVecs, bool kPdl, bool kSfu>
@@ -80,7 +76,7 @@ __global__ void __launch_bounds__(1024) act_floor_kernel(const ActFloorParams p)
   }
   uint4* dst = p.out + row * p.vecs_per_row + col;
 #pragma unroll
-  for (int v = 0; v < kVecs; ++v) dst[v] = kSfu ? silu_min8(g[v], u[v]) : add8(g[v], u[v]);
+  for (int v = 0; v < kVecs; ++v) dst[v] = kSfu ? map_pairs(g[v], u[v], silu_min2) : map_pairs(g[v], u[v], add2);
 }
 
 template <int kVecs, bool kSfu>
