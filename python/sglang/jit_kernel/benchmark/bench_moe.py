@@ -15,8 +15,9 @@ Old-vs-new rows in the same run: "jit v1" is the first routing engine
 register winners (``SGLANG_MOE_TOPK_WINNERS=regs``, the default before the lookahead kernel; the same
 bits; "1 input" and "cold" rows), "jit generic" the lookahead kernel without its k = 8 / options
 specialisation (``SGLANG_MOE_TOPK_SPECIALISED=0``; the default, "jit", runs the specialised kernels
-on the routing rows, all top-8 without options; the same bits), "jit grouped specialised" the
-opt-in grouped kernels at DeepSeek-V3's shape (``SGLANG_MOE_TOPK_GROUPED_SPECIALISED=1``), "jit single" the
+on the routing rows, all top-8 without options; the same bits), "jit grouped generic" the
+generic lookahead kernel at DeepSeek-V3's grouped shape (``SGLANG_MOE_TOPK_GROUPED_SPECIALISED=0``;
+"jit" runs the grouped specialised kernels there), "jit single" the
 one-CTA moe_align and "jit split" the two-launch multi-CTA one (``_variant=``; the default picks
 split from ``moe_align.SPLIT_MIN_NUMEL`` routed ids, "small" below); "jit small" the decode variant
 (PDL, two barriers after the ids arrive, stores over up to 8 CTAs), "jit small 1cta" it on one CTA
@@ -180,10 +181,10 @@ def routing_rows() -> list[BenchRow]:
             "jit regs": with_env(
                 "SGLANG_MOE_TOPK_WINNERS", "regs", lambda g, b: grouped_topk(g, b, 8, 4, TOPK, True, 2.5)
             ),
-            # the opt-in grouped specialised kernels (SGLANG_MOE_TOPK_GROUPED_SPECIALISED=1; "jit" runs
-            # the generic lookahead kernel here)
-            "jit grouped specialised": with_env(
-                "SGLANG_MOE_TOPK_GROUPED_SPECIALISED", "1", lambda g, b: grouped_topk(g, b, 8, 4, TOPK, True, 2.5)
+            # the generic lookahead kernel (SGLANG_MOE_TOPK_GROUPED_SPECIALISED=0; "jit" runs the grouped
+            # specialised kernels here)
+            "jit grouped generic": with_env(
+                "SGLANG_MOE_TOPK_GROUPED_SPECIALISED", "0", lambda g, b: grouped_topk(g, b, 8, 4, TOPK, True, 2.5)
             ),
             "torch": torch_grouped,
             "torch.compile": compiled,

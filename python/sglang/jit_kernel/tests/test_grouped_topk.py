@@ -238,9 +238,9 @@ def test_grouped_topk_lookahead_variant_bit_exact(monkeypatch, shape, with_bias,
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("renormalize", [False, True])
 def test_grouped_topk_specialised_bit_exact(monkeypatch, dtype, with_bias, renormalize):
-    """The grouped specialised kernels (opt-in, SGLANG_MOE_TOPK_GROUPED_SPECIALISED=1, at DeepSeek-V3's
-    shape: 256 experts, 8 groups, 4 kept, top-8) against the reference on grid logits and bit for bit
-    against the generic lookahead kernel (the default there) on grid logits, randn rows led by edge
+    """The grouped specialised kernels (the default at DeepSeek-V3's shape: 256 experts, 8 groups, 4
+    kept, top-8) against the reference on grid logits and bit for bit against the generic lookahead
+    kernel (SGLANG_MOE_TOPK_GROUPED_SPECIALISED=0) on grid logits, randn rows led by edge
     rows and a misaligned strided view, at scale 2.5 and 1; the near shapes (top-7, 3 groups kept)
     fall back to the generic kernel, and agree with it too."""
     scores = grid_logits(129, 256, dtype, seed=256 + 8)
@@ -251,9 +251,9 @@ def test_grouped_topk_specialised_bit_exact(monkeypatch, dtype, with_bias, renor
     for specialised in (False, True):
         use_topk_specialised(monkeypatch, True)
         if specialised:
-            monkeypatch.setenv("SGLANG_MOE_TOPK_GROUPED_SPECIALISED", "1")
-        else:
             monkeypatch.delenv("SGLANG_MOE_TOPK_GROUPED_SPECIALISED", raising=False)
+        else:
+            monkeypatch.setenv("SGLANG_MOE_TOPK_GROUPED_SPECIALISED", "0")
         out = [check(scores, bias, 8, 4, 8, renormalize, 2.5)]
         for factor in (2.5, 1.0):
             out.append(grouped_topk(rows, bias, 8, 4, 8, renormalize, factor))

@@ -1,8 +1,8 @@
 """The lookahead kernel of topk_rows.cuh (the default) against the register-winner kernel, and the
 specialised lookahead kernels (top-8 with the options fixed at compile time, the default where one
-matches, SGLANG_MOE_TOPK_SPECIALISED=0 deselects them; and DeepSeek-V3's grouping, opt-in through
-SGLANG_MOE_TOPK_GROUPED_SPECIALISED=1; all 52 fp32 instantiations reached, and the launcher's choice
-of kernel checked, the opt-in's included) against the generic one,
+matches, SGLANG_MOE_TOPK_SPECIALISED=0 deselects them; and DeepSeek-V3's grouping, the default too,
+SGLANG_MOE_TOPK_GROUPED_SPECIALISED=0 deselects it; all 52 fp32 instantiations reached, and the
+launcher's choice of kernel checked, the switches' included) against the generic one,
 bit for bit, with no GPU: the kernels and their launcher compiled for the host by the C++ compiler against
 topk_rows_emulation/warp_emulation.h (one warp as 32 coroutines switched at every warp collective),
 over softmax / sigmoid / grouped routing, bias, softcap, renormalize, topk 1..32, aligned and

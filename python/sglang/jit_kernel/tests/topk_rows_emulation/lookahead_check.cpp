@@ -131,7 +131,7 @@ std::vector<float> bias_of(int num_experts, int steps, uint32_t seed) {
 
 int main(int argc, char** argv) {
   const int num_tokens = argc > 1 ? std::max(9, std::atoi(argv[1])) : 16;
-  set_env("SGLANG_MOE_TOPK_GROUPED_SPECIALISED", "1");  // the grouped specialised kernels (opt-in) under test
+  set_env("SGLANG_MOE_TOPK_GROUPED_SPECIALISED", nullptr);  // the grouped specialised kernels: the default
   int cases = 0, mismatches = 0, special_cases = 0, fallbacks = 0;
   std::vector<const void*> special_kernels;  // the distinct specialised kernels run
   const auto report = [&](const TopkRowsParams& params, const char* what, const char* against) {
@@ -167,10 +167,12 @@ int main(int argc, char** argv) {
     const bool fits = params.num_groups == 1 ? params.topk == 8 && params.scale == 1.0f
                                              : params.num_experts == 256 && params.num_groups == 8 &&
                                                    params.topk_group == 4 && params.topk == 8;
-    if (params.num_groups > 1) {  // the grouped kernels are opt-in: without the switch, the generic one
+    if (params.num_groups > 1) {  // SGLANG_MOE_TOPK_GROUPED_SPECIALISED=0 (exactly): the generic one
+      set_env("SGLANG_MOE_TOPK_GROUPED_SPECIALISED", "0");
+      if (route(params, nullptr).kernel != base.kernel) report(params, what, "grouped kernels with the switch at 0");
+      set_env("SGLANG_MOE_TOPK_GROUPED_SPECIALISED", "00");  // only "0" deselects them
+      if ((route(params, nullptr).kernel != base.kernel) != fits) report(params, what, "grouped switch at 00");
       set_env("SGLANG_MOE_TOPK_GROUPED_SPECIALISED", nullptr);
-      if (route(params, nullptr).kernel != base.kernel) report(params, what, "grouped kernels without the opt-in");
-      set_env("SGLANG_MOE_TOPK_GROUPED_SPECIALISED", "1");
     }
     if ((special.kernel != base.kernel) != fits) report(params, what, "specialised kernel choice");
     if (fits) {
