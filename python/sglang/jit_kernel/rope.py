@@ -294,10 +294,7 @@ def apply_rope_inplace(
         6 ``kHeadSlots``, five heads per thread loaded before the position (aimed at the
         L2-resident mid size, about 2048 tokens: 7.70 us one input against the default's 7.90 on
         the H200, and slower at 1 / 64 tokens, so not the default; the default's kernel where its
-        preconditions do not hold); 7 ``kStream``, a resident grid of 128-thread CTAs at full
-        occupancy streaming one (token, head) row per row of lanes (also aimed at 2048 tokens; the
-        default's kernel where its preconditions do not hold); 8 ``kStream40``, the same at 12 CTAs
-        per SM (40 registers). Same results, bit for bit (``kPlain`` where a variant's preconditions do not
+        preconditions do not hold). Same results, bit for bit (``kPlain`` where a variant's preconditions do not
         hold). Eager only: ignored under torch.compile.
 
     Returns
@@ -342,7 +339,7 @@ def apply_rope_inplace(
     op = "apply_rope_inplace"
     check_scalar(op, "enable_pdl", enable_pdl, bool, optional=True)
     if type(_variant) is not int or _variant != 0:  # a bool or float is refused, not read as 0
-        _check_variant(op, _variant, (1, 2, 5, 6, 7, 8))
+        _check_variant(op, _variant, (1, 2, 5, 6))
     _check_rope_args(op, q, k, cos_sin_cache, positions, is_neox, rope_dim)
     positions = positions.contiguous()  # read only: a strided index tensor is copied
     pdl = _pdl_flag(enable_pdl)

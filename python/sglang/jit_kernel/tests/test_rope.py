@@ -671,7 +671,7 @@ def test_rope_variant_errors():
     """Before anything else is looked at: a variant the op does not have is a ValueError."""
     x = torch.zeros(1, 1, 2)
     with pytest.raises(
-        ValueError, match=r"^apply_rope_inplace: _variant value: expected 0 or one of \(1, 2, 5, 6, 7, 8\), got 3$"
+        ValueError, match=r"^apply_rope_inplace: _variant value: expected 0 or one of \(1, 2, 5, 6\), got 3$"
     ):
         apply_rope_inplace(x, x, x, x, is_neox=True, _variant=3)
     with pytest.raises(
@@ -726,8 +726,7 @@ def _fused_views(buf: torch.Tensor, hq: int, hk: int, d: int, pad: int) -> tuple
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("pos_dtype", [torch.int64, torch.int32])
 @pytest.mark.parametrize("n,hq,hk,d,r", HEAD_SLOT_CASES)
-@pytest.mark.parametrize("variant", [6, 7, 8])  # kHeadSlots, kStream, kStream40
-def test_rope_head_slots_match_default(variant, is_neox, dtype, pos_dtype, n, hq, hk, d, r):
+def test_rope_head_slots_match_default(is_neox, dtype, pos_dtype, n, hq, hk, d, r):
     max_pos = 64 if d > 512 else MAX_POS
     pad = 8  # 16-byte token strides in every dtype: the variant's kernel, not the narrow fallback
     buf = torch.randn(n, (hq + hk + 1) * d + pad, dtype=dtype, device="cuda")
@@ -742,7 +741,7 @@ def test_rope_head_slots_match_default(variant, is_neox, dtype, pos_dtype, n, hq
     buf2 = buf.clone()
     apply_rope_inplace(*_fused_views(buf, hq, hk, d, pad), cache, positions, is_neox=is_neox, rope_dim=rope_dim)
     apply_rope_inplace(
-        *_fused_views(buf2, hq, hk, d, pad), cache, positions, is_neox=is_neox, rope_dim=rope_dim, _variant=variant
+        *_fused_views(buf2, hq, hk, d, pad), cache, positions, is_neox=is_neox, rope_dim=rope_dim, _variant=6
     )
     assert torch.equal(_bits(buf), _bits(buf2))  # v, padding and [R, d) untouched alike
 
@@ -750,8 +749,7 @@ def test_rope_head_slots_match_default(variant, is_neox, dtype, pos_dtype, n, hq
 @requires_cuda
 @pytest.mark.parametrize("is_neox", [True, False])
 @pytest.mark.parametrize("offset", [0, 1, 8])
-@pytest.mark.parametrize("variant", [6, 7, 8])
-def test_rope_head_slots_separate_strided_and_unaligned(variant, is_neox, offset):
+def test_rope_head_slots_separate_strided_and_unaligned(is_neox, offset):
     """q and k separate tensors with their own token and head strides (heads sliced from wider ones,
     a storage offset that breaks 16-byte alignment at 1: the default's narrow kernel), NaN around
     them; strided positions (the op copies them)."""
@@ -773,9 +771,9 @@ def test_rope_head_slots_separate_strided_and_unaligned(variant, is_neox, offset
     positions = torch.randint(0, MAX_POS, (2 * n,), device="cuda")[::2]
     expected_q, expected_k = (reference(x, cache, positions, d, is_neox) for x in views(q_buf, k_buf))
     outs = []
-    for v in (0, variant):
+    for variant in (0, 6):
         qb, kb = q_buf.clone(), k_buf.clone()
-        apply_rope_inplace(*views(qb, kb), cache, positions, is_neox=is_neox, _variant=v)
+        apply_rope_inplace(*views(qb, kb), cache, positions, is_neox=is_neox, _variant=variant)
         outs.append((qb, kb))
     assert torch.equal(_bits(outs[0][0]), _bits(outs[1][0])) and torch.equal(_bits(outs[0][1]), _bits(outs[1][1]))
     q, k = views(*outs[1])

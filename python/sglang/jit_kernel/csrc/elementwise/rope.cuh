@@ -33,7 +33,7 @@
 #include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDevice, kAnySize, data_ptr, verify_no_partial_overlap
 #include <sgl_kernel/utils.h>  // For RuntimeCheck, div_ceil
 
-#include <sgl_kernel/runtime.cuh>  // For runtime::get_cc_major, runtime::get_sm_count
+#include <sgl_kernel/runtime.cuh>  // For runtime::get_cc_major
 #include <sgl_kernel/type.cuh>     // For packed_t, cast, fp16x2_t
 #include <sgl_kernel/utils.cuh>    // For LaunchKernel, SGL_DEVICE, pdl_wait_primary, pdl_launch_dependents
 #include <sgl_kernel/vec.cuh>      // For AlignedVector, L2Policy, l2_evict_last_policy, l2_evict_normal_policy
@@ -71,12 +71,6 @@ struct RopeConfig {
   static constexpr uint32_t kSlotThreads = 128;
   static constexpr uint32_t kSlotMinBlocks = 5;
   static constexpr int64_t kSlotTargetThreads = 64;
-  // rope_stream_kernel (RopeVariant::kStream / kStream40): 128-thread CTAs, 16 per SM (32 registers:
-  // full occupancy; ptxas spills 8 / 32 bytes of the 16-bit GPT-J / NeoX builds there) or 12 (40
-  // registers, no spill), one resident wave that strides over the (token, head) rows.
-  static constexpr uint32_t kStreamThreads = 128;
-  static constexpr uint32_t kStreamMinBlocks = 16;
-  static constexpr uint32_t kStream40MinBlocks = 12;
 };
 
 /// Variants of the launchers. 0 (the default of every launcher) is kEarly for the rotation-only
@@ -100,13 +94,7 @@ struct RopeVariant {
   // thread, all loaded before the position; 16-byte vectors, at most kSlotThreads chunks per head,
   // fewer than 2^30 heads; else the default (kEarly's rule).
   static constexpr int64_t kHeadSlots = 6;
-  // rope_stream_kernel (rotation only): one (token, head) row per row of lanes and pass, a resident
-  // grid striding over the rows, full occupancy; 16-byte vectors, at most kStreamThreads chunks per
-  // head, fewer than 2^31 rows; else the default (kEarly's rule).
-  static constexpr int64_t kStream = 7;
-  // kStream at kStream40MinBlocks CTAs per SM (40 registers).
-  static constexpr int64_t kStream40 = 8;
-  static constexpr int64_t kMax = 8;
+  static constexpr int64_t kMax = 6;
 };
 
 /// One tensor of heads (q or k): element (t, h, e) at data + t * token_stride + h * head_stride + e.
@@ -663,51 +651,6 @@ __global__ void __launch_bounds__(RopeConfig::kSlotThreads, RopeConfig::kSlotMin
   }
 }
 
-/// RopeVariant::kStream: rows r = (token, head) = (r / H, r % H) of the H = Hq + Hk heads, row
-/// blockIdx.x * blockDim.y + threadIdx.y first, then every gridDim.x * blockDim.y rows; lane
-/// threadIdx.x rotates pair chunk threadIdx.x of its row. A row's two data vectors are loaded before
-/// its position (independent), the cos/sin vectors after it. The launcher sizes the grid to the CTAs
-/// resident at kMinBlocks per SM (at most), so every warp streams rows for the whole call
-/// (kStreamMinBlocks: full occupancy at 32 registers). L2 policy as rope_head_slots_kernel's.
-/// Preconditions (the launcher's): rope_kernel's at the 16-byte vector, num_chunks == blockDim.x,
-/// num_tokens * H < 2^31.
-template <typename T, int kVecN, bool kNeox, uint32_t kMinBlocks>
-__global__ void __launch_bounds__(RopeConfig::kStreamThreads, kMinBlocks)
-    rope_stream_kernel(const RopeParams p, const bool l2_hint) {
-  using vec_t = device::AlignedVector<T, kVecN>;
-  const uint32_t num_q = static_cast<uint32_t>(p.q.num_heads);
-  const uint32_t num_heads = num_q + static_cast<uint32_t>(p.k.num_heads);
-  const uint32_t total = static_cast<uint32_t>(p.num_tokens) * num_heads;
-  const uint32_t step = gridDim.x * blockDim.y;
-  int64_t off_a, off_b;
-  chunk_offsets<kVecN, kNeox>(threadIdx.x, p.half, off_a, off_b);
-  const int64_t b_minus_a = off_b - off_a;
-
-  device::pdl_wait_primary();
-  device::pdl_launch_dependents();
-
-  const device::L2Policy load_policy = l2_hint ? device::l2_evict_last_policy() : device::l2_evict_normal_policy();
-  const device::L2Policy store_policy = device::l2_evict_normal_policy();
-  for (uint32_t r = blockIdx.x * blockDim.y + threadIdx.y; r < total; r += step) {
-    const uint32_t token = r / num_heads;
-    const uint32_t head = r - token * num_heads;
-    const bool is_q = head < num_q;
-    const RopeHeads& heads = is_q ? p.q : p.k;
-    const uint32_t h = is_q ? head : head - num_q;
-    T* const ptr =
-        static_cast<T*>(heads.data) + int64_t{token} * heads.token_stride + int64_t{h} * heads.head_stride + off_a;
-    vec_t a, b;
-    a.load(ptr, 0, load_policy);
-    b.load(ptr + b_minus_a, 0, load_policy);
-    const int64_t pos = load_index(p.positions, p.positions_int64, token);
-    float c[kVecN], s[kVecN];
-    load_cos_sin<fp32_t, kVecN>(p, pos, threadIdx.x, c, s);
-    rotate_pairs<T, kVecN, kNeox>(a, b, c, s);
-    a.store(ptr, 0, store_policy);
-    b.store(ptr + b_minus_a, 0, store_policy);
-  }
-}
-
 // ---------------------------------------------------------------------------------------------
 // Host side
 // ---------------------------------------------------------------------------------------------
@@ -797,28 +740,6 @@ bool launch_rope_head_slots(const RopeParams& p, bool l2_hint, DLDevice device, 
   return true;
 }
 
-/// Launches rope_stream_kernel (RopeVariant::kStream) at the 16-byte vector kVecN (the caller's
-/// check) when its other preconditions hold; returns false, launching nothing, otherwise.
-/// Block (lanes = chunks, rows = kStreamThreads / lanes); grid: the rows' CTAs, at most kMinBlocks
-/// per SM (32 + 8 heads x 128 bf16 at kStreamMinBlocks: (8, 16) x min(N * 40 / 16, 16 x SMs)).
-template <typename T, typename CacheT, int kVecN, bool kNeox, uint32_t kMinBlocks>
-bool launch_rope_stream(const RopeParams& p, bool l2_hint, DLDevice device, bool pdl) {
-  using namespace host;
-  const int64_t lanes = p.half / kVecN;
-  const int64_t total = p.num_tokens * (p.q.num_heads + p.k.num_heads);
-  if (!std::is_same_v<CacheT, fp32_t> || lanes > int64_t{RopeConfig::kStreamThreads} || total >= (int64_t{1} << 31))
-    return false;
-  const int64_t rows = RopeConfig::kStreamThreads / lanes;
-  const int64_t resident = int64_t{runtime::get_sm_count(device.device_id)} * kMinBlocks;
-  const int64_t grid = std::min(div_ceil(total, rows), resident);
-  const dim3 block(static_cast<uint32_t>(lanes), static_cast<uint32_t>(rows), 1);
-  if constexpr (std::is_same_v<CacheT, fp32_t>) {
-    LaunchKernel(static_cast<uint32_t>(grid), block, device)
-        .enable_pdl(pdl)(rope_stream_kernel<T, kVecN, kNeox, kMinBlocks>, p, l2_hint);
-  }
-  return true;
-}
-
 /// The opt-in variants (RopeVariant) of launch_rope at the widest vector; the default launch_rope
 /// where a variant's preconditions do not hold.
 template <typename T, typename CacheT, bool kNeox, bool kKvStore>
@@ -833,14 +754,6 @@ void launch_rope_variant(RopeParams p, int64_t vec_n, bool l2_hint, DLDevice dev
     if (variant == RopeVariant::kHeadSlots) {
       if (launch_rope_head_slots<T, CacheT, kVecN, kNeox>(p, l2_hint, device, pdl)) return;
       variant = RopeVariant::kEarly;  // what the default (variant 0) launches here
-    }
-    if (variant == RopeVariant::kStream) {
-      if (launch_rope_stream<T, CacheT, kVecN, kNeox, RopeConfig::kStreamMinBlocks>(p, l2_hint, device, pdl)) return;
-      variant = RopeVariant::kEarly;
-    }
-    if (variant == RopeVariant::kStream40) {
-      if (launch_rope_stream<T, CacheT, kVecN, kNeox, RopeConfig::kStream40MinBlocks>(p, l2_hint, device, pdl)) return;
-      variant = RopeVariant::kEarly;
     }
     if ((variant == RopeVariant::kEarly || variant == RopeVariant::kEarlyFew) && !l2_hint &&
         num_chunks <= RopeConfig::kMaxLanes) {
