@@ -918,8 +918,8 @@ __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_special
 /// 8 groups of 32 of 256 experts, 4 kept, top-8, sigmoid; renormalize and a bias fixed at compile
 /// time, any scale): the default there since bench_moe on the H200 (2026-12-02: fp32 [1 / 64 / 4096,
 /// 256], one input, 2.66 / 2.70 / 9.47 us against the generic kernel's 3.40 / 3.42 / 10.22);
-/// SGLANG_MOE_TOPK_GROUPED_SPECIALISED=0 keeps the generic kernel. The same body, so the generic kernel's experts and weight bits
-/// (test_topk_rows_emulated on the host, test_grouped_topk's *_specialised_bit_exact on the GPU).
+/// SGLANG_MOE_TOPK_GROUPED_SPECIALISED=0 keeps the generic kernel. The same body, so the generic
+/// kernel's experts and weight bits (test_topk_rows_emulated on the host, test_grouped_topk's *_specialised_bit_exact on the GPU).
 /// What it removes besides the specialised kernels' option branches: the run-time loops of the
 /// group merges (2 shuffle stages here) and of the 4 group steps, and the division of the lane by
 /// the lanes per group. Aim (H200, one input, fp32 [T, 256]): the generic kernel's 3.37 / 10.22 us
@@ -973,24 +973,25 @@ inline TopkWinners topk_winners() {
   return v == "smem" ? TopkWinners::kSmem : v == "regs" ? TopkWinners::kRegs : TopkWinners::kLookahead;
 }
 
+/// Whether the environment variable `name` is anything but exactly "0" (unset included): the on-by-
+/// default switches below.
+inline bool env_not_zero(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr || !(value[0] == '0' && value[1] == '\0');
+}
+
 /// SGLANG_MOE_TOPK_SPECIALISED (read at each call, so at graph capture): the lookahead kernel's calls
 /// that match a specialised instantiation (special_kernel) run it, the default since bench_moe on the
 /// H200 (2026-12-01, fifth session: topk_softmax 128 experts 1 / 64 / 4096 tokens 1.23 / 1.31 / 4.95 us
 /// against 1.79 / 1.86 / 5.38 for the generic lookahead kernel; 256 experts 1.40 / 1.51 / 7.07 against
 /// 2.01 / 2.10 / 7.02); exactly "0" keeps the generic lookahead kernel. Same bits either way.
-inline bool topk_specialised() {
-  const char* value = std::getenv("SGLANG_MOE_TOPK_SPECIALISED");
-  return value == nullptr || !(value[0] == '0' && value[1] == '\0');
-}
+inline bool topk_specialised() { return env_not_zero("SGLANG_MOE_TOPK_SPECIALISED"); }
 
 /// SGLANG_MOE_TOPK_GROUPED_SPECIALISED (read at each call): grouped routing at DeepSeek-V3's shape
 /// runs the grouped specialised kernels (the default; the generic kernel's bits, on the host
 /// emulation and the GPU); exactly "0" keeps the generic lookahead kernel, and
 /// SGLANG_MOE_TOPK_SPECIALISED=0 deselects them too.
-inline bool topk_grouped_specialised() {
-  const char* value = std::getenv("SGLANG_MOE_TOPK_GROUPED_SPECIALISED");
-  return value == nullptr || !(value[0] == '0' && value[1] == '\0');
-}
+inline bool topk_grouped_specialised() { return env_not_zero("SGLANG_MOE_TOPK_GROUPED_SPECIALISED"); }
 
 /// The specialised lookahead kernel `index` = renormalize | bias << 1 | softcap << 2 of kScoring
 /// (the softcap bit only for softmax: 8 softmax and 4 sigmoid kernels per T and kPer).
