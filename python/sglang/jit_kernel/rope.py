@@ -412,7 +412,8 @@ def apply_rope_inplace_with_kvcache(
         Private, for the benchmark's old-vs-new rows: 0 (default) the default kernel
         (``RopeVariant::kKvSplitCopy``: v copied by threads of their own); 3 ``kKvNoPrefetch`` (no v
         prefetch), 4 ``kKvSplitCopy``, 5 ``kPlain`` (the default before: v prefetched by the
-        rotating threads); same results, bit for bit. Eager only: ignored under torch.compile.
+        rotating threads), 7 ``kEarlyKv`` (``kEarly``'s load order with the store, below the L2-hint
+        size; else 4); same results, bit for bit. Eager only: ignored under torch.compile.
 
     Returns
     -------
@@ -460,7 +461,7 @@ def apply_rope_inplace_with_kvcache(
     op = "apply_rope_inplace_with_kvcache"
     check_scalar(op, "enable_pdl", enable_pdl, bool, optional=True)
     if type(_variant) is not int or _variant != 0:  # a bool or float is refused, not read as 0
-        _check_variant(op, _variant, (3, 4, 5))
+        _check_variant(op, _variant, (3, 4, 5, 7))
     _check_rope_args(op, q, k, cos_sin_cache, positions, is_neox, rope_dim)
     num_tokens, num_kv_heads, head_dim = k.shape
     check_tensor(

@@ -646,7 +646,7 @@ def test_rope_variants_match_default(variant, is_neox, dtype, n, hq, hk, d, r):
 
 
 @requires_cuda
-@pytest.mark.parametrize("variant", [3, 4, 5])
+@pytest.mark.parametrize("variant", [3, 4, 5, 7])
 @pytest.mark.parametrize("is_neox", [True, False])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("n,hq,hk,d,r", [c for c in VARIANT_CASES if c[2] > 0] + [(9, 4, 64, 128, 128)])
@@ -675,7 +675,8 @@ def test_rope_variant_errors():
     ):
         apply_rope_inplace(x, x, x, x, is_neox=True, _variant=3)
     with pytest.raises(
-        ValueError, match=r"^apply_rope_inplace_with_kvcache: _variant value: expected 0 or one of \(3, 4, 5\), got 1$"
+        ValueError,
+        match=r"^apply_rope_inplace_with_kvcache: _variant value: expected 0 or one of \(3, 4, 5, 7\), got 1$",
     ):
         apply_rope_inplace_with_kvcache(x, x, x, x, x, x, x, x, is_neox=True, _variant=1)
     with pytest.raises(

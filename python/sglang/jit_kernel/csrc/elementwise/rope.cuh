@@ -94,7 +94,10 @@ struct RopeVariant {
   // thread, all loaded before the position; 16-byte vectors, at most kSlotThreads chunks per head,
   // fewer than 2^30 heads; else the default (kEarly's rule).
   static constexpr int64_t kHeadSlots = 6;
-  static constexpr int64_t kMax = 6;
+  // KV store: rope_early_kernel with kKvStore (kEarly's addresses and load order, v copied by rows
+  // of their own as kKvSplitCopy); kEarly's preconditions, else kKvSplitCopy.
+  static constexpr int64_t kEarlyKv = 7;
+  static constexpr int64_t kMax = 7;
 };
 
 /// One tensor of heads (q or k): element (t, h, e) at data + t * token_stride + h * head_stride + e.
@@ -482,6 +485,62 @@ __global__ void __launch_bounds__(RopeConfig::kMaxThreads, RopeConfig::kMinBlock
   }
 }
 
+/// out_loc[token] when it is inside [0, cache_size), else -1 (the token stores nothing).
+SGL_DEVICE int64_t rope_valid_loc(const RopeParams& p, int64_t token) {
+  const int64_t loc = load_index(p.out_loc, p.out_loc_int64, token);
+  return loc >= 0 && loc < p.cache_size ? loc : -1;
+}
+
+/// KV store: the rotated vectors (a, b) of head `head` (q heads first, then k) at element offsets
+/// (off_a, off_b) go to k_cache[loc] when it is a k head and loc >= 0.
+template <typename T, int kVecN>
+SGL_DEVICE void rope_store_k_cache(
+    const RopeParams& p,
+    int64_t head,
+    int64_t loc,
+    int64_t off_a,
+    int64_t off_b,
+    const device::AlignedVector<T, kVecN>& a,
+    const device::AlignedVector<T, kVecN>& b) {
+  if (loc < 0 || head < p.q.num_heads) return;
+  T* kc = static_cast<T*>(p.k_cache) + loc * p.k_cache_stride + (head - p.q.num_heads) * p.head_dim;
+  a.store(kc + off_a);
+  b.store(kc + off_b);
+}
+
+/// rope_early_kernel's v rows (kKvStore): row `row` of the p.v_rows copies kv heads row, row +
+/// v_rows, ...: all of v and the unrotated rest [2 * half, head_dim) of k to the caches at loc,
+/// lanes striding over 16-byte vectors. The loc load and a head's first RopeConfig::kKvPrefetch v
+/// vectors per lane are issued together after the PDL wait, so the copy costs one memory latency
+/// (bits unchanged: plain vector copies).
+template <typename T, int kVecN>
+SGL_DEVICE void rope_early_copy_v(const RopeParams& p, int64_t token, int64_t row) {
+  using vec_t = device::AlignedVector<T, kVecN>;
+  constexpr int kPre = RopeConfig::kKvPrefetch;
+  const int64_t vstep = int64_t{blockDim.x} * kVecN;
+  const int64_t e0 = int64_t{threadIdx.x} * kVecN;
+  device::pdl_wait_primary();
+  device::pdl_launch_dependents();
+  if (token >= p.num_tokens || row >= p.k.num_heads) return;
+  const int64_t loc = rope_valid_loc(p, token);
+  for (int64_t kv_head = row; kv_head < p.k.num_heads; kv_head += p.v_rows) {
+    const T* v_head = static_cast<const T*>(p.v) + token * p.v_token_stride + kv_head * p.v_head_stride;
+    vec_t x[kPre];
+#pragma unroll
+    for (int i = 0; i < kPre; ++i) {
+      if (e0 + i * vstep < p.head_dim) x[i].load(v_head + e0 + i * vstep);
+    }
+    if (loc < 0) return;
+    T* vc = static_cast<T*>(p.v_cache) + loc * p.v_cache_stride + kv_head * p.head_dim;
+#pragma unroll
+    for (int i = 0; i < kPre; ++i) {
+      if (e0 + i * vstep < p.head_dim) x[i].store(vc + e0 + i * vstep);
+    }
+    const T* k_head = static_cast<const T*>(p.k.data) + token * p.k.token_stride + kv_head * p.k.head_stride;
+    copy_kv_rest<T, kVecN>(p, k_head, token, kv_head, loc, 2 * p.half, kPre * vstep);
+  }
+}
+
 /// RopeVariant::kEarly / kEarlyFew (rotation only; opt-in): rope_kernel's math and layout with
 /// every address of the first pass (64-bit head pointers, the position pointer, the cache chunk
 /// base) formed before the PDL wait, the position load issued first after it, then the q/k loads;
@@ -489,14 +548,22 @@ __global__ void __launch_bounds__(RopeConfig::kMaxThreads, RopeConfig::kMinBlock
 /// per thread. Preconditions (the launcher's): rope_kernel's, and num_chunks <= blockDim.x (one
 /// chunk per lane: threadIdx.x < num_chunks rotates chunk threadIdx.x).
 /// A small-size variant: registers are not capped for occupancy (min blocks 1: 128 registers).
-template <typename T, typename CacheT, int kVecN, bool kNeox, int kHeads>
+/// kKvStore (RopeVariant::kEarlyKv): the KV store in the same launch. The last p.v_rows rows of
+/// blockDim.y copy v (and the unrotated rest [R, head_dim) of k) with rope_early_copy_v; the other
+/// rows rotate as above and also store each rotated k vector to k_cache[loc], loc being loaded
+/// right after the position (both index loads are in flight together, before the data loads).
+template <typename T, typename CacheT, int kVecN, bool kNeox, int kHeads, bool kKvStore = false>
 __global__ void __launch_bounds__(RopeConfig::kMaxThreads, 1) rope_early_kernel(const RopeParams p) {
   using vec_t = device::AlignedVector<T, kVecN>;
   using cvec_t = device::AlignedVector<CacheT, kVecN>;
   const int64_t token = int64_t{blockIdx.x} * blockDim.z + threadIdx.z;
   const int64_t num_heads = p.q.num_heads + p.k.num_heads;
   const int64_t chunk = threadIdx.x;
-  const int64_t step = blockDim.y;
+  const uint32_t rot_rows = kKvStore ? blockDim.y - static_cast<uint32_t>(p.v_rows) : blockDim.y;
+  if constexpr (kKvStore) {
+    if (threadIdx.y >= rot_rows) return rope_early_copy_v<T, kVecN>(p, token, threadIdx.y - rot_rows);
+  }
+  const int64_t step = rot_rows;
   const bool active = token < p.num_tokens && chunk < p.half / kVecN && int64_t{threadIdx.y} < num_heads;
   int64_t off_a, off_b;
   chunk_offsets<kVecN, kNeox>(chunk, p.half, off_a, off_b);
@@ -522,6 +589,8 @@ __global__ void __launch_bounds__(RopeConfig::kMaxThreads, 1) rope_early_kernel(
 
   const int64_t pos = p.positions_int64 ? *static_cast<const int64_t*>(pos_ptr)
                                         : static_cast<int64_t>(*static_cast<const int32_t*>(pos_ptr));
+  // KV store: this token's cache row (-1: none), loaded beside the position
+  const int64_t loc = kKvStore ? rope_valid_loc(p, token) : -1;
   vec_t a[kHeads], b[kHeads];
 #pragma unroll
   for (int i = 0; i < kHeads; ++i) {
@@ -554,8 +623,9 @@ __global__ void __launch_bounds__(RopeConfig::kMaxThreads, 1) rope_early_kernel(
     rotate_pairs<T, kVecN, kNeox>(a[i], b[i], c, s);
     a[i].store(pa[i]);
     b[i].store(pb[i]);
+    if constexpr (kKvStore) rope_store_k_cache<T, kVecN>(p, threadIdx.y + i * step, loc, off_a, off_b, a[i], b[i]);
   }
-  // the heads beyond the first pass (more than kHeads * blockDim.y heads): one at a time
+  // the heads beyond the first pass (more than kHeads * rotating rows): one at a time
   for (int64_t head = threadIdx.y + kHeads * step; head < num_heads; head += step) {
     T* ptr = head_at<T>(p, token, head);
     vec_t x, y;
@@ -564,6 +634,7 @@ __global__ void __launch_bounds__(RopeConfig::kMaxThreads, 1) rope_early_kernel(
     rotate_pairs<T, kVecN, kNeox>(x, y, c, s);
     x.store(ptr + off_a);
     y.store(ptr + off_b);
+    if constexpr (kKvStore) rope_store_k_cache<T, kVecN>(p, head, loc, off_a, off_b, x, y);
   }
 }
 
@@ -768,10 +839,16 @@ void launch_rope_variant(RopeParams p, int64_t vec_n, bool l2_hint, DLDevice dev
     }
     return fallback();
   } else {
-    if (variant != RopeVariant::kKvNoPrefetch && variant != RopeVariant::kKvSplitCopy) return fallback();
+    if (variant == RopeVariant::kEarlyKv && (l2_hint || num_chunks > RopeConfig::kMaxLanes)) {
+      variant = RopeVariant::kKvSplitCopy;
+    }
+    if (variant != RopeVariant::kKvNoPrefetch && variant != RopeVariant::kKvSplitCopy &&
+        variant != RopeVariant::kEarlyKv) {
+      return fallback();
+    }
     dim3 block = rope_block(num_chunks, num_heads, p.num_tokens);
     int64_t v_rows = 0;
-    if (variant == RopeVariant::kKvSplitCopy) {
+    if (variant == RopeVariant::kKvSplitCopy || variant == RopeVariant::kEarlyKv) {
       // one row of lanes per kv head, as many as fit kMaxThreads next to the rotation rows
       const int64_t room = static_cast<int64_t>(RopeConfig::kMaxThreads) / block.x - block.y;
       v_rows = std::min<int64_t>(p.k.num_heads, room);
@@ -786,6 +863,9 @@ void launch_rope_variant(RopeParams p, int64_t vec_n, bool l2_hint, DLDevice dev
       p.v_rows = v_rows;
       LaunchKernel(static_cast<uint32_t>(grid), launch_block, device).enable_pdl(pdl)(kernel, p);
     };
+    if (v_rows > 0 && variant == RopeVariant::kEarlyKv) {
+      return launch(rope_early_kernel<T, CacheT, kVecN, kNeox, RopeConfig::kHeadsPerThread, true>);
+    }
     if (v_rows > 0) {
       if (l2_hint) return launch(rope_kernel<T, CacheT, kVecN, kNeox, true, true, RopeConfig::kKvSplit>);
       return launch(rope_kernel<T, CacheT, kVecN, kNeox, false, true, RopeConfig::kKvSplit>);
