@@ -294,7 +294,9 @@ def apply_rope_inplace(
         6 ``kHeadSlots``, five heads per thread loaded before the position (aimed at the
         L2-resident mid size, about 2048 tokens: 7.70 us one input against the default's 7.90 on
         the H200, and slower at 1 / 64 tokens, so not the default; the default's kernel where its
-        preconditions do not hold). Same results, bit for bit (``kPlain`` where a variant's preconditions do not
+        preconditions do not hold); 8 ``kEarlyAnySize`` (``kEarly`` at every size, no L2 hint) and
+        9 ``kNoL2Hint`` (the default's launch with the L2 hint off): A/B knobs of the hint rule at
+        2048 tokens. Same results, bit for bit (``kPlain`` where a variant's preconditions do not
         hold). Eager only: ignored under torch.compile.
 
     Returns
@@ -339,7 +341,7 @@ def apply_rope_inplace(
     op = "apply_rope_inplace"
     check_scalar(op, "enable_pdl", enable_pdl, bool, optional=True)
     if type(_variant) is not int or _variant != 0:  # a bool or float is refused, not read as 0
-        _check_variant(op, _variant, (1, 2, 5, 6))
+        _check_variant(op, _variant, (1, 2, 5, 6, 8, 9))
     _check_rope_args(op, q, k, cos_sin_cache, positions, is_neox, rope_dim)
     positions = positions.contiguous()  # read only: a strided index tensor is copied
     pdl = _pdl_flag(enable_pdl)
@@ -669,8 +671,9 @@ def rotary_embedding(
         NeoX (default) or GPT-J style.
     _variant : int
         Private (keyword-only), for the benchmark: 0 (default) the default kernel (``kEarly``), 1 / 2
-        the ``RopeVariant::kEarly`` / ``kEarlyFew`` kernels, 5 ``kPlain`` (the default before; bit
-        for bit the same). Eager only.
+        the ``RopeVariant::kEarly`` / ``kEarlyFew`` kernels, 5 ``kPlain`` (the default before), 8 /
+        9 ``kEarlyAnySize`` / ``kNoL2Hint`` (see ``apply_rope_inplace``); bit for bit the same. Eager
+        only.
 
     Returns
     -------
@@ -696,7 +699,7 @@ def rotary_embedding(
     """
     op = "rotary_embedding"
     if type(_variant) is not int or _variant != 0:  # a bool or float is refused, not read as 0
-        _check_variant(op, _variant, (1, 2, 5))
+        _check_variant(op, _variant, (1, 2, 5, 8, 9))
     check_scalar(op, "head_size", head_size, int, minimum=1)
     check_scalar(op, "is_neox", is_neox, bool)
     check_tensor(op, "positions", positions, dtypes=INDEX_DTYPES)

@@ -97,7 +97,12 @@ struct RopeVariant {
   // KV store: rope_early_kernel with kKvStore (kEarly's addresses and load order, v copied by rows
   // of their own as kKvSplitCopy); kEarly's preconditions, else kKvSplitCopy.
   static constexpr int64_t kEarlyKv = 7;
-  static constexpr int64_t kMax = 7;
+  // Rotation only, A/B knobs of the L2-hint rule at the L2-resident mid size (2048 tokens): kEarly
+  // without its size bound (no L2 hint at any size; R/2 <= kMaxLanes vectors, else the default),
+  // and the default launch with the L2 hint off.
+  static constexpr int64_t kEarlyAnySize = 8;
+  static constexpr int64_t kNoL2Hint = 9;
+  static constexpr int64_t kMax = 9;
 };
 
 /// One tensor of heads (q or k): element (t, h, e) at data + t * token_stride + h * head_stride + e.
@@ -822,6 +827,13 @@ void launch_rope_variant(RopeParams p, int64_t vec_n, bool l2_hint, DLDevice dev
   const auto fallback = [&]() { launch_rope<T, CacheT, kVecN, kNeox, kKvStore>(p, vec_n, l2_hint, device, pdl); };
   if (vec_n < kVecN) return fallback();
   if constexpr (!kKvStore) {
+    if (variant == RopeVariant::kNoL2Hint) {
+      return launch_rope<T, CacheT, kVecN, kNeox, kKvStore>(p, vec_n, false, device, pdl);
+    }
+    if (variant == RopeVariant::kEarlyAnySize) {
+      variant = RopeVariant::kEarly;
+      l2_hint = false;
+    }
     if (variant == RopeVariant::kHeadSlots) {
       if (launch_rope_head_slots<T, CacheT, kVecN, kNeox>(p, l2_hint, device, pdl)) return;
       variant = RopeVariant::kEarly;  // what the default (variant 0) launches here
