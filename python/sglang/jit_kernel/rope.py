@@ -295,8 +295,8 @@ def apply_rope_inplace(
         L2-resident mid size, about 2048 tokens: 7.70 us one input against the default's 7.90 on
         the H200, and slower at 1 / 64 tokens, so not the default; the default's kernel where its
         preconditions do not hold); 8 ``kEarlyAnySize`` (``kEarly`` at every size, no L2 hint) and
-        9 ``kNoL2Hint`` (the default's launch with the L2 hint off): A/B knobs of the hint rule at
-        2048 tokens. Same results, bit for bit (``kPlain`` where a variant's preconditions do not
+        9 ``kNoL2Hint`` (the default's launch with the L2 hint off), 10 ``kEarlyOne`` (8 with one
+        head per thread): A/B knobs of the hint rule and occupancy at 2048 tokens. Same results, bit for bit (``kPlain`` where a variant's preconditions do not
         hold). Eager only: ignored under torch.compile.
 
     Returns
@@ -341,7 +341,7 @@ def apply_rope_inplace(
     op = "apply_rope_inplace"
     check_scalar(op, "enable_pdl", enable_pdl, bool, optional=True)
     if type(_variant) is not int or _variant != 0:  # a bool or float is refused, not read as 0
-        _check_variant(op, _variant, (1, 2, 5, 6, 8, 9))
+        _check_variant(op, _variant, (1, 2, 5, 6, 8, 9, 10))
     _check_rope_args(op, q, k, cos_sin_cache, positions, is_neox, rope_dim)
     positions = positions.contiguous()  # read only: a strided index tensor is copied
     pdl = _pdl_flag(enable_pdl)
@@ -672,8 +672,8 @@ def rotary_embedding(
     _variant : int
         Private (keyword-only), for the benchmark: 0 (default) the default kernel (``kEarly``), 1 / 2
         the ``RopeVariant::kEarly`` / ``kEarlyFew`` kernels, 5 ``kPlain`` (the default before), 8 /
-        9 ``kEarlyAnySize`` / ``kNoL2Hint`` (see ``apply_rope_inplace``); bit for bit the same. Eager
-        only.
+        9 / 10 ``kEarlyAnySize`` / ``kNoL2Hint`` / ``kEarlyOne`` (see ``apply_rope_inplace``); bit
+        for bit the same. Eager only.
 
     Returns
     -------
@@ -699,7 +699,7 @@ def rotary_embedding(
     """
     op = "rotary_embedding"
     if type(_variant) is not int or _variant != 0:  # a bool or float is refused, not read as 0
-        _check_variant(op, _variant, (1, 2, 5, 8, 9))
+        _check_variant(op, _variant, (1, 2, 5, 8, 9, 10))
     check_scalar(op, "head_size", head_size, int, minimum=1)
     check_scalar(op, "is_neox", is_neox, bool)
     check_tensor(op, "positions", positions, dtypes=INDEX_DTYPES)

@@ -61,7 +61,7 @@ QKNORM_VARIANTS = {
 ROPE_VARIANTS = {"plain (old default)": 5, "early few": 2}
 # apply_rope_inplace only: "head slots" (kHeadSlots, 5 heads per thread loaded before the position;
 # aimed at the L2-resident 2048 tokens, docs/perf_notes.md "RoPE at 2048 tokens"; opt-in: it lost at 1 / 64)
-APPLY_ROPE_VARIANTS = {**ROPE_VARIANTS, "head slots": 6, "early any size": 8, "no l2 hint": 9}
+APPLY_ROPE_VARIANTS = {**ROPE_VARIANTS, "head slots": 6, "early any size": 8, "no l2 hint": 9, "early one head": 10}
 KV_VARIANTS = {"plain (old default)": 5, "no v prefetch": 3, "early kv": 7}  # 7: kEarlyKv (opt-in, not timed yet)
 
 

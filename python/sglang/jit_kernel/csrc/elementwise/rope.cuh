@@ -102,7 +102,10 @@ struct RopeVariant {
   // and the default launch with the L2 hint off.
   static constexpr int64_t kEarlyAnySize = 8;
   static constexpr int64_t kNoL2Hint = 9;
-  static constexpr int64_t kMax = 9;
+  // Rotation only: kEarlyAnySize with one head per thread (twice the threads, half the registers
+  // and bytes in flight per thread: more warps per SM at the L2-resident mid size).
+  static constexpr int64_t kEarlyOne = 10;
+  static constexpr int64_t kMax = 10;
 };
 
 /// One tensor of heads (q or k): element (t, h, e) at data + t * token_stride + h * head_stride + e.
@@ -552,13 +555,14 @@ SGL_DEVICE void rope_early_copy_v(const RopeParams& p, int64_t token, int64_t ro
 /// the cos/sin load follows as soon as the position arrives (one 64-bit multiply-add). kHeads heads
 /// per thread. Preconditions (the launcher's): rope_kernel's, and num_chunks <= blockDim.x (one
 /// chunk per lane: threadIdx.x < num_chunks rotates chunk threadIdx.x).
-/// A small-size variant: registers are not capped for occupancy (min blocks 1: 128 registers).
+/// A small-size variant: registers are not capped for occupancy (min blocks 1: 128 registers);
+/// with one head per thread (kEarlyOne, the mid-size A/B knob) 4 blocks of kMaxThreads (32).
 /// kKvStore (RopeVariant::kEarlyKv): the KV store in the same launch. The last p.v_rows rows of
 /// blockDim.y copy v (and the unrotated rest [R, head_dim) of k) with rope_early_copy_v; the other
 /// rows rotate as above and also store each rotated k vector to k_cache[loc], loc being loaded
 /// right after the position (both index loads are in flight together, before the data loads).
 template <typename T, typename CacheT, int kVecN, bool kNeox, int kHeads, bool kKvStore = false>
-__global__ void __launch_bounds__(RopeConfig::kMaxThreads, 1) rope_early_kernel(const RopeParams p) {
+__global__ void __launch_bounds__(RopeConfig::kMaxThreads, kHeads == 1 ? 4 : 1) rope_early_kernel(const RopeParams p) {
   using vec_t = device::AlignedVector<T, kVecN>;
   using cvec_t = device::AlignedVector<CacheT, kVecN>;
   const int64_t token = int64_t{blockIdx.x} * blockDim.z + threadIdx.z;
@@ -830,16 +834,16 @@ void launch_rope_variant(RopeParams p, int64_t vec_n, bool l2_hint, DLDevice dev
     if (variant == RopeVariant::kNoL2Hint) {
       return launch_rope<T, CacheT, kVecN, kNeox, kKvStore>(p, vec_n, false, device, pdl);
     }
-    if (variant == RopeVariant::kEarlyAnySize) {
-      variant = RopeVariant::kEarly;
+    if (variant == RopeVariant::kEarlyAnySize || variant == RopeVariant::kEarlyOne) {
+      variant = variant == RopeVariant::kEarlyOne ? RopeVariant::kEarlyOne : RopeVariant::kEarly;
       l2_hint = false;
     }
     if (variant == RopeVariant::kHeadSlots) {
       if (launch_rope_head_slots<T, CacheT, kVecN, kNeox>(p, l2_hint, device, pdl)) return;
       variant = RopeVariant::kEarly;  // what the default (variant 0) launches here
     }
-    if ((variant == RopeVariant::kEarly || variant == RopeVariant::kEarlyFew) && !l2_hint &&
-        num_chunks <= RopeConfig::kMaxLanes) {
+    if ((variant == RopeVariant::kEarly || variant == RopeVariant::kEarlyFew || variant == RopeVariant::kEarlyOne) &&
+        !l2_hint && num_chunks <= RopeConfig::kMaxLanes) {
       const auto launch = [&](auto kernel, int64_t heads_per_thread) {
         const dim3 block = rope_block(num_chunks, num_heads, p.num_tokens, heads_per_thread);
         const int64_t grid = div_ceil(p.num_tokens, int64_t{block.z});
@@ -847,6 +851,7 @@ void launch_rope_variant(RopeParams p, int64_t vec_n, bool l2_hint, DLDevice dev
         LaunchKernel(static_cast<uint32_t>(grid), block, device).enable_pdl(pdl)(kernel, p);
       };
       if (variant == RopeVariant::kEarly) return launch(rope_early_kernel<T, CacheT, kVecN, kNeox, 2>, 2);
+      if (variant == RopeVariant::kEarlyOne) return launch(rope_early_kernel<T, CacheT, kVecN, kNeox, 1>, 1);
       return launch(rope_early_kernel<T, CacheT, kVecN, kNeox, 4>, 4);
     }
     return fallback();
