@@ -289,14 +289,17 @@ def apply_rope_inplace(
         on it.
     _variant : int
         Private, for the benchmark's old-vs-new rows: 0 (default) the default kernel
-        (``RopeVariant::kEarly`` of ``rope.cuh``: addresses before the PDL wait); 1 / 2 the
+        (``RopeVariant::kEarlyAnySize`` of ``rope.cuh`` below 32 MiB of rotated bytes: addresses
+        before the PDL wait, no L2 hint; the L2-hinted ``rope_kernel`` above); 1 / 2 the
         ``kEarly`` / ``kEarlyFew`` kernels; 5 ``kPlain``, the kernel that was the default before;
         6 ``kHeadSlots``, five heads per thread loaded before the position (aimed at the
         L2-resident mid size, about 2048 tokens: 7.70 us one input against the default's 7.90 on
         the H200, and slower at 1 / 64 tokens, so not the default; the default's kernel where its
         preconditions do not hold); 8 ``kEarlyAnySize`` (``kEarly`` at every size, no L2 hint) and
         9 ``kNoL2Hint`` (the default's launch with the L2 hint off), 10 ``kEarlyOne`` (8 with one
-        head per thread): A/B knobs of the hint rule and occupancy at 2048 tokens. Same results, bit for bit (``kPlain`` where a variant's preconditions do not
+        head per thread), 11 ``kEarlyLate`` (8 with the PDL trigger after the stores), 12
+        ``kEarlyFewAnySize`` (8 with four heads per thread): A/B knobs of the hint rule, occupancy
+        and the PDL overlap at 2048 tokens. Same results, bit for bit (``kPlain`` where a variant's preconditions do not
         hold). Eager only: ignored under torch.compile.
 
     Returns
@@ -341,7 +344,7 @@ def apply_rope_inplace(
     op = "apply_rope_inplace"
     check_scalar(op, "enable_pdl", enable_pdl, bool, optional=True)
     if type(_variant) is not int or _variant != 0:  # a bool or float is refused, not read as 0
-        _check_variant(op, _variant, (1, 2, 5, 6, 8, 9, 10))
+        _check_variant(op, _variant, (1, 2, 5, 6, 8, 9, 10, 11, 12))
     _check_rope_args(op, q, k, cos_sin_cache, positions, is_neox, rope_dim)
     positions = positions.contiguous()  # read only: a strided index tensor is copied
     pdl = _pdl_flag(enable_pdl)
@@ -412,10 +415,11 @@ def apply_rope_inplace_with_kvcache(
         ``SGLANG_JIT_CHECK_INDICES=1`` it raises instead. Two tokens with one row: one of them wins.
     _variant : int
         Private, for the benchmark's old-vs-new rows: 0 (default) the default kernel
-        (``RopeVariant::kKvSplitCopy``: v copied by threads of their own); 3 ``kKvNoPrefetch`` (no v
+        (``RopeVariant::kEarlyKv`` below 1 MiB of rotated bytes, ``kKvSplitCopy`` above: v copied
+        by threads of their own); 3 ``kKvNoPrefetch`` (no v
         prefetch), 4 ``kKvSplitCopy``, 5 ``kPlain`` (the default before: v prefetched by the
         rotating threads), 7 ``kEarlyKv`` (``kEarly``'s load order with the store, below the L2-hint
-        size; else 4); same results, bit for bit. Eager only: ignored under torch.compile.
+        size; else 4; the default's choice); same results, bit for bit. Eager only: ignored under torch.compile.
 
     Returns
     -------
@@ -670,10 +674,11 @@ def rotary_embedding(
     is_neox : bool
         NeoX (default) or GPT-J style.
     _variant : int
-        Private (keyword-only), for the benchmark: 0 (default) the default kernel (``kEarly``), 1 / 2
-        the ``RopeVariant::kEarly`` / ``kEarlyFew`` kernels, 5 ``kPlain`` (the default before), 8 /
-        9 / 10 ``kEarlyAnySize`` / ``kNoL2Hint`` / ``kEarlyOne`` (see ``apply_rope_inplace``); bit
-        for bit the same. Eager only.
+        Private (keyword-only), for the benchmark: 0 (default) the default kernel (that of
+        ``apply_rope_inplace``), 1 / 2 the ``RopeVariant::kEarly`` / ``kEarlyFew`` kernels, 5
+        ``kPlain`` (the default before), 8 to 12 ``kEarlyAnySize``, ``kNoL2Hint``, ``kEarlyOne``,
+        ``kEarlyLate``, ``kEarlyFewAnySize`` (see ``apply_rope_inplace``); bit for bit the same.
+        Eager only.
 
     Returns
     -------
@@ -699,7 +704,7 @@ def rotary_embedding(
     """
     op = "rotary_embedding"
     if type(_variant) is not int or _variant != 0:  # a bool or float is refused, not read as 0
-        _check_variant(op, _variant, (1, 2, 5, 8, 9, 10))
+        _check_variant(op, _variant, (1, 2, 5, 8, 9, 10, 11, 12))
     check_scalar(op, "head_size", head_size, int, minimum=1)
     check_scalar(op, "is_neox", is_neox, bool)
     check_tensor(op, "positions", positions, dtypes=INDEX_DTYPES)

@@ -12,6 +12,7 @@ distinct and random. A/B rows: "jit evict_last" is the launchers' variant 1 (sou
 L2 evict_last policy; see row_scatter.cuh), the same bytes as "jit"; "jit x2" / "jit x4" are
 variants 2 / 3 (the flat kernel with 2 / 4 16-byte vectors per thread, every load issued before the
 stores, one pass), "jit x4 persistent" variant 4 (4 per thread, grid = the blocks resident at once).
+store_cache's default ("jit") is variant 2's kernel from 32 MiB of k + v rows on (16384 tokens here).
 """
 
 from __future__ import annotations

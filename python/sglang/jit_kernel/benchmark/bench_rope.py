@@ -54,15 +54,29 @@ QKNORM_VARIANTS = {
     "hpg=8": 8 << 8,
     "reg trig": 4,  # kRegTrig: cos/sin in registers, no barrier (1 token; the default from 64 tokens here)
     "reg trig+fast": 5,
+    # kWarpTable: one head per lane group, each warp its token's cos/sin table (no CTA barrier), bits
+    # 8-15 its warps per CTA (0: 2); 1 and 64 tokens here (the default from 2048)
+    "warp table": 8,
+    "warp table+fast": 9,
+    "warp table 1 warp": (1 << 8) | 8,
 }
-# RopeVariant of rope.cuh timed beside the default ("jit" = kEarly without the KV store, kKvSplitCopy
-# with it, since the 2026-12-01 A/B run): "plain" the kernel that was the default before, "early few"
-# 4 heads per thread, the KV store without the v prefetch
+# RopeVariant of rope.cuh timed beside the default ("jit" = kEarlyAnySize below 32 MiB of rotated
+# bytes, else the L2-hinted kernel, without the KV store; kEarlyKv with it below 1 MiB, else
+# kKvSplitCopy; since the 2026-12-02 A/B run): "plain" the kernel that was the default before,
+# "early few" 4 heads per thread, the KV store without the v prefetch
 ROPE_VARIANTS = {"plain (old default)": 5, "early few": 2}
 # apply_rope_inplace only: "head slots" (kHeadSlots, 5 heads per thread loaded before the position;
 # aimed at the L2-resident 2048 tokens, docs/perf_notes.md "RoPE at 2048 tokens"; opt-in: it lost at 1 / 64)
-APPLY_ROPE_VARIANTS = {**ROPE_VARIANTS, "head slots": 6, "early any size": 8, "no l2 hint": 9, "early one head": 10}
-KV_VARIANTS = {"plain (old default)": 5, "no v prefetch": 3, "early kv": 7}  # 7: kEarlyKv (opt-in, not timed yet)
+APPLY_ROPE_VARIANTS = {
+    **ROPE_VARIANTS,
+    "head slots": 6,
+    "early any size": 8,
+    "no l2 hint": 9,
+    "early one head": 10,
+    "early late trigger": 11,
+    "early few any size": 12,
+}
+KV_VARIANTS = {"plain (old default)": 5, "no v prefetch": 3, "split copy": 4}  # 4: the KV default before kEarlyKv
 
 
 # ---- torch baselines (the same math, written with torch ops) ----

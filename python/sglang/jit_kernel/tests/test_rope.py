@@ -620,7 +620,7 @@ VARIANT_CASES = [
 
 
 @requires_cuda
-@pytest.mark.parametrize("variant", [1, 2, 5, 8, 9, 10])
+@pytest.mark.parametrize("variant", [1, 2, 5, 8, 9, 10, 11, 12])
 @pytest.mark.parametrize("is_neox", [True, False])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("n,hq,hk,d,r", VARIANT_CASES)
@@ -671,7 +671,8 @@ def test_rope_variant_errors():
     """Before anything else is looked at: a variant the op does not have is a ValueError."""
     x = torch.zeros(1, 1, 2)
     with pytest.raises(
-        ValueError, match=r"^apply_rope_inplace: _variant value: expected 0 or one of \(1, 2, 5, 6, 8, 9, 10\), got 3$"
+        ValueError,
+        match=r"^apply_rope_inplace: _variant value: expected 0 or one of \(1, 2, 5, 6, 8, 9, 10, 11, 12\), got 3$",
     ):
         apply_rope_inplace(x, x, x, x, is_neox=True, _variant=3)
     with pytest.raises(
@@ -680,11 +681,13 @@ def test_rope_variant_errors():
     ):
         apply_rope_inplace_with_kvcache(x, x, x, x, x, x, x, x, is_neox=True, _variant=1)
     with pytest.raises(
-        ValueError, match=r"^rotary_embedding: _variant value: expected 0 or one of \(1, 2, 5, 8, 9, 10\), got 4$"
+        ValueError,
+        match=r"^rotary_embedding: _variant value: expected 0 or one of \(1, 2, 5, 8, 9, 10, 11, 12\), got 4$",
     ):
         rotary_embedding(x, x, None, 2, x, True, _variant=4)
     with pytest.raises(
-        ValueError, match=r"^rotary_embedding: _variant value: expected 0 or one of \(1, 2, 5, 8, 9, 10\), got 6$"
+        ValueError,
+        match=r"^rotary_embedding: _variant value: expected 0 or one of \(1, 2, 5, 8, 9, 10, 11, 12\), got 6$",
     ):
         rotary_embedding(x, x, None, 2, x, True, _variant=6)  # kHeadSlots: apply_rope_inplace only
     with pytest.raises(TypeError, match=r"^apply_rope_inplace: _variant type"):

@@ -59,6 +59,12 @@ struct RopeConfig {
   static constexpr int64_t kMaxLanes = 512;            // lanes per head (chunks beyond: lanes loop)
   static constexpr int kHeadsPerThread = 2;            // heads a thread loads before it stores (when there are 2+)
   static constexpr int64_t kL2HintMinBytes = 1 << 20;  // in-place launches at least this large use the L2 hint
+  // Rotation only: below this many rotated bytes the default is rope_early_kernel without the L2
+  // hint (kEarlyAnySize), above it rope_kernel with the hint. H200, 32 + 8 heads x 128 bf16, one
+  // input: 2048 tokens (21 MB) 7.56 us against rope_kernel's 7.90 (cold 12.01 / 12.30); 16384
+  // tokens (168 MB) 84.15 against 81.69. Sizes between were not timed; 32 MiB stays well inside
+  // the 50 MB L2 of an H100 / H200.
+  static constexpr int64_t kEarlyMaxBytes = int64_t{32} << 20;
   static constexpr int kKvPrefetch =
       2;  // v vectors per thread loaded before the rotation (KV store; 16-48 B of spills at 64 registers, 1: 16-32 B)
   static constexpr int kKvSplit = -1;  // rope_kernel's kKvMode: v copied by rows of threads of their own
@@ -73,10 +79,12 @@ struct RopeConfig {
   static constexpr int64_t kSlotTargetThreads = 64;
 };
 
-/// Variants of the launchers. 0 (the default of every launcher) is kEarly for the rotation-only
-/// ops and kKvSplitCopy with the KV store (both won every size in the 2026-12-01 A/B run); the
-/// others are A/B knobs of the *_v launchers, kPlain the launch before that change. Each one falls
-/// back to kPlain where its preconditions do not hold (stated per variant).
+/// Variants of the launchers. 0 (the default of every launcher) is, for the rotation-only ops,
+/// kEarlyAnySize below RopeConfig::kEarlyMaxBytes and kEarly's rule (the L2-hinted rope_kernel)
+/// above it, and kEarlyKv with the KV store (kKvSplitCopy from the L2-hint size on): the winners of
+/// the 2026-12-01 and 2026-12-02 A/B runs on the H200. The others are A/B knobs of the *_v
+/// launchers, kPlain the launch before the first change. Each one falls back to kPlain where its
+/// preconditions do not hold (stated per variant).
 struct RopeVariant {
   // rope_early_kernel (rotation only): addresses before the PDL wait, the position load first after
   // it; 16-byte vectors, R/2 <= kMaxLanes vectors, below kL2HintMinBytes (T = 1 here); else default.
@@ -105,7 +113,12 @@ struct RopeVariant {
   // Rotation only: kEarlyAnySize with one head per thread (twice the threads, half the registers
   // and bytes in flight per thread: more warps per SM at the L2-resident mid size).
   static constexpr int64_t kEarlyOne = 10;
-  static constexpr int64_t kMax = 10;
+  // Rotation only: kEarlyAnySize with the PDL trigger (launch_dependents) after the stores instead
+  // of after the wait (the dependent grid's CTAs then wait less while this one still runs), and
+  // kEarlyAnySize with 4 heads per thread.
+  static constexpr int64_t kEarlyLate = 11;
+  static constexpr int64_t kEarlyFewAnySize = 12;
+  static constexpr int64_t kMax = 12;
 };
 
 /// One tensor of heads (q or k): element (t, h, e) at data + t * token_stride + h * head_stride + e.
@@ -561,7 +574,14 @@ SGL_DEVICE void rope_early_copy_v(const RopeParams& p, int64_t token, int64_t ro
 /// blockDim.y copy v (and the unrotated rest [R, head_dim) of k) with rope_early_copy_v; the other
 /// rows rotate as above and also store each rotated k vector to k_cache[loc], loc being loaded
 /// right after the position (both index loads are in flight together, before the data loads).
-template <typename T, typename CacheT, int kVecN, bool kNeox, int kHeads, bool kKvStore = false>
+template <
+    typename T,
+    typename CacheT,
+    int kVecN,
+    bool kNeox,
+    int kHeads,
+    bool kKvStore = false,
+    bool kLateTrigger = false>
 __global__ void __launch_bounds__(RopeConfig::kMaxThreads, kHeads == 1 ? 4 : 1) rope_early_kernel(const RopeParams p) {
   using vec_t = device::AlignedVector<T, kVecN>;
   using cvec_t = device::AlignedVector<CacheT, kVecN>;
@@ -593,7 +613,7 @@ __global__ void __launch_bounds__(RopeConfig::kMaxThreads, kHeads == 1 ? 4 : 1) 
                             : static_cast<const void*>(static_cast<const int32_t*>(p.positions) + (active ? token : 0));
 
   device::pdl_wait_primary();
-  device::pdl_launch_dependents();
+  if constexpr (!kLateTrigger) device::pdl_launch_dependents();
   if (!active) return;
 
   const int64_t pos = p.positions_int64 ? *static_cast<const int64_t*>(pos_ptr)
@@ -645,6 +665,7 @@ __global__ void __launch_bounds__(RopeConfig::kMaxThreads, kHeads == 1 ? 4 : 1) 
     y.store(ptr + off_b);
     if constexpr (kKvStore) rope_store_k_cache<T, kVecN>(p, head, loc, off_a, off_b, x, y);
   }
+  if constexpr (kLateTrigger) device::pdl_launch_dependents();  // exited threads count as triggered
 }
 
 /// RopeVariant::kHeadSlots (rotation only, fp32 cache; opt-in), aimed at the L2-resident mid size
@@ -834,15 +855,18 @@ void launch_rope_variant(RopeParams p, int64_t vec_n, bool l2_hint, DLDevice dev
     if (variant == RopeVariant::kNoL2Hint) {
       return launch_rope<T, CacheT, kVecN, kNeox, kKvStore>(p, vec_n, false, device, pdl);
     }
-    if (variant == RopeVariant::kEarlyAnySize || variant == RopeVariant::kEarlyOne) {
-      variant = variant == RopeVariant::kEarlyOne ? RopeVariant::kEarlyOne : RopeVariant::kEarly;
+    if (variant == RopeVariant::kEarlyAnySize || variant == RopeVariant::kEarlyOne ||
+        variant == RopeVariant::kEarlyLate || variant == RopeVariant::kEarlyFewAnySize) {
+      if (variant == RopeVariant::kEarlyAnySize) variant = RopeVariant::kEarly;
+      if (variant == RopeVariant::kEarlyFewAnySize) variant = RopeVariant::kEarlyFew;
       l2_hint = false;
     }
     if (variant == RopeVariant::kHeadSlots) {
       if (launch_rope_head_slots<T, CacheT, kVecN, kNeox>(p, l2_hint, device, pdl)) return;
       variant = RopeVariant::kEarly;  // what the default (variant 0) launches here
     }
-    if ((variant == RopeVariant::kEarly || variant == RopeVariant::kEarlyFew || variant == RopeVariant::kEarlyOne) &&
+    if ((variant == RopeVariant::kEarly || variant == RopeVariant::kEarlyFew || variant == RopeVariant::kEarlyOne ||
+         variant == RopeVariant::kEarlyLate) &&
         !l2_hint && num_chunks <= RopeConfig::kMaxLanes) {
       const auto launch = [&](auto kernel, int64_t heads_per_thread) {
         const dim3 block = rope_block(num_chunks, num_heads, p.num_tokens, heads_per_thread);
@@ -852,6 +876,9 @@ void launch_rope_variant(RopeParams p, int64_t vec_n, bool l2_hint, DLDevice dev
       };
       if (variant == RopeVariant::kEarly) return launch(rope_early_kernel<T, CacheT, kVecN, kNeox, 2>, 2);
       if (variant == RopeVariant::kEarlyOne) return launch(rope_early_kernel<T, CacheT, kVecN, kNeox, 1>, 1);
+      if (variant == RopeVariant::kEarlyLate) {
+        return launch(rope_early_kernel<T, CacheT, kVecN, kNeox, 2, false, true>, 2);
+      }
       return launch(rope_early_kernel<T, CacheT, kVecN, kNeox, 4>, 4);
     }
     return fallback();
@@ -996,7 +1023,13 @@ void rope_dispatch(const RopeParams& p, bool is_neox, DLDevice device, int64_t e
   const bool l2_hint = rotated_bytes >= RopeConfig::kL2HintMinBytes;
   const bool pdl = rope_resolve_pdl(enable_pdl, device);
   constexpr int kMaxVecN = static_cast<int>(16 / sizeof(T));
-  if (variant == 0) variant = kKvStore ? RopeVariant::kKvSplitCopy : RopeVariant::kEarly;
+  if (variant == 0) {
+    // kEarlyKv falls back to kKvSplitCopy from the L2-hint size on; kEarlyAnySize to the default
+    // launch where rope_early_kernel's preconditions do not hold (so only below kEarlyMaxBytes).
+    const bool early_any =
+        vec_n == kMaxVecN && p.half / vec_n <= RopeConfig::kMaxLanes && rotated_bytes < RopeConfig::kEarlyMaxBytes;
+    variant = kKvStore ? RopeVariant::kEarlyKv : (early_any ? RopeVariant::kEarlyAnySize : RopeVariant::kEarly);
+  }
   if (variant != RopeVariant::kPlain) {
     if (is_neox) {
       launch_rope_variant<T, CacheT, true, kKvStore>(p, vec_n, l2_hint, device, pdl, variant);
