@@ -16,10 +16,10 @@
 #include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDevice, data_ptr
 #include <sgl_kernel/utils.h>   // For RuntimeCheck, div_ceil
 
-#include <sgl_kernel/cta.cuh>      // For cta::reduce_max
+#include <sgl_kernel/cta.cuh>      // For cta::reduce_max_nonneg
 #include <sgl_kernel/runtime.cuh>  // For runtime::get_sm_count
 #include <sgl_kernel/utils.cuh>    // For LaunchKernel, SGL_DEVICE, kWarpThreads, fp8_e4m3_t, pdl_wait_primary
-#include <sgl_kernel/warp.cuh>     // For warp::reduce_max
+#include <sgl_kernel/warp.cuh>     // For warp::reduce_max_nonneg
 
 #include <algorithm>
 #include <cstdint>
@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(TokenQuantConfig::kWarpBlockThreads)
     for (int c = 0; c < kItems; ++c) {
       if (int64_t{c} * device::kWarpThreads + lane < num_chunks) amax = chunk_absmax(x[c], amax);
     }
-    amax = device::warp::reduce_max<float>(amax);
+    amax = device::warp::reduce_max_nonneg(amax);  // >= 0, never NaN (chunk_absmax): exact
     const float scale = block_scale(amax, p.eps, kQMax, /*ue8m0=*/false);
     const float inv_scale = __fdiv_rn(1.0f, scale);
 #pragma unroll
@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(TokenQuantConfig::kMaxThreads) per_token_quant
       load_row_chunk(extra, src, index, p.hidden_size);
       amax = chunk_absmax(extra, amax);
     }
-    device::cta::reduce_max(amax, smem, 0.0f);
+    device::cta::reduce_max_nonneg(amax, smem);  // >= 0, never NaN (chunk_absmax): exact
     __syncthreads();
     const float scale = block_scale(smem[0], p.eps, kTypeMax<fp8_e4m3_t>, /*ue8m0=*/false);
     const float inv_scale = __fdiv_rn(1.0f, scale);

@@ -1,4 +1,4 @@
-// CTA-level (thread block) reductions: device::cta::reduce_max / reduce_sum.
+// CTA-level (thread block) reductions: device::cta::reduce_max / reduce_sum / reduce_max_nonneg.
 #pragma once
 
 #include <sgl_kernel/utils.cuh>  // For SGL_DEVICE, kWarpThreads
@@ -11,12 +11,15 @@ namespace device::cta {
 namespace detail {
 
 /// Shared two-level reduction: warp reduce, per-warp partials to smem, warp 0 reduces them.
-template <bool kIsMax, typename T>
+/// kNonneg (fp32 maxima only): warp::reduce_max_nonneg at both levels.
+template <bool kIsMax, typename T, bool kNonneg = false>
 SGL_DEVICE void reduce_to_smem(T value, T* smem, T identity) {
   const uint32_t lane = threadIdx.x % kWarpThreads;
   const uint32_t warp_id = threadIdx.x / kWarpThreads;
   const uint32_t num_warps = (blockDim.x + kWarpThreads - 1) / kWarpThreads;
-  if constexpr (kIsMax) {
+  if constexpr (kNonneg) {
+    value = warp::reduce_max_nonneg(value);
+  } else if constexpr (kIsMax) {
     value = warp::reduce_max<T>(value);
   } else {
     value = warp::reduce_sum<T>(value);
@@ -25,7 +28,9 @@ SGL_DEVICE void reduce_to_smem(T value, T* smem, T identity) {
   __syncthreads();
   if (warp_id == 0) {
     value = lane < num_warps ? smem[lane] : identity;
-    if constexpr (kIsMax) {
+    if constexpr (kNonneg) {
+      value = warp::reduce_max_nonneg(value);
+    } else if constexpr (kIsMax) {
       value = warp::reduce_max<T>(value);
     } else {
       value = warp::reduce_sum<T>(value);
@@ -50,6 +55,15 @@ SGL_DEVICE void reduce_to_smem(T value, T* smem, T identity) {
 template <typename T>
 SGL_DEVICE void reduce_max(T value, T* smem, T min_value) {
   detail::reduce_to_smem<true>(value, smem, min_value);
+}
+
+/// Maximum of a non-negative, non-NaN fp32 `value` (an absolute maximum) over all threads of the
+/// (1D) CTA, written to smem[0]: reduce_max(value, smem, 0.0f) with one redux.sync per level
+/// instead of five shuffles (warp::reduce_max_nonneg; exact, the same value).
+/// Inputs, constraints and sync owed: as reduce_max (smem of at least blockDim.x / 32 floats).
+/// Example: 256 threads holding float(threadIdx.x) -> after __syncthreads(), smem[0] == 255.0f.
+SGL_DEVICE void reduce_max_nonneg(float value, float* smem) {
+  detail::reduce_to_smem<true, float, true>(value, smem, 0.0f);
 }
 
 /// Sum of `value` over all threads of the (1D) CTA, written to smem[0].

@@ -1,4 +1,5 @@
-// Warp-level reductions: device::warp::reduce_sum / reduce_max (butterfly __shfl_xor_sync).
+// Warp-level reductions: device::warp::reduce_sum / reduce_max (butterfly __shfl_xor_sync), and
+// reduce_max_nonneg (one redux.sync on the bit patterns of non-negative floats).
 #pragma once
 
 #include <sgl_kernel/math.cuh>   // For math::max
@@ -48,6 +49,21 @@ SGL_DEVICE T reduce_max(T value) {
     value = math::max<T>(value, __shfl_xor_sync(0xffffffffu, value, mask, kWarpThreads));
   }
   return value;
+}
+
+/// Maximum over the whole warp of a non-negative float that is not NaN (an absolute maximum built
+/// with fmaxf from 0, for example): such floats order as their bit patterns do as unsigned
+/// integers, so one redux.sync (__reduce_max_sync, compute capability 8.0+) replaces reduce_max's
+/// five dependent shuffle levels. Exact: the same value reduce_max returns for such inputs (+inf
+/// included). A negative or NaN input gives an unspecified result.
+/// Sync: all 32 lanes of the warp must call it together (full mask).
+/// Example: lanes 0..31 holding float(lane): every lane gets 31.0f.
+SGL_DEVICE float reduce_max_nonneg(float value) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  return __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(value)));
+#else
+  return reduce_max<float>(value);
+#endif
 }
 
 }  // namespace device::warp

@@ -11,14 +11,14 @@
 #include <sgl_kernel/utils.h>   // For Panic, RuntimeCheck, div_ceil, irange, pointer::offset
 
 #include <sgl_kernel/atomic.cuh>   // For atomic::max
-#include <sgl_kernel/cta.cuh>      // For cta::reduce_max, cta::reduce_sum
+#include <sgl_kernel/cta.cuh>      // For cta::reduce_max, cta::reduce_sum, cta::reduce_max_nonneg
 #include <sgl_kernel/math.cuh>     // For math::max/min/abs/sqrt/rsqrt/exp/sin/cos
 #include <sgl_kernel/runtime.cuh>  // For runtime::get_blocks_per_sm, get_sm_count, get_cc_major
 #include <sgl_kernel/tile.cuh>     // For tile::Memory
 #include <sgl_kernel/type.cuh>     // For dtype_trait, packed_t, cast
 #include <sgl_kernel/utils.cuh>    // For LaunchKernel, SGL_DEVICE, load_as, store_as, pdl_*, aliases
 #include <sgl_kernel/vec.cuh>      // For AlignedVector
-#include <sgl_kernel/warp.cuh>     // For warp::reduce_sum, warp::reduce_max
+#include <sgl_kernel/warp.cuh>     // For warp::reduce_sum, warp::reduce_max, warp::reduce_max_nonneg
 
 #include <cmath>
 #include <cstdint>
@@ -83,6 +83,7 @@ __global__ void smoke_kernel(const SmokeParams params) {
   using vec_t = AlignedVector<T, 16 / sizeof(T)>;
   __shared__ float smem[kSmokeThreads / kWarpThreads];
   __shared__ float smem_max[kSmokeThreads / kWarpThreads];
+  __shared__ float smem_max_bits[kSmokeThreads / kWarpThreads];
 
   pdl_wait_primary();
 
@@ -116,6 +117,7 @@ __global__ void smoke_kernel(const SmokeParams params) {
 
   cta::reduce_sum(sum, smem);
   cta::reduce_max(max_abs, smem_max, 0.0f);
+  cta::reduce_max_nonneg(max_abs, smem_max_bits);  // the same value (max_abs >= 0, never NaN)
   atomic::max(&params.results[2], max_val);
   __syncthreads();
 
@@ -123,14 +125,16 @@ __global__ void smoke_kernel(const SmokeParams params) {
   const float lane_sum = warp::reduce_sum(static_cast<float>(lane));
   const float half_sum = warp::reduce_sum<float, 16>(static_cast<float>(lane));
   const float lane_max = warp::reduce_max(static_cast<float>(lane));
+  const float lane_max_bits = warp::reduce_max_nonneg(static_cast<float>(lane));
   const T lane_max_t = warp::reduce_max(cast<T>(static_cast<float>(lane)));
   const T lane_sum_t = warp::reduce_sum<T, 4>(cast<T>(1.0f));
 
   if (threadIdx.x == 0) {
     params.results[0] = smem[0];
-    params.results[1] = smem_max[0];
+    params.results[1] = fmaxf(smem_max[0], smem_max_bits[0]);
     params.results[3] = lane_sum;
-    params.results[5] = lane_max + (cast<fp32_t>(lane_max_t) - 31.0f) + (cast<fp32_t>(lane_sum_t) - 4.0f);
+    params.results[5] =
+        lane_max + (cast<fp32_t>(lane_max_t) - 31.0f) + (cast<fp32_t>(lane_sum_t) - 4.0f) + (lane_max_bits - 31.0f);
     const T h = cast<T>(0.5f);
     params.results[6] = cast<fp32_t>(math::exp(h));
     params.results[7] = cast<fp32_t>(math::sqrt(h));
