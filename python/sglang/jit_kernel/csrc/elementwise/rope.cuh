@@ -188,6 +188,15 @@ struct RopeAccess {
   }
 };
 
+/// One vector of a KV-cache store at `ptr`: the L2-policy form of AlignedVector::store (evict_normal,
+/// the priority of a plain store), which is always one vector st.global. The plain form compiled
+/// to four 4-byte stores for these cache writes (nvcc 13.0, sm_90: a value also stored in place,
+/// or copied straight from a load), four times the store instructions.
+template <typename V>
+SGL_DEVICE void rope_cache_store(const V& v, void* ptr) {
+  v.store(ptr, 0, device::l2_evict_normal_policy());
+}
+
 /// Reads index `i` of an int32 or int64 index tensor as int64.
 SGL_DEVICE int64_t load_index(const void* ptr, bool is_int64, int64_t i) {
   return is_int64 ? static_cast<const int64_t*>(ptr)[i] : static_cast<int64_t>(static_cast<const int32_t*>(ptr)[i]);
@@ -340,12 +349,12 @@ SGL_DEVICE void copy_kv_rest(
   for (int64_t e = begin + int64_t{threadIdx.x} * kVecN; e < p.head_dim; e += step) {
     vec_t x;
     x.load(k_head + e);
-    x.store(kc + e);
+    rope_cache_store(x, kc + e);
   }
   for (int64_t e = v_begin + int64_t{threadIdx.x} * kVecN; e < p.head_dim; e += step) {
     vec_t x;
     x.load(v_head + e);
-    x.store(vc + e);
+    rope_cache_store(x, vc + e);
   }
 }
 
@@ -395,8 +404,8 @@ __global__ void __launch_bounds__(RopeConfig::kMaxThreads, RopeConfig::kMinBlock
           x0.load(v_head + e);
           if (second) x1.load(v_head + e + vstep);
           if (loc < 0 || loc >= p.cache_size) return;
-          x0.store(vc + e);
-          if (second) x1.store(vc + e + vstep);
+          rope_cache_store(x0, vc + e);
+          if (second) rope_cache_store(x1, vc + e + vstep);
         }
       }
       return;
@@ -469,8 +478,8 @@ __global__ void __launch_bounds__(RopeConfig::kMaxThreads, RopeConfig::kMinBlock
         if (loc >= 0 && head >= p.q.num_heads) {
           const int64_t kv_head = head - p.q.num_heads;
           T* kc = static_cast<T*>(p.k_cache) + loc * p.k_cache_stride + kv_head * p.head_dim;
-          a[i].store(kc + off_a);
-          b[i].store(kc + off_b);
+          rope_cache_store(a[i], kc + off_a);
+          rope_cache_store(b[i], kc + off_b);
         }
       }
       first += kHeads * step;
@@ -493,7 +502,7 @@ __global__ void __launch_bounds__(RopeConfig::kMaxThreads, RopeConfig::kMinBlock
 #pragma unroll
         for (int i = 0; i < kKvPrefetch; ++i) {
           const int64_t e = int64_t{threadIdx.x} * kVecN + i * kv_step;
-          if (e < p.head_dim) v_pre[i].store(vc + e);
+          if (e < p.head_dim) rope_cache_store(v_pre[i], vc + e);
         }
       }
     }
@@ -525,8 +534,8 @@ SGL_DEVICE void rope_store_k_cache(
     const device::AlignedVector<T, kVecN>& b) {
   if (loc < 0 || head < p.q.num_heads) return;
   T* kc = static_cast<T*>(p.k_cache) + loc * p.k_cache_stride + (head - p.q.num_heads) * p.head_dim;
-  a.store(kc + off_a);
-  b.store(kc + off_b);
+  rope_cache_store(a, kc + off_a);
+  rope_cache_store(b, kc + off_b);
 }
 
 /// rope_early_kernel's v rows (kKvStore): row `row` of the p.v_rows copies kv heads row, row +
@@ -544,6 +553,9 @@ SGL_DEVICE void rope_early_copy_v(const RopeParams& p, int64_t token, int64_t ro
   device::pdl_launch_dependents();
   if (token >= p.num_tokens || row >= p.k.num_heads) return;
   const int64_t loc = rope_valid_loc(p, token);
+  // No unrolling: a trip count would be a 64-bit division before the first load.
+  const bool has_rest = 2 * p.half < p.head_dim || kPre * vstep < p.head_dim;
+#pragma unroll 1
   for (int64_t kv_head = row; kv_head < p.k.num_heads; kv_head += p.v_rows) {
     const T* v_head = static_cast<const T*>(p.v) + token * p.v_token_stride + kv_head * p.v_head_stride;
     vec_t x[kPre];
@@ -555,8 +567,9 @@ SGL_DEVICE void rope_early_copy_v(const RopeParams& p, int64_t token, int64_t ro
     T* vc = static_cast<T*>(p.v_cache) + loc * p.v_cache_stride + kv_head * p.head_dim;
 #pragma unroll
     for (int i = 0; i < kPre; ++i) {
-      if (e0 + i * vstep < p.head_dim) x[i].store(vc + e0 + i * vstep);
+      if (e0 + i * vstep < p.head_dim) rope_cache_store(x[i], vc + e0 + i * vstep);
     }
+    if (!has_rest) continue;  // R = head_dim and the prefetch held all of v: nothing left
     const T* k_head = static_cast<const T*>(p.k.data) + token * p.k.token_stride + kv_head * p.k.head_stride;
     copy_kv_rest<T, kVecN>(p, k_head, token, kv_head, loc, 2 * p.half, kPre * vstep);
   }
@@ -654,7 +667,9 @@ __global__ void __launch_bounds__(RopeConfig::kMaxThreads, kHeads == 1 ? 4 : 1) 
     b[i].store(pb[i]);
     if constexpr (kKvStore) rope_store_k_cache<T, kVecN>(p, threadIdx.y + i * step, loc, off_a, off_b, a[i], b[i]);
   }
-  // the heads beyond the first pass (more than kHeads * rotating rows): one at a time
+  // the heads beyond the first pass (more than kHeads * rotating rows): one at a time (not
+  // unrolled: its trip count was a division ahead of the first pass's loads)
+#pragma unroll 1
   for (int64_t head = threadIdx.y + kHeads * step; head < num_heads; head += step) {
     T* ptr = head_at<T>(p, token, head);
     vec_t x, y;
