@@ -9,6 +9,10 @@ pays it; "jit no zero_" calls with accumulate=False, which overwrites output_s a
 "jit cluster" rows: the opt-in cluster pass (SGLANG_PER_TENSOR_CLUSTER=1; one launch up to 262144
 bf16 elements, i.e. T <= 64 here; the default's passes above, so those rows repeat "jit"; on the H200
 it lost at 64 tokens, 4.96 against 4.74 us without zero_, and stays opt-in).
+"jit grid" rows: the opt-in grid pass (SGLANG_PER_TENSOR_GRID=1; one cooperative launch over every SM
+while one resident wave holds the input in registers: 4 chunks a thread, the co-resident blocks
+queried per device, e.g. 8.6M bf16 elements at two 1024-thread blocks on each of 132 SMs; the
+default's passes above, so those rows repeat "jit"). Not measured on a GPU yet.
 """
 
 from __future__ import annotations
@@ -70,6 +74,13 @@ def main() -> None:
             "jit cluster": with_env("SGLANG_PER_TENSOR_CLUSTER", "1", jit_dynamic),
             "jit cluster no zero_": with_env(
                 "SGLANG_PER_TENSOR_CLUSTER", "1", lambda x, q, s: per_tensor_quant_fp8(x, q, s, accumulate=False)
+            ),
+            # opt-in: one cooperative launch over every SM, a grid barrier between the maximum and the
+            # bytes, while one resident wave holds the input (the default's passes above;
+            # SGLANG_PER_TENSOR_GRID=1)
+            "jit grid": with_env("SGLANG_PER_TENSOR_GRID", "1", jit_dynamic),
+            "jit grid no zero_": with_env(
+                "SGLANG_PER_TENSOR_GRID", "1", lambda x, q, s: per_tensor_quant_fp8(x, q, s, accumulate=False)
             ),
         },
         nbytes,

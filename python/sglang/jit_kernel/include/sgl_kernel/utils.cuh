@@ -152,6 +152,8 @@ template <cudaDeviceAttr kAttr>
 /// - `.enable_pdl(b)` requests Programmatic Dependent Launch (cudaLaunchAttributeProgrammatic-
 ///   StreamSerialization); honoured only on a device of compute capability 9.0 or newer, dropped on
 ///   older ones (A100), so callers need no capability check of their own.
+/// - `.cluster(n)` launches thread block clusters; `.cooperative(b)` a cooperative grid (the one
+///   cooperative_groups::this_grid().sync() needs).
 /// - `operator()(kernel, args...)` launches with cudaLaunchKernelEx (each arg converted to the
 ///   kernel's parameter type) and throws a PanicError naming the CUDA error and the file:line where
 ///   the LaunchKernel was constructed; a module without code for the device (built for other
@@ -217,6 +219,20 @@ class LaunchKernel {
     return *this;
   }
 
+  /// Launches the grid cooperatively (or not; returns *this): cudaLaunchAttributeCooperative, which
+  /// makes every block co-resident and gives the launch the driver's own grid barrier, so the kernel
+  /// may call cooperative_groups::this_grid().sync() (undefined behaviour in a launch without it).
+  /// The launch fails (PanicError naming cudaErrorCooperativeLaunchTooLarge) when the grid exceeds
+  /// the co-resident blocks (cudaOccupancyMaxActiveBlocksPerMultiprocessor for this block size and
+  /// smem, times the SM count), and on a device without cudaDevAttrCooperativeLaunch: the caller
+  /// sizes the grid from those queries and checks the attribute. Each launch gets its own barrier,
+  /// so concurrent cooperative launches on other streams do not interfere. Not combined with
+  /// enable_pdl by any caller yet: whether the driver honours both at once is untested.
+  LaunchKernel& cooperative(bool enable = true) {
+    cooperative_ = enable;
+    return *this;
+  }
+
   /// Whether the launch device can run thread block clusters (compute capability 9.0 or newer).
   bool is_cluster_device() const { return device_cc_major() >= 9; }
 
@@ -224,7 +240,7 @@ class LaunchKernel {
   template <typename... KernelArgs, typename... Args>
   void operator()(void (*kernel)(KernelArgs...), Args&&... args) const {
     static_assert(sizeof...(KernelArgs) == sizeof...(Args), "LaunchKernel: argument count mismatch");
-    cudaLaunchAttribute attrs[2];
+    cudaLaunchAttribute attrs[3];
     cudaLaunchConfig_t config{};
     config.gridDim = grid_;
     config.blockDim = block_;
@@ -242,6 +258,11 @@ class LaunchKernel {
       attrs[config.numAttrs].val.clusterDim.x = cluster_;
       attrs[config.numAttrs].val.clusterDim.y = 1;
       attrs[config.numAttrs].val.clusterDim.z = 1;
+      ++config.numAttrs;
+    }
+    if (cooperative_) {
+      attrs[config.numAttrs].id = cudaLaunchAttributeCooperative;
+      attrs[config.numAttrs].val.cooperative = 1;
       ++config.numAttrs;
     }
     int previous_device = -1;
@@ -321,6 +342,7 @@ class LaunchKernel {
   int device_id_;  // -1: launch on the current device
   bool pdl_{false};
   uint32_t cluster_{1};  // CTAs per thread block cluster (1: no clusters)
+  bool cooperative_{false};
   std::source_location loc_;
 };
 
