@@ -12,7 +12,9 @@ it lost at 64 tokens, 4.96 against 4.74 us without zero_, and stays opt-in).
 "jit grid" rows: the opt-in grid pass (SGLANG_PER_TENSOR_GRID=1; one cooperative launch over every SM
 while one resident wave holds the input in registers: 4 chunks a thread, the co-resident blocks
 queried per device, e.g. 8.6M bf16 elements at two 1024-thread blocks on each of 132 SMs; the
-default's passes above, so those rows repeat "jit"). Not measured on a GPU yet.
+default's passes above, so those rows repeat "jit"). A first version (the compare-and-swap fmax, two
+barriers without accumulate) lost on the H200 at 64 tokens, 6.90 against 4.73 us without zero_ (6.54
+against 5.21 with it); the current one (one atomicMax per block) is not measured yet.
 """
 
 from __future__ import annotations

@@ -271,7 +271,9 @@ __global__ void __launch_bounds__(TensorQuantConfig::kClusterThreads)
 /// one-block pass the default reads the input twice in two or three dependent launches (the reset,
 /// absmax and quantize kernels), whose latency dominates at mid sizes ([64, 4096] bf16 is 512 KB), and
 /// the cluster pass, one launch too, moves the bytes through 8 SMs only; this grid spreads them over
-/// every SM (the launcher sizes the blocks so that it covers them). Measured: docs/perf_notes.md.
+/// every SM (the launcher sizes the blocks so that it covers them). Opt-in: a first version (the fmax
+/// loop, two barriers without accumulate) lost on the H200 (docs/perf_notes.md); this one is not
+/// measured on a GPU yet.
 ///
 /// Bit-identical to the two-pass path, whose output_s is fmaxf(start, s_0, .., s_n) (its atomic fmax;
 /// start = the caller's output_s with accumulate, 0 without, as the reset kernel stores) of the same
