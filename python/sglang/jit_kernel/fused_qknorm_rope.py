@@ -153,7 +153,10 @@ def fused_qk_norm_rope(
         Benchmark switch, not part of the API (keyword-only, default 0 = the default kernel): bit 0
         the reduced ``__sincosf`` trig, bit 1 the previous kernel, bit 2 the cos/sin in registers
         (no shared rows or barrier; one unit per lane below the L2-hint size, else the default;
-        bit for bit the results without bit 2), bits 8-15 a heads-per-group override
+        bit for bit the results without bit 2), bit 3 the warp-table kernel (one head per lane
+        group, each warp its token's cos/sin table, no CTA barrier; 16-byte vectors, one unit per
+        lane, below the large-size switch, else the default; bit for bit the results without bit
+        3, bits 8-15 then its warps per CTA), bits 8-15 a heads-per-group override
         (``QKNormRopeVariant`` in the kernel). Results agree within the documented tolerance.
 
     Returns

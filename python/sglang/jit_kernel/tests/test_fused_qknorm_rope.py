@@ -72,9 +72,10 @@ def test_fused_qk_norm_rope(dtype, is_neox, d, rotary_dim, hq, hk, hv, n, yarn):
     assert torch.equal(qkv[:, (hq + hk) * d :], v_before), "v was modified"
 
 
-# _variant bits (QKNormRopeVariant): 1 reduced __sincosf trig, 2 the previous kernel, bits 8-15 heads
-# per group; every one must meet the same tolerance as the default
-VARIANTS = [1, 2, 1 << 8, 3 << 8, 8 << 8, (5 << 8) | 1]
+# _variant bits (QKNormRopeVariant): 1 reduced __sincosf trig, 2 the previous kernel, 8 the warp-table
+# kernel (bits 8-15 then its warps per CTA), bits 8-15 heads per group; every one must meet the same
+# tolerance as the default
+VARIANTS = [1, 2, 1 << 8, 3 << 8, 8 << 8, (5 << 8) | 1, 8, 9, (1 << 8) | 8, (16 << 8) | 8]
 
 
 @requires_cuda
@@ -99,12 +100,12 @@ def test_variants(variant, hq, hk, hv, n, d, rotary_dim):
 @requires_cuda
 def test_large_positions_trig():
     """Positions past sincosf's fast range (|angle| > 105615 rad: its slow path), below 2^20 rad (the
-    reduced trig's accurate range): both trig variants match the reference."""
+    reduced trig's accurate range): both trig variants match the reference, in both kernels."""
     n, hq, hk, hv, d = 64, 4, 2, 2, 128
     qkv, qw, kw, _ = make(n, hq, hk, hv, d, torch.float32)
     positions = torch.randint(100000, 1000000, (n,), device="cuda")
     expected = fused_qk_norm_rope_reference(qkv, hq, hk, d, 1e-6, qw, kw, 1e4, True, positions, 1.0, 0.0, 0.0, 1.0)
-    for variant in (0, 1):
+    for variant in (0, 1, 8, 9):
         out = qkv.clone()
         fused_qk_norm_rope(out, hq, hk, hv, d, 1e-6, qw, kw, 1e4, True, positions, 1.0, 0.0, 0.0, 1.0, _variant=variant)
         assert torch.isfinite(out).all()
@@ -270,9 +271,11 @@ if __name__ == "__main__":
 
 # QKNormRopeVariant::kRegTrig (4; with the reduced trig: 5): the cos/sin in registers, bit for bit
 # the default's (resp. the fast-trig default's) results, YaRN or not; sizes past the L2-hint switch
-# and two units per lane run the default kernel
+# and two units per lane run the default kernel. kWarpTable (8, 9; with 1 and 16 warps per CTA): the
+# same bits too (the default's lane layout and order of the squares); from 4096 tokens (past the
+# large-size switch) and at two units per lane (d = 512 fp32) the default kernel runs.
 @requires_cuda
-@pytest.mark.parametrize("variant", [4, 5])
+@pytest.mark.parametrize("variant", [4, 5, 8, 9, (1 << 8) | 8, (16 << 8) | 9])
 @pytest.mark.parametrize("is_neox", [True, False])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("yarn", [False, True])
@@ -288,7 +291,7 @@ if __name__ == "__main__":
         (32, 8, 8, 4096, 128, None),
     ],
 )
-def test_reg_trig_variant_matches_default(variant, is_neox, dtype, yarn, hq, hk, hv, n, d, rotary_dim):
+def test_bit_identical_variants_match_default(variant, is_neox, dtype, yarn, hq, hk, hv, n, d, rotary_dim):
     qkv, qw, kw, positions = make(n, hq, hk, hv, d, dtype)
     qkv2 = qkv.clone()
     scaling = (4.0, 8.0, 40.0, 1.2) if yarn else (1.0, 0.0, 0.0, 1.0)

@@ -36,6 +36,15 @@
 // error ~5e-7 for |angle| < 2^20; the tests' bound is |y| * pos * 2^-23, ~1000x looser) to time
 // whether the trig latency shows at one token.
 //
+// fused_qk_norm_rope_warp_table_kernel (QKNormRopeVariant::kWarpTable, opt-in, small sizes): the
+// default's lane layout and math with one head per lane group and nothing shared beyond a warp. At
+// one token the default's chain after the PDL wait is long: its position load issues after the data
+// loads, then the trig, the cos/sin rows' barrier, the sum of squares, the shuffles and rsqrt follow
+// one another; a thread rotates two heads one after the other (the second behind a spill reload); one
+// CTA of 160 threads does all of it. Here every warp computes its token's table itself (2 sincosf a
+// lane at R = 128), __syncwarp instead of the barrier, one head per thread, CTAs of a few warps
+// spread over the SMs, the position load first.
+//
 // fused_qk_norm_rope_legacy_kernel (QKNormRopeVariant::kLegacy): the previous kernel, kept so that the
 // benchmark can time old and new in one run; remove once the new one is validated on the H200.
 #pragma once
@@ -69,6 +78,10 @@ struct QKNormRopeConfig {
   static constexpr int kBatch = 2;                            // heads whose loads a thread issues together
   static constexpr int64_t kLargeHeadsPerGroup = 4;           // heads per group at large sizes
   static constexpr int64_t kMaxSmemBytes = 48 * 1024;         // dynamic shared memory without an opt-in
+  // fused_qk_norm_rope_warp_table_kernel: table entries per lane whose frequencies are formed before
+  // the PDL wait (R/2 <= 64 pairs: all of them), warps per CTA unless the variant's bits 8-15 say
+  static constexpr int kWarpTablePairs = 2;
+  static constexpr int64_t kWarpTableWarps = 2;
 };
 
 /// Variant bits of fused_qk_norm_rope (the benchmark's switches; 0 is the default kernel).
@@ -79,6 +92,11 @@ struct QKNormRopeVariant {
   // soon as the position arrives): no shared-memory rows and no barrier after the wait. Applies
   // with one unit per lane below the L2-hint size (T = 1 here); the default kernel otherwise.
   static constexpr int64_t kRegTrig = 4;
+  // fused_qk_norm_rope_warp_table_kernel: one head per lane group, each warp its own token's cos/sin
+  // table (no CTA barrier). Applies with 16-byte vectors and one unit per lane below the large-size
+  // switch (kLargeThreads: 204 tokens at the Qwen3 shape); the default kernel otherwise. Bits 8-15
+  // are then the warps per CTA (0: kWarpTableWarps).
+  static constexpr int64_t kWarpTable = 8;
   static constexpr int64_t kHeadsShift = 8;  // bits [8, 16): heads per group override (0: automatic)
 };
 
@@ -132,6 +150,21 @@ SGL_DEVICE void sincos_reduced(float x, float& s, float& c) {
   float r = fmaf(-k, kTwoPiHi, x);
   r = fmaf(-k, kTwoPiLo, r);
   __sincosf(r, &s, &c);
+}
+
+/// (cos, sin) of `angle` times p.attention_factor, the entries of a cos/sin row: sincosf, or
+/// sincos_reduced when p.fast_trig; the default kernel's rows inline the same code (a call there
+/// changes its register allocation).
+SGL_DEVICE void scaled_sincos(const QKNormRopeParams& p, float angle, float& c, float& s) {
+  float sv, cv;
+  if (p.fast_trig) {
+    sincos_reduced(angle, sv, cv);
+  } else {
+    sincosf(angle, &sv, &cv);
+  }
+  const float scaled_c = cv * p.attention_factor, scaled_s = sv * p.attention_factor;  // before c may alias p
+  c = scaled_c;
+  s = scaled_s;
 }
 
 /// Sum over the G lanes of this lane's group (G a power of two, groups aligned in the warp); only
@@ -190,6 +223,88 @@ SGL_DEVICE device::AlignedVector<T, N> opaque(device::AlignedVector<T, N> v) {
     memcpy(&v, words, sizeof(v));
   }
   return v;
+}
+
+/// Where unit `unit` of a head lies and what it holds (the file comment's layout): element offsets
+/// (off_a, off_b) of its two vectors within the head; `rotated`: a pair chunk (unit < R / (2 kVecN)),
+/// else two vectors of the unrotated rest [R, D), the second of which may fall past head_dim
+/// (b_valid false); `valid`: unit < num_units.
+template <int kVecN, bool kNeox>
+SGL_DEVICE void qk_norm_rope_unit(
+    const QKNormRopeParams& p,
+    int32_t unit,
+    int32_t& off_a,
+    int32_t& off_b,
+    bool& valid,
+    bool& b_valid,
+    bool& rotated) {
+  // Offsets within a head fit 32 bits (head_dim < 2^31 / 2: the launcher's unit bound).
+  const int32_t half = static_cast<int32_t>(p.half);
+  const int32_t num_chunks = half / kVecN;
+  valid = unit < p.num_units;
+  rotated = unit < num_chunks;
+  if (rotated) {
+    off_a = kNeox ? unit * kVecN : unit * 2 * kVecN;
+    off_b = kNeox ? half + unit * kVecN : off_a + kVecN;
+  } else {
+    off_a = 2 * half + (unit - num_chunks) * 2 * kVecN;
+    off_b = off_a + kVecN;
+  }
+  b_valid = valid && off_b < p.head_dim;
+}
+
+/// sum + the squares of a unit's 2 kVecN elements, added in element order (x[j]^2 + y[j]^2 per
+/// step): every kernel adds a head's squares in this order, so their rstd are the same bits.
+template <typename T, int kVecN>
+SGL_DEVICE float add_unit_squares(
+    float sum, const device::AlignedVector<T, kVecN>& a, const device::AlignedVector<T, kVecN>& b) {
+  float x[kVecN], y[kVecN];
+  rope_to_floats<T, kVecN>(a, x);
+  rope_to_floats<T, kVecN>(b, y);
+#pragma unroll
+  for (int j = 0; j < kVecN; ++j) sum += x[j] * x[j] + y[j] * y[j];
+  return sum;
+}
+
+/// One unit after the reduction, in place in (a, b): z = x * rstd * w in fp32, then its pairs rotated
+/// by (c, s) when `rotated` (else z only), rounded once to T. w: the unit's weight vectors (wa, wb).
+template <typename T, int kVecN, bool kNeox>
+SGL_DEVICE void norm_rotate_unit(
+    device::AlignedVector<T, kVecN>& a,
+    device::AlignedVector<T, kVecN>& b,
+    const device::AlignedVector<T, kVecN>& wa,
+    const device::AlignedVector<T, kVecN>& wb,
+    float rstd,
+    const float (&c)[kVecN],
+    const float (&s)[kVecN],
+    bool rotated) {
+  float za[kVecN], zb[kVecN], fa[kVecN], fb[kVecN];
+  rope_to_floats<T, kVecN>(a, za);
+  rope_to_floats<T, kVecN>(b, zb);
+  rope_to_floats<T, kVecN>(wa, fa);
+  rope_to_floats<T, kVecN>(wb, fb);
+#pragma unroll
+  for (int j = 0; j < kVecN; ++j) {
+    za[j] = za[j] * rstd * fa[j];
+    zb[j] = zb[j] * rstd * fb[j];
+  }
+  if (rotated) {
+    rotate_pairs_fp32<T, kVecN, kNeox>(za, zb, c, s, a, b);
+  } else {
+    rope_from_floats<T, kVecN>(za, a);
+    rope_from_floats<T, kVecN>(zb, b);
+  }
+}
+
+/// ptr (global memory), through an empty asm: the front end computes it where the call stands, before
+/// the PDL wait's asm, instead of sinking the address arithmetic below the wait (ptxas may still move
+/// it; in the SASS of fused_qk_norm_rope_warp_table_kernel it stays above). The assumption keeps the
+/// accesses global (LDG / STG, not generic LD / ST).
+template <typename P>
+SGL_DEVICE P* pinned(P* ptr) {
+  asm volatile("" : "+l"(ptr));
+  __builtin_assume(__isGlobal(ptr));
+  return ptr;
 }
 
 /// Dynamic shared memory of fused_qk_norm_rope_kernel: the frequency table [R/2] and, per token of
@@ -339,13 +454,7 @@ __global__ void __launch_bounds__(QKNormRopeConfig::kMaxThreads, kRegTrig ? 1 : 
     for (int i = 0; i < kBatch; ++i) {
       sum[i] = 0.0f;
 #pragma unroll
-      for (int u = 0; u < kUnits; ++u) {
-        float x[kVecN], y[kVecN];
-        rope_to_floats<T, kVecN>(a[i][u], x);
-        rope_to_floats<T, kVecN>(b[i][u], y);
-#pragma unroll
-        for (int j = 0; j < kVecN; ++j) sum[i] += x[j] * x[j] + y[j] * y[j];
-      }
+      for (int u = 0; u < kUnits; ++u) sum[i] = add_unit_squares<T, kVecN>(sum[i], a[i][u], b[i][u]);
     }
     group_sums<kBatch>(sum, p.lanes);
     float rstd[kBatch];
@@ -370,22 +479,7 @@ __global__ void __launch_bounds__(QKNormRopeConfig::kMaxThreads, kRegTrig ? 1 : 
       for (int i = 0; i < kBatch; ++i) {
         if (i >= left) continue;
         T* ptr = head_ptr + i * p.head_dim;
-        float za[kVecN], zb[kVecN], fa[kVecN], fb[kVecN];
-        rope_to_floats<T, kVecN>(a[i][u], za);
-        rope_to_floats<T, kVecN>(b[i][u], zb);
-        rope_to_floats<T, kVecN>(opaque(wa[u]), fa);
-        rope_to_floats<T, kVecN>(opaque(wb[u]), fb);
-#pragma unroll
-        for (int j = 0; j < kVecN; ++j) {
-          za[j] = za[j] * rstd[i] * fa[j];
-          zb[j] = zb[j] * rstd[i] * fb[j];
-        }
-        if (rotated[u]) {
-          rotate_pairs_fp32<T, kVecN, kNeox>(za, zb, cf, sf, a[i][u], b[i][u]);
-        } else {
-          rope_from_floats<T, kVecN>(za, a[i][u]);
-          rope_from_floats<T, kVecN>(zb, b[i][u]);
-        }
+        norm_rotate_unit<T, kVecN, kNeox>(a[i][u], b[i][u], opaque(wa[u]), opaque(wb[u]), rstd[i], cf, sf, rotated[u]);
         access.store(a[i][u], ptr + off_a[u]);
         if (b_valid[u]) access.store(b[i][u], ptr + off_b[u]);
       }
@@ -395,6 +489,118 @@ __global__ void __launch_bounds__(QKNormRopeConfig::kMaxThreads, kRegTrig ? 1 : 
     head_ptr += kBatch * p.head_dim;
     load_batch(left);
   }
+}
+
+/// Dynamic shared memory of fused_qk_norm_rope_warp_table_kernel: per warp of the CTA, the cos and
+/// sin rows of its token [warps][2][R/2] (times attention_factor).
+inline int64_t qk_norm_rope_warp_table_smem_bytes(int64_t half, int64_t warps) {
+  return warps * 2 * half * static_cast<int64_t>(sizeof(float));
+}
+
+/// QKNormRopeVariant::kWarpTable (opt-in; small sizes). The default kernel's math and lane layout
+/// (unit x of a head on lane x of a G-lane group, a head's squares added in the same order: the same
+/// bits as the default) with one head per group and nothing shared beyond a warp: a warp holds
+/// 32 / G heads of one token and computes that token's whole cos/sin table itself (R/2 sincosf over
+/// 32 lanes, 2 per lane at R = 128; the same functions of the same fp32 values as the default's rows)
+/// into shared rows of its own, then __syncwarp. No frequency table, no CTA barrier, no loop over
+/// heads. After the PDL wait the position load issues first, then the data and weight loads (the
+/// addresses, unit offsets and the lane's first kWarpTablePairs frequencies are formed before the
+/// wait, so the loads are the first instructions after it); the trig starts as soon as the position
+/// arrives, while the data is in flight. In the SASS the lane's two table entries and then the sum
+/// of squares run one after the other, not interleaved (sincosf's slow-path branch ends ptxas's
+/// scheduling region).
+/// Block (32 * W) x (blocks per token, tokens): warp w of block (bx, token) holds heads
+/// (bx * W + w) * (32 / G) + lane / G. Preconditions (the launcher's): blockDim.x a multiple of 32,
+/// units <= G (one unit per lane), dynamic shared memory of qk_norm_rope_warp_table_smem_bytes(half,
+/// W), the default kernel's alignment. A small-size kernel: registers are not capped for occupancy.
+template <typename T, int kVecN, bool kNeox, bool kL2Hint>
+__global__ void __launch_bounds__(QKNormRopeConfig::kMaxThreads, 1)
+    fused_qk_norm_rope_warp_table_kernel(const QKNormRopeParams p) {
+  using vec_t = device::AlignedVector<T, kVecN>;
+  constexpr int kTablePairs = QKNormRopeConfig::kWarpTablePairs;
+  constexpr int32_t kWarp = static_cast<int32_t>(device::kWarpThreads);
+  extern __shared__ float qk_norm_rope_smem[];
+  const int32_t lane = static_cast<int32_t>(threadIdx.x) % kWarp;
+  const int32_t warp = static_cast<int32_t>(threadIdx.x) / kWarp;
+  const int32_t half = static_cast<int32_t>(p.half);
+  float* const cos_row = qk_norm_rope_smem + warp * 2 * half;  // [R/2] of this warp's token
+  float* const sin_row = cos_row + half;                       // [R/2]
+
+  // Parameters only before the PDL wait: the lane's head and unit, its addresses, its table
+  // entries' frequencies.
+  const int64_t warp_head =
+      (int64_t{blockIdx.x} * (blockDim.x / device::kWarpThreads) + warp) * (kWarp / p.lanes);  // its first head
+  const int64_t head = warp_head + lane / p.lanes;
+  const int64_t token = blockIdx.y;
+  const int32_t unit = lane % p.lanes;
+  int32_t off_a, off_b;
+  bool unit_valid, b_valid, rotated;
+  qk_norm_rope_unit<kVecN, kNeox>(p, unit, off_a, off_b, unit_valid, b_valid, rotated);
+  if (warp_head >= p.num_heads) return;  // the whole warp
+  const bool head_valid = head < p.num_heads;
+  T* const ptr = static_cast<T*>(p.qkv) + token * p.token_stride + (head_valid ? head : 0) * p.head_dim;
+  const T* const w = static_cast<const T*>(head < p.num_q_heads ? p.q_weight : p.k_weight);
+  T* const ptr_a = pinned(ptr + off_a);
+  T* const ptr_b = pinned(ptr + off_b);
+  const T* const w_a = pinned(w + off_a);
+  const T* const w_b = pinned(w + off_b);
+  const void* const pos_ptr = pinned(
+      p.positions_int64 ? static_cast<const void*>(static_cast<const int64_t*>(p.positions) + token)
+                        : static_cast<const void*>(static_cast<const int32_t*>(p.positions) + token));
+  float freq[kTablePairs];
+#pragma unroll
+  for (int t = 0; t < kTablePairs; ++t) {
+    const int32_t i = lane + t * kWarp;
+    freq[t] = i < half ? rope_frequency(p, i) : 0.0f;
+  }
+  const RopeAccess<kL2Hint> access = RopeAccess<kL2Hint>::make();
+
+  device::pdl_wait_primary();
+  device::pdl_launch_dependents();
+
+  const float pos = static_cast<float>(load_index(pos_ptr, p.positions_int64, 0));
+  vec_t a, b, wa, wb;
+  a.fill(static_cast<T>(0.0f));
+  b.fill(static_cast<T>(0.0f));
+  wa.fill(static_cast<T>(0.0f));
+  wb.fill(static_cast<T>(0.0f));
+  if (head_valid && unit_valid) {
+    access.load(a, ptr_a);
+    wa.load(w_a);
+  }
+  if (head_valid && b_valid) {
+    access.load(b, ptr_b);
+    wb.load(w_b);
+  }
+
+  // The warp's cos/sin rows, by every lane (heads past num_heads too: the whole warp reads them).
+#pragma unroll
+  for (int t = 0; t < kTablePairs; ++t) {
+    const int32_t i = lane + t * kWarp;
+    if (i < half) scaled_sincos(p, pos * freq[t], cos_row[i], sin_row[i]);
+  }
+  for (int32_t i = lane + kTablePairs * kWarp; i < half; i += kWarp) {
+    scaled_sincos(p, pos * rope_frequency(p, i), cos_row[i], sin_row[i]);
+  }
+  __syncwarp();
+  if (!head_valid) return;
+
+  const float rstd = rsqrtf(group_sum(add_unit_squares<T, kVecN>(0.0f, a, b), p.lanes) * p.inv_dim + p.eps);
+  if (!unit_valid) return;
+  float cf[kVecN], sf[kVecN];
+  if (rotated) {
+    load_shared_floats<kVecN>(cos_row + unit * kVecN, cf);
+    load_shared_floats<kVecN>(sin_row + unit * kVecN, sf);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kVecN; ++j) {
+      cf[j] = 1.0f;
+      sf[j] = 0.0f;
+    }
+  }
+  norm_rotate_unit<T, kVecN, kNeox>(a, b, wa, wb, rstd, cf, sf, rotated);
+  access.store(a, ptr_a);
+  if (b_valid) access.store(b, ptr_b);
 }
 
 /// The previous kernel (QKNormRopeVariant::kLegacy), for the benchmark's old-vs-new rows: one thread
@@ -571,6 +777,32 @@ void launch_fused_qk_norm_rope(QKNormRopeParams p, DLDevice device, bool pdl, in
     LaunchKernel(static_cast<uint32_t>(grid), block, device, static_cast<std::size_t>(smem_bytes))
         .enable_pdl(pdl)(kernel, p);
   };
+  if constexpr (kFull) {
+    if ((variant & QKNormRopeVariant::kWarpTable) != 0 && units <= lanes && !large) {
+      // W warps of 32 / G heads of one token per CTA (fewer when the token has fewer); T < 2^16
+      // here (below kLargeThreads), within grid.y's limit
+      const int64_t warps_per_token = div_ceil(p.num_heads, static_cast<int64_t>(device::kWarpThreads) / lanes);
+      const int64_t override_warps = (variant >> QKNormRopeVariant::kHeadsShift) & 0xff;
+      const int64_t warps = std::min<int64_t>(
+          {override_warps > 0 ? override_warps : QKNormRopeConfig::kWarpTableWarps,
+           warps_per_token,
+           QKNormRopeConfig::kMaxThreads / device::kWarpThreads});
+      const dim3 table_grid(
+          static_cast<uint32_t>(div_ceil(warps_per_token, warps)), static_cast<uint32_t>(p.num_tokens));
+      const dim3 table_block(static_cast<uint32_t>(warps * device::kWarpThreads));
+      // R/2 <= 32 kVecN pairs (one unit per lane): at most 2 KiB a warp, 32 KiB a CTA (< kMaxSmemBytes)
+      const auto table_smem = static_cast<std::size_t>(qk_norm_rope_warp_table_smem_bytes(p.half, warps));
+      const auto launch_table = [&](auto kernel) {
+        LaunchKernel(table_grid, table_block, device, table_smem).enable_pdl(pdl)(kernel, p);
+      };
+      if (l2_hint) {
+        launch_table(fused_qk_norm_rope_warp_table_kernel<T, kVecN, kNeox, true>);
+      } else {
+        launch_table(fused_qk_norm_rope_warp_table_kernel<T, kVecN, kNeox, false>);
+      }
+      return;
+    }
+  }
   if ((variant & QKNormRopeVariant::kRegTrig) != 0 && units <= lanes && !l2_hint) {
     launch(fused_qk_norm_rope_kernel<T, kVecN, kNeox, 1, false, true>);
     return;
