@@ -872,6 +872,7 @@ void launch_rope_variant(RopeParams p, int64_t vec_n, bool l2_hint, DLDevice dev
     }
     if (variant == RopeVariant::kEarlyAnySize || variant == RopeVariant::kEarlyOne ||
         variant == RopeVariant::kEarlyLate || variant == RopeVariant::kEarlyFewAnySize) {
+      if (num_chunks > RopeConfig::kMaxLanes) return fallback();  // the default's launch, hint as it decides
       if (variant == RopeVariant::kEarlyAnySize) variant = RopeVariant::kEarly;
       if (variant == RopeVariant::kEarlyFewAnySize) variant = RopeVariant::kEarlyFew;
       l2_hint = false;

@@ -600,9 +600,14 @@ void per_tensor_quant_fp8(
           aligned ? per_tensor_quant_fp8_grid_kernel<TIn, true> : per_tensor_quant_fp8_grid_kernel<TIn, false>;
       // No PDL: the pass waits for the previous kernel at launch (whether the driver keeps the
       // cooperative guarantee under PDL is untested)
-      LaunchKernel(static_cast<uint32_t>(blocks), static_cast<uint32_t>(threads), device)
-          .cooperative(true)(kernel, params);
-      return;
+      try {
+        LaunchKernel(static_cast<uint32_t>(blocks), static_cast<uint32_t>(threads), device)
+            .cooperative(true)(kernel, params);
+        return;
+      } catch (const host::PanicError&) {
+        // Refused (fewer co-resident blocks than the occupancy query promised, e.g. under an MPS SM
+        // limit): nothing ran, the launch error is cleared (RuntimeDeviceCheck); the default's passes
+      }
     }
   }
   if (!is_static) {
