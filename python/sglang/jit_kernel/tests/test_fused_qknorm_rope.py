@@ -273,7 +273,10 @@ if __name__ == "__main__":
 # the default's (resp. the fast-trig default's) results, YaRN or not; sizes past the L2-hint switch
 # and two units per lane run the default kernel. kWarpTable (8, 9; with 1 and 16 warps per CTA): the
 # same bits too (the default's lane layout and order of the squares); from 4096 tokens (past the
-# large-size switch) and at two units per lane (d = 512 fp32) the default kernel runs.
+# large-size switch) and at two units per lane (d = 512 fp32, d = 1024 bf16/fp16) the default kernel
+# runs. 64 + 1 + 1 heads (65 normed: the last warp holds one k head, the last CTA one warp) and
+# d = 1024 (64 units) at 64 tokens are the configurations of the H200 harness's DIFFs (a harness race);
+# fp32 d = 1024 (128 units) is refused by every variant alike.
 @requires_cuda
 @pytest.mark.parametrize("variant", [4, 5, 8, 9, (1 << 8) | 8, (16 << 8) | 9])
 @pytest.mark.parametrize("is_neox", [True, False])
@@ -289,12 +292,24 @@ if __name__ == "__main__":
         (0, 4, 4, 3, 512, 96),
         (8, 2, 2, 5, 256, None),
         (32, 8, 8, 4096, 128, None),
+        (64, 1, 1, 64, 128, None),
+        (64, 1, 1, 7, 128, None),
+        (2, 2, 2, 64, 1024, None),
+        (2, 2, 2, 1, 1024, None),
     ],
 )
 def test_bit_identical_variants_match_default(variant, is_neox, dtype, yarn, hq, hk, hv, n, d, rotary_dim):
     qkv, qw, kw, positions = make(n, hq, hk, hv, d, dtype)
     qkv2 = qkv.clone()
     scaling = (4.0, 8.0, 40.0, 1.2) if yarn else (1.0, 0.0, 0.0, 1.0)
+    if dtype == torch.float32 and d == 1024:
+        for v in (variant & 1, variant):
+            with pytest.raises(RuntimeError, match=r"needs 128 units of 8 elements, at most 64 are supported"):
+                fused_qk_norm_rope(
+                    qkv, hq, hk, hv, d, 1e-6, qw, kw, 1e4, is_neox, positions, *scaling, rotary_dim, _variant=v
+                )
+        assert torch.equal(qkv, qkv2)
+        return
     fused_qk_norm_rope(
         qkv, hq, hk, hv, d, 1e-6, qw, kw, 1e4, is_neox, positions, *scaling, rotary_dim, _variant=variant & 1
     )
