@@ -156,7 +156,8 @@ def fused_qk_norm_rope(
         bit for bit the results without bit 2), bit 3 the warp-table kernel (one head per lane
         group, each warp its token's cos/sin table, no CTA barrier; 16-byte vectors, one unit per
         lane, below the large-size switch, else the default; bit for bit the results without bit
-        3, bits 8-15 then its warps per CTA), bits 8-15 a heads-per-group override
+        3, bits 8-15 then its warps per CTA), bit 4 with bit 3 one cos/sin table per CTA instead
+        of per warp (a CTA barrier; bit for bit the same), bits 8-15 a heads-per-group override
         (``QKNormRopeVariant`` in the kernel). Results agree within the documented tolerance.
 
     Returns

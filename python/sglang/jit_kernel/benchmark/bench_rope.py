@@ -59,6 +59,9 @@ QKNORM_VARIANTS = {
     "warp table": 8,
     "warp table+fast": 9,
     "warp table 1 warp": (1 << 8) | 8,
+    # kCtaTable (bit 4 with kWarpTable): one cos/sin table per CTA of 2 / 4 warps, a CTA barrier
+    "warp table cta2": 0x218,
+    "warp table cta4": 0x418,
 }
 # RopeVariant of rope.cuh timed beside the default ("jit" = kEarlyAnySize below 32 MiB of rotated
 # bytes, else the L2-hinted kernel, without the KV store; kEarlyKv with it below 1 MiB, else

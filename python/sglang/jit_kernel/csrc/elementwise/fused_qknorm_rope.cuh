@@ -43,7 +43,8 @@
 // one another; a thread rotates two heads one after the other (the second behind a spill reload); one
 // CTA of 160 threads does all of it. Here every warp computes its token's table itself (2 sincosf a
 // lane at R = 128), __syncwarp instead of the barrier, one head per thread, CTAs of a few warps
-// spread over the SMs, the position load first.
+// spread over the SMs, the position load first. QKNormRopeVariant::kCtaTable: one table per CTA
+// instead (one entry per thread at R = 128 and 2 warps), then a CTA barrier.
 //
 // fused_qk_norm_rope_legacy_kernel (QKNormRopeVariant::kLegacy): the previous kernel, kept so that the
 // benchmark can time old and new in one run; remove once the new one is validated on the H200.
@@ -97,6 +98,15 @@ struct QKNormRopeVariant {
   // switch (kLargeThreads: 204 tokens at the Qwen3 shape); the default kernel otherwise. Bits 8-15
   // are then the warps per CTA (0: kWarpTableWarps).
   static constexpr int64_t kWarpTable = 8;
+  // With kWarpTable: one cos/sin table per CTA instead of one per warp, its entries spread over all
+  // of the CTA's threads (R/2 = 64 pairs, 2 warps: one sincosf a thread instead of two), then
+  // __syncthreads instead of __syncwarp; the same functions of the same values, so the same bits.
+  // Why: at one token every warp of kWarpTable computes the same table, and the trig is on the
+  // critical path. H200 standalone harness (.gpu/qkh, Qwen3 32 + 8 + 8 heads x 128 bf16, 1 / 64
+  // tokens): default 1.68 / 1.73 us, kWarpTable 1.33 / 1.62, this with 2 warps per CTA (0x218)
+  // 1.13 / 1.38, timed before the fix of a warp without heads returning ahead of the barrier (only
+  // CTAs with idle warps). Not run through the op on a GPU yet.
+  static constexpr int64_t kCtaTable = 16;
   static constexpr int64_t kHeadsShift = 8;  // bits [8, 16): heads per group override (0: automatic)
 };
 
@@ -491,10 +501,11 @@ __global__ void __launch_bounds__(QKNormRopeConfig::kMaxThreads, kRegTrig ? 1 : 
   }
 }
 
-/// Dynamic shared memory of fused_qk_norm_rope_warp_table_kernel: per warp of the CTA, the cos and
-/// sin rows of its token [warps][2][R/2] (times attention_factor).
-inline int64_t qk_norm_rope_warp_table_smem_bytes(int64_t half, int64_t warps) {
-  return warps * 2 * half * static_cast<int64_t>(sizeof(float));
+/// Dynamic shared memory of fused_qk_norm_rope_warp_table_kernel: the cos and sin rows of the
+/// CTA's token [tables][2][R/2] (times attention_factor), one table per warp (tables = W), or one
+/// for the CTA (kCtaTable: tables = 1).
+inline int64_t qk_norm_rope_warp_table_smem_bytes(int64_t half, int64_t tables) {
+  return tables * 2 * half * static_cast<int64_t>(sizeof(float));
 }
 
 /// QKNormRopeVariant::kWarpTable (opt-in; small sizes). The default kernel's math and lane layout
@@ -509,11 +520,15 @@ inline int64_t qk_norm_rope_warp_table_smem_bytes(int64_t half, int64_t warps) {
 /// arrives, while the data is in flight. In the SASS the lane's two table entries and then the sum
 /// of squares run one after the other, not interleaved (sincosf's slow-path branch ends ptxas's
 /// scheduling region).
+/// kCtaTable (QKNormRopeVariant::kCtaTable): one table for the CTA, entry i by thread i % blockDim.x,
+/// then __syncthreads; every thread reaches the barrier (a warp without heads too: no return
+/// before it).
 /// Block (32 * W) x (blocks per token, tokens): warp w of block (bx, token) holds heads
 /// (bx * W + w) * (32 / G) + lane / G. Preconditions (the launcher's): blockDim.x a multiple of 32,
 /// units <= G (one unit per lane), dynamic shared memory of qk_norm_rope_warp_table_smem_bytes(half,
-/// W), the default kernel's alignment. A small-size kernel: registers are not capped for occupancy.
-template <typename T, int kVecN, bool kNeox, bool kL2Hint>
+/// kCtaTable ? 1 : W), the default kernel's alignment. A small-size kernel: registers are not capped
+/// for occupancy.
+template <typename T, int kVecN, bool kNeox, bool kL2Hint, bool kCtaTable>
 __global__ void __launch_bounds__(QKNormRopeConfig::kMaxThreads, 1)
     fused_qk_norm_rope_warp_table_kernel(const QKNormRopeParams p) {
   using vec_t = device::AlignedVector<T, kVecN>;
@@ -523,8 +538,12 @@ __global__ void __launch_bounds__(QKNormRopeConfig::kMaxThreads, 1)
   const int32_t lane = static_cast<int32_t>(threadIdx.x) % kWarp;
   const int32_t warp = static_cast<int32_t>(threadIdx.x) / kWarp;
   const int32_t half = static_cast<int32_t>(p.half);
-  float* const cos_row = qk_norm_rope_smem + warp * 2 * half;  // [R/2] of this warp's token
-  float* const sin_row = cos_row + half;                       // [R/2]
+  // The rows of this warp's token: the warp's own, or with kCtaTable the CTA's one table
+  float* const cos_row = qk_norm_rope_smem + (kCtaTable ? 0 : warp) * 2 * half;  // [R/2]
+  float* const sin_row = cos_row + half;                                         // [R/2]
+  // This thread's first table entry and the stride over the entries: the warp's or the CTA's threads
+  const int32_t entry = kCtaTable ? static_cast<int32_t>(threadIdx.x) : lane;
+  const int32_t entry_step = kCtaTable ? static_cast<int32_t>(blockDim.x) : kWarp;
 
   // Parameters only before the PDL wait: the lane's head and unit, its addresses, its table
   // entries' frequencies.
@@ -536,7 +555,8 @@ __global__ void __launch_bounds__(QKNormRopeConfig::kMaxThreads, 1)
   int32_t off_a, off_b;
   bool unit_valid, b_valid, rotated;
   qk_norm_rope_unit<kVecN, kNeox>(p, unit, off_a, off_b, unit_valid, b_valid, rotated);
-  if (warp_head >= p.num_heads) return;  // the whole warp
+  // the whole warp; not with kCtaTable: it owes its share of the CTA's table and the barrier
+  if (!kCtaTable && warp_head >= p.num_heads) return;
   const bool head_valid = head < p.num_heads;
   T* const ptr = static_cast<T*>(p.qkv) + token * p.token_stride + (head_valid ? head : 0) * p.head_dim;
   const T* const w = static_cast<const T*>(head < p.num_q_heads ? p.q_weight : p.k_weight);
@@ -550,7 +570,7 @@ __global__ void __launch_bounds__(QKNormRopeConfig::kMaxThreads, 1)
   float freq[kTablePairs];
 #pragma unroll
   for (int t = 0; t < kTablePairs; ++t) {
-    const int32_t i = lane + t * kWarp;
+    const int32_t i = entry + t * entry_step;
     freq[t] = i < half ? rope_frequency(p, i) : 0.0f;
   }
   const RopeAccess<kL2Hint> access = RopeAccess<kL2Hint>::make();
@@ -573,16 +593,21 @@ __global__ void __launch_bounds__(QKNormRopeConfig::kMaxThreads, 1)
     wb.load(w_b);
   }
 
-  // The warp's cos/sin rows, by every lane (heads past num_heads too: the whole warp reads them).
+  // The warp's (kCtaTable: the CTA's) cos/sin rows, by every lane (heads past num_heads too: the
+  // whole warp, resp. CTA, reads them).
 #pragma unroll
   for (int t = 0; t < kTablePairs; ++t) {
-    const int32_t i = lane + t * kWarp;
+    const int32_t i = entry + t * entry_step;
     if (i < half) scaled_sincos(p, pos * freq[t], cos_row[i], sin_row[i]);
   }
-  for (int32_t i = lane + kTablePairs * kWarp; i < half; i += kWarp) {
+  for (int32_t i = entry + kTablePairs * entry_step; i < half; i += entry_step) {
     scaled_sincos(p, pos * rope_frequency(p, i), cos_row[i], sin_row[i]);
   }
-  __syncwarp();
+  if constexpr (kCtaTable) {
+    __syncthreads();
+  } else {
+    __syncwarp();
+  }
   if (!head_valid) return;
 
   const float rstd = rsqrtf(group_sum(add_unit_squares<T, kVecN>(0.0f, a, b), p.lanes) * p.inv_dim + p.eps);
@@ -790,15 +815,24 @@ void launch_fused_qk_norm_rope(QKNormRopeParams p, DLDevice device, bool pdl, in
       const dim3 table_grid(
           static_cast<uint32_t>(div_ceil(warps_per_token, warps)), static_cast<uint32_t>(p.num_tokens));
       const dim3 table_block(static_cast<uint32_t>(warps * device::kWarpThreads));
-      // R/2 <= 32 kVecN pairs (one unit per lane): at most 2 KiB a warp, 32 KiB a CTA (< kMaxSmemBytes)
-      const auto table_smem = static_cast<std::size_t>(qk_norm_rope_warp_table_smem_bytes(p.half, warps));
+      // R/2 <= 32 kVecN pairs (one unit per lane): at most 2 KiB a table, so 32 KiB a CTA of
+      // kMaxThreads with a table per warp, 2 KiB with kCtaTable (< kMaxSmemBytes)
+      const bool cta_table = (variant & QKNormRopeVariant::kCtaTable) != 0;
+      const auto table_smem =
+          static_cast<std::size_t>(qk_norm_rope_warp_table_smem_bytes(p.half, cta_table ? 1 : warps));
       const auto launch_table = [&](auto kernel) {
         LaunchKernel(table_grid, table_block, device, table_smem).enable_pdl(pdl)(kernel, p);
       };
-      if (l2_hint) {
-        launch_table(fused_qk_norm_rope_warp_table_kernel<T, kVecN, kNeox, true>);
+      if (cta_table) {
+        if (l2_hint) {
+          launch_table(fused_qk_norm_rope_warp_table_kernel<T, kVecN, kNeox, true, true>);
+        } else {
+          launch_table(fused_qk_norm_rope_warp_table_kernel<T, kVecN, kNeox, false, true>);
+        }
+      } else if (l2_hint) {
+        launch_table(fused_qk_norm_rope_warp_table_kernel<T, kVecN, kNeox, true, false>);
       } else {
-        launch_table(fused_qk_norm_rope_warp_table_kernel<T, kVecN, kNeox, false>);
+        launch_table(fused_qk_norm_rope_warp_table_kernel<T, kVecN, kNeox, false, false>);
       }
       return;
     }
