@@ -1040,10 +1040,9 @@ void rope_dispatch(const RopeParams& p, bool is_neox, DLDevice device, int64_t e
   const bool pdl = rope_resolve_pdl(enable_pdl, device);
   constexpr int kMaxVecN = static_cast<int>(16 / sizeof(T));
   if (variant == 0) {
-    // kEarlyKv falls back to kKvSplitCopy from the L2-hint size on; kEarlyAnySize to the default
-    // launch where rope_early_kernel's preconditions do not hold (so only below kEarlyMaxBytes).
-    const bool early_any =
-        vec_n == kMaxVecN && p.half / vec_n <= RopeConfig::kMaxLanes && rotated_bytes < RopeConfig::kEarlyMaxBytes;
+    // kEarlyKv falls back to kKvSplitCopy from the L2-hint size on; kEarlyAnySize (below
+    // kEarlyMaxBytes) to the default launch where rope_early_kernel's preconditions do not hold.
+    const bool early_any = rotated_bytes < RopeConfig::kEarlyMaxBytes;
     variant = kKvStore ? RopeVariant::kEarlyKv : (early_any ? RopeVariant::kEarlyAnySize : RopeVariant::kEarly);
   }
   if (variant != RopeVariant::kPlain) {
