@@ -213,6 +213,13 @@ def rope_kv_rows(cache: torch.Tensor) -> list[BenchRow]:
                 nbytes,
             )
         )
+        # the same bytes with the cache rows written in order (slot i for token i): what the random
+        # slot map costs (the scatter pattern's share of the gap to the copy roof)
+        ordered = [(*s[:4], torch.arange(n, device="cuda")) for s in sets]
+        rows.append(
+            BenchRow("rope_with_kvcache", case, "jit ordered slots", bench_rotating(providers["jit"], ordered)[0], nbytes)
+        )
+        del ordered
         for label, variant in KV_VARIANTS.items():
 
             def call(q, k, v, pos, loc, variant=variant):
