@@ -6,6 +6,8 @@ dynamic op reads the input twice above one block's worth (2048 16-byte chunks); 
 near 60 % of copy by this count, less what the second pass finds in L2. The dynamic "jit" rows include the
 zeroing of output_s the caller owes (a fill kernel in the graph), as a caller of the original's contract
 pays it; "jit no zero_" calls with accumulate=False, which overwrites output_s and needs no zeroing.
+"jit late loads" rows: SGLANG_PER_TENSOR_EARLY=0, the quantize pass loading its input after its PDL wait
+(the default loads each block's first row before it, under the absmax pass).
 "jit cluster" rows: the opt-in cluster pass (SGLANG_PER_TENSOR_CLUSTER=1; one launch up to 262144
 bf16 elements, i.e. T <= 64 here; the default's passes above, so those rows repeat "jit"; on the H200
 it lost at 64 tokens, 4.96 against 4.74 us without zero_, and stays opt-in).
@@ -71,6 +73,11 @@ def main() -> None:
             "torch.compile": torch.compile(_torch_dynamic),
             # accumulate=False overwrites output_s: no zeroing node in the graph
             "jit no zero_": lambda x, q, s: per_tensor_quant_fp8(x, q, s, accumulate=False),
+            # the baseline of the default's early loads (the quantize pass loading after its PDL wait)
+            "jit late loads": with_env("SGLANG_PER_TENSOR_EARLY", "0", jit_dynamic),
+            "jit late loads no zero_": with_env(
+                "SGLANG_PER_TENSOR_EARLY", "0", lambda x, q, s: per_tensor_quant_fp8(x, q, s, accumulate=False)
+            ),
             # opt-in: one launch of one 8-CTA cluster up to 262144 bf16 elements (the default's passes
             # above; SGLANG_PER_TENSOR_CLUSTER=1)
             "jit cluster": with_env("SGLANG_PER_TENSOR_CLUSTER", "1", jit_dynamic),

@@ -217,7 +217,9 @@ def rope_kv_rows(cache: torch.Tensor) -> list[BenchRow]:
         # slot map costs (the scatter pattern's share of the gap to the copy roof)
         ordered = [(*s[:4], torch.arange(n, device="cuda")) for s in sets]
         rows.append(
-            BenchRow("rope_with_kvcache", case, "jit ordered slots", bench_rotating(providers["jit"], ordered)[0], nbytes)
+            BenchRow(
+                "rope_with_kvcache", case, "jit ordered slots", bench_rotating(providers["jit"], ordered)[0], nbytes
+            )
         )
         del ordered
         for label, variant in KV_VARIANTS.items():

@@ -472,6 +472,84 @@ def test_grid_pass_runs_only_when_the_knob_is_one(monkeypatch, knob):
     assert_bitwise(q, s, x)
 
 
+# ---- the quantize pass's early loads (default; SGLANG_PER_TENSOR_EARLY=0 turns them off) ----
+EARLY = "SGLANG_PER_TENSOR_EARLY"
+#: The dynamic two-pass path with aligned rows: (64, 4096) and (2048, 4096) the sizes it is for,
+#: (1, 16392) one row just past the one-block pass, (33, 4000) rows ending inside a block, (70000, 8)
+#: more rows than gridDim.y (65535: the rows after each block's first are loaded after the wait);
+#: (3, 1001) unaligned (the early path does not apply: the same kernel either way).
+EARLY_SHAPES = [(64, 4096), (2048, 4096), (1, 16392), (33, 4000), (70000, 8), (3, 1001)]
+
+
+def early_and_baseline(monkeypatch, x, accumulate, prior):
+    """(q bytes, s) with the early loads (the default) and with SGLANG_PER_TENSOR_EARLY=0, on the same
+    input (output_q poisoned with 0x7F, output_s holding ``prior``)."""
+    out = []
+    for value in (None, "0"):
+        if value is None:
+            monkeypatch.delenv(EARLY, raising=False)
+        else:
+            monkeypatch.setenv(EARLY, value)
+        q = torch.full(x.shape, 0x7F, dtype=torch.uint8, device=x.device).view(FP8)
+        s = torch.full((1,), prior, device=x.device)
+        per_tensor_quant_fp8(x, q, s, accumulate=accumulate)
+        out.append((q.view(torch.uint8).clone(), s.clone()))
+    monkeypatch.delenv(EARLY, raising=False)
+    return out
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("shape", EARLY_SHAPES)
+@pytest.mark.parametrize("accumulate,prior", [(True, 0.0), (True, 0.5), (False, 100.0)])
+def test_early_loads_match_baseline(monkeypatch, dtype, shape, accumulate, prior):
+    """The early-loading quantize pass gives the baseline's bytes and scale bit for bit, and the
+    reference's (accumulate with a zero or a larger prior, and without accumulate), on contiguous
+    rows and on a row-strided view."""
+    for view in grid_pass_input(shape, dtype):
+        (q0, s0), (q1, s1) = early_and_baseline(monkeypatch, view, accumulate, prior)
+        assert torch.equal(q0, q1) and torch.equal(s0, s1)
+        q_ref, s_ref = reference(view, None)
+        if not accumulate or prior == 0.0:
+            assert torch.equal(q0, q_ref.view(torch.uint8)) and torch.equal(s0.reshape(1), s_ref)
+        else:
+            assert s0[0] == max(prior, s_ref.item())
+
+
+@requires_cuda
+@pytest.mark.parametrize("fill", ["zero_", "accumulate=False"])
+@pytest.mark.parametrize("tokens", [64, 2048])
+def test_early_loads_see_the_producer_in_a_graph(fill, tokens):
+    """In a CUDA graph of producer -> (the caller's zero_) -> quantize, replayed on new data: the
+    early loads of the quantize pass read what the producer (two or three kernels before it) wrote,
+    every replay; a stale read would quantize the previous replay's input."""
+    src = torch.randn(tokens, 4096, device="cuda")
+    x = torch.empty(tokens, 4096, dtype=torch.bfloat16, device="cuda")
+    q = torch.empty(x.shape, dtype=FP8, device="cuda")
+    s = torch.zeros(1, device="cuda")
+
+    def step():
+        x.copy_(src * 3.0)  # the producer: a kernel writing the input right before the op
+        if fill == "zero_":
+            s.zero_()
+            per_tensor_quant_fp8(x, q, s)
+        else:
+            per_tensor_quant_fp8(x, q, s, accumulate=False)
+
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(3):
+            step()
+    for i in range(4):
+        src.copy_(torch.randn_like(src) * (i + 1))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_bitwise(q, s, x)
+        assert torch.equal(x, (src * 3.0).to(torch.bfloat16))
+
+
 if __name__ == "__main__":
     import sys
 

@@ -12,12 +12,14 @@
 //     max-reduces its block maximum into output_s with one atomic per block: every atomic on the one
 //     address is serialized in L2, so their count, not the bytes, bounded a grid of a block per 512
 //     chunks; then quantize over a grid of (chunk blocks of a row, rows), walking the blocks in
-//     reverse order, so it starts on the input the first pass read last, which is still in L2;
+//     reverse order, so it starts on the input the first pass read last, which is still in L2, and
+//     (aligned rows) loading each block's first row before its PDL wait, under the absmax pass;
 //   - opt-in single passes past the one-block size, the same bits: one 8-CTA cluster
 //     (SGLANG_PER_TENSOR_CLUSTER=1), or a cooperative grid of co-resident blocks with a grid barrier
 //     between the maximum and the bytes (SGLANG_PER_TENSOR_GRID=1).
 // 64-bit offsets, any row strides. Every kernel but the cooperative grid pass is launched with PDL
-// and waits for the previous kernel (the quantize pass for the absmax pass) before its first access.
+// and waits for the previous kernel (the quantize pass for the absmax pass) before its first access
+// (but the quantize pass's early input loads, which the absmax pass's own wait makes safe).
 #pragma once
 
 #include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDevice, data_ptr
@@ -347,6 +349,14 @@ inline bool per_tensor_cluster_enabled() { return env_is_one("SGLANG_PER_TENSOR_
 /// inputs it fits). The same bits either way.
 inline bool per_tensor_grid_enabled() { return env_is_one("SGLANG_PER_TENSOR_GRID"); }
 
+/// SGLANG_PER_TENSOR_EARLY (read at each dynamic two-pass call, so at graph capture): exactly "0"
+/// keeps the quantize pass's loads after its PDL wait (the A/B baseline); anything else, or unset,
+/// loads the first row before it (per_tensor_quant_kernel's kEarly). The same bits either way.
+inline bool per_tensor_early_enabled() {
+  const char* value = std::getenv("SGLANG_PER_TENSOR_EARLY");
+  return value == nullptr || std::string_view{value} != "0";
+}
+
 /// Answers per CUDA device, cached by query_once_per_device: answer + 1, 0 not asked yet.
 using PerDeviceAnswers = std::array<std::atomic<int>, 64>;
 
@@ -456,18 +466,65 @@ __global__ void __launch_bounds__(TensorQuantConfig::kAbsmaxThreads)
   }
 }
 
+/// Loads this thread's kVecs chunks of an aligned row (chunk first + c * blockDim.x) from L2
+/// (ld.global.cg: no L1 line of an earlier kernel can answer it), as load_chunks does otherwise.
+template <int kVecs, typename TIn, int kVecN>
+SGL_DEVICE void load_chunks_l2(
+    device::quant::Chunk<TIn, kVecN, true> (&x)[kVecs], const TIn* src, int64_t first, int64_t num_chunks) {
+  static_assert(sizeof(x[0].vec) == sizeof(uint4), "load_chunks_l2: 16-byte chunks");
+#pragma unroll
+  for (int c = 0; c < kVecs; ++c) {
+    const int64_t index = first + int64_t{c} * blockDim.x;
+    if (index < num_chunks) {
+      const uint4 bits = __ldcg(reinterpret_cast<const uint4*>(src) + index);
+      __builtin_memcpy(&x[c].vec, &bits, sizeof(bits));
+    }
+  }
+}
+
 /// Pass 2 (and the static path): quantize with the scale in output_s.
-template <typename TIn, bool kAligned>
+///
+/// kEarly (the dynamic two-pass path, aligned rows; SGLANG_PER_TENSOR_EARLY=0 turns it off): the
+/// block loads its first row's chunks before its PDL wait, so that the load overlaps the absmax
+/// pass, and only output_s waits for it. That is safe because this kernel's primary is the absmax
+/// pass, which never writes the input: this grid is launched only once every absmax block has
+/// passed its own PDL wait, i.e. once every kernel before the absmax pass (the input's producer, the
+/// caller's fill or the reset kernel) has completed and its writes are visible at GPU scope. The
+/// early loads read L2 (ld.global.cg), not an L1 that may hold lines from before those writes.
+/// output_q is written after the wait (it does not overlap the input: host-checked). The same bits.
+template <typename TIn, bool kAligned, bool kEarly = false>
 __global__ void __launch_bounds__(TensorQuantConfig::kThreads) per_tensor_quant_kernel(const TensorQuantParams p) {
+  static_assert(kAligned || !kEarly, "per_tensor_quant_kernel: early loads need aligned rows");
   constexpr int kVecN = 16 / sizeof(TIn);
   constexpr int kVecs = TensorQuantConfig::kVecsPerThread;
   const int64_t num_chunks = (p.num_cols + kVecN - 1) / kVecN;
   const int64_t block_x = p.reverse ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
   const int64_t first = block_x * blockDim.x * kVecs + threadIdx.x;
+  int64_t y = blockIdx.y;
+  if constexpr (kEarly) {
+    // gridDim.y <= num_rows: every block has a first row
+    const int64_t row = p.reverse ? p.num_rows - 1 - y : y;
+    device::quant::Chunk<TIn, kVecN, kAligned> x[kVecs];
+    load_chunks_l2<kVecs>(x, static_cast<const TIn*>(p.input) + row * p.input_row_stride, first, num_chunks);
+    device::pdl_wait_primary();  // output_s (the absmax pass)
+    device::pdl_launch_dependents();
+    const float inv_scale = inverse_scale(*p.output_s);
+    store_chunks<kVecs>(
+        x, static_cast<fp8_e4m3_t*>(p.output_q) + row * p.q_row_stride, first, num_chunks, p.num_cols, inv_scale);
+    y += gridDim.y;
+    for (; y < p.num_rows; y += gridDim.y) {
+      const int64_t next = p.reverse ? p.num_rows - 1 - y : y;
+      load_chunks<kVecs>(
+          x, static_cast<const TIn*>(p.input) + next * p.input_row_stride, first, num_chunks, p.num_cols);
+      store_chunks<kVecs>(
+          x, static_cast<fp8_e4m3_t*>(p.output_q) + next * p.q_row_stride, first, num_chunks, p.num_cols, inv_scale);
+    }
+    return;
+  }
   device::pdl_wait_primary();  // output_s (the absmax pass, or the caller's static scale) and the input
   device::pdl_launch_dependents();
   const float inv_scale = inverse_scale(*p.output_s);
-  for (int64_t y = blockIdx.y; y < p.num_rows; y += gridDim.y) {
+  for (; y < p.num_rows; y += gridDim.y) {
     const int64_t row = p.reverse ? p.num_rows - 1 - y : y;
     device::quant::Chunk<TIn, kVecN, kAligned> x[kVecs];
     const TIn* src = static_cast<const TIn*>(p.input) + row * p.input_row_stride;
@@ -625,7 +682,11 @@ void per_tensor_quant_fp8(
     LaunchKernel(blocks, threads, device).enable_pdl(true)(absmax, params);
     params.reverse = true;
   }
-  const auto quant = aligned ? per_tensor_quant_kernel<TIn, true> : per_tensor_quant_kernel<TIn, false>;
+  // The quantize pass after the absmax pass loads before its PDL wait (aligned rows; see the kernel)
+  const bool early = !is_static && aligned && per_tensor_early_enabled();
+  const auto quant = early     ? per_tensor_quant_kernel<TIn, true, true>
+                     : aligned ? per_tensor_quant_kernel<TIn, true>
+                               : per_tensor_quant_kernel<TIn, false>;
   LaunchKernel(grid, TensorQuantConfig::kThreads, device).enable_pdl(true)(quant, params);
 }
 
