@@ -150,7 +150,9 @@ def fused_qk_norm_rope(
     enable_pdl : bool, optional
         Programmatic Dependent Launch; None means on for SM90+. Keyword-only.
     _variant : int
-        Benchmark switch, not part of the API (keyword-only, default 0 = the default kernel): bit 0
+        Benchmark switch, not part of the API (keyword-only, default 0 = the default kernels: the
+        warp-table kernel with one cos/sin table per CTA of 4 warps below the large-size switch where
+        it applies, as bits 3 + 4 with 4 warps, the per-token CTA kernel otherwise): bit 0
         the reduced ``__sincosf`` trig, bit 1 the previous kernel, bit 2 the cos/sin in registers
         (no shared rows or barrier; one unit per lane below the L2-hint size, else the default;
         bit for bit the results without bit 2), bit 3 the warp-table kernel (one head per lane
@@ -158,7 +160,8 @@ def fused_qk_norm_rope(
         lane, below the large-size switch, else the default; bit for bit the results without bit
         3, bits 8-15 then its warps per CTA), bit 4 with bit 3 one cos/sin table per CTA instead
         of per warp (a CTA barrier; bit for bit the same), bits 8-15 a heads-per-group override
-        (``QKNormRopeVariant`` in the kernel). Results agree within the documented tolerance.
+        (``QKNormRopeVariant`` in the kernel), bit 5 alone the per-token CTA kernel at every size
+        (bit for bit the default). Results agree within the documented tolerance.
 
     Returns
     -------

@@ -60,8 +60,10 @@ QKNORM_VARIANTS = {
     "warp table+fast": 9,
     "warp table 1 warp": (1 << 8) | 8,
     # kCtaTable (bit 4 with kWarpTable): one cos/sin table per CTA of 2 / 4 warps, a CTA barrier
+    # (cta4's kernel is the default below the large-size switch since 2026-12-02)
     "warp table cta2": 0x218,
     "warp table cta4": 0x418,
+    "token cta (old default)": 32,  # kTokenCta: the per-token CTA kernel at every size
 }
 # RopeVariant of rope.cuh timed beside the default ("jit" = kEarlyAnySize below 32 MiB of rotated
 # bytes, else the L2-hinted kernel, without the KV store; kEarlyKv with it below 1 MiB, else

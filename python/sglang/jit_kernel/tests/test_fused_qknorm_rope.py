@@ -73,9 +73,10 @@ def test_fused_qk_norm_rope(dtype, is_neox, d, rotary_dim, hq, hk, hv, n, yarn):
 
 
 # _variant bits (QKNormRopeVariant): 1 reduced __sincosf trig, 2 the previous kernel, 8 the warp-table
-# kernel (bits 8-15 then its warps per CTA; with 16 one table per CTA), bits 8-15 heads per group;
+# kernel (bits 8-15 then its warps per CTA; with 16 one table per CTA), bits 8-15 heads per group,
+# 32 the per-token CTA kernel at every size (the default's small-size kernel before 0x418's took it);
 # every one must meet the same tolerance as the default
-VARIANTS = [1, 2, 1 << 8, 3 << 8, 8 << 8, (5 << 8) | 1, 8, 9, (1 << 8) | 8, (16 << 8) | 8, 0x218, 0x418]
+VARIANTS = [1, 2, 1 << 8, 3 << 8, 8 << 8, (5 << 8) | 1, 8, 9, (1 << 8) | 8, (16 << 8) | 8, 0x218, 0x418, 32, 33]
 
 
 @requires_cuda
@@ -274,14 +275,15 @@ if __name__ == "__main__":
 # and two units per lane run the default kernel. kWarpTable (8, 9; with 1 and 16 warps per CTA): the
 # same bits too (the default's lane layout and order of the squares); from 4096 tokens (past the
 # large-size switch) and at two units per lane (d = 512 fp32, d = 1024 bf16/fp16) the default kernel
-# runs. kCtaTable (0x218, 0x418, 0x1019: one table per CTA of 2, 4, 16 warps) likewise. 64 + 1 + 1
+# runs. kCtaTable (0x218, 0x418, 0x1019: one table per CTA of 2, 4, 16 warps; 0x418's kernel is the
+# default's where it applies) likewise, and kTokenCta (32: the per-token CTA kernel at every size). 64 + 1 + 1
 # heads (65 normed: the last warp holds one k head, the last CTA one warp of 2, of 4 a warp and 3
 # without heads) and d = 1024 (64 units) at 64 tokens are the configurations of the H200 harness's
 # DIFFs (a harness race); 64 + 2 + 2 heads at 1 token: 66 normed, a half-full last warp, then warps
 # without heads that still fill their share of a CTA table; fp32 d = 1024 (128 units) is refused by
 # every variant alike.
 @requires_cuda
-@pytest.mark.parametrize("variant", [4, 5, 8, 9, (1 << 8) | 8, (16 << 8) | 9, 0x218, 0x418, 0x1019])
+@pytest.mark.parametrize("variant", [4, 5, 8, 9, (1 << 8) | 8, (16 << 8) | 9, 0x218, 0x418, 0x1019, 32])
 @pytest.mark.parametrize("is_neox", [True, False])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("yarn", [False, True])

@@ -17,7 +17,8 @@
 // of two <= 32, aligned in the warp) share a head, lane l holding units l and l + G (kUnits); the
 // sum of squares is reduced by shuffles within the G lanes.
 //
-// fused_qk_norm_rope_kernel (the default). The heads of a token are split into "groups" of up to
+// fused_qk_norm_rope_kernel (the default at large sizes, and wherever the table kernel below does
+// not apply; QKNormRopeVariant::kTokenCta at every size). The heads of a token are split into "groups" of up to
 // heads_per_group consecutive heads, q and k groups apart (a group never mixes the two weights, so a
 // thread loads one weight once). The block is (G lanes, groups, tokens); a thread walks its group's
 // heads kBatch at a time, all of a batch's loads issued before any is used: groups of kBatch heads at
@@ -36,15 +37,17 @@
 // error ~5e-7 for |angle| < 2^20; the tests' bound is |y| * pos * 2^-23, ~1000x looser) to time
 // whether the trig latency shows at one token.
 //
-// fused_qk_norm_rope_warp_table_kernel (QKNormRopeVariant::kWarpTable, opt-in, small sizes): the
-// default's lane layout and math with one head per lane group and nothing shared beyond a warp. At
-// one token the default's chain after the PDL wait is long: its position load issues after the data
+// fused_qk_norm_rope_warp_table_kernel (the default below the large-size switch with 16-byte vectors
+// and one unit per lane, as kWarpTable | kCtaTable with kDefaultTableWarps warps; kWarpTable alone
+// is a table per warp): fused_qk_norm_rope_kernel's lane layout and math with one head per lane
+// group. At one token that kernel's chain after the PDL wait is long: its position load issues after the data
 // loads, then the trig, the cos/sin rows' barrier, the sum of squares, the shuffles and rsqrt follow
 // one another; a thread rotates two heads one after the other (the second behind a spill reload); one
 // CTA of 160 threads does all of it. Here every warp computes its token's table itself (2 sincosf a
 // lane at R = 128), __syncwarp instead of the barrier, one head per thread, CTAs of a few warps
-// spread over the SMs, the position load first. QKNormRopeVariant::kCtaTable: one table per CTA
-// instead (one entry per thread at R = 128 and 2 warps), then a CTA barrier.
+// spread over the SMs, the position load first. QKNormRopeVariant::kCtaTable (in the default): one
+// table per CTA instead (one entry per thread at R = 128 and 2 warps), then a CTA barrier. The
+// same functions of the same values in every kernel: the same bits (test_bit_identical_*).
 //
 // fused_qk_norm_rope_legacy_kernel (QKNormRopeVariant::kLegacy): the previous kernel, kept so that the
 // benchmark can time old and new in one run; remove once the new one is validated on the H200.
@@ -83,6 +86,9 @@ struct QKNormRopeConfig {
   // the PDL wait (R/2 <= 64 pairs: all of them), warps per CTA unless the variant's bits 8-15 say
   static constexpr int kWarpTablePairs = 2;
   static constexpr int64_t kWarpTableWarps = 2;
+  // The default below the large-size switch (where the table kernel applies): one cos/sin table per
+  // CTA of this many warps (the variant 0x418's kernel)
+  static constexpr int64_t kDefaultTableWarps = 4;
 };
 
 /// Variant bits of fused_qk_norm_rope (the benchmark's switches; 0 is the default kernel).
@@ -105,8 +111,13 @@ struct QKNormRopeVariant {
   // critical path. H200 standalone harness (.gpu/qkh, Qwen3 32 + 8 + 8 heads x 128 bf16, 1 / 64
   // tokens): default 1.68 / 1.73 us, kWarpTable 1.33 / 1.62, this with 2 warps per CTA (0x218)
   // 1.13 / 1.38, timed before the fix of a warp without heads returning ahead of the barrier (only
-  // CTAs with idle warps). Not run through the op on a GPU yet.
+  // CTAs with idle warps). Through the op (bench_rope, 2026-12-02, cold / one input): 1 token 1.19 /
+  // 1.20 with 4 warps (0x418) against the per-token CTA kernel's 1.68 / 1.67; 64 tokens 1.84 / 1.40
+  // against 2.25 / 1.74: the default since (kDefaultTableWarps), where it applies.
   static constexpr int64_t kCtaTable = 16;
+  // The per-token CTA kernel (fused_qk_norm_rope_kernel) at every size: the default below the
+  // large-size switch before kCtaTable took it (kept so that the benchmark times old and new)
+  static constexpr int64_t kTokenCta = 32;
   static constexpr int64_t kHeadsShift = 8;  // bits [8, 16): heads per group override (0: automatic)
 };
 
@@ -803,11 +814,15 @@ void launch_fused_qk_norm_rope(QKNormRopeParams p, DLDevice device, bool pdl, in
         .enable_pdl(pdl)(kernel, p);
   };
   if constexpr (kFull) {
-    if ((variant & QKNormRopeVariant::kWarpTable) != 0 && units <= lanes && !large) {
+    // The default (variant 0) takes the table kernel with one table per CTA of kDefaultTableWarps
+    // warps where it applies (the variant 0x418's launch), the per-token CTA kernel below otherwise
+    const bool table_default = variant == 0;
+    if ((table_default || (variant & QKNormRopeVariant::kWarpTable) != 0) && units <= lanes && !large) {
       // W warps of 32 / G heads of one token per CTA (fewer when the token has fewer); T < 2^16
       // here (below kLargeThreads), within grid.y's limit
       const int64_t warps_per_token = div_ceil(p.num_heads, static_cast<int64_t>(device::kWarpThreads) / lanes);
-      const int64_t override_warps = (variant >> QKNormRopeVariant::kHeadsShift) & 0xff;
+      const int64_t override_warps =
+          table_default ? QKNormRopeConfig::kDefaultTableWarps : (variant >> QKNormRopeVariant::kHeadsShift) & 0xff;
       const int64_t warps = std::min<int64_t>(
           {override_warps > 0 ? override_warps : QKNormRopeConfig::kWarpTableWarps,
            warps_per_token,
@@ -817,7 +832,7 @@ void launch_fused_qk_norm_rope(QKNormRopeParams p, DLDevice device, bool pdl, in
       const dim3 table_block(static_cast<uint32_t>(warps * device::kWarpThreads));
       // R/2 <= 32 kVecN pairs (one unit per lane): at most 2 KiB a table, so 32 KiB a CTA of
       // kMaxThreads with a table per warp, 2 KiB with kCtaTable (< kMaxSmemBytes)
-      const bool cta_table = (variant & QKNormRopeVariant::kCtaTable) != 0;
+      const bool cta_table = table_default || (variant & QKNormRopeVariant::kCtaTable) != 0;
       const auto table_smem =
           static_cast<std::size_t>(qk_norm_rope_warp_table_smem_bytes(p.half, cta_table ? 1 : warps));
       const auto launch_table = [&](auto kernel) {
