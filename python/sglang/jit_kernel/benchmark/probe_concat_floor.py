@@ -5,8 +5,8 @@ k [T, 128, 192] <- k_nope [T, 128, 128], k_rope [T, 1, 64] bf16 moves 2 bytes re
 (T * (128 * 192 * 2 + 128 * 128 * 2 + 64 * 2) bytes, the op's count). Each row counts its own bytes. Rows, cold (inputs
 rotated past 4x the L2), CUDA-graph median, % of the 1 GiB bf16 device copy (1:1 read / write):
   concat_mla_k       the op (default kernel)
-  floor 3:2          probe_concat_floor.cuh: read 2 contiguous 16-byte vectors, write 3 contiguous
-                     ones, per thread: the same mix, no layout, no rope rows
+  floor 3:2          probe_concat_floor.cuh: each warp reads 64 contiguous 16-byte vectors and writes
+                     96 contiguous ones (512-byte warp accesses): the same mix, no layout, no rope rows
   torch zero_ k      a memset of k alone (write only: the write side's rate)
   torch copy k_nope  a same-dtype copy of k_nope into a [T, 128, 128] buffer (1:1, the copy roof's mix
                      at this size)
@@ -46,12 +46,15 @@ def make_set(t: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def check(probe) -> None:
-    """The floor kernel writes src vectors 2t, 2t + 1, 2t to dst vectors 3t, 3t + 1, 3t + 2."""
-    src = torch.randn(4, 128, device="cuda").to(torch.bfloat16)  # 8 vectors of 8 bf16 per row: 32 in all
-    dst = torch.full((4, 192), float("nan"), dtype=torch.bfloat16, device="cuda")
+    """Warp w of the floor kernel writes src vectors [64w, 64w + 64) and then [64w, 64w + 32) to dst
+    vectors [96w, 96w + 96) (two warps here)."""
+    src = torch.randn(8, 128, device="cuda").to(torch.bfloat16)  # 128 vectors of 8 bf16: 64 pairs
+    dst = torch.full((8, 192), float("nan"), dtype=torch.bfloat16, device="cuda")
     probe.concat_floor(src, dst)
-    s, d = src.view(-1, 2, 8), dst.view(-1, 3, 8)
-    assert torch.equal(d[:, 0], s[:, 0]) and torch.equal(d[:, 1], s[:, 1]) and torch.equal(d[:, 2], s[:, 0])
+    s, d = src.view(-1, 8), dst.view(-1, 8)
+    for w in range(2):
+        assert torch.equal(d[96 * w : 96 * w + 64], s[64 * w : 64 * w + 64])
+        assert torch.equal(d[96 * w + 64 : 96 * w + 96], s[64 * w : 64 * w + 32])
 
 
 def copy_fill(k: torch.Tensor, k_nope: torch.Tensor) -> None:
