@@ -226,6 +226,38 @@ def check_no_partial_overlap(
     )
 
 
+def check_no_self_overlap(op: str, arg: str, tensor: torch.Tensor) -> None:
+    """RuntimeError unless every element of ``tensor`` (an output) has an address of its own: no dim of
+    size > 1 with stride 0 (an expanded tensor), and each stride at least the extent of the dims with
+    smaller strides (no overlapping rows). The C++ launchers' verify_no_self_overlap, with the op's
+    argument name; an empty tensor passes."""
+    if tensor.numel() == 0:
+        return
+    dims = [(tensor.stride(d), tensor.shape[d], d) for d in range(tensor.dim()) if tensor.shape[d] > 1]
+    for stride, size, d in dims:
+        if stride == 0:
+            fail(
+                RuntimeError,
+                op,
+                arg,
+                "strides",
+                "no dim of size > 1 with stride 0 (elements at addresses of their own)",
+                f"dim {d} of size {size} with stride 0 (an expanded tensor)",
+            )
+    extent = 1  # elements spanned by the dims with smaller strides
+    for stride, size, d in sorted(dims):
+        if stride < extent:
+            fail(
+                RuntimeError,
+                op,
+                arg,
+                "strides",
+                "elements at addresses of their own (each stride >= the extent of the dims with smaller strides)",
+                f"dim {d} stride {stride} < extent {extent} of the dims with smaller strides",
+            )
+        extent += stride * (size - 1)
+
+
 def check_tensor(
     op: str,
     arg: str,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sglang.jit_kernel._validate import check_no_partial_overlap, check_tensor, fail
+from sglang.jit_kernel._validate import check_no_partial_overlap, check_no_self_overlap, check_tensor, fail
 from sglang.jit_kernel.registry import CheckCase, register_module, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit
 
@@ -89,6 +89,7 @@ def _check_parts(
             tuple(o.shape),
         )
     if not torch.compiler.is_compiling():  # fake tensors have no data pointer; the launcher checks it
+        check_no_self_overlap(op, out_arg, o)
         check_no_partial_overlap(op, out_arg, o, x, a_arg, allow_same=False)
         check_no_partial_overlap(op, out_arg, o, y, b_arg, allow_same=False)
 
@@ -152,7 +153,8 @@ def concat_mla_k(k: torch.Tensor, k_nope: torch.Tensor, k_rope: torch.Tensor) ->
     RuntimeError
         A tensor not on ``k``'s CUDA device or of another dtype; shapes other than the above
         (including ``nope + rope`` not the last dim of ``k``, or an empty row); a last dim that is not
-        contiguous; ``k`` sharing memory with a source. Raised before any launch, as
+        contiguous; ``k`` sharing memory with a source, or with overlapping elements (expanded).
+        Raised before any launch, as
         ``concat_mla_k: <arg> <what>: expected X, got Y``.
     """
     if not torch.compiler.is_compiling():

@@ -13,7 +13,14 @@ import math
 
 import torch
 
-from sglang.jit_kernel._validate import FLOAT_DTYPES, INDEX_DTYPES, check_scalar, check_tensor, fail
+from sglang.jit_kernel._validate import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    check_no_self_overlap,
+    check_scalar,
+    check_tensor,
+    fail,
+)
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.rope import ROPE_MODULE, _load, _pdl_flag
 
@@ -182,7 +189,8 @@ def fused_qk_norm_rope(
         As ``fused_qk_norm_rope: <arg> <what>: expected X, got Y``: not on CUDA or another device,
         unsupported or mismatched dtypes, qkv not ``[num_tokens, row]`` of the heads' row, a weight not
         ``[head_dim]`` or not contiguous, position_ids not ``[num_tokens]``; from the launcher, qkv
-        sharing memory with a weight or position_ids, a head_dim the kernel does not take.
+        sharing memory with a weight or position_ids, qkv rows that overlap (a token stride below
+        the row, e.g. an expanded qkv), a head_dim the kernel does not take.
     """
     op = "fused_qk_norm_rope"
     for name, value in (("num_heads_q", num_heads_q), ("num_heads_k", num_heads_k), ("num_heads_v", num_heads_v)):
@@ -206,6 +214,8 @@ def fused_qk_norm_rope(
     check_tensor(
         op, "qkv", qkv, dtypes=FLOAT_DTYPES, dims=[("num_tokens", None), ("row", row)], last_dim_contiguous=True
     )
+    if not torch.compiler.is_compiling():  # tokens of their own (written in place by racing CTAs otherwise)
+        check_no_self_overlap(op, "qkv", qkv)
     check_tensor(op, "q_weight", q_weight, dtype_as=(qkv, "qkv"), dims=[("head_dim", head_dim)], contiguous=True)
     check_tensor(op, "k_weight", k_weight, dtype_as=(qkv, "qkv"), dims=[("head_dim", head_dim)], contiguous=True)
     check_tensor(

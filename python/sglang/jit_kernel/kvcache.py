@@ -27,6 +27,7 @@ from sglang.jit_kernel._validate import (
     check_indices,
     check_indices_enabled,
     check_no_partial_overlap,
+    check_no_self_overlap,
     check_scalar,
     check_tensor,
     fail,
@@ -122,7 +123,11 @@ def _check_row(op: str, arg: str, tensor: torch.Tensor, ref: torch.Tensor, ref_a
 def _check_disjoint(op: str, cache_args: dict[str, torch.Tensor], source_args: dict[str, torch.Tensor]) -> None:
     if torch.compiler.is_compiling():  # fake tensors have no data pointer; the launcher checks it
         return
-    for cache_arg, cache in cache_args.items():
+    caches = list(cache_args.items())
+    for i, (cache_arg, cache) in enumerate(caches):
+        check_no_self_overlap(op, cache_arg, cache)  # slot rows of their own
+        for other_arg, other in caches[:i]:  # and caches that share no memory
+            check_no_partial_overlap(op, cache_arg, cache, other, other_arg, allow_same=False)
         for source_arg, source in source_args.items():
             check_no_partial_overlap(op, cache_arg, cache, source, source_arg, allow_same=False)
 
@@ -232,14 +237,16 @@ def store_cache(
         A tensor not on ``k``'s CUDA device; a cache of another dtype or row size than its source;
         ``indices`` not int32/int64 or not 1-D, or longer than ``k``; ``k`` and ``v`` with different
         token counts, or the caches with different slot counts; rows that are not contiguous; a cache
-        sharing memory with ``k``, ``v`` or ``indices``. Raised before any launch, as
+        sharing memory with ``k``, ``v``, ``indices`` or the other cache; a cache whose slot rows
+        overlap (an expanded or row-stride-0 cache). Raised before any launch, as
         ``store_cache: <arg> <what>: expected X, got Y``.
     IndexError
         With ``SGLANG_JIT_CHECK_INDICES=1``: an index outside ``[0, num_slots)`` other than ``-1``.
     """
     if not torch.compiler.is_compiling():
         fn = _fast_fn("store_cache")
-        if fn is not None:
+        # exact ints only: the FFI would pass a bool as 0 / 1 (the checked path raises TypeError)
+        if fn is not None and type(row_bytes) is int and type(num_split) is int:
             try:
                 fn(k, v, k_cache, v_cache, indices, row_bytes, num_split, 0)  # the launcher checks everything
                 return
@@ -396,7 +403,7 @@ def set_mla_kv_buffer(
     RuntimeError
         A tensor not on ``kv_buffer``'s CUDA device or of another dtype; ``loc`` not int32/int64, not
         1-D or not one entry per token; shapes other than the above, ``nope + rope`` not the row of
-        ``kv_buffer``; rows that are not contiguous; ``kv_buffer`` sharing memory with a source or
+        ``kv_buffer``; rows that are not contiguous; ``kv_buffer`` with overlapping slot rows (expanded), or sharing memory with a source or
         ``loc``. Raised before any launch, as ``set_mla_kv_buffer: <arg> <what>: expected X, got Y``.
     IndexError
         With ``SGLANG_JIT_CHECK_INDICES=1``: a ``loc`` outside ``[0, num_slots)`` other than ``-1``.

@@ -364,7 +364,11 @@ def rmsnorm(
             fn = _RMSNORM_FNS.get(input.dtype) if input.dim() == 2 else None
         except AttributeError:  # not a tensor: the checked path raises TypeError
             fn = None
-        if fn is not None and (enable_pdl is None or enable_pdl is True or enable_pdl is False):
+        if (
+            fn is not None
+            and isinstance(eps, float)
+            and (enable_pdl is None or enable_pdl is True or enable_pdl is False)
+        ):
             result = torch.empty_like(input) if out is None else out
             try:
                 fn(result, input, weight, eps, 0.0, cast_x_before_out_mul, -1 if enable_pdl is None else enable_pdl)
@@ -390,7 +394,11 @@ def _rmsnorm(
             fn = _RMSNORM_FNS.get(input.dtype) if input.dim() == 2 else None
         except AttributeError:
             fn = None
-        if fn is not None and (enable_pdl is None or enable_pdl is True or enable_pdl is False):
+        if (
+            fn is not None
+            and isinstance(eps, float)
+            and (enable_pdl is None or enable_pdl is True or enable_pdl is False)
+        ):
             result = torch.empty_like(input) if out is None else out
             try:
                 fn(
@@ -522,7 +530,11 @@ def _fused_add_rmsnorm(
             fn = _FUSED_ADD_RMSNORM_FNS.get(input.dtype) if input.dim() == 2 else None
         except AttributeError:
             fn = None
-        if fn is not None and (enable_pdl is None or enable_pdl is True or enable_pdl is False):
+        if (
+            fn is not None
+            and isinstance(eps, float)
+            and (enable_pdl is None or enable_pdl is True or enable_pdl is False)
+        ):
             try:
                 fn(input, residual, weight, eps, weight_offset, -1 if enable_pdl is None else enable_pdl)
                 return
@@ -699,7 +711,11 @@ def fused_inplace_qknorm(
             fn = _QKNORM_FNS.get(q.dtype) if ok else None
         except (AttributeError, IndexError):  # not a tensor, or 0-d: the checked path explains
             fn = None
-        if fn is not None and (enable_pdl is None or enable_pdl is True or enable_pdl is False):
+        if (
+            fn is not None
+            and isinstance(eps, float)
+            and (enable_pdl is None or enable_pdl is True or enable_pdl is False)
+        ):
             try:
                 fn(q, k, q_weight, k_weight, eps, -1 if enable_pdl is None else enable_pdl)
                 return
@@ -817,7 +833,11 @@ def fused_inplace_qknorm_across_heads(
             fn = _QKNORM_ACROSS_HEADS_FNS.get(q.dtype)
         except AttributeError:  # not a tensor: the checked path raises TypeError
             fn = None
-        if fn is not None and (enable_pdl is None or enable_pdl is True or enable_pdl is False):
+        if (
+            fn is not None
+            and isinstance(eps, float)
+            and (enable_pdl is None or enable_pdl is True or enable_pdl is False)
+        ):
             try:
                 fn(q, k, q_weight, k_weight, eps, -1 if enable_pdl is None else enable_pdl)
                 return

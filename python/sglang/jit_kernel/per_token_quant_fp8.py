@@ -151,7 +151,7 @@ def per_token_quant_fp8(
     if not torch.compiler.is_compiling():
         try:  # the launcher checks shapes, dtypes, devices, layouts and overlaps
             fn = _FNS.get(input.dtype) if input.dim() == 2 and output_s.dim() == 1 else None
-            if fn is not None and eps >= 0:
+            if fn is not None and isinstance(eps, float) and eps >= 0:  # a bool or int eps: the checked path
                 fn(input, output_q, output_s, eps)
                 return
         except (AttributeError, TypeError, RuntimeError):  # raised before any launch: the checked path explains

@@ -13,8 +13,10 @@ the rotated elements, the cache rows, the positions); ``apply_rope_inplace_with_
 ``N*Hk*(2*D - R)*s`` read (the rest of k, all of v) and ``2*N*Hk*D*s`` written (both caches) and
 ``N*p`` for ``out_loc``.
 
-A position outside ``[0, max_position)`` never reads out of bounds: that token's heads are left as
-they are (rotated by ``cos = 1, sin = 0``); with the KV store they are stored unrotated. An
+A position outside ``[0, max_position)`` never reads out of bounds: that token's heads are rotated by
+``cos = 1, sin = 0`` in fp32, which keeps every finite element's value (a ``-0.0`` may come back as
+``+0.0``) but makes the partner of an inf or NaN element NaN (``inf * 0``); with the KV store they
+are stored so. An
 ``out_loc`` outside ``[0, cache_size)`` stores nothing for its token. ``SGLANG_JIT_CHECK_INDICES=1``
 turns both into an ``IndexError`` naming the first bad entry (a host read: one sync per call).
 """
@@ -32,6 +34,7 @@ from sglang.jit_kernel._validate import (
     INDEX_DTYPES,
     check_indices,
     check_indices_enabled,
+    check_no_self_overlap,
     check_scalar,
     check_tensor,
     fail,
@@ -277,8 +280,9 @@ def apply_rope_inplace(
         ``[:R/2]`` and sin in ``[R/2:R]`` of each row. Not modified.
     positions : torch.Tensor
         ``[num_tokens]`` int32 or int64 on q's device, any stride (a strided tensor is copied). A
-        position outside ``[0, max_position)`` leaves its token's heads unchanged (no out-of-bounds
-        read); ``SGLANG_JIT_CHECK_INDICES=1`` raises instead.
+        position outside ``[0, max_position)`` reads nothing and rotates its token's heads by
+        ``cos = 1, sin = 0`` (finite values kept, see the module docstring for -0.0, inf and NaN);
+        ``SGLANG_JIT_CHECK_INDICES=1`` raises instead.
     is_neox : bool
         NeoX (rotate halves) or GPT-J (rotate interleaved pairs) style. Keyword-only.
     rope_dim : int
@@ -374,6 +378,8 @@ def _cache_rows(op: str, arg: str, cache: torch.Tensor, row: int) -> torch.Tenso
     check_tensor(
         op, arg, cache, dims=[("cache_size", None), ("num_kv_heads * head_dim", row)], last_dim_contiguous=True
     )
+    if not torch.compiler.is_compiling():  # slot rows of their own
+        check_no_self_overlap(op, arg, cache)
     return cache
 
 
@@ -412,7 +418,8 @@ def apply_rope_inplace_with_kvcache(
         ``[num_tokens]`` int32 or int64, any stride (copied if strided): the cache row of each
         token. An entry outside
         ``[0, cache_size)`` stores nothing for its token (q and k are still rotated); with
-        ``SGLANG_JIT_CHECK_INDICES=1`` it raises instead. Two tokens with one row: one of them wins.
+        ``SGLANG_JIT_CHECK_INDICES=1`` it raises instead. Two tokens with one row: the row holds 16-byte
+        pieces of either token's k (and v), in no defined mix (as with concurrent plain stores).
     _variant : int
         Private, for the benchmark's old-vs-new rows: 0 (default) the default kernel
         (``RopeVariant::kEarlyKv`` below 1 MiB of rotated bytes, ``kKvSplitCopy`` above: v copied
@@ -433,7 +440,7 @@ def apply_rope_inplace_with_kvcache(
     RuntimeError
         As :func:`apply_rope_inplace`, and: v not of k's shape or dtype, a cache of another dtype, row
         size or slot count, out_loc not int32/int64 or not ``[num_tokens]``; from the launcher, a
-        cache sharing memory with another argument.
+        cache sharing memory with another argument, or with overlapping slot rows (expanded).
     """
     if type(_variant) is int and _variant == 0 and not torch.compiler.is_compiling():
         try:
@@ -658,7 +665,8 @@ def rotary_embedding(
     ----------
     positions : torch.Tensor
         ``[num_tokens]`` or ``[batch, seq]``, int32 or int64, on query's device, any stride (copied
-        if strided). Out-of-range entries leave their token unchanged (``SGLANG_JIT_CHECK_INDICES=1``:
+        if strided). Out-of-range entries rotate their token by ``cos = 1, sin = 0`` (finite values kept, see
+        apply_rope_inplace; ``SGLANG_JIT_CHECK_INDICES=1``:
         IndexError).
     query : torch.Tensor
         ``[num_tokens, num_heads * head_size]``, ``[num_tokens, num_heads, head_size]`` or with
@@ -752,7 +760,7 @@ def rope_reference(
     x: torch.Tensor, cos_sin_cache: torch.Tensor, positions: torch.Tensor, is_neox: bool, rope_dim: int = 0
 ) -> torch.Tensor:
     """The rotated ``x [num_tokens, num_heads, head_dim]`` in fp32, rounded once to x's dtype (a
-    position outside the cache leaves its token unchanged). NeoX and GPT-J written apart."""
+    position outside the cache leaves its token's finite values unchanged). NeoX and GPT-J written apart."""
     r = rope_dim or cos_sin_cache.shape[1]
     half = r // 2
     out = x.float().clone()

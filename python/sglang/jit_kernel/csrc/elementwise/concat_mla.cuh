@@ -25,8 +25,8 @@
 // so the next launch overlaps this one (rmsnorm.cuh's pdl_wait_then_release says why in that order).
 #pragma once
 
-#include <sgl_kernel/tensor.h>  // For TensorMatcher, Symbolic{Size,DType,Device}, verify_no_partial_overlap
-#include <sgl_kernel/utils.h>   // For RuntimeCheck, div_ceil
+#include <sgl_kernel/tensor.h>  // For TensorMatcher, Symbolic{Size,DType,Device}, verify_no_partial_overlap, verify_no_self_overlap
+#include <sgl_kernel/utils.h>  // For RuntimeCheck, div_ceil
 
 #include <sgl_kernel/utils.cuh>  // For LaunchKernel, device::pointer::offset, device::pdl_*
 #include <sgl_kernel/vec.cuh>    // For AlignedVector
@@ -202,6 +202,7 @@ void concat_mla(tvm::ffi::TensorView out, tvm::ffi::TensorView a, tvm::ffi::Tens
       ": expected at most 2^31 output bytes per token");
   verify_no_partial_overlap(out, "out", a, "a", /*allow_same=*/false);
   verify_no_partial_overlap(out, "out", b, "b", /*allow_same=*/false);
+  verify_no_self_overlap(out, "out");
   RuntimeCheck(variant >= 0 && variant <= 3, "concat_mla: variant = ", variant, ": expected 0 to 3");
   const bool evict_last = (variant & 1) != 0, token_major = (variant & 2) != 0;
 

@@ -53,8 +53,8 @@
 // benchmark can time old and new in one run; remove once the new one is validated on the H200.
 #pragma once
 
-#include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDevice, kAnySize, data_ptr
-#include <sgl_kernel/utils.h>   // For RuntimeCheck, div_ceil
+#include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDevice, kAnySize, data_ptr, verify_no_*_overlap
+#include <sgl_kernel/utils.h>  // For RuntimeCheck, div_ceil
 
 #include <sgl_kernel/utils.cuh>  // For LaunchKernel, SGL_DEVICE, kWarpThreads, pdl_wait_primary
 #include <sgl_kernel/vec.cuh>    // For AlignedVector
@@ -937,6 +937,7 @@ void fused_qk_norm_rope(
   verify_no_partial_overlap(qkv, "qkv", q_weight, "q_weight", /*allow_same=*/false);
   verify_no_partial_overlap(qkv, "qkv", k_weight, "k_weight", /*allow_same=*/false);
   verify_no_partial_overlap(qkv, "qkv", position_ids, "position_ids", /*allow_same=*/false);
+  verify_no_self_overlap(qkv, "qkv");  // tokens of their own (a token stride of 0 or below the row races)
 
   // Unwrap
   QKNormRopeParams p{};

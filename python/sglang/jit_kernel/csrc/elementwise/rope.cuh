@@ -23,7 +23,8 @@
 // narrower otherwise (down to one element), so no access is ever misaligned.
 //
 // A position outside [0, max_position) reads nothing from the cache: its token's heads are rotated
-// by cos = 1, sin = 0, i.e. left as they are (and stored so, with the KV cache). An out_loc outside
+// by cos = 1, sin = 0 in fp32 (and stored so, with the KV cache): finite values keep their value (x * 1
+// - y * 0 may turn -0.0 into +0.0), and the partner of an inf or NaN becomes NaN. An out_loc outside
 // [0, cache_size) skips that token's cache writes. Bytes moved (the benchmark's count):
 // 2 * N * (Hq + Hk) * R * sizeof(T) (read + write of the rotated elements) + N * R * sizeof(CacheT)
 // + N * sizeof(position), and with the KV store + N * Hk * (2 * D - R) * sizeof(T) * 2 (the rest of
@@ -1214,6 +1215,8 @@ void apply_rope_inplace_with_kvcache_impl(
     verify_no_partial_overlap(v_cache, "v_cache", *view, name, /*allow_same=*/false);
   }
   verify_no_partial_overlap(k_cache, "k_cache", v_cache, "v_cache", /*allow_same=*/false);
+  verify_no_self_overlap(k_cache, "k_cache");  // slot rows of their own
+  verify_no_self_overlap(v_cache, "v_cache");
   verify_no_partial_overlap(v, "v", q, "q", /*allow_same=*/false);
   verify_no_partial_overlap(v, "v", k, "k", /*allow_same=*/false);
 

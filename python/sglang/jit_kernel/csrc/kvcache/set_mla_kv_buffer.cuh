@@ -5,8 +5,8 @@
 // Moves 2 * num_tokens * (nope + rope) * element_size bytes, plus loc.
 #pragma once
 
-#include <sgl_kernel/tensor.h>  // For TensorMatcher, Symbolic{Size,DType,Device}, verify_no_partial_overlap
-#include <sgl_kernel/utils.h>   // For RuntimeCheck, pointer::offset
+#include <sgl_kernel/tensor.h>  // For TensorMatcher, Symbolic{Size,DType,Device}, verify_no_partial_overlap, verify_no_self_overlap
+#include <sgl_kernel/utils.h>  // For RuntimeCheck, pointer::offset
 
 #include <cstdint>
 #include <dlpack/dlpack.h>
@@ -83,6 +83,7 @@ void set_mla_kv_buffer(
   verify_no_partial_overlap(kv_buffer, "kv_buffer", k_nope, "cache_k_nope", /*allow_same=*/false);
   verify_no_partial_overlap(kv_buffer, "kv_buffer", k_rope, "cache_k_rope", /*allow_same=*/false);
   verify_no_partial_overlap(kv_buffer, "kv_buffer", loc, "loc", /*allow_same=*/false);
+  verify_no_self_overlap(kv_buffer, "kv_buffer");  // slot rows of their own
   RuntimeCheck(variant >= 0 && variant <= 4, "set_mla_kv_buffer: variant = ", variant, ": expected 0 to 4");
 
   // Unwrap

@@ -5,8 +5,8 @@
 // Moves 2 * num_indices * (k_row_bytes + v_row_bytes) bytes, plus the indices.
 #pragma once
 
-#include <sgl_kernel/tensor.h>  // For TensorMatcher, Symbolic{Size,DType,Device}, verify_no_partial_overlap
-#include <sgl_kernel/utils.h>   // For RuntimeCheck
+#include <sgl_kernel/tensor.h>  // For TensorMatcher, Symbolic{Size,DType,Device}, verify_no_partial_overlap, verify_no_self_overlap
+#include <sgl_kernel/utils.h>  // For RuntimeCheck
 
 #include <cstdint>
 #include <dlpack/dlpack.h>
@@ -93,6 +93,10 @@ void store_cache(
   verify_no_partial_overlap(v_cache, "v_cache", k, "k", /*allow_same=*/false);
   verify_no_partial_overlap(v_cache, "v_cache", v, "v", /*allow_same=*/false);
   verify_no_partial_overlap(v_cache, "v_cache", indices, "indices", /*allow_same=*/false);
+  // Slots of their own (no stride-0 or overlapping slot rows), and two caches that do not share memory
+  verify_no_self_overlap(k_cache, "k_cache");
+  verify_no_self_overlap(v_cache, "v_cache");
+  verify_no_partial_overlap(k_cache, "k_cache", v_cache, "v_cache", /*allow_same=*/false);
 
   // Unwrap
   const int64_t k_elem = row_scatter_element_bytes(k_dtype.unwrap(), "k");
