@@ -169,7 +169,11 @@ def _gated(
             try:
                 fn(result, input, expert_ids, expert_step, pdl)
                 return result
-            except (TypeError, RuntimeError):  # raised before any launch: the checked path names the argument
+            except (
+                TypeError,
+                ValueError,
+                RuntimeError,
+            ):  # raised before any launch: the checked path names the argument
                 pass
     return _gated_checked(op, input, out, expert_ids, expert_step, enable_pdl, pdl)
 

@@ -84,7 +84,7 @@ def clamp_position_cuda(seq_lens: torch.Tensor) -> torch.Tensor:
             try:
                 fn(out, seq_lens)  # the launcher checks everything
                 return out
-            except (TypeError, RuntimeError):  # raised before any launch: the checked path explains
+            except (TypeError, ValueError, RuntimeError):  # raised before any launch: the checked path explains
                 pass
     op = "clamp_position_cuda"
     check_tensor(op, "seq_lens", seq_lens, dtypes=INDEX_DTYPES, dims=[("num_seqs", None)])

@@ -170,6 +170,7 @@ def concat_mla_k(k: torch.Tensor, k_nope: torch.Tensor, k_rope: torch.Tensor) ->
                 AttributeError,
                 IndexError,
                 TypeError,
+                ValueError,
                 RuntimeError,
             ):  # before any launch: the checked path explains
                 pass
@@ -241,7 +242,7 @@ def concat_mla_absorb_q(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
             try:
                 fn(out, a, b, 2 if out.shape[0] >= TOKEN_MAJOR_MIN_TOKENS else 0)  # the launcher checks
                 return out
-            except (TypeError, RuntimeError):  # raised before any launch: the checked path explains
+            except (TypeError, ValueError, RuntimeError):  # raised before any launch: the checked path explains
                 pass
     op = "concat_mla_absorb_q"
     check_tensor(op, "a", a, last_dim_contiguous=True)

@@ -250,7 +250,7 @@ def store_cache(
             try:
                 fn(k, v, k_cache, v_cache, indices, row_bytes, num_split, 0)  # the launcher checks everything
                 return
-            except (TypeError, RuntimeError):  # raised before any launch: the checked path explains
+            except (TypeError, ValueError, RuntimeError):  # raised before any launch: the checked path explains
                 pass
     op = "store_cache"
     check_tensor(op, "k", k)
@@ -414,7 +414,7 @@ def set_mla_kv_buffer(
             try:
                 fn(kv_buffer, loc, cache_k_nope, cache_k_rope, 0)  # the launcher checks everything
                 return
-            except (TypeError, RuntimeError):  # raised before any launch: the checked path explains
+            except (TypeError, ValueError, RuntimeError):  # raised before any launch: the checked path explains
                 pass
     op = "set_mla_kv_buffer"
     check_tensor(op, "kv_buffer", kv_buffer)

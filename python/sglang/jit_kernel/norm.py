@@ -373,7 +373,7 @@ def rmsnorm(
             try:
                 fn(result, input, weight, eps, 0.0, cast_x_before_out_mul, -1 if enable_pdl is None else enable_pdl)
                 return result
-            except (TypeError, RuntimeError):  # refused before any launch: the checked path explains
+            except (TypeError, ValueError, RuntimeError):  # refused before any launch: the checked path explains
                 pass
     return _rmsnorm_checked("rmsnorm", input, weight, eps, out, 0.0, cast_x_before_out_mul, enable_pdl)
 
@@ -411,7 +411,7 @@ def _rmsnorm(
                     -1 if enable_pdl is None else enable_pdl,
                 )
                 return result
-            except (TypeError, RuntimeError):
+            except (TypeError, ValueError, RuntimeError):
                 pass
     return _rmsnorm_checked(op, input, weight, eps, out, weight_offset, cast_x_before_out_mul, enable_pdl)
 
@@ -538,7 +538,7 @@ def _fused_add_rmsnorm(
             try:
                 fn(input, residual, weight, eps, weight_offset, -1 if enable_pdl is None else enable_pdl)
                 return
-            except (TypeError, RuntimeError):  # refused before any launch: the checked path explains
+            except (TypeError, ValueError, RuntimeError):  # refused before any launch: the checked path explains
                 pass
     check_scalar(op, "eps", eps, float, minimum=0.0)
     check_scalar(op, "enable_pdl", enable_pdl, bool, optional=True)
@@ -719,7 +719,7 @@ def fused_inplace_qknorm(
             try:
                 fn(q, k, q_weight, k_weight, eps, -1 if enable_pdl is None else enable_pdl)
                 return
-            except (TypeError, RuntimeError):  # refused before any launch: the checked path explains
+            except (TypeError, ValueError, RuntimeError):  # refused before any launch: the checked path explains
                 pass
     op = "fused_inplace_qknorm"
     check_scalar(op, "eps", eps, float, minimum=0.0)
@@ -841,7 +841,7 @@ def fused_inplace_qknorm_across_heads(
             try:
                 fn(q, k, q_weight, k_weight, eps, -1 if enable_pdl is None else enable_pdl)
                 return
-            except (TypeError, RuntimeError):  # refused before any launch: the checked path explains
+            except (TypeError, ValueError, RuntimeError):  # refused before any launch: the checked path explains
                 pass
     op = "fused_inplace_qknorm_across_heads"
     check_scalar(op, "eps", eps, float, minimum=0.0)

@@ -174,7 +174,12 @@ def per_tensor_quant_fp8(
             ):
                 fn(input.view(1, -1), output_q.view(1, -1), output_s.view(1), is_static, eps, accumulate)
                 return
-        except (AttributeError, TypeError, RuntimeError):  # raised before any launch: the checked path explains
+        except (
+            AttributeError,
+            TypeError,
+            ValueError,
+            RuntimeError,
+        ):  # raised before any launch: the checked path explains
             pass
     input = _check(input, output_q, output_s, is_static, eps, accumulate)
     if input.numel() == 0:

@@ -278,7 +278,12 @@ def per_token_group_quant_8bit(
             ):
                 fn(input, output_q, output_s, group_size, eps, fp8_min, fp8_max, scale_ue8m0, KERNEL_VARIANT)
                 return output_q, output_s
-        except (AttributeError, TypeError, RuntimeError):  # raised before any launch: the checked path explains
+        except (
+            AttributeError,
+            TypeError,
+            ValueError,
+            RuntimeError,
+        ):  # raised before any launch: the checked path explains
             pass
     input = _check(input, output_q, output_s, group_size, eps, fp8_min, fp8_max, scale_ue8m0)
     if input.numel() == 0:

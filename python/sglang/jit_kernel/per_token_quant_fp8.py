@@ -154,7 +154,12 @@ def per_token_quant_fp8(
             if fn is not None and isinstance(eps, float) and eps >= 0:  # a bool or int eps: the checked path
                 fn(input, output_q, output_s, eps)
                 return
-        except (AttributeError, TypeError, RuntimeError):  # raised before any launch: the checked path explains
+        except (
+            AttributeError,
+            TypeError,
+            ValueError,
+            RuntimeError,
+        ):  # raised before any launch: the checked path explains
             pass
     input = _check(input, output_q, output_s, eps)
     if output_s.numel() == 0:

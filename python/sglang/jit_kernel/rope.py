@@ -343,7 +343,7 @@ def apply_rope_inplace(
             try:
                 fn(q, k, cos_sin_cache, positions, is_neox, rope_dim, -1 if enable_pdl is None else enable_pdl)
                 return
-            except (TypeError, RuntimeError):  # refused before any launch: the checked path explains
+            except (TypeError, ValueError, RuntimeError):  # refused before any launch: the checked path explains
                 pass
     op = "apply_rope_inplace"
     check_scalar(op, "enable_pdl", enable_pdl, bool, optional=True)
@@ -469,7 +469,7 @@ def apply_rope_inplace_with_kvcache(
                     -1 if enable_pdl is None else enable_pdl,
                 )
                 return
-            except (TypeError, RuntimeError):
+            except (TypeError, ValueError, RuntimeError):
                 pass
     op = "apply_rope_inplace_with_kvcache"
     check_scalar(op, "enable_pdl", enable_pdl, bool, optional=True)

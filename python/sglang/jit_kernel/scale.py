@@ -92,7 +92,7 @@ def scale(src: torch.Tensor, factor: float, out: torch.Tensor | None = None) -> 
             try:
                 fn(result, src, factor)  # the launcher checks shapes, dtypes, devices, layout, overlap
                 return result
-            except (TypeError, RuntimeError):  # raised before any launch: the checked path explains
+            except (TypeError, ValueError, RuntimeError):  # raised before any launch: the checked path explains
                 pass
     check_tensor("scale", "src", src, dtypes=FLOAT_DTYPES)
     check_scalar("scale", "factor", factor, float)
