@@ -177,6 +177,36 @@ def test_topk_sigmoid_bad_arguments():
         topk_sigmoid(w, i, g, correction_bias=torch.zeros(16, dtype=torch.int64, device="cuda"))
 
 
+@requires_cuda
+@pytest.mark.parametrize("lanes", ["8", "16"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("num_experts", [64, 128, 256, 257])
+@pytest.mark.parametrize("renormalize", [False, True])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_topk_sigmoid_multirow_bit_exact(monkeypatch, lanes, dtype, num_experts, renormalize, with_bias):
+    """The several-rows-per-warp kernel (SGLANG_MOE_TOPK_MULTIROW) gives the default's bits on grid
+    logits, edge rows, 1 / 3 / 4096 rows and strided views, k in {1, 3, 6, 8}."""
+    bias = (torch.randint(-32, 32, (num_experts,), device="cuda").float() / 32) if with_bias else None
+    inputs = [
+        grid_logits(129, num_experts, dtype, seed=num_experts),
+        edge_rows(1031, num_experts, dtype, seed=num_experts),
+        torch.randn(3, num_experts, device="cuda").to(dtype),
+        torch.randn(1, num_experts, device="cuda").to(dtype),
+        torch.randn(4096, num_experts, device="cuda").to(dtype),
+        torch.randn(67, num_experts + 8, device="cuda").to(dtype)[:, :num_experts],
+    ]
+    results = {}
+    for value in (None, lanes):
+        if value is None:
+            monkeypatch.delenv("SGLANG_MOE_TOPK_MULTIROW", raising=False)
+        else:
+            monkeypatch.setenv("SGLANG_MOE_TOPK_MULTIROW", value)
+        results[value] = [run(x, k, renormalize, bias) for x in inputs for k in (1, 3, 6, 8)]
+    monkeypatch.delenv("SGLANG_MOE_TOPK_MULTIROW", raising=False)
+    for a, b in zip(results[None], results[lanes]):
+        assert_same_bits(a, b)
+
+
 if __name__ == "__main__":
     import sys
 

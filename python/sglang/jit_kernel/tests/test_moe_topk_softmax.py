@@ -274,6 +274,45 @@ def test_topk_softmax_ffi_rejects_mismatch_from_cpp():
         module.topk_softmax(w[:, :2], i[:, :2], g, torch.zeros(3, device="cuda"), False, 0.0)
 
 
+# The several-rows-per-warp kernel (opt-in, SGLANG_MOE_TOPK_MULTIROW=8 / 16 lanes per row): full rows
+# of 32 * kPer experts (64, 128, 256), k <= 8, aligned rows; 60 / 257 experts, k = 17 and the
+# misaligned strided view fall back to the default (the same call either way).
+@requires_cuda
+@pytest.mark.parametrize("lanes", ["8", "16"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("num_experts", [60, 64, 128, 256, 257])
+@pytest.mark.parametrize("renormalize", [False, True])
+@pytest.mark.parametrize("softcap", [0.0, 2.5])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_topk_softmax_multirow_bit_exact(monkeypatch, lanes, dtype, num_experts, renormalize, softcap, with_bias):
+    """Bit for bit the default's weights and ids, row for row, on grid logits (ties), randn rows led
+    by edge rows (NaN, +-inf, all ties, -0, exp underflow), token counts that leave a warp's last
+    rows empty (1, 3, 1031) and 4096 rows, an aligned row-strided view and a misaligned one, at k in
+    {1, 2, 3, 5, 6, 8} (and 17: the default)."""
+    bias = (torch.randint(-32, 32, (num_experts,), device="cuda").float() / 32) if with_bias else None
+    inputs = [
+        grid_logits(129, num_experts, dtype, seed=num_experts),
+        edge_rows(1031, num_experts, dtype, seed=num_experts),
+        edge_rows(8, num_experts, dtype, seed=1)[:3],
+        torch.randn(1, num_experts, device="cuda").to(dtype),
+        torch.randn(4096, num_experts, device="cuda").to(dtype),
+        torch.randn(67, num_experts + 8, device="cuda").to(dtype)[:, :num_experts],
+        torch.randn(67, num_experts + 3, device="cuda").to(dtype)[:, 1 : num_experts + 1],
+    ]
+    topks = [k for k in (1, 2, 3, 5, 6, 8, 17) if k <= num_experts]
+    results = {}
+    for value in (None, lanes):
+        if value is None:
+            monkeypatch.delenv("SGLANG_MOE_TOPK_MULTIROW", raising=False)
+        else:
+            monkeypatch.setenv("SGLANG_MOE_TOPK_MULTIROW", value)
+        results[value] = [run(x, k, renormalize, softcap, bias) for x in inputs for k in topks]
+    monkeypatch.delenv("SGLANG_MOE_TOPK_MULTIROW", raising=False)
+    for a, b in zip(results[None], results[lanes]):
+        assert_same_bits(a, b)
+    check(inputs[0], min(8, num_experts), renormalize, softcap, bias)  # and the reference
+
+
 if __name__ == "__main__":
     import sys
 

@@ -934,6 +934,206 @@ __global__ void __launch_bounds__(TopkRowsConfig::kThreads)
       LookaheadGroupedOptions<kSpecialNumGroups, kSpecialGroupSize, kSpecialTopkGroup, kRenormalize, kBias>>(p);
 }
 
+/// Engine v2 with several rows per warp (opt-in, SGLANG_MOE_TOPK_MULTIROW=8 or 16: kLanes lanes per
+/// row, 32 / kLanes rows per warp). Why: at 4096 tokens one warp per row spends its issue slots on
+/// warp-wide steps that choose one expert of one row each; here one warp instruction serves 32 /
+/// kLanes rows. Rows of exactly 32 * kPer experts, k <= 8, no grouping, aligned rows (p.vec): the
+/// host checks them.
+///
+/// The bits of lookahead_rows (the default), row for row, whatever the batch: lane q of a row holds
+/// the kRuns = 32 / kLanes runs of the default's lanes kRuns * q .. kRuns * q + kRuns - 1 (run j at
+/// experts (kRuns * q + j) * kPer), so
+/// - keys: the same functions of the same values (softcap, bias, order_key_if; every expert valid);
+/// - the maximum key is exact in any order; the selection picks the largest key, ties to the lower
+///   expert (a tree per run with the lower slot winning ties, runs in expert order, then a shuffle
+///   reduction that takes the lower expert on equal keys), as the default's steps do;
+/// - the softmax denominator: each run's sequential sum of its exp terms as the default's lane sums
+///   them, then the default's butterfly (reduce_sum's masks 16, 8, .., 1 over its lanes): the masks
+///   >= kRuns are shuffles over this kernel's lanes (mask / kRuns), the masks < kRuns pair runs
+///   inside a lane, in the same order;
+/// - lane i < k of the row keeps winner i (its key, expert and logit), so the weight, the
+///   renormalising butterfly over winners (masks < k) and the scale are the default's.
+template <typename T, int kPer, int kLanes>
+__global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_multirow_kernel(const TopkRowsParams p) {
+  static_assert(kLanes == 8 || kLanes == 16, "8 or 16 lanes per row");
+  constexpr int kRuns = static_cast<int>(device::kWarpThreads) / kLanes;  // the default's lanes per lane
+  constexpr int kRowsPerWarp = kRuns;
+  constexpr int kExperts = kRuns * kPer;  // experts per lane
+  constexpr uint32_t kFull = 0xFFFFFFFFu;
+  const uint32_t lane = threadIdx.x % device::kWarpThreads;
+  const int32_t sub = static_cast<int32_t>(lane % kLanes);  // the lane within its row
+  const int64_t warp = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / device::kWarpThreads;
+  const int64_t warp_step = int64_t{gridDim.x} * blockDim.x / device::kWarpThreads;
+  const int32_t first = sub * kExperts;  // this lane's first expert
+  const bool softmax = p.scoring == kSoftmax;
+  const bool has_bias = p.bias != nullptr;
+  device::pdl_wait_primary();
+  device::pdl_launch_dependents();
+
+  // Every lane runs every iteration (the shuffles name the whole warp); rows past the end compute
+  // on the warp's first row and store nothing.
+  for (int64_t warp_row = warp * kRowsPerWarp; warp_row < p.num_tokens; warp_row += warp_step * kRowsPerWarp) {
+    const int64_t row = warp_row + static_cast<int64_t>(lane / kLanes);
+    const bool live = row < p.num_tokens;
+    const T* logits = static_cast<const T*>(p.gating) + (live ? row : warp_row) * p.gating_stride;
+    float x[kRuns][kPer];
+#pragma unroll
+    for (int j = 0; j < kRuns; ++j) load_run<T, kPer>(p, logits, first + j * kPer, x[j]);
+    uint32_t key[kRuns][kPer];
+    if (softmax) {
+      if (p.softcap > 0.0f) {
+#pragma unroll
+        for (int j = 0; j < kRuns; ++j) {
+#pragma unroll
+          for (int s = 0; s < kPer; ++s) x[j][s] = __fmul_rn(p.softcap, tanhf(x[j][s] / p.softcap));
+        }
+      }
+      if (has_bias) {
+#pragma unroll
+        for (int j = 0; j < kRuns; ++j) {
+#pragma unroll
+          for (int s = 0; s < kPer; ++s) x[j][s] = __fadd_rn(x[j][s], p.bias[first + j * kPer + s]);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kRuns; ++j) {
+#pragma unroll
+        for (int s = 0; s < kPer; ++s) key[j][s] = order_key_if(true, x[j][s]);
+      }
+    } else if (has_bias) {
+#pragma unroll
+      for (int j = 0; j < kRuns; ++j) {
+#pragma unroll
+        for (int s = 0; s < kPer; ++s) {
+          key[j][s] = order_key_if(true, __fadd_rn(sigmoid(x[j][s]), p.bias[first + j * kPer + s]));
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kRuns; ++j) {
+#pragma unroll
+        for (int s = 0; s < kPer; ++s) key[j][s] = order_key_if(true, x[j][s]);  // sigmoid is monotone
+      }
+    }
+
+    // The lane's best (key, expert offset, logit): per run a tree with the lower slot winning ties,
+    // then the runs in expert order (a later run wins only when strictly greater).
+    const auto lane_best = [&](uint32_t& best_key, int32_t& best_at, float& best_logit) {
+      best_key = 0u;
+      best_at = 0;
+      best_logit = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kRuns; ++j) {
+        uint32_t run_key;
+        int32_t run_slot;
+        run_best<kPer>(key[j], run_key, run_slot);
+        const bool better = run_key > best_key;
+        best_key = better ? run_key : best_key;
+        best_at = better ? j * kPer + run_slot : best_at;
+        if (better) best_logit = run_pick<kPer>(x[j], run_slot);
+      }
+    };
+    uint32_t best_key;
+    int32_t best_at;
+    float best_logit;
+    lane_best(best_key, best_at, best_logit);
+    uint32_t top = best_key;
+#pragma unroll
+    for (int m = kLanes / 2; m > 0; m /= 2) top = max(top, __shfl_xor_sync(kFull, top, m));
+
+    float row_max = 0.0f, row_sum = 0.0f;
+    if (softmax) {
+      row_max = order_key_value(top);
+      float q[kRuns];
+#pragma unroll
+      for (int j = 0; j < kRuns; ++j) {
+        q[j] = 0.0f;
+#pragma unroll
+        for (int s = 0; s < kPer; ++s) q[j] += expf(x[j][s] - row_max);
+      }
+      // the default's masks 16 .. kRuns: over this kernel's lanes
+#pragma unroll
+      for (int m = kLanes / 2; m > 0; m /= 2) {
+#pragma unroll
+        for (int j = 0; j < kRuns; ++j) q[j] = q[j] + __shfl_xor_sync(kFull, q[j], m);
+      }
+      // its masks kRuns / 2 .. 1: runs j and j ^ m of the lane (every run ends with the same sum)
+#pragma unroll
+      for (int m = kRuns / 2; m > 0; m /= 2) {
+        float t[kRuns];
+#pragma unroll
+        for (int j = 0; j < kRuns; ++j) t[j] = q[j] + q[j ^ m];
+#pragma unroll
+        for (int j = 0; j < kRuns; ++j) q[j] = t[j];
+      }
+      row_sum = q[0];
+    }
+
+    // k steps: the row's best (largest key, then lower expert) over its lanes; the lane holding it
+    // clears it and finds its next best; lane i keeps winner i.
+    int32_t my_id = 0;
+    uint32_t my_key = top;
+    float my_logit = 0.0f;
+    for (int32_t i = 0; i < p.topk; ++i) {
+      uint32_t k = best_key;
+      int32_t e = first + best_at;
+      float lg = best_logit;
+#pragma unroll
+      for (int m = kLanes / 2; m > 0; m /= 2) {
+        const uint32_t ok = __shfl_xor_sync(kFull, k, m);
+        const int32_t oe = __shfl_xor_sync(kFull, e, m);
+        const float olg = __shfl_xor_sync(kFull, lg, m);
+        const bool take = ok > k || (ok == k && oe < e);
+        k = take ? ok : k;
+        e = take ? oe : e;
+        lg = take ? olg : lg;
+      }
+      if (sub == i) {
+        my_id = e;
+        my_key = k;
+        my_logit = lg;
+      }
+      const int32_t at = e - first;  // in [0, kExperts) for the lane holding the winner
+#pragma unroll
+      for (int j = 0; j < kRuns; ++j) {
+#pragma unroll
+        for (int s = 0; s < kPer; ++s) key[j][s] = at == j * kPer + s ? 0u : key[j][s];
+      }
+      if (at >= 0 && at < kExperts) lane_best(best_key, best_at, best_logit);
+    }
+
+    float weight;
+    if (softmax) {
+      weight = expf(order_key_value(my_key) - row_max) / row_sum;
+    } else {
+      weight = sigmoid(has_bias ? my_logit : order_key_value(my_key));
+    }
+    weight = sub < p.topk ? weight : 0.0f;
+    if (p.renormalize) {
+      float total = weight;
+#pragma unroll
+      for (int m = 4; m > 0; m /= 2) {  // the default's masks < k (k <= 8)
+        if (m < p.topk) total = total + __shfl_xor_sync(kFull, total, m);
+      }
+      weight = weight / (sub < p.topk ? total + p.renorm_eps : 1.0f);
+    }
+    if (live && sub < p.topk) {
+      p.weights[row * p.weights_stride + sub] = p.scale != 1.0f ? weight * p.scale : weight;
+      p.ids[row * p.ids_stride + sub] = my_id;
+    }
+  }
+}
+
+/// SGLANG_MOE_TOPK_MULTIROW (read at each call, so at graph capture): exactly "8" or "16" runs
+/// topk_rows_v2_multirow_kernel with that many lanes per row where it applies (opt-in); anything
+/// else (or unset) the default. The same bits either way.
+inline int topk_multirow_lanes() {
+  const char* value = std::getenv("SGLANG_MOE_TOPK_MULTIROW");
+  if (value == nullptr) return 0;
+  const std::string_view v{value};
+  return v == "8" ? 8 : v == "16" ? 16 : 0;
+}
+
 /// The run length of engine v2 for a row of `num_experts` (0: engine v2 does not take it).
 inline int32_t v2_run_length(const TopkRowsParams& params) {
   const int32_t e = params.num_experts;
@@ -1056,6 +1256,21 @@ void launch_topk_rows_v2(TopkRowsParams params, DLDevice device) {
             .enable_pdl(true)(topk_rows_v2_kernel<T, kPer, true>, params);
         return;
       case TopkWinners::kLookahead: {
+        if constexpr (kPer >= 2) {
+          // several rows per warp (opt-in): full rows of 32 * kPer experts, k <= 8, no grouping
+          const bool multirow_shape = params.vec && params.num_groups <= 1 && params.topk <= 8 &&
+                                      params.num_experts == kPer * static_cast<int32_t>(device::kWarpThreads);
+          const int lanes = multirow_shape ? topk_multirow_lanes() : 0;
+          if (lanes != 0) {
+            const int64_t rows_per_block = int64_t{TopkRowsConfig::kWarps} * (device::kWarpThreads / lanes);
+            const auto multirow_grid = static_cast<uint32_t>(
+                std::min<int64_t>(div_ceil(params.num_tokens, rows_per_block), TopkRowsConfig::kMaxBlocks));
+            const auto kernel =
+                lanes == 8 ? topk_rows_v2_multirow_kernel<T, kPer, 8> : topk_rows_v2_multirow_kernel<T, kPer, 16>;
+            LaunchKernel(multirow_grid, TopkRowsConfig::kThreads, device).enable_pdl(true)(kernel, params);
+            return;
+          }
+        }
         const auto special = special_kernel<T, kPer>(params);  // the shape first: no getenv for others
         if (special != nullptr && topk_specialised()) {
           LaunchKernel(grid, TopkRowsConfig::kThreads, device).enable_pdl(true)(special, params);
