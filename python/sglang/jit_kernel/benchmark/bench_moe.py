@@ -152,9 +152,11 @@ def routing_rows() -> list[BenchRow]:
                     "jit smem": with_env("SGLANG_MOE_TOPK_WINNERS", "smem", lambda w, i, g, f=jit: f(w, i, g)),
                     "jit regs": with_env("SGLANG_MOE_TOPK_WINNERS", "regs", lambda w, i, g, f=jit: f(w, i, g)),
                     "jit generic": with_env("SGLANG_MOE_TOPK_SPECIALISED", "0", lambda w, i, g, f=jit: f(w, i, g)),
-                    # opt-in: several rows per warp (8 or 16 lanes a row; SGLANG_MOE_TOPK_MULTIROW)
+                    # several rows per warp (8 or 16 lanes a row, SGLANG_MOE_TOPK_MULTIROW; 8 is the default
+                    # for fp32 rows of 128 experts from 4096 tokens), and never (the lookahead kernels)
                     "jit multirow8": with_env("SGLANG_MOE_TOPK_MULTIROW", "8", lambda w, i, g, f=jit: f(w, i, g)),
                     "jit multirow16": with_env("SGLANG_MOE_TOPK_MULTIROW", "16", lambda w, i, g, f=jit: f(w, i, g)),
+                    "jit no multirow": with_env("SGLANG_MOE_TOPK_MULTIROW", "0", lambda w, i, g, f=jit: f(w, i, g)),
                     "torch": eager,
                     "torch.compile": compiled,
                 }

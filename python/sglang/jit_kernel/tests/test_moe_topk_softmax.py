@@ -274,7 +274,8 @@ def test_topk_softmax_ffi_rejects_mismatch_from_cpp():
         module.topk_softmax(w[:, :2], i[:, :2], g, torch.zeros(3, device="cuda"), False, 0.0)
 
 
-# The several-rows-per-warp kernel (opt-in, SGLANG_MOE_TOPK_MULTIROW=8 / 16 lanes per row): full rows
+# The several-rows-per-warp kernel (the default for fp32 rows of 128 experts from 4096 tokens;
+# SGLANG_MOE_TOPK_MULTIROW=8 / 16 lanes per row forces it, 0 never): full rows
 # of 32 * kPer experts (64, 128, 256), k <= 8, aligned rows; 60 / 257 experts, k = 17 and the
 # misaligned strided view fall back to the default (the same call either way).
 @requires_cuda
@@ -301,15 +302,16 @@ def test_topk_softmax_multirow_bit_exact(monkeypatch, lanes, dtype, num_experts,
     ]
     topks = [k for k in (1, 2, 3, 5, 6, 8, 17) if k <= num_experts]
     results = {}
-    for value in (None, lanes):
+    for value in ("0", None, lanes):  # never, the default (from 4096 fp32 rows of 128 experts), forced
         if value is None:
             monkeypatch.delenv("SGLANG_MOE_TOPK_MULTIROW", raising=False)
         else:
             monkeypatch.setenv("SGLANG_MOE_TOPK_MULTIROW", value)
         results[value] = [run(x, k, renormalize, softcap, bias) for x in inputs for k in topks]
     monkeypatch.delenv("SGLANG_MOE_TOPK_MULTIROW", raising=False)
-    for a, b in zip(results[None], results[lanes]):
+    for a, b, c in zip(results["0"], results[None], results[lanes]):
         assert_same_bits(a, b)
+        assert_same_bits(a, c)
     check(inputs[0], min(8, num_experts), renormalize, softcap, bias)  # and the reference
 
 

@@ -934,8 +934,9 @@ __global__ void __launch_bounds__(TopkRowsConfig::kThreads)
       LookaheadGroupedOptions<kSpecialNumGroups, kSpecialGroupSize, kSpecialTopkGroup, kRenormalize, kBias>>(p);
 }
 
-/// Engine v2 with several rows per warp (opt-in, SGLANG_MOE_TOPK_MULTIROW=8 or 16: kLanes lanes per
-/// row, 32 / kLanes rows per warp). Why: at 4096 tokens one warp per row spends its issue slots on
+/// Engine v2 with several rows per warp (kLanes lanes per row, 32 / kLanes rows per warp): the
+/// default for fp32 rows of 128 experts from kMultirowMinTokens rows, SGLANG_MOE_TOPK_MULTIROW=8 or 16
+/// elsewhere its shape applies. Why: at 4096 tokens one warp per row spends its issue slots on
 /// warp-wide steps that choose one expert of one row each; here one warp instruction serves 32 /
 /// kLanes rows. Rows of exactly 32 * kPer experts, k <= 8, no grouping, aligned rows (p.vec): the
 /// host checks them.
@@ -1124,14 +1125,29 @@ __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_multiro
   }
 }
 
-/// SGLANG_MOE_TOPK_MULTIROW (read at each call, so at graph capture): exactly "8" or "16" runs
-/// topk_rows_v2_multirow_kernel with that many lanes per row where it applies (opt-in); anything
-/// else (or unset) the default. The same bits either way.
-inline int topk_multirow_lanes() {
+/// Rows from which the default runs topk_rows_v2_multirow_kernel (8 lanes a row) for fp32 rows of
+/// 128 experts. H200 (2026-12-02, bench_moe, fp32 [T, 128] top-8, one input / cold, us): topk_softmax
+/// at 4096 tokens 4.52 / 5.07 against the specialised lookahead kernel's 5.31 / 5.67, topk_sigmoid 4.22
+/// / 4.78 against 5.16 / 5.47; at 1 and 64 tokens it loses (3.15 / 3.28 against 1.16 / 1.29: its
+/// per-row chain is longer), and at 256 experts it loses at 4096 too (8.09 against 7.04); 16 lanes a
+/// row lost to 8 at 128 experts (5.11). Sizes between 64 and 4096 tokens, and bf16 / fp16 rows, were
+/// not measured: they keep the lookahead kernels.
+inline constexpr int64_t kMultirowMinTokens = 4096;
+
+/// The lanes per row of topk_rows_v2_multirow_kernel for a call of `params` (0: not that kernel).
+/// SGLANG_MOE_TOPK_MULTIROW (read at each call, so at graph capture): exactly "8" or "16" forces it
+/// where its shape applies, exactly "0" never runs it; anything else (or unset) is the default above.
+/// The same bits either way.
+template <typename T, int kPer>
+int topk_multirow_lanes(const TopkRowsParams& params) {
   const char* value = std::getenv("SGLANG_MOE_TOPK_MULTIROW");
-  if (value == nullptr) return 0;
-  const std::string_view v{value};
-  return v == "8" ? 8 : v == "16" ? 16 : 0;
+  if (value != nullptr) {
+    const std::string_view v{value};
+    if (v == "8") return 8;
+    if (v == "16") return 16;
+    if (v == "0") return 0;
+  }
+  return std::is_same_v<T, float> && kPer == 4 && params.num_tokens >= kMultirowMinTokens ? 8 : 0;
 }
 
 /// The run length of engine v2 for a row of `num_experts` (0: engine v2 does not take it).
@@ -1260,7 +1276,7 @@ void launch_topk_rows_v2(TopkRowsParams params, DLDevice device) {
           // several rows per warp (opt-in): full rows of 32 * kPer experts, k <= 8, no grouping
           const bool multirow_shape = params.vec && params.num_groups <= 1 && params.topk <= 8 &&
                                       params.num_experts == kPer * static_cast<int32_t>(device::kWarpThreads);
-          const int lanes = multirow_shape ? topk_multirow_lanes() : 0;
+          const int lanes = multirow_shape ? topk_multirow_lanes<T, kPer>(params) : 0;
           if (lanes != 0) {
             const int64_t rows_per_block = int64_t{TopkRowsConfig::kWarps} * (device::kWarpThreads / lanes);
             const auto multirow_grid = static_cast<uint32_t>(
