@@ -1040,7 +1040,10 @@ __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_multiro
     lane_best(best_key, best_at, best_logit);
     uint32_t top = best_key;
 #pragma unroll
-    for (int m = kLanes / 2; m > 0; m /= 2) top = max(top, __shfl_xor_sync(kFull, top, m));
+    for (int m = kLanes / 2; m > 0; m /= 2) {
+      const uint32_t other = __shfl_xor_sync(kFull, top, m);
+      top = other > top ? other : top;
+    }
 
     float row_max = 0.0f, row_sum = 0.0f;
     if (softmax) {
