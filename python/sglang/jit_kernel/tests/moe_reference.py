@@ -209,3 +209,20 @@ def resolve_grouped_ambiguity(scores, bias, num_groups, topk_group, topk, ids, k
         if best is not None:
             keys[r], ref_ids[r] = best[1], best[2]
     return keys, ref_ids
+
+
+def assert_multirow_same_bits(monkeypatch, lanes: str, calls) -> None:
+    """Each of ``calls`` (no-argument callables returning (weights, ids)) gives the same bits with
+    SGLANG_MOE_TOPK_MULTIROW = "0" (never the several-rows-per-warp kernel), unset (the default: it
+    from 4096 fp32 rows of 128 experts) and ``lanes`` (forced where its shape applies)."""
+    results = {}
+    for value in ("0", None, lanes):
+        if value is None:
+            monkeypatch.delenv("SGLANG_MOE_TOPK_MULTIROW", raising=False)
+        else:
+            monkeypatch.setenv("SGLANG_MOE_TOPK_MULTIROW", value)
+        results[value] = [call() for call in calls]
+    monkeypatch.delenv("SGLANG_MOE_TOPK_MULTIROW", raising=False)
+    for a, b, c in zip(results["0"], results[None], results[lanes]):
+        assert_same_bits(a, b)
+        assert_same_bits(a, c)

@@ -5,6 +5,7 @@ determinism, graphs, compile, errors."""
 import pytest
 import torch
 from moe_reference import (
+    assert_multirow_same_bits,
     assert_routing_matches,
     assert_same_bits,
     edge_rows,
@@ -195,17 +196,8 @@ def test_topk_sigmoid_multirow_bit_exact(monkeypatch, lanes, dtype, num_experts,
         torch.randn(4096, num_experts, device="cuda").to(dtype),
         torch.randn(67, num_experts + 8, device="cuda").to(dtype)[:, :num_experts],
     ]
-    results = {}
-    for value in ("0", None, lanes):  # never, the default (from 4096 fp32 rows of 128 experts), forced
-        if value is None:
-            monkeypatch.delenv("SGLANG_MOE_TOPK_MULTIROW", raising=False)
-        else:
-            monkeypatch.setenv("SGLANG_MOE_TOPK_MULTIROW", value)
-        results[value] = [run(x, k, renormalize, bias) for x in inputs for k in (1, 3, 6, 8)]
-    monkeypatch.delenv("SGLANG_MOE_TOPK_MULTIROW", raising=False)
-    for a, b, c in zip(results["0"], results[None], results[lanes]):
-        assert_same_bits(a, b)
-        assert_same_bits(a, c)
+    calls = [lambda x=x, k=k: run(x, k, renormalize, bias) for x in inputs for k in (1, 3, 6, 8)]
+    assert_multirow_same_bits(monkeypatch, lanes, calls)
 
 
 if __name__ == "__main__":

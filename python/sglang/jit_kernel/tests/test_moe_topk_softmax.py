@@ -5,6 +5,7 @@ compile, second GPU, errors."""
 import pytest
 import torch
 from moe_reference import (
+    assert_multirow_same_bits,
     assert_routing_matches,
     assert_same_bits,
     edge_rows,
@@ -301,17 +302,8 @@ def test_topk_softmax_multirow_bit_exact(monkeypatch, lanes, dtype, num_experts,
         torch.randn(67, num_experts + 3, device="cuda").to(dtype)[:, 1 : num_experts + 1],
     ]
     topks = [k for k in (1, 2, 3, 5, 6, 8, 17) if k <= num_experts]
-    results = {}
-    for value in ("0", None, lanes):  # never, the default (from 4096 fp32 rows of 128 experts), forced
-        if value is None:
-            monkeypatch.delenv("SGLANG_MOE_TOPK_MULTIROW", raising=False)
-        else:
-            monkeypatch.setenv("SGLANG_MOE_TOPK_MULTIROW", value)
-        results[value] = [run(x, k, renormalize, softcap, bias) for x in inputs for k in topks]
-    monkeypatch.delenv("SGLANG_MOE_TOPK_MULTIROW", raising=False)
-    for a, b, c in zip(results["0"], results[None], results[lanes]):
-        assert_same_bits(a, b)
-        assert_same_bits(a, c)
+    calls = [lambda x=x, k=k: run(x, k, renormalize, softcap, bias) for x in inputs for k in topks]
+    assert_multirow_same_bits(monkeypatch, lanes, calls)
     check(inputs[0], min(8, num_experts), renormalize, softcap, bias)  # and the reference
 
 

@@ -282,11 +282,11 @@ CLUSTER = "SGLANG_PER_TENSOR_CLUSTER"
 CLUSTER_SHAPES = [(2, 4096), (64, 4096), (33, 4000), (3, 1001), (64, 4095), (65, 4096), (2, 9), (1, 16385)]
 
 
-def knob_and_default(monkeypatch, knob, x, accumulate, prior):
-    """(q bytes, s) of the default and of environment variable ``knob`` = "1" on the same input
-    (output_q poisoned with 0x7F, output_s holding ``prior``)."""
+def knob_and_default(monkeypatch, knob, x, accumulate, prior, knob_value="1"):
+    """(q bytes, s) of the default and of environment variable ``knob`` = ``knob_value`` on the same
+    input (output_q poisoned with 0x7F, output_s holding ``prior``)."""
     out = []
-    for value in (None, "1"):
+    for value in (None, knob_value):
         if value is None:
             monkeypatch.delenv(knob, raising=False)
         else:
@@ -484,18 +484,7 @@ EARLY_SHAPES = [(64, 4096), (2048, 4096), (1, 16392), (33, 4000), (70000, 8), (3
 def early_and_baseline(monkeypatch, x, accumulate, prior):
     """(q bytes, s) with the early loads (the default) and with SGLANG_PER_TENSOR_EARLY=0, on the same
     input (output_q poisoned with 0x7F, output_s holding ``prior``)."""
-    out = []
-    for value in (None, "0"):
-        if value is None:
-            monkeypatch.delenv(EARLY, raising=False)
-        else:
-            monkeypatch.setenv(EARLY, value)
-        q = torch.full(x.shape, 0x7F, dtype=torch.uint8, device=x.device).view(FP8)
-        s = torch.full((1,), prior, device=x.device)
-        per_tensor_quant_fp8(x, q, s, accumulate=accumulate)
-        out.append((q.view(torch.uint8).clone(), s.clone()))
-    monkeypatch.delenv(EARLY, raising=False)
-    return out
+    return knob_and_default(monkeypatch, EARLY, x, accumulate, prior, knob_value="0")
 
 
 @requires_cuda
