@@ -17,7 +17,9 @@ bits; "1 input" and "cold" rows), "jit generic" the lookahead kernel without its
 specialisation (``SGLANG_MOE_TOPK_SPECIALISED=0``; the default, "jit", runs the specialised kernels
 on the routing rows, all top-8 without options; the same bits), "jit grouped generic" the
 generic lookahead kernel at DeepSeek-V3's grouped shape (``SGLANG_MOE_TOPK_GROUPED_SPECIALISED=0``;
-"jit" runs the grouped specialised kernels there), "jit single" the
+"jit" runs the grouped specialised kernels there), "jit sorted" / "jit grouped sorted" the sorted
+specialised kernels (``SGLANG_MOE_TOPK_SORTED=1``, with ``SGLANG_MOE_TOPK_MULTIROW=0`` on the
+ungrouped rows: one warp a row; the same bits), "jit single" the
 one-CTA moe_align and "jit split" the two-launch multi-CTA one (``_variant=``; the default picks
 split from ``moe_align.SPLIT_MIN_NUMEL`` routed ids, "small" below); "jit small" the decode variant
 (PDL, two barriers after the ids arrive, stores over up to 8 CTAs), "jit small 1cta" it on one CTA
@@ -157,6 +159,12 @@ def routing_rows() -> list[BenchRow]:
                     "jit multirow8": with_env("SGLANG_MOE_TOPK_MULTIROW", "8", lambda w, i, g, f=jit: f(w, i, g)),
                     "jit multirow16": with_env("SGLANG_MOE_TOPK_MULTIROW", "16", lambda w, i, g, f=jit: f(w, i, g)),
                     "jit no multirow": with_env("SGLANG_MOE_TOPK_MULTIROW", "0", lambda w, i, g, f=jit: f(w, i, g)),
+                    # the sorted specialised kernels (SGLANG_MOE_TOPK_SORTED=1; one warp a row, so no multirow)
+                    "jit sorted": with_env(
+                        "SGLANG_MOE_TOPK_SORTED",
+                        "1",
+                        with_env("SGLANG_MOE_TOPK_MULTIROW", "0", lambda w, i, g, f=jit: f(w, i, g)),
+                    ),
                     "torch": eager,
                     "torch.compile": compiled,
                 }
@@ -190,6 +198,9 @@ def routing_rows() -> list[BenchRow]:
             # specialised kernels here)
             "jit grouped generic": with_env(
                 "SGLANG_MOE_TOPK_GROUPED_SPECIALISED", "0", lambda g, b: grouped_topk(g, b, 8, 4, TOPK, True, 2.5)
+            ),
+            "jit grouped sorted": with_env(
+                "SGLANG_MOE_TOPK_SORTED", "1", lambda g, b: grouped_topk(g, b, 8, 4, TOPK, True, 2.5)
             ),
             "torch": torch_grouped,
             "torch.compile": compiled,

@@ -211,18 +211,40 @@ def resolve_grouped_ambiguity(scores, bias, num_groups, topk_group, topk, ids, k
     return keys, ref_ids
 
 
-def assert_multirow_same_bits(monkeypatch, lanes: str, calls) -> None:
-    """Each of ``calls`` (no-argument callables returning (weights, ids)) gives the same bits with
-    SGLANG_MOE_TOPK_MULTIROW = "0" (never the several-rows-per-warp kernel), unset (the default: it
-    from 4096 fp32 rows of 128 experts) and ``lanes`` (forced where its shape applies)."""
-    results = {}
-    for value in ("0", None, lanes):
-        if value is None:
-            monkeypatch.delenv("SGLANG_MOE_TOPK_MULTIROW", raising=False)
-        else:
-            monkeypatch.setenv("SGLANG_MOE_TOPK_MULTIROW", value)
-        results[value] = [call() for call in calls]
-    monkeypatch.delenv("SGLANG_MOE_TOPK_MULTIROW", raising=False)
-    for a, b, c in zip(results["0"], results[None], results[lanes]):
-        assert_same_bits(a, b)
-        assert_same_bits(a, c)
+#: The A/B settings of the routing kernels' same-bits tests: per knob, the environments whose results
+#: must agree bit for bit (a value None unsets the variable). "multirow8" / "multirow16": the
+#: several-rows-per-warp kernel never, by default (fp32 rows of 128 experts from 4096 rows) and forced;
+#: "sorted": the sorted specialised kernels (SGLANG_MOE_TOPK_SORTED=1; runs of 4 or 8 experts, k = 8)
+#: against the default, one warp a row for both (no multirow).
+ROUTING_KNOBS = {
+    **{
+        f"multirow{lanes}": [
+            {"SGLANG_MOE_TOPK_MULTIROW": "0"},
+            {"SGLANG_MOE_TOPK_MULTIROW": None},
+            {"SGLANG_MOE_TOPK_MULTIROW": lanes},
+        ]
+        for lanes in ("8", "16")
+    },
+    "sorted": [
+        {"SGLANG_MOE_TOPK_SORTED": None, "SGLANG_MOE_TOPK_MULTIROW": "0"},
+        {"SGLANG_MOE_TOPK_SORTED": "1", "SGLANG_MOE_TOPK_MULTIROW": "0"},
+    ],
+}
+
+
+def assert_knob_same_bits(monkeypatch, knob: str, calls) -> None:
+    """Each of ``calls`` (no-argument callables returning (weights, ids)) gives the same bits under
+    every environment of ``ROUTING_KNOBS[knob]``."""
+    results = []
+    for env in ROUTING_KNOBS[knob]:
+        for name, value in env.items():
+            if value is None:
+                monkeypatch.delenv(name, raising=False)
+            else:
+                monkeypatch.setenv(name, value)
+        results.append([call() for call in calls])
+        for name in env:
+            monkeypatch.delenv(name, raising=False)
+    for outputs in zip(*results):
+        for other in outputs[1:]:
+            assert_same_bits(outputs[0], other)

@@ -242,18 +242,23 @@ def test_grouped_topk_specialised_bit_exact(monkeypatch, dtype, with_bias, renor
     kept, top-8) against the reference on grid logits and bit for bit against the generic lookahead
     kernel (SGLANG_MOE_TOPK_GROUPED_SPECIALISED=0) on grid logits, randn rows led by edge
     rows and a misaligned strided view, at scale 2.5 and 1; the near shapes (top-7, 3 groups kept)
-    fall back to the generic kernel, and agree with it too."""
+    fall back to the generic kernel, and agree with it too. The sorted grouped kernels
+    (SGLANG_MOE_TOPK_SORTED=1) give the same bits as well."""
     scores = grid_logits(129, 256, dtype, seed=256 + 8)
     bias = torch.randint(-8, 8, (256,), device="cuda").float() / 8 if with_bias else None
     rows = edge_rows(1031, 256, dtype, seed=264)
     strided = torch.randn(67, 259, device="cuda").to(dtype)[:, 1:257]
     results = {}
-    for specialised in (False, True):
+    for specialised in (False, True, "sorted"):
         use_topk_specialised(monkeypatch, True)
         if specialised:
             monkeypatch.delenv("SGLANG_MOE_TOPK_GROUPED_SPECIALISED", raising=False)
         else:
             monkeypatch.setenv("SGLANG_MOE_TOPK_GROUPED_SPECIALISED", "0")
+        if specialised == "sorted":
+            monkeypatch.setenv("SGLANG_MOE_TOPK_SORTED", "1")
+        else:
+            monkeypatch.delenv("SGLANG_MOE_TOPK_SORTED", raising=False)
         out = [check(scores, bias, 8, 4, 8, renormalize, 2.5)]
         for factor in (2.5, 1.0):
             out.append(grouped_topk(rows, bias, 8, 4, 8, renormalize, factor))
@@ -261,5 +266,7 @@ def test_grouped_topk_specialised_bit_exact(monkeypatch, dtype, with_bias, renor
         out.append(grouped_topk(rows, bias, 8, 4, 7, renormalize, 2.5))
         out.append(grouped_topk(rows, bias, 8, 3, 8, renormalize, 2.5))
         results[specialised] = out
-    for a, b in zip(results[False], results[True]):
+    monkeypatch.delenv("SGLANG_MOE_TOPK_SORTED", raising=False)
+    for a, b, c in zip(results[False], results[True], results["sorted"]):
         assert_same_bits(a, b)
+        assert_same_bits(a, c)

@@ -5,7 +5,8 @@ determinism, graphs, compile, errors."""
 import pytest
 import torch
 from moe_reference import (
-    assert_multirow_same_bits,
+    ROUTING_KNOBS,
+    assert_knob_same_bits,
     assert_routing_matches,
     assert_same_bits,
     edge_rows,
@@ -179,14 +180,15 @@ def test_topk_sigmoid_bad_arguments():
 
 
 @requires_cuda
-@pytest.mark.parametrize("lanes", ["8", "16"])
+@pytest.mark.parametrize("knob", list(ROUTING_KNOBS))
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("num_experts", [64, 128, 256, 257])
+@pytest.mark.parametrize("num_experts", [64, 96, 128, 160, 256, 257])
 @pytest.mark.parametrize("renormalize", [False, True])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_topk_sigmoid_multirow_bit_exact(monkeypatch, lanes, dtype, num_experts, renormalize, with_bias):
-    """The several-rows-per-warp kernel (SGLANG_MOE_TOPK_MULTIROW) gives the default's bits on grid
-    logits, edge rows, 1 / 3 / 4096 rows and strided views, k in {1, 3, 6, 8}."""
+def test_topk_sigmoid_knob_bit_exact(monkeypatch, knob, dtype, num_experts, renormalize, with_bias):
+    """The several-rows-per-warp kernel (SGLANG_MOE_TOPK_MULTIROW) and the sorted specialised kernels
+    (SGLANG_MOE_TOPK_SORTED=1; k = 8) give the default's bits on grid logits, edge rows, 1 / 3 / 4096
+    rows and strided views, k in {1, 3, 6, 8}."""
     bias = (torch.randint(-32, 32, (num_experts,), device="cuda").float() / 32) if with_bias else None
     inputs = [
         grid_logits(129, num_experts, dtype, seed=num_experts),
@@ -197,7 +199,24 @@ def test_topk_sigmoid_multirow_bit_exact(monkeypatch, lanes, dtype, num_experts,
         torch.randn(67, num_experts + 8, device="cuda").to(dtype)[:, :num_experts],
     ]
     calls = [lambda x=x, k=k: run(x, k, renormalize, bias) for x in inputs for k in (1, 3, 6, 8)]
-    assert_multirow_same_bits(monkeypatch, lanes, calls)
+    assert_knob_same_bits(monkeypatch, knob, calls)
+
+
+@requires_cuda
+def test_sigmoid_run_bits_exhaustive():
+    """topk_rows.cuh's branch-free sigmoid (sigmoid_run, the lookahead kernels' scores) against the
+    division form, bit for bit, for every float logit (NaN read as -inf), and its reciprocal against
+    1.0f / d for every float d in [1, 2^125]: 2^32 + ~1.05e9 values on the device."""
+    from pathlib import Path
+
+    from sglang.jit_kernel.utils import load_jit
+
+    source = Path(__file__).resolve().parent / "topk_rows_device" / "sigmoid_check.cuh"
+    module = load_jit("topk_rows_sigmoid_check", cuda_files=[str(source)], cuda_wrappers=[("check", "sigmoid_check")])
+    counts = torch.zeros(2, dtype=torch.int64, device="cuda")
+    module.check(counts)
+    reciprocal_mismatches, sigmoid_mismatches = counts.tolist()
+    assert (reciprocal_mismatches, sigmoid_mismatches) == (0, 0)
 
 
 if __name__ == "__main__":

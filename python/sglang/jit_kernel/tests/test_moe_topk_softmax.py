@@ -5,7 +5,8 @@ compile, second GPU, errors."""
 import pytest
 import torch
 from moe_reference import (
-    assert_multirow_same_bits,
+    ROUTING_KNOBS,
+    assert_knob_same_bits,
     assert_routing_matches,
     assert_same_bits,
     edge_rows,
@@ -275,18 +276,20 @@ def test_topk_softmax_ffi_rejects_mismatch_from_cpp():
         module.topk_softmax(w[:, :2], i[:, :2], g, torch.zeros(3, device="cuda"), False, 0.0)
 
 
-# The several-rows-per-warp kernel (the default for fp32 rows of 128 experts from 4096 tokens;
-# SGLANG_MOE_TOPK_MULTIROW=8 / 16 lanes per row forces it, 0 never): full rows
-# of 32 * kPer experts (64, 128, 256), k <= 8, aligned rows; 60 / 257 experts, k = 17 and the
-# misaligned strided view fall back to the default (the same call either way).
+# The A/B kernels (ROUTING_KNOBS), each against the default bit for bit. The several-rows-per-warp
+# kernel (the default for fp32 rows of 128 experts from 4096 tokens; SGLANG_MOE_TOPK_MULTIROW=8 / 16
+# lanes per row forces it, 0 never): full rows of 32 * kPer experts (64, 128, 256), k <= 8, aligned
+# rows; 60 / 96 / 160 / 257 experts, k = 17 and the misaligned strided view fall back to the default.
+# The sorted specialised kernels (SGLANG_MOE_TOPK_SORTED=1): k = 8 on full rows of 128 / 256 experts
+# (96 and 160 fall back to the default), their own fallback on ties (grid logits, edge rows).
 @requires_cuda
-@pytest.mark.parametrize("lanes", ["8", "16"])
+@pytest.mark.parametrize("knob", list(ROUTING_KNOBS))
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("num_experts", [60, 64, 128, 256, 257])
+@pytest.mark.parametrize("num_experts", [60, 64, 96, 128, 160, 256, 257])
 @pytest.mark.parametrize("renormalize", [False, True])
 @pytest.mark.parametrize("softcap", [0.0, 2.5])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_topk_softmax_multirow_bit_exact(monkeypatch, lanes, dtype, num_experts, renormalize, softcap, with_bias):
+def test_topk_softmax_knob_bit_exact(monkeypatch, knob, dtype, num_experts, renormalize, softcap, with_bias):
     """Bit for bit the default's weights and ids, row for row, on grid logits (ties), randn rows led
     by edge rows (NaN, +-inf, all ties, -0, exp underflow), token counts that leave a warp's last
     rows empty (1, 3, 1031) and 4096 rows, an aligned row-strided view and a misaligned one, at k in
@@ -303,7 +306,7 @@ def test_topk_softmax_multirow_bit_exact(monkeypatch, lanes, dtype, num_experts,
     ]
     topks = [k for k in (1, 2, 3, 5, 6, 8, 17) if k <= num_experts]
     calls = [lambda x=x, k=k: run(x, k, renormalize, softcap, bias) for x in inputs for k in topks]
-    assert_multirow_same_bits(monkeypatch, lanes, calls)
+    assert_knob_same_bits(monkeypatch, knob, calls)
     check(inputs[0], min(8, num_experts), renormalize, softcap, bias)  # and the reference
 
 

@@ -106,6 +106,43 @@ SGL_DEVICE float read_logit(const TopkRowsParams& p, const T* row, int32_t e) {
 /// sigmoid in fp32: 1 / (1 + exp(-v)); -inf -> 0, +inf -> 1.
 SGL_DEVICE float sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
 
+/// 1 / d correctly rounded, the bits of the IEEE division 1.0f / d, for d in [1, 2^125] (the caller
+/// checks the range): the approximate reciprocal and the two fused corrections of the compiler's
+/// division fast path (for a numerator of 1), without its range check and the branch to the slow
+/// path that the check guards. (Host builds, the emulation tests, divide.)
+SGL_DEVICE float reciprocal_in_range(float d) {
+#ifdef __CUDA_ARCH__
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
+  r = fmaf(r, fmaf(r, -d, 1.0f), r);
+  return fmaf(r, fmaf(r, -d, 1.0f), r);
+#else
+  return 1.0f / d;
+#endif
+}
+
+/// sig[s] = sigmoid(v[s]) for a run, the same bits: when every 1 + exp(-v) lies in [1, 2^125] (v >
+/// about -86.6, NaN excluded) by reciprocal_in_range, else by the division. One range test per run,
+/// so the compiler interleaves the run's sigmoids: the division's per-value slow-path branch made
+/// each its own block.
+template <int kPer>
+SGL_DEVICE void sigmoid_run(const float (&v)[kPer], float (&sig)[kPer]) {
+  float d[kPer];
+  bool in_range = true;
+#pragma unroll
+  for (int s = 0; s < kPer; ++s) {
+    d[s] = 1.0f + expf(-v[s]);
+    in_range = in_range & (d[s] <= 0x1p125f);
+  }
+  if (in_range) {
+#pragma unroll
+    for (int s = 0; s < kPer; ++s) sig[s] = reciprocal_in_range(d[s]);
+  } else {
+#pragma unroll
+    for (int s = 0; s < kPer; ++s) sig[s] = 1.0f / d[s];
+  }
+}
+
 /// Row statistics of the softmax: the maximum logit and the sum of exp(logit - max).
 struct SoftmaxStats {
   float max;
@@ -581,6 +618,47 @@ SGL_DEVICE float run_pick(const float (&v)[kPer], int32_t slot) {
   return picked;
 }
 
+/// Sorts a run's keys into decreasing order in place (a sorting network: 5 compare-exchanges for 4
+/// keys, 19 for 8; every exchange a max and a min, no branch). The sorted kernels' keys are distinct.
+template <int kPer>
+SGL_DEVICE void sort_descending(uint32_t (&key)[kPer]) {
+  static_assert(kPer == 4 || kPer == 8, "the networks of 4 and 8 keys");
+  constexpr int kPairs4[][2] = {{0, 1}, {2, 3}, {0, 2}, {1, 3}, {1, 2}};
+  constexpr int kPairs8[][2] = {
+      {0, 2},
+      {1, 3},
+      {4, 6},
+      {5, 7},
+      {0, 4},
+      {1, 5},
+      {2, 6},
+      {3, 7},
+      {0, 1},
+      {2, 3},
+      {4, 5},
+      {6, 7},
+      {2, 4},
+      {3, 5},
+      {1, 4},
+      {3, 6},
+      {1, 2},
+      {3, 4},
+      {5, 6}};
+  const auto exchange = [&](int a, int b) {
+    const uint32_t high = key[a] > key[b] ? key[a] : key[b];
+    const uint32_t low = key[a] > key[b] ? key[b] : key[a];
+    key[a] = high;
+    key[b] = low;
+  };
+  if constexpr (kPer == 4) {
+#pragma unroll
+    for (const auto& pair : kPairs4) exchange(pair[0], pair[1]);
+  } else {
+#pragma unroll
+    for (const auto& pair : kPairs8) exchange(pair[0], pair[1]);
+  }
+}
+
 /// The lookahead kernel's options as its params give them (topk_rows_v2_lookahead_kernel, the
 /// default): every option a uniform run-time branch, k a run-time loop count.
 /// (The grouping test is `kMayGroup && p.num_groups > 1` in the body and the steps' loop carries
@@ -675,7 +753,7 @@ struct LookaheadGroupedOptions {
 ///
 /// The body is lookahead_rows, shared with the specialised kernels below: `Options` says where each
 /// option comes from (LookaheadRuntimeOptions, the params, for this kernel).
-template <typename T, int kPer, typename Options>
+template <typename T, int kPer, typename Options, bool kSorted = false>
 SGL_DEVICE void lookahead_rows(const TopkRowsParams& p) {
   static_assert(kPer <= 8, "the lookahead kernel keeps two copies of a run's keys per step");
   constexpr uint32_t kFull = 0xFFFFFFFFu;
@@ -697,7 +775,7 @@ SGL_DEVICE void lookahead_rows(const TopkRowsParams& p) {
     float bias[kPer];  // 0 past the row and without a bias
 #pragma unroll
     for (int s = 0; s < kPer; ++s) {
-      valid[s] = base + s < p.num_experts;
+      valid[s] = kSorted || base + s < p.num_experts;  // the sorted kernels take full rows only
       bias[s] = 0.0f;
     }
     if (has_bias) {
@@ -733,10 +811,7 @@ SGL_DEVICE void lookahead_rows(const TopkRowsParams& p) {
 #pragma unroll
       for (int s = 0; s < kPer; ++s) key[s] = order_key_if(valid[s], x[s]);
     } else {
-      if (has_bias || (Options::kMayGroup && Options::num_groups(p) > 1)) {
-#pragma unroll
-        for (int s = 0; s < kPer; ++s) sig[s] = sigmoid(x[s]);
-      }
+      if (has_bias || (Options::kMayGroup && Options::num_groups(p) > 1)) sigmoid_run<kPer>(x, sig);
       if (has_bias) {
 #pragma unroll
         for (int s = 0; s < kPer; ++s) {
@@ -786,10 +861,20 @@ SGL_DEVICE void lookahead_rows(const TopkRowsParams& p) {
       for (int s = 0; s < kPer; ++s) key[s] = kept ? key[s] : 0u;
     }
 
-    uint32_t best_key;
-    int32_t best_slot;
-    run_best<kPer>(key, best_key, best_slot);
-    uint32_t top = __reduce_max_sync(kFull, best_key);
+    // The row's largest key (top) and the lane's best (key, slot); the sorted kernels need only the
+    // maximum first and find the lane's best where they fall back to the steps.
+    uint32_t best_key = 0u;
+    int32_t best_slot = 0;
+    uint32_t top;
+    if constexpr (kSorted) {
+      uint32_t lane_max = key[0];
+#pragma unroll
+      for (int s = 1; s < kPer; ++s) lane_max = key[s] > lane_max ? key[s] : lane_max;
+      top = __reduce_max_sync(kFull, lane_max);
+    } else {
+      run_best<kPer>(key, best_key, best_slot);
+      top = __reduce_max_sync(kFull, best_key);
+    }
 
     // Softmax statistics: the max is the first step's key; the lane's share of the denominator here,
     // its butterfly inside the steps.
@@ -806,6 +891,61 @@ SGL_DEVICE void lookahead_rows(const TopkRowsParams& p) {
     int32_t id = 0;
     uint32_t my_key = top;
     float my_logit = 0.0f;
+
+    // Sorted kernels: distinct packed keys (the key's high bits, the inverted expert in the low
+    // kExpertBits) sorted per lane; a step is one warp maximum of the lanes' heads, whose low bits
+    // name the winner, and the winner lane's shift. The packed order is the selection order wherever
+    // no two keys share their high bits; that holds for the k winners and the next key when their 9
+    // packed keys differ in the high bits (then keys of equal high bits never meet), which the warp
+    // checks (a uniform test of the step results). Otherwise (near ties, equal keys, -inf rows, rows
+    // with experts past the end among the next key) it runs the steps below on the unchanged keys.
+    // Lane i < k reloads winner i's logit (L1-resident) for its key or weight, as the steps keep it.
+    bool sorted_done = false;
+    if constexpr (kSorted) {
+      static_assert(Options::kFixedTopk && (kPer == 4 || kPer == 8), "k fixed, runs of 4 or 8 experts");
+      constexpr int kTopk = kSpecialTopk;
+      constexpr uint32_t kLow = static_cast<uint32_t>(kPer) * device::kWarpThreads - 1u;  // the expert bits
+      uint32_t list[kPer];
+#pragma unroll
+      for (int s = 0; s < kPer; ++s) list[s] = (key[s] | kLow) ^ static_cast<uint32_t>(base + s);
+      sort_descending<kPer>(list);
+      uint32_t tops[kTopk + 1];  // the k + 1 largest packed keys
+      tops[0] = __reduce_max_sync(kFull, list[0]);
+#pragma unroll
+      for (int i = 0; i < kTopk; ++i) {
+        const bool mine = list[0] == tops[i];
+#pragma unroll
+        for (int j = 0; j + 1 < kPer; ++j) list[j] = mine ? list[j + 1] : list[j];
+        list[kPer - 1] = mine ? 0u : list[kPer - 1];
+        tops[i + 1] = __reduce_max_sync(kFull, list[0]);
+      }
+      bool distinct = true;
+#pragma unroll
+      for (int i = 0; i < kTopk; ++i) distinct = distinct & ((tops[i] ^ tops[i + 1]) > kLow);
+      if (distinct) {
+        sorted_done = true;
+        uint32_t packed = tops[0];  // lanes >= k: winner 0 (a finite weight, not written)
+#pragma unroll
+        for (int i = 1; i < kTopk; ++i) packed = lane == static_cast<uint32_t>(i) ? tops[i] : packed;
+        id = static_cast<int32_t>((packed & kLow) ^ kLow);
+        float v = static_cast<float>(logits[id]);
+        if (v != v) v = -INFINITY;
+        if (softmax) {
+          if (Options::softcap(p)) v = __fmul_rn(p.softcap, tanhf(v / p.softcap));
+          if (has_bias) v = __fadd_rn(v, p.bias[id]);
+          my_key = order_key_if(true, v);
+#pragma unroll
+          for (uint32_t mask = device::kWarpThreads / 2; mask > 0; mask >>= 1) {
+            row_sum = row_sum + __shfl_xor_sync(kFull, row_sum, mask);
+          }
+        } else if (has_bias) {
+          my_logit = v;
+        } else {
+          my_key = order_key_if(true, v);
+        }
+      }
+    }
+
     const auto steps = [&](auto pick_logit) {
       // The lane's next candidate (its run without its current best), for the first step; each
       // step computes the next one right after issuing its reduction, which it does not wait for.
@@ -844,13 +984,16 @@ SGL_DEVICE void lookahead_rows(const TopkRowsParams& p) {
         top = next_top;
       }
     };
-    if (!softmax && has_bias) {
-      steps(std::true_type{});
-    } else {
-      steps(std::false_type{});
-    }
-    for (uint32_t mask = Options::topk(p) < 5 ? 16u >> Options::topk(p) : 0u; mask > 0; mask >>= 1) {
-      row_sum = row_sum + __shfl_xor_sync(kFull, row_sum, mask);
+    if (!sorted_done) {
+      if constexpr (kSorted) run_best<kPer>(key, best_key, best_slot);
+      if (!softmax && has_bias) {
+        steps(std::true_type{});
+      } else {
+        steps(std::false_type{});
+      }
+      for (uint32_t mask = Options::topk(p) < 5 ? 16u >> Options::topk(p) : 0u; mask > 0; mask >>= 1) {
+        row_sum = row_sum + __shfl_xor_sync(kFull, row_sum, mask);
+      }
     }
 
     // Weights and output (lanes >= topk hold weight +0 for the renormalising sum).
@@ -909,9 +1052,13 @@ __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_lookahe
 /// topk_sigmoid 128 about the softmax's. So the 1-token target (<= 1.5 us) is within reach for both
 /// widths, 4096 tokens at 128 experts is at the 5 us target, and 256 experts at 4096 tokens is not:
 /// there the kernel is issue-bound on the steps and the probe itself needs 6.76 us.
-template <typename T, int kPer, int kScoring, bool kRenormalize, bool kBias, bool kSoftcap>
+///
+/// kSorted (SGLANG_MOE_TOPK_SORTED, full rows of 128 or 256 experts): lookahead_rows' sorted path, each lane's
+/// packed keys sorted once, then 8 steps of a maximum and a shift, the steps above where the packed
+/// order could differ from the keys' (the same bits either way).
+template <typename T, int kPer, int kScoring, bool kRenormalize, bool kBias, bool kSoftcap, bool kSorted = false>
 __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_special_kernel(const TopkRowsParams p) {
-  lookahead_rows<T, kPer, LookaheadFixedOptions<kScoring, kRenormalize, kBias, kSoftcap>>(p);
+  lookahead_rows<T, kPer, LookaheadFixedOptions<kScoring, kRenormalize, kBias, kSoftcap>, kSorted>(p);
 }
 
 /// The specialised lookahead kernel of grouped routing at DeepSeek-V3's shape (LookaheadGroupedOptions:
@@ -925,13 +1072,15 @@ __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_special
 /// the lanes per group. Aim (H200, one input, fp32 [T, 256]): the generic kernel's 3.37 / 10.22 us
 /// at 1 / 4096 tokens (fifth session) toward the issue's 2 / 8; the ungrouped specialised kernels
 /// took 0.6 us off the generic one at 1 token (2.01 -> 1.40, 256 experts).
-template <typename T, int kPer, bool kRenormalize, bool kBias>
+/// kSorted: the sorted path, as topk_rows_v2_special_kernel's.
+template <typename T, int kPer, bool kRenormalize, bool kBias, bool kSorted = false>
 __global__ void __launch_bounds__(TopkRowsConfig::kThreads)
     topk_rows_v2_grouped_special_kernel(const TopkRowsParams p) {
   lookahead_rows<
       T,
       kPer,
-      LookaheadGroupedOptions<kSpecialNumGroups, kSpecialGroupSize, kSpecialTopkGroup, kRenormalize, kBias>>(p);
+      LookaheadGroupedOptions<kSpecialNumGroups, kSpecialGroupSize, kSpecialTopkGroup, kRenormalize, kBias>,
+      kSorted>(p);
 }
 
 /// Engine v2 with several rows per warp (kLanes lanes per row, 32 / kLanes rows per warp): the
@@ -1214,20 +1363,26 @@ inline bool topk_grouped_specialised() { return env_not_zero("SGLANG_MOE_TOPK_GR
 
 /// The specialised lookahead kernel `index` = renormalize | bias << 1 | softcap << 2 of kScoring
 /// (the softcap bit only for softmax: 8 softmax and 4 sigmoid kernels per T and kPer).
-template <typename T, int kPer, int kScoring, int... kIndex>
+template <typename T, int kPer, int kScoring, bool kSorted, int... kIndex>
 auto special_kernel_at(int index, std::integer_sequence<int, kIndex...>) {
   using Kernel = void (*)(TopkRowsParams);
-  static const Kernel kernels[] = {
-      topk_rows_v2_special_kernel<T, kPer, kScoring, (kIndex & 1) != 0, (kIndex & 2) != 0, (kIndex & 4) != 0>...};
+  static const Kernel kernels[] = {topk_rows_v2_special_kernel<
+      T,
+      kPer,
+      kScoring,
+      (kIndex & 1) != 0,
+      (kIndex & 2) != 0,
+      (kIndex & 4) != 0,
+      kSorted>...};
   return kernels[index];
 }
 
 /// The grouped specialised kernel `index` = renormalize | bias << 1.
-template <typename T, int kPer, int... kIndex>
+template <typename T, int kPer, bool kSorted, int... kIndex>
 auto grouped_special_kernel_at(int index, std::integer_sequence<int, kIndex...>) {
   using Kernel = void (*)(TopkRowsParams);
   static const Kernel kernels[] = {
-      topk_rows_v2_grouped_special_kernel<T, kPer, (kIndex & 1) != 0, (kIndex & 2) != 0>...};
+      topk_rows_v2_grouped_special_kernel<T, kPer, (kIndex & 1) != 0, (kIndex & 2) != 0, kSorted>...};
   return kernels[index];
 }
 
@@ -1241,23 +1396,43 @@ inline bool is_special_grouping(const TopkRowsParams& params) {
 /// The specialised lookahead kernel of `params`, or nullptr where none matches it (k != 8, scale
 /// != 1 without grouping; grouping other than is_special_grouping's, or
 /// SGLANG_MOE_TOPK_GROUPED_SPECIALISED=0): the caller then launches the generic kernel.
-template <typename T, int kPer>
-void (*special_kernel(const TopkRowsParams& params))(TopkRowsParams) {
+template <typename T, int kPer, bool kSorted>
+void (*special_kernel_of(const TopkRowsParams& params))(TopkRowsParams) {
   const int index = (params.renormalize ? 1 : 0) | (params.bias != nullptr ? 2 : 0);
   if (params.num_groups > 1) {
     if constexpr (kPer * static_cast<int32_t>(device::kWarpThreads) == kSpecialNumGroups * kSpecialGroupSize) {
       if (is_special_grouping(params) && topk_grouped_specialised()) {
-        return grouped_special_kernel_at<T, kPer>(index, std::make_integer_sequence<int, 4>{});
+        return grouped_special_kernel_at<T, kPer, kSorted>(index, std::make_integer_sequence<int, 4>{});
       }
     }
     return nullptr;
   }
   if (params.topk != kSpecialTopk || params.scale != 1.0f) return nullptr;
   if (params.scoring == kSigmoid) {  // the kernels ignore the softcap of sigmoid rows
-    return special_kernel_at<T, kPer, kSigmoid>(index, std::make_integer_sequence<int, 4>{});
+    return special_kernel_at<T, kPer, kSigmoid, kSorted>(index, std::make_integer_sequence<int, 4>{});
   }
-  return special_kernel_at<T, kPer, kSoftmax>(
+  return special_kernel_at<T, kPer, kSoftmax, kSorted>(
       index | (params.softcap > 0.0f ? 4 : 0), std::make_integer_sequence<int, 8>{});
+}
+
+/// SGLANG_MOE_TOPK_SORTED (read at each call, so at graph capture): exactly "1" runs the sorted
+/// specialised kernels (kSorted) for full rows of 128 or 256 experts (runs of 4 or 8) where a
+/// specialised kernel matches; anything else (or unset) the lookahead ones. The same bits either way.
+inline bool topk_sorted() {
+  const char* value = std::getenv("SGLANG_MOE_TOPK_SORTED");
+  return value != nullptr && value[0] == '1' && value[1] == '\0';
+}
+
+/// The specialised kernel of `params` (special_kernel_of), sorted where topk_sorted() and the run
+/// length allow it.
+template <typename T, int kPer>
+void (*special_kernel(const TopkRowsParams& params))(TopkRowsParams) {
+  if constexpr (kPer == 4 || kPer == 8) {
+    if (params.num_experts == kPer * static_cast<int32_t>(device::kWarpThreads) && topk_sorted()) {
+      return special_kernel_of<T, kPer, true>(params);
+    }
+  }
+  return special_kernel_of<T, kPer, false>(params);
 }
 
 template <typename T, int kPer>

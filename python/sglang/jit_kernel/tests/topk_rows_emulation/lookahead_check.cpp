@@ -36,10 +36,11 @@ void set_env(const char* name, const char* value) {
   }
 }
 
-/// The launcher's output for `params` with SGLANG_MOE_TOPK_WINNERS = `winners` and
-/// SGLANG_MOE_TOPK_SPECIALISED = `specialised` (nullptr: unset); outputs poisoned with -7 (their
-/// padding columns included).
-Routing route(TopkRowsParams params, const char* winners, const char* specialised = nullptr) {
+/// The launcher's output for `params` with SGLANG_MOE_TOPK_WINNERS = `winners`,
+/// SGLANG_MOE_TOPK_SPECIALISED = `specialised` and SGLANG_MOE_TOPK_SORTED = `sorted` (nullptr: unset);
+/// outputs poisoned with -7 (their padding columns included).
+Routing route(
+    TopkRowsParams params, const char* winners, const char* specialised = nullptr, const char* sorted = nullptr) {
   Routing out;
   out.weights.assign(params.num_tokens * params.weights_stride, -7.0f);
   out.ids.assign(params.num_tokens * params.ids_stride, -7);
@@ -47,9 +48,11 @@ Routing route(TopkRowsParams params, const char* winners, const char* specialise
   params.ids = out.ids.data();
   set_env("SGLANG_MOE_TOPK_WINNERS", winners);
   set_env("SGLANG_MOE_TOPK_SPECIALISED", specialised);
+  set_env("SGLANG_MOE_TOPK_SORTED", sorted);
   moe_routing::launch_topk_rows<float>(params, DLDevice{kDLCUDA, 0});
   out.kernel = warp_emulation::last_kernel;
   set_env("SGLANG_MOE_TOPK_SPECIALISED", nullptr);
+  set_env("SGLANG_MOE_TOPK_SORTED", nullptr);
   return out;
 }
 
@@ -65,7 +68,9 @@ bool same_bits(const Routing& a, const Routing& b) {
 
 /// randn logits [num_tokens >= 9, num_experts] at row stride `stride` from element `offset` of the
 /// returned buffer; rows 0..8 are edge rows: NaN logits, only NaN, +-inf, all ties, +0 / -0, a
-/// spread whose exp(x - max) runs through the subnormals to 0, only -inf, ~1e4, quarter-grid ties.
+/// spread whose exp(x - max) runs through the subnormals to 0, only -inf, ~1e4, quarter-grid ties;
+/// with 11 rows or more, rows 9 and 10 hold near ties (one ulp apart, so keys equal in their high
+/// bits: the sorted kernels' fallback) among the first two and at the 9th and 10th largest logits.
 std::vector<float> logits(int num_tokens, int num_experts, int stride, int offset, uint32_t seed) {
   std::mt19937 gen(seed);
   std::normal_distribution<float> normal;
@@ -84,6 +89,14 @@ std::vector<float> logits(int num_tokens, int num_experts, int stride, int offse
   }
   at(2, 1 % num_experts) = INFINITY;
   at(2, 5 % num_experts) = -INFINITY;
+  if (num_tokens >= 11) {
+    for (int e = 0; e < num_experts; ++e) at(10, e) = std::min(at(10, e), 2.0f);
+    at(9, 3 % num_experts) = 6.0f;
+    at(9, 7 % num_experts) = std::nextafter(6.0f, 7.0f);
+    for (int i = 0; i < 8; ++i) at(10, (5 * i + 1) % num_experts) = 10.0f + static_cast<float>(i);
+    at(10, 2 % num_experts) = 3.0f;
+    at(10, 9 % num_experts) = std::nextafter(3.0f, 4.0f);
+  }
   return buffer;
 }
 
@@ -132,7 +145,7 @@ std::vector<float> bias_of(int num_experts, int steps, uint32_t seed) {
 int main(int argc, char** argv) {
   const int num_tokens = argc > 1 ? std::max(9, std::atoi(argv[1])) : 16;
   set_env("SGLANG_MOE_TOPK_GROUPED_SPECIALISED", nullptr);  // the grouped specialised kernels: the default
-  int cases = 0, mismatches = 0, special_cases = 0, fallbacks = 0;
+  int cases = 0, mismatches = 0, special_cases = 0, fallbacks = 0, sorted_cases = 0;
   std::vector<const void*> special_kernels;  // the distinct specialised kernels run
   const auto report = [&](const TopkRowsParams& params, const char* what, const char* against) {
     ++mismatches;
@@ -175,6 +188,18 @@ int main(int argc, char** argv) {
       set_env("SGLANG_MOE_TOPK_GROUPED_SPECIALISED", nullptr);
     }
     if ((special.kernel != base.kernel) != fits) report(params, what, "specialised kernel choice");
+    // SGLANG_MOE_TOPK_SORTED=1 (exactly): the sorted specialised kernels where one fits and the row
+    // is 4 or 8 experts a lane (128 or 256), the same bits; elsewhere the default's kernel.
+    const Routing sorted = route(params, nullptr, nullptr, "1");
+    if (!same_bits(sorted, base)) report(params, what, "sorted vs lookahead");
+    const bool sorted_fits = fits && (params.num_experts == 128 || params.num_experts == 256);
+    if ((sorted.kernel != special.kernel) != sorted_fits) report(params, what, "sorted kernel choice");
+    if (sorted_fits) {
+      ++sorted_cases;
+      if (route(params, nullptr, nullptr, "1 ").kernel != special.kernel) {
+        report(params, what, "sorted knob: only exactly 1 selects it");
+      }
+    }
     if (fits) {
       ++special_cases;
       if (std::find(special_kernels.begin(), special_kernels.end(), special.kernel) == special_kernels.end()) {
@@ -256,6 +281,7 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("specialised: %d cases on %zu kernels, %d fallbacks\n", special_cases, special_kernels.size(), fallbacks);
+  std::printf("sorted: %d cases\n", sorted_cases);
   std::printf("%d cases, %d mismatches\n", cases, mismatches);
   return mismatches != 0 ? 1 : 0;
 }
