@@ -19,7 +19,7 @@ requires_cuda = pytest.mark.skipif(
     not HAS_CUDA, reason="needs a CUDA GPU (none visible); run it on a machine with an NVIDIA GPU"
 )
 #: Tests that need two GPUs.
-requires_two_gpus = pytest.mark.skipif(NUM_GPUS < 2, reason=f"needs 2 CUDA GPUs, {NUM_GPUS} visible")
+requires_two_gpus = pytest.mark.skipif(NUM_GPUS < 2, reason=f"needs 2 CUDA GPUs ({NUM_GPUS} visible)")
 
 
 def _has_nvcc() -> bool:

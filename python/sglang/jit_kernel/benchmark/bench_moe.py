@@ -6,7 +6,9 @@ input sets past the L2 size (timed at the largest token count of each op only, t
 short). Each row prints as soon as it is measured; the whole run stays under a minute on an H200
 (short graphs: ``BENCH_MOE_REP_MS`` ms per capture, 3 captures, the middle one reported; rows past
 ``BENCH_MOE_BUDGET_S`` seconds are skipped with a note). ``BENCH_MOE_PARTS`` (comma-separated, default
-``routing,align,sum_reduce``) picks the groups of rows, e.g. ``align`` alone for the moe_align A/B.
+``routing,align,sum_reduce``) picks the groups of rows, e.g. ``align`` alone for the moe_align A/B;
+``BENCH_MOE_TOKENS`` (e.g. ``1,64,256,1024,4096``) the token counts and ``BENCH_MOE_PROVIDERS`` (e.g.
+``jit,jit sorted``) the providers.
 
 Old-vs-new rows in the same run: "jit v1" is the first routing engine
 (``SGLANG_MOE_ROUTING_ENGINE=1``), "jit match" the moe_align scatter with ``__match_any_sync``
@@ -17,9 +19,10 @@ bits; "1 input" and "cold" rows), "jit generic" the lookahead kernel without its
 specialisation (``SGLANG_MOE_TOPK_SPECIALISED=0``; the default, "jit", runs the specialised kernels
 on the routing rows, all top-8 without options; the same bits), "jit grouped generic" the
 generic lookahead kernel at DeepSeek-V3's grouped shape (``SGLANG_MOE_TOPK_GROUPED_SPECIALISED=0``;
-"jit" runs the grouped specialised kernels there), "jit sorted" / "jit grouped sorted" the sorted
-specialised kernels (``SGLANG_MOE_TOPK_SORTED=1``, with ``SGLANG_MOE_TOPK_MULTIROW=0`` on the
-ungrouped rows: one warp a row; the same bits), "jit single" the
+"jit" runs the grouped specialised kernels there), "jit sorted" / "jit no sorted" the sorted
+specialised kernels forced (``SGLANG_MOE_TOPK_SORTED=1``) and never (``=0``; "jit" takes them from
+1024 tokens), "jit grouped no sorted" the grouped lookahead kernels ("jit" runs the sorted ones
+there; the same bits), "jit single" the
 one-CTA moe_align and "jit split" the two-launch multi-CTA one (``_variant=``; the default picks
 split from ``moe_align.SPLIT_MIN_NUMEL`` routed ids, "small" below); "jit small" the decode variant
 (PDL, two barriers after the ids arrive, stores over up to 8 CTAs), "jit small 1cta" it on one CTA
@@ -59,7 +62,13 @@ from sglang.test.ci.ci_register import register_cuda_ci  # noqa: E402
 
 register_cuda_ci(est_time=120, suite="stage-b-kernel-benchmark-1-gpu-large")
 
-TOKENS = get_benchmark_range(full_range=[1, 64, 4096], ci_range=[1, 4096])
+TOKENS = (
+    [int(t) for t in os.environ["BENCH_MOE_TOKENS"].split(",")]  # e.g. 1,64,256,1024,4096
+    if os.environ.get("BENCH_MOE_TOKENS")
+    else get_benchmark_range(full_range=[1, 64, 4096], ci_range=[1, 4096])
+)
+#: Only these providers (comma-separated names, e.g. "jit,jit sorted"), when set.
+PROVIDERS = [name for name in os.environ.get("BENCH_MOE_PROVIDERS", "").split(",") if name]
 EXPERTS = get_benchmark_range(full_range=[128, 256], ci_range=[256])
 TOPK = 8
 REP_MS = int(os.environ.get("BENCH_MOE_REP_MS", "4"))
@@ -124,6 +133,8 @@ def time_providers(op, case, providers, make_sets, nbytes, rows, cold=True, one_
     for mode, n_sets in modes:
         sets = make_sets(n_sets)
         for name, call in providers.items():
+            if PROVIDERS and name not in PROVIDERS:
+                continue
             if mode != "1 input" and name in one_input_only:
                 continue
             if time.monotonic() - _START > BUDGET_S:
@@ -159,12 +170,10 @@ def routing_rows() -> list[BenchRow]:
                     "jit multirow8": with_env("SGLANG_MOE_TOPK_MULTIROW", "8", lambda w, i, g, f=jit: f(w, i, g)),
                     "jit multirow16": with_env("SGLANG_MOE_TOPK_MULTIROW", "16", lambda w, i, g, f=jit: f(w, i, g)),
                     "jit no multirow": with_env("SGLANG_MOE_TOPK_MULTIROW", "0", lambda w, i, g, f=jit: f(w, i, g)),
-                    # the sorted specialised kernels (SGLANG_MOE_TOPK_SORTED=1; one warp a row, so no multirow)
-                    "jit sorted": with_env(
-                        "SGLANG_MOE_TOPK_SORTED",
-                        "1",
-                        with_env("SGLANG_MOE_TOPK_MULTIROW", "0", lambda w, i, g, f=jit: f(w, i, g)),
-                    ),
+                    # the sorted specialised kernels forced (SGLANG_MOE_TOPK_SORTED=1; the default from
+                    # 1024 tokens) and never (=0)
+                    "jit sorted": with_env("SGLANG_MOE_TOPK_SORTED", "1", lambda w, i, g, f=jit: f(w, i, g)),
+                    "jit no sorted": with_env("SGLANG_MOE_TOPK_SORTED", "0", lambda w, i, g, f=jit: f(w, i, g)),
                     "torch": eager,
                     "torch.compile": compiled,
                 }
@@ -199,8 +208,9 @@ def routing_rows() -> list[BenchRow]:
             "jit grouped generic": with_env(
                 "SGLANG_MOE_TOPK_GROUPED_SPECIALISED", "0", lambda g, b: grouped_topk(g, b, 8, 4, TOPK, True, 2.5)
             ),
-            "jit grouped sorted": with_env(
-                "SGLANG_MOE_TOPK_SORTED", "1", lambda g, b: grouped_topk(g, b, 8, 4, TOPK, True, 2.5)
+            # the lookahead grouped kernels (SGLANG_MOE_TOPK_SORTED=0; "jit" runs the sorted ones here)
+            "jit grouped no sorted": with_env(
+                "SGLANG_MOE_TOPK_SORTED", "0", lambda g, b: grouped_topk(g, b, 8, 4, TOPK, True, 2.5)
             ),
             "torch": torch_grouped,
             "torch.compile": compiled,

@@ -214,8 +214,8 @@ def resolve_grouped_ambiguity(scores, bias, num_groups, topk_group, topk, ids, k
 #: The A/B settings of the routing kernels' same-bits tests: per knob, the environments whose results
 #: must agree bit for bit (a value None unsets the variable). "multirow8" / "multirow16": the
 #: several-rows-per-warp kernel never, by default (fp32 rows of 128 experts from 4096 rows) and forced;
-#: "sorted": the sorted specialised kernels (SGLANG_MOE_TOPK_SORTED=1; runs of 4 or 8 experts, k = 8)
-#: against the default, one warp a row for both (no multirow).
+#: "sorted": the sorted specialised kernels never (SGLANG_MOE_TOPK_SORTED=0, no multirow), by default
+#: (grouped calls, ungrouped ones from 1024 rows) and forced (=1; full rows of 128 / 256 experts, k = 8).
 ROUTING_KNOBS = {
     **{
         f"multirow{lanes}": [
@@ -226,7 +226,8 @@ ROUTING_KNOBS = {
         for lanes in ("8", "16")
     },
     "sorted": [
-        {"SGLANG_MOE_TOPK_SORTED": None, "SGLANG_MOE_TOPK_MULTIROW": "0"},
+        {"SGLANG_MOE_TOPK_SORTED": "0", "SGLANG_MOE_TOPK_MULTIROW": "0"},
+        {"SGLANG_MOE_TOPK_SORTED": None, "SGLANG_MOE_TOPK_MULTIROW": None},
         {"SGLANG_MOE_TOPK_SORTED": "1", "SGLANG_MOE_TOPK_MULTIROW": "0"},
     ],
 }

@@ -242,8 +242,8 @@ def test_grouped_topk_specialised_bit_exact(monkeypatch, dtype, with_bias, renor
     kept, top-8) against the reference on grid logits and bit for bit against the generic lookahead
     kernel (SGLANG_MOE_TOPK_GROUPED_SPECIALISED=0) on grid logits, randn rows led by edge
     rows and a misaligned strided view, at scale 2.5 and 1; the near shapes (top-7, 3 groups kept)
-    fall back to the generic kernel, and agree with it too. The sorted grouped kernels
-    (SGLANG_MOE_TOPK_SORTED=1) give the same bits as well."""
+    fall back to the generic kernel, and agree with it too. The sorted grouped kernels (the default
+    there; SGLANG_MOE_TOPK_SORTED=0 keeps the lookahead ones) give the same bits as well."""
     scores = grid_logits(129, 256, dtype, seed=256 + 8)
     bias = torch.randint(-8, 8, (256,), device="cuda").float() / 8 if with_bias else None
     rows = edge_rows(1031, 256, dtype, seed=264)
@@ -255,10 +255,10 @@ def test_grouped_topk_specialised_bit_exact(monkeypatch, dtype, with_bias, renor
             monkeypatch.delenv("SGLANG_MOE_TOPK_GROUPED_SPECIALISED", raising=False)
         else:
             monkeypatch.setenv("SGLANG_MOE_TOPK_GROUPED_SPECIALISED", "0")
-        if specialised == "sorted":
-            monkeypatch.setenv("SGLANG_MOE_TOPK_SORTED", "1")
-        else:
+        if specialised == "sorted":  # the default there; "0" the lookahead grouped kernels
             monkeypatch.delenv("SGLANG_MOE_TOPK_SORTED", raising=False)
+        else:
+            monkeypatch.setenv("SGLANG_MOE_TOPK_SORTED", "0")
         out = [check(scores, bias, 8, 4, 8, renormalize, 2.5)]
         for factor in (2.5, 1.0):
             out.append(grouped_topk(rows, bias, 8, 4, 8, renormalize, factor))

@@ -42,15 +42,21 @@ import torch
 
 import sglang.jit_kernel
 from sglang.jit_kernel.registry import CheckCase, all_ops
-from sglang.jit_kernel.testing import SENTINEL_BYTE, TOLERANCE, requires_nvcc
+from sglang.jit_kernel.testing import (
+    NUM_GPUS,
+    SENTINEL_BYTE,
+    TOLERANCE,
+    requires_cuda,
+    requires_nvcc,
+    requires_two_gpus,
+)
 from sglang.test.ci.ci_register import register_cuda_ci
 
 # No CI suite has two GPUs: on the one-GPU suite the two-GPU tests skip and the two process tests run.
 register_cuda_ci(est_time=180, suite="stage-b-kernel-unit-1-gpu-large")
 
-NUM_GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
-needs_two_gpus = pytest.mark.skipif(NUM_GPUS < 2, reason=f"needs 2 CUDA GPUs (found {NUM_GPUS})")
-needs_one_gpu = pytest.mark.skipif(NUM_GPUS < 1, reason="needs a CUDA GPU (found 0)")
+needs_two_gpus = requires_two_gpus  # the skip reasons of every GPU test: sglang.jit_kernel.testing
+needs_one_gpu = requires_cuda
 
 #: ``torch.cuda._sleep`` cycles queued on cuda:1's current stream before the call: ~0.5 s at the
 #: H200's 1.98 GHz, far longer than the call's host time plus the snapshot (the test checks that).

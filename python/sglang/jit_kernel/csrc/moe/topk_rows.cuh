@@ -919,25 +919,31 @@ SGL_DEVICE void lookahead_rows(const TopkRowsParams& p) {
         list[kPer - 1] = mine ? 0u : list[kPer - 1];
         tops[i + 1] = __reduce_max_sync(kFull, list[0]);
       }
+      // Lane i's winner (lanes >= k: winner 0, a finite weight not written) and its logit, loaded
+      // before the check (a full row: every packed key names an expert of the row); the softmax
+      // denominator's butterfly (reduce_sum's order) before it too, for either path.
+      uint32_t packed = tops[0];
+#pragma unroll
+      for (int i = 1; i < kTopk; ++i) packed = lane == static_cast<uint32_t>(i) ? tops[i] : packed;
+      const int32_t sorted_id = static_cast<int32_t>((packed & kLow) ^ kLow);
+      float v = static_cast<float>(logits[sorted_id]);
+      if (softmax) {
+#pragma unroll
+        for (uint32_t mask = device::kWarpThreads / 2; mask > 0; mask >>= 1) {
+          row_sum = row_sum + __shfl_xor_sync(kFull, row_sum, mask);
+        }
+      }
       bool distinct = true;
 #pragma unroll
       for (int i = 0; i < kTopk; ++i) distinct = distinct & ((tops[i] ^ tops[i + 1]) > kLow);
       if (distinct) {
         sorted_done = true;
-        uint32_t packed = tops[0];  // lanes >= k: winner 0 (a finite weight, not written)
-#pragma unroll
-        for (int i = 1; i < kTopk; ++i) packed = lane == static_cast<uint32_t>(i) ? tops[i] : packed;
-        id = static_cast<int32_t>((packed & kLow) ^ kLow);
-        float v = static_cast<float>(logits[id]);
+        id = sorted_id;
         if (v != v) v = -INFINITY;
         if (softmax) {
           if (Options::softcap(p)) v = __fmul_rn(p.softcap, tanhf(v / p.softcap));
           if (has_bias) v = __fadd_rn(v, p.bias[id]);
           my_key = order_key_if(true, v);
-#pragma unroll
-          for (uint32_t mask = device::kWarpThreads / 2; mask > 0; mask >>= 1) {
-            row_sum = row_sum + __shfl_xor_sync(kFull, row_sum, mask);
-          }
         } else if (has_bias) {
           my_logit = v;
         } else {
@@ -976,8 +982,9 @@ SGL_DEVICE void lookahead_rows(const TopkRowsParams& p) {
         my_key = record ? top : my_key;
         my_logit = record ? logit : my_logit;
         const uint32_t mask = 16u >> i;  // i < 32: 16, 8, 4, 2, 1, then 0 (no stage)
-        // A fixed k issues no shuffle for the 0 stages, nor (sigmoid: row_sum is unused) any.
-        if (!Options::kFixedTopk || (softmax && mask != 0)) {
+        // A fixed k issues no shuffle for the 0 stages, nor (sigmoid: row_sum is unused) any; the
+        // sorted kernels ran the butterfly before.
+        if (!kSorted && (!Options::kFixedTopk || (softmax && mask != 0))) {
           const float other = __shfl_xor_sync(kFull, row_sum, mask);
           row_sum = mask != 0 ? row_sum + other : row_sum;
         }
@@ -1302,6 +1309,13 @@ int topk_multirow_lanes(const TopkRowsParams& params) {
   return std::is_same_v<T, float> && kPer == 4 && params.num_tokens >= kMultirowMinTokens ? 8 : 0;
 }
 
+/// Whether SGLANG_MOE_TOPK_MULTIROW forces the several-rows kernel ("8" or "16"): it then takes its
+/// shapes before the sorted kernels' default.
+inline bool topk_multirow_forced() {
+  const char* value = std::getenv("SGLANG_MOE_TOPK_MULTIROW");
+  return value != nullptr && (std::string_view{value} == "8" || std::string_view{value} == "16");
+}
+
 /// The run length of engine v2 for a row of `num_experts` (0: engine v2 does not take it).
 inline int32_t v2_run_length(const TopkRowsParams& params) {
   const int32_t e = params.num_experts;
@@ -1415,24 +1429,34 @@ void (*special_kernel_of(const TopkRowsParams& params))(TopkRowsParams) {
       index | (params.softcap > 0.0f ? 4 : 0), std::make_integer_sequence<int, 8>{});
 }
 
+/// Rows from which ungrouped calls take the sorted specialised kernels by default (grouped calls at
+/// DeepSeek-V3's shape take them at any count). H200 (2026-12-03, bench_moe, fp32 top-8, one
+/// input, us): at 4096 tokens topk_softmax 128 / 256 experts 3.54 / 4.05 against 4.52 (multirow) /
+/// 7.06, topk_sigmoid 3.12 / 3.65 against 4.22 / 6.66, grouped_topk 6.54 against 9.23, and at 1
+/// token grouped 1.94 against 2.17; ungrouped at 1 and 64 tokens the lookahead kernels won (1.17
+/// against 1.44 at [1, 128]).
+inline constexpr int64_t kSortedMinTokens = 1024;
+
 /// SGLANG_MOE_TOPK_SORTED (read at each call, so at graph capture): exactly "1" runs the sorted
-/// specialised kernels (kSorted) for full rows of 128 or 256 experts (runs of 4 or 8) where a
-/// specialised kernel matches; anything else (or unset) the lookahead ones. The same bits either way.
-inline bool topk_sorted() {
+/// specialised kernels (kSorted) wherever they apply, exactly "0" never; anything else (or unset)
+/// the default: grouped calls always, ungrouped ones from kSortedMinTokens rows. The same bits
+/// either way.
+inline bool topk_sorted(const TopkRowsParams& params) {
   const char* value = std::getenv("SGLANG_MOE_TOPK_SORTED");
-  return value != nullptr && value[0] == '1' && value[1] == '\0';
+  if (value != nullptr && (value[0] == '0' || value[0] == '1') && value[1] == '\0') return value[0] == '1';
+  return params.num_groups > 1 || params.num_tokens >= kSortedMinTokens;
 }
 
-/// The specialised kernel of `params` (special_kernel_of), sorted where topk_sorted() and the run
-/// length allow it.
+/// The sorted specialised kernel of `params` where one applies and topk_sorted() picks it: full rows
+/// of 128 or 256 experts (runs of 4 or 8) and a call a specialised kernel matches; else nullptr.
 template <typename T, int kPer>
-void (*special_kernel(const TopkRowsParams& params))(TopkRowsParams) {
+void (*sorted_special_kernel(const TopkRowsParams& params))(TopkRowsParams) {
   if constexpr (kPer == 4 || kPer == 8) {
-    if (params.num_experts == kPer * static_cast<int32_t>(device::kWarpThreads) && topk_sorted()) {
+    if (params.num_experts == kPer * static_cast<int32_t>(device::kWarpThreads) && topk_sorted(params)) {
       return special_kernel_of<T, kPer, true>(params);
     }
   }
-  return special_kernel_of<T, kPer, false>(params);
+  return nullptr;
 }
 
 template <typename T, int kPer>
@@ -1450,6 +1474,12 @@ void launch_topk_rows_v2(TopkRowsParams params, DLDevice device) {
             .enable_pdl(true)(topk_rows_v2_kernel<T, kPer, true>, params);
         return;
       case TopkWinners::kLookahead: {
+        // the sorted kernels where they apply (unless the several-rows kernel is forced)
+        const auto sorted = sorted_special_kernel<T, kPer>(params);
+        if (sorted != nullptr && topk_specialised() && !topk_multirow_forced()) {
+          LaunchKernel(grid, TopkRowsConfig::kThreads, device).enable_pdl(true)(sorted, params);
+          return;
+        }
         if constexpr (kPer >= 2) {
           // several rows per warp (opt-in): full rows of 32 * kPer experts, k <= 8, no grouping
           const bool multirow_shape = params.vec && params.num_groups <= 1 && params.topk <= 8 &&
@@ -1465,7 +1495,7 @@ void launch_topk_rows_v2(TopkRowsParams params, DLDevice device) {
             return;
           }
         }
-        const auto special = special_kernel<T, kPer>(params);  // the shape first: no getenv for others
+        const auto special = special_kernel_of<T, kPer, false>(params);  // the shape first: no getenv for others
         if (special != nullptr && topk_specialised()) {
           LaunchKernel(grid, TopkRowsConfig::kThreads, device).enable_pdl(true)(special, params);
         } else {

@@ -189,15 +189,23 @@ int main(int argc, char** argv) {
     }
     if ((special.kernel != base.kernel) != fits) report(params, what, "specialised kernel choice");
     // SGLANG_MOE_TOPK_SORTED=1 (exactly): the sorted specialised kernels where one fits and the row
-    // is 4 or 8 experts a lane (128 or 256), the same bits; elsewhere the default's kernel.
+    // is 4 or 8 experts a lane (128 or 256), the same bits; "0" (exactly) never; unset (and any
+    // other value) the default: grouped calls sorted, ungrouped ones below kSortedMinTokens rows not.
     const Routing sorted = route(params, nullptr, nullptr, "1");
+    const Routing unsorted = route(params, nullptr, nullptr, "0");
     if (!same_bits(sorted, base)) report(params, what, "sorted vs lookahead");
+    if (!same_bits(unsorted, base)) report(params, what, "unsorted vs lookahead");
     const bool sorted_fits = fits && (params.num_experts == 128 || params.num_experts == 256);
-    if ((sorted.kernel != special.kernel) != sorted_fits) report(params, what, "sorted kernel choice");
+    if ((sorted.kernel != unsorted.kernel) != sorted_fits) report(params, what, "sorted kernel choice");
     if (sorted_fits) {
       ++sorted_cases;
-      if (route(params, nullptr, nullptr, "1 ").kernel != special.kernel) {
-        report(params, what, "sorted knob: only exactly 1 selects it");
+      const bool by_default = params.num_groups > 1 || params.num_tokens >= moe_routing::kSortedMinTokens;
+      if (special.kernel != (by_default ? sorted.kernel : unsorted.kernel)) {
+        report(params, what, "sorted default");
+      }
+      if (route(params, nullptr, nullptr, "1 ").kernel != special.kernel ||
+          route(params, nullptr, nullptr, "00").kernel != special.kernel) {
+        report(params, what, "sorted knob: only exactly 1 / 0 select");
       }
     }
     if (fits) {
