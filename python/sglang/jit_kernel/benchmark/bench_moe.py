@@ -21,7 +21,7 @@ on the routing rows, all top-8 without options; the same bits), "jit grouped gen
 generic lookahead kernel at DeepSeek-V3's grouped shape (``SGLANG_MOE_TOPK_GROUPED_SPECIALISED=0``;
 "jit" runs the grouped specialised kernels there), "jit sorted" / "jit no sorted" the sorted
 specialised kernels forced (``SGLANG_MOE_TOPK_SORTED=1``) and never (``=0``; "jit" takes them from
-1024 tokens), "jit grouped no sorted" the grouped lookahead kernels ("jit" runs the sorted ones
+2048 tokens), "jit grouped no sorted" the grouped lookahead kernels ("jit" runs the sorted ones
 there; the same bits), "jit single" the
 one-CTA moe_align and "jit split" the two-launch multi-CTA one (``_variant=``; the default picks
 split from ``moe_align.SPLIT_MIN_NUMEL`` routed ids, "small" below); "jit small" the decode variant
@@ -171,7 +171,7 @@ def routing_rows() -> list[BenchRow]:
                     "jit multirow16": with_env("SGLANG_MOE_TOPK_MULTIROW", "16", lambda w, i, g, f=jit: f(w, i, g)),
                     "jit no multirow": with_env("SGLANG_MOE_TOPK_MULTIROW", "0", lambda w, i, g, f=jit: f(w, i, g)),
                     # the sorted specialised kernels forced (SGLANG_MOE_TOPK_SORTED=1; the default from
-                    # 1024 tokens) and never (=0)
+                    # 2048 tokens) and never (=0)
                     "jit sorted": with_env("SGLANG_MOE_TOPK_SORTED", "1", lambda w, i, g, f=jit: f(w, i, g)),
                     "jit no sorted": with_env("SGLANG_MOE_TOPK_SORTED", "0", lambda w, i, g, f=jit: f(w, i, g)),
                     "torch": eager,

@@ -215,7 +215,7 @@ def resolve_grouped_ambiguity(scores, bias, num_groups, topk_group, topk, ids, k
 #: must agree bit for bit (a value None unsets the variable). "multirow8" / "multirow16": the
 #: several-rows-per-warp kernel never, by default (fp32 rows of 128 experts from 4096 rows) and forced;
 #: "sorted": the sorted specialised kernels never (SGLANG_MOE_TOPK_SORTED=0, no multirow), by default
-#: (grouped calls, ungrouped ones from 1024 rows) and forced (=1; full rows of 128 / 256 experts, k = 8).
+#: (grouped calls, ungrouped ones from 2048 rows) and forced (=1; full rows of 128 / 256 experts, k = 8).
 ROUTING_KNOBS = {
     **{
         f"multirow{lanes}": [

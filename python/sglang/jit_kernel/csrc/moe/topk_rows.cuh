@@ -717,6 +717,8 @@ inline constexpr int32_t kSpecialTopkGroup = 4;
 template <int kNumGroups, int kGroupSize, int kTopkGroup, bool kRenormalize, bool kBias>
 struct LookaheadGroupedOptions {
   static_assert(kNumGroups > 1 && kTopkGroup >= 1 && kTopkGroup <= kNumGroups, "a grouped shape");
+  static constexpr int32_t kGroups = kNumGroups;  // the compile-time shape (the sorted kernels' group ranks)
+  static constexpr int32_t kGroupExperts = kGroupSize;
   static constexpr bool kFixedTopk = true;
   static constexpr int kStepUnroll = kSpecialTopk;
   static constexpr bool kMayGroup = true;
@@ -850,12 +852,28 @@ SGL_DEVICE void lookahead_rows(const TopkRowsParams& p) {
       uint32_t gkey =
           group < Options::num_groups(p) ? order_key(Options::group_size(p) >= 2 ? first + second : first) : 0u;
       bool kept = false;
-      for (int32_t i = 0; i < Options::topk_group(p); ++i) {  // the lowest lane holding the top: the lower group
-        const uint32_t top = __reduce_max_sync(kFull, gkey);
-        const uint32_t holders = __ballot_sync(kFull, gkey == top);
-        const bool won = (holders & below_group) == 0 && (holders & in_group) != 0;
-        kept = kept || won;
-        gkey = won ? 0u : gkey;
+      if constexpr (kSorted && Options::kMayGroup) {
+        // The sorted (grouped, fixed-shape) kernels: a group is kept when fewer than topk_group groups
+        // rank above it (a larger key, or the same key and a lower group): the set the steps below
+        // keep, from one round of independent shuffles instead of topk_group dependent steps.
+        constexpr int32_t kGroups = Options::kGroups;
+        constexpr int32_t kGroupLanes = Options::kGroupExperts / kPer;
+        static_assert(kGroups * kGroupLanes == static_cast<int32_t>(device::kWarpThreads), "groups fill the warp");
+        int32_t above = 0;
+#pragma unroll
+        for (int32_t g = 0; g < kGroups; ++g) {
+          const uint32_t other = __shfl_sync(kFull, gkey, static_cast<uint32_t>(g * kGroupLanes));
+          above += other > gkey || (other == gkey && g < group) ? 1 : 0;
+        }
+        kept = above < Options::topk_group(p);
+      } else {
+        for (int32_t i = 0; i < Options::topk_group(p); ++i) {  // the lowest lane holding the top: the lower group
+          const uint32_t top = __reduce_max_sync(kFull, gkey);
+          const uint32_t holders = __ballot_sync(kFull, gkey == top);
+          const bool won = (holders & below_group) == 0 && (holders & in_group) != 0;
+          kept = kept || won;
+          gkey = won ? 0u : gkey;
+        }
       }
 #pragma unroll
       for (int s = 0; s < kPer; ++s) key[s] = kept ? key[s] : 0u;
@@ -1431,11 +1449,12 @@ void (*special_kernel_of(const TopkRowsParams& params))(TopkRowsParams) {
 
 /// Rows from which ungrouped calls take the sorted specialised kernels by default (grouped calls at
 /// DeepSeek-V3's shape take them at any count). H200 (2026-12-03, bench_moe, fp32 top-8, one
-/// input, us): at 4096 tokens topk_softmax 128 / 256 experts 3.54 / 4.05 against 4.52 (multirow) /
-/// 7.06, topk_sigmoid 3.12 / 3.65 against 4.22 / 6.66, grouped_topk 6.54 against 9.23, and at 1
-/// token grouped 1.94 against 2.17; ungrouped at 1 and 64 tokens the lookahead kernels won (1.17
-/// against 1.44 at [1, 128]).
-inline constexpr int64_t kSortedMinTokens = 1024;
+/// input, us, sorted against the lookahead / multirow default before): at 4096 tokens
+/// topk_softmax 128 / 256 experts 3.26 / 4.32 against 4.66 / 7.17, topk_sigmoid 256 4.00 against
+/// 6.76, grouped_topk 6.74 against 9.25, at 1 token grouped 2.06 against 2.28; ungrouped, the
+/// lookahead kernels won at 1, 64, 256 and 1024 tokens (1024 x 128: 1.66 against 1.96; the sorted
+/// chain per row is longer, which only a full GPU hides).
+inline constexpr int64_t kSortedMinTokens = 2048;
 
 /// SGLANG_MOE_TOPK_SORTED (read at each call, so at graph capture): exactly "1" runs the sorted
 /// specialised kernels (kSorted) wherever they apply, exactly "0" never; anything else (or unset)
