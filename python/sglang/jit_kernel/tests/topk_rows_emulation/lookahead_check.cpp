@@ -70,7 +70,9 @@ bool same_bits(const Routing& a, const Routing& b) {
 /// returned buffer; rows 0..8 are edge rows: NaN logits, only NaN, +-inf, all ties, +0 / -0, a
 /// spread whose exp(x - max) runs through the subnormals to 0, only -inf, ~1e4, quarter-grid ties;
 /// with 11 rows or more, rows 9 and 10 hold near ties (one ulp apart, so keys equal in their high
-/// bits: the sorted kernels' fallback) among the first two and at the 9th and 10th largest logits.
+/// bits: the sorted kernels' fallback) among the first two and at the 9th and 10th largest logits;
+/// with 12 or more, row 11 is 1.0 plus 0..2047 ulps (keys a few packed-key blocks apart: both sides
+/// of the sorted kernels' check).
 std::vector<float> logits(int num_tokens, int num_experts, int stride, int offset, uint32_t seed) {
   std::mt19937 gen(seed);
   std::normal_distribution<float> normal;
@@ -96,6 +98,9 @@ std::vector<float> logits(int num_tokens, int num_experts, int stride, int offse
     for (int i = 0; i < 8; ++i) at(10, (5 * i + 1) % num_experts) = 10.0f + static_cast<float>(i);
     at(10, 2 % num_experts) = 3.0f;
     at(10, 9 % num_experts) = std::nextafter(3.0f, 4.0f);
+  }
+  if (num_tokens >= 12) {
+    for (int e = 0; e < num_experts; ++e) at(11, e) = __uint_as_float(0x3F800000u + gen() % 2048u);
   }
   return buffer;
 }
