@@ -344,7 +344,9 @@ __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_kernel(con
 // (deterministic). Grouped routing (runs never straddle groups: group_size % kPer == 0 and
 // group_size / kPer a power of two) scores a group by the top-2 of its runs merged over its lanes
 // (butterfly), keeps topk_group groups by topk_group reduce+ballot steps, and clears the keys of
-// the other groups' lanes.
+// the other groups' lanes. The sorted kernels (top-8, full rows of 128 / 256 experts, and DeepSeek-V3's
+// grouping) sort each lane's keys packed with their expert and take a step per warp maximum
+// (lookahead_rows, kSorted).
 // ---------------------------------------------------------------------------------------------
 
 /// Inverse of order_key for keys >= 2 (key 1, NaN, decodes to NaN).
@@ -910,13 +912,13 @@ SGL_DEVICE void lookahead_rows(const TopkRowsParams& p) {
     uint32_t my_key = top;
     float my_logit = 0.0f;
 
-    // Sorted kernels: distinct packed keys (the key's high bits, the inverted expert in the low
-    // kExpertBits) sorted per lane; a step is one warp maximum of the lanes' heads, whose low bits
+    // Sorted kernels: distinct packed keys (the key's high bits, the inverted expert in the low bits
+    // kLow) sorted per lane; a step is one warp maximum of the lanes' heads, whose low bits
     // name the winner, and the winner lane's shift. The packed order is the selection order wherever
     // no two keys share their high bits; that holds for the k winners and the next key when their 9
     // packed keys differ in the high bits (then keys of equal high bits never meet), which the warp
-    // checks (a uniform test of the step results). Otherwise (near ties, equal keys, -inf rows, rows
-    // with experts past the end among the next key) it runs the steps below on the unchanged keys.
+    // checks (a uniform test of the step results). Otherwise (near ties, equal keys, -inf rows) it
+    // runs the steps below on the unchanged keys.
     // Lane i < k reloads winner i's logit (L1-resident) for its key or weight, as the steps keep it.
     bool sorted_done = false;
     if constexpr (kSorted) {
@@ -1078,9 +1080,10 @@ __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_lookahe
 /// widths, 4096 tokens at 128 experts is at the 5 us target, and 256 experts at 4096 tokens is not:
 /// there the kernel is issue-bound on the steps and the probe itself needs 6.76 us.
 ///
-/// kSorted (SGLANG_MOE_TOPK_SORTED, full rows of 128 or 256 experts): lookahead_rows' sorted path, each lane's
-/// packed keys sorted once, then 8 steps of a maximum and a shift, the steps above where the packed
-/// order could differ from the keys' (the same bits either way).
+/// kSorted (full rows of 128 or 256 experts; the default from kSortedMinTokens rows, see
+/// topk_sorted): lookahead_rows' sorted path, each lane's packed keys sorted once, then 8 steps of a
+/// maximum and a shift, the steps above where the packed order could differ from the keys' (the
+/// same bits either way).
 template <typename T, int kPer, int kScoring, bool kRenormalize, bool kBias, bool kSoftcap, bool kSorted = false>
 __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_special_kernel(const TopkRowsParams p) {
   lookahead_rows<T, kPer, LookaheadFixedOptions<kScoring, kRenormalize, kBias, kSoftcap>, kSorted>(p);
