@@ -247,7 +247,7 @@ def check(jobs: int, names: list[str] | None = None) -> int:
             try:
                 inputs = case.make_inputs()
                 expected = case.reference(*inputs)
-                actual = case.call(*inputs)
+                actual = case.compared(case.call(*inputs), inputs)
                 torch.cuda.synchronize()
                 if case.dtype.is_floating_point:
                     rtol, atol = case.tolerance or TOLERANCE[case.dtype]

@@ -56,8 +56,11 @@ HOW_TO_REGISTER = (
 class CheckCase:
     """One correctness-and-speed case of an op, run by ``python -m sglang.jit_kernel check``.
 
-    ``make_inputs()`` draws fresh random inputs (a tuple); ``call(*inputs)`` runs the op and returns
-    its output (for in-place ops, the mutated tensor); ``reference(*inputs)`` returns the expected
+    ``make_inputs()`` draws fresh random inputs (a tuple); ``call(*inputs)`` runs the op alone (it is
+    what ``check`` times) and returns its result; ``output(result, *inputs)`` (optional) turns that
+    result into the one tensor compared, outside the timed call (e.g. packs a quantized tensor and its
+    scales; None: the result itself is compared; for in-place ops, return the mutated tensor from
+    either); ``reference(*inputs)`` returns the expected
     output from an fp32 computation on the same inputs, rounded to the output dtype (``check`` calls
     it before ``call`` mutates anything); ``bytes_moved`` is the fewest bytes the op must read plus
     write; ``dtype`` selects the tolerance (integer dtypes compare exactly); ``tolerance``
@@ -71,6 +74,12 @@ class CheckCase:
     bytes_moved: int
     dtype: torch.dtype
     tolerance: tuple[float, float] | None = None
+    output: Callable[..., torch.Tensor] | None = None
+
+    def compared(self, result: Any, inputs: tuple) -> torch.Tensor:
+        """The tensor ``check`` compares with the reference: ``output(result, *inputs)``, or
+        ``result`` when the case has no ``output``."""
+        return result if self.output is None else self.output(result, *inputs)
 
 
 def _show(value: Any) -> str:
