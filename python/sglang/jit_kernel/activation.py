@@ -1,8 +1,9 @@
 """Gated activations of MLP blocks: ``silu_and_mul``, ``gelu_and_mul``, ``gelu_tanh_and_mul``.
 
 ``input[..., 2H]`` holds the gate (first half) and the up projection (second half); the op writes
-``out[..., H] = round(act(gate)) * up``. Kernel: ``csrc/elementwise/activation.cuh``, one module per
-dtype serving the three activations.
+``out[..., H] = round(act(gate)) * up``. Kernel: ``csrc/elementwise/activation.cuh``; each op has
+its own module per dtype (the activation is a template parameter of the launcher), so an op's first
+call compiles only its own kernels.
 
 Bytes moved (for bandwidth figures): ``3 * num_tokens * H * element_size`` (read 2H, write H per
 row); a row skipped by the expert filter moves only its 4-byte id.
@@ -23,7 +24,7 @@ from sglang.jit_kernel._validate import (
     check_tensor,
     fail,
 )
-from sglang.jit_kernel.registry import CheckCase, register_module, register_op
+from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
 
 if TYPE_CHECKING:
@@ -49,27 +50,50 @@ _OPS = {
 
 
 # ---------------------------------------------------------------------------------------------
-# Module: one per dtype, exporting the three ops (one translation unit; the activation is a template
-# parameter inside, the vector width a runtime choice among the compiled ones).
+# Modules: one per op and dtype, exporting that op alone (its launcher instantiates the kernels of
+# each vector width for its activation; the width is a runtime choice among them).
 # ---------------------------------------------------------------------------------------------
-@cache_once
-def _jit_activation_module(dtype: torch.dtype) -> Module:
-    """Compile (first use) and cache the activation module for ``dtype``: ``silu_and_mul``,
-    ``gelu_and_mul`` and ``gelu_tanh_and_mul``."""
+def _load_gated_module(op: str, dtype: torch.dtype) -> Module:
+    """Compile (first use) or load the module of ``op`` for ``dtype``: one export, ``op``."""
     args = make_cpp_args(dtype)
     return load_jit(
-        "activation",
+        op,
         *args,
         cuda_files=["elementwise/activation.cuh"],
-        cuda_wrappers=[(op, f"gated_act_and_mul<{args}, {enum}>") for op, enum in _OPS.values()]
-        + [
-            ("_set_launch_override", "set_gated_act_launch_override"),  # bench_activation.py --sweep only
-            ("_set_launch_variant", "set_gated_act_launch_variant"),
-        ],  # bench_activation.py old-vs-new rows
+        cuda_wrappers=[(op, f"gated_act_and_mul<{args}, {_ENUMS[op]}>")],
     )
 
 
-# The exported functions by op and dtype, filled when a dtype's module is loaded: the eager fast path
+# op name -> C++ enumerator of its activation
+_ENUMS = {op: enum for op, enum in _OPS.values()}
+
+
+@cache_once
+def _jit_silu_and_mul_module(dtype: torch.dtype) -> Module:
+    """Compile (first use) and cache the ``silu_and_mul`` module for ``dtype``."""
+    return _load_gated_module("silu_and_mul", dtype)
+
+
+@cache_once
+def _jit_gelu_and_mul_module(dtype: torch.dtype) -> Module:
+    """Compile (first use) and cache the ``gelu_and_mul`` module for ``dtype``."""
+    return _load_gated_module("gelu_and_mul", dtype)
+
+
+@cache_once
+def _jit_gelu_tanh_and_mul_module(dtype: torch.dtype) -> Module:
+    """Compile (first use) and cache the ``gelu_tanh_and_mul`` module for ``dtype``."""
+    return _load_gated_module("gelu_tanh_and_mul", dtype)
+
+
+# op name -> its module builder
+_BUILDERS: dict[str, Callable[[torch.dtype], Module]] = {
+    "silu_and_mul": _jit_silu_and_mul_module,
+    "gelu_and_mul": _jit_gelu_and_mul_module,
+    "gelu_tanh_and_mul": _jit_gelu_tanh_and_mul_module,
+}
+
+# The exported functions by op and dtype, filled when an op's module is loaded: the eager fast path
 # is one dict lookup (a dtype missing here takes the checked path, which loads the module).
 _FNS: dict[str, dict[torch.dtype, Callable[..., None]]] = {op: {} for op, _ in _OPS.values()}
 # The eager fast path's tracing test, bound once (as norm.py's): dynamo's flag alone costs about a
@@ -78,12 +102,11 @@ _FNS: dict[str, dict[torch.dtype, Callable[..., None]]] = {op: {} for op, _ in _
 _is_dynamo_compiling = torch.compiler.is_dynamo_compiling
 
 
-def _load(dtype: torch.dtype) -> Module:
-    """The activation module of ``dtype`` (compiled on first use), its functions registered above."""
-    module = _jit_activation_module(dtype)
-    for op, fns in _FNS.items():
-        fns[dtype] = getattr(module, op)
-    return module
+def _load(op: str, dtype: torch.dtype) -> Callable[..., None]:
+    """``op``'s exported function for ``dtype`` (its module compiled on first use), registered above."""
+    fn = getattr(_BUILDERS[op](dtype), op)
+    _FNS[op][dtype] = fn
+    return fn
 
 
 def _input_rows(input: torch.Tensor) -> torch.Tensor:
@@ -112,7 +135,8 @@ def _out_rows(op: str, out: torch.Tensor) -> torch.Tensor:
 def _launch(
     op: str, out: torch.Tensor, input: torch.Tensor, expert_ids: torch.Tensor | None, expert_step: int, enable_pdl: int
 ) -> None:
-    getattr(_load(input.dtype), op)(_out_rows(op, out), _input_rows(input), expert_ids, expert_step, enable_pdl)
+    fn = _FNS[op].get(input.dtype) or _load(op, input.dtype)
+    fn(_out_rows(op, out), _input_rows(input), expert_ids, expert_step, enable_pdl)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,9 +278,10 @@ _DOC_COMMON = """
 
     (torch's ``act(x[..., :H]) * x[..., H:]`` on tensors of the dtype). The fp32 arithmetic is done
     operation by operation as written in the summary line above, without fused multiply-adds, with
-    libm's ``expf`` / ``erff`` / ``tanhf``. Exception, for speed: float16 / bfloat16 rows that allow
-    16-byte vectors (the common, aligned case) take ``exp`` and the reciprocal from the hardware
-    approximations (ex2.approx, rcp.approx): ``silu`` as written (no branch), ``gelu_tanh`` and ``gelu`` as
+    libm's ``expf`` / ``erff`` / ``tanhf``. Exception, for speed: float16 / bfloat16 launches on 16-byte
+    vectors (aligned rows, beyond decode sizes, where the kernel narrows its vectors) take ``exp``
+    and the reciprocal from the hardware approximations (ex2.approx, rcp.approx): ``silu`` as written
+    (no branch), ``gelu_tanh`` and ``gelu`` as
     ``g * sigmoid(z)`` (``0.5 * (1 + tanh(y)) = sigmoid(2y)``; gelu's ``z = logit(Phi(g))`` by a
     polynomial fit). The activation rounded to the dtype is then the same except next to a rounding
     midpoint, where it may be its neighbour (one ulp of the dtype), or, for gelu / gelu_tanh gates
@@ -402,7 +427,7 @@ def run_activation(
 
 
 # ---------------------------------------------------------------------------------------------
-# Reference and registration: one module per dtype serves the three ops; `check` runs one case each.
+# Reference and registration: each op its own module per dtype; `check` runs one case each.
 # ---------------------------------------------------------------------------------------------
 def activation_reference(name: str, gate: torch.Tensor) -> torch.Tensor:
     """``act(float(gate))`` in fp32 with torch ops, each rounded as the kernel rounds it (fp32)."""
@@ -452,6 +477,5 @@ def _check_cases(name: str) -> Callable[[], list[CheckCase]]:
     return cases
 
 
-_ACTIVATION_MODULE = register_module("activation", _jit_activation_module, [(d,) for d in FLOAT_DTYPES])
 for _name, (_op, _) in _OPS.items():
-    register_op(_op, module=_ACTIVATION_MODULE, check_cases=_check_cases(_name))
+    register_op(_op, build=_BUILDERS[_op], variants=[(d,) for d in FLOAT_DTYPES], check_cases=_check_cases(_name))
