@@ -12,6 +12,7 @@ import torch
 from sglang.jit_kernel.activation import (
     SUPPORTED_ACTIVATIONS,
     activation_reference,
+    gated_reference,
     gelu_and_mul,
     gelu_tanh_and_mul,
     run_activation,
@@ -44,20 +45,12 @@ ULPS = {torch.float16: 1, torch.bfloat16: 1, torch.float32: 4}
 #: not cancel).
 CANCEL_ULPS = {"silu": 0, "gelu": 4, "gelu_tanh": 4}
 #: How close (fp32 ulps of the activation) to a rounding midpoint of the dtype the reference activation
-#: may lie for either 16-bit rounding to pass: libm ulps and the fast kernels' few ulps (8), and for
-#: gelu the logistic default's fit (up to ~33 ulps for -3.6 < gate < 0: the one fp16 gate it rounds
-#: across a midpoint, -1.890625, lies 13 ulps from it; scripts/gelu_logistic_fit.py checks every 16-bit
-#: gate's rounding against this window).
+#: may lie for either 16-bit rounding to pass: libm ulps and the 16-byte kernels' approximations (the
+#: branch-free silu and logistic gelu_tanh: within 8 ulps, scripts/silu_branch_free_model.py and
+#: scripts/gelu_logistic_fit.py), and for the logistic gelu its fit (up to ~33 ulps for -3.6 < gate < 0:
+#: the one fp16 gate it rounds across a midpoint, -1.890625, lies 13 ulps from it; the fit script
+#: checks every 16-bit gate's rounding against this window).
 MIDPOINT_ULPS = {"silu": 8, "gelu": 16, "gelu_tanh": 8}
-#: _set_launch_variant value of the exact-libm 16-byte kernels (the defaults of 16-bit 16-byte
-#: launches are the branch-free kernel for silu and the logistic kernel for gelu / gelu_tanh).
-EXACT = 32
-#: _set_launch_variant value of the logistic 16-bit gelu / gelu_tanh (their default at 16-byte vectors,
-#: named; silu and fp32 ignore the bit).
-LOGISTIC = 64
-#: _set_launch_variant value of the branch-free 16-bit silu (opt-in; gelu / gelu_tanh and fp32 ignore
-#: the bit).
-BRANCH_FREE = 128
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,16 +135,45 @@ def assert_matches_reference(name: str, out: torch.Tensor, x: torch.Tensor, or_f
         )
 
 
-def every_gate_rows(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(x, y)``: one ``[1, 2 * n]`` row of every finite 16-bit gate of ``dtype`` (a multiple of 8, so
-    16-byte vectors fit) with up = 1.5, and one of every non-finite gate (NaN, +-inf) likewise."""
+def rows_for_16_byte_vectors(n: int) -> int:
+    """Rows of ``n`` 16-bit gates each that keep 16-byte vectors: the launcher narrows the vectors of
+    launches with fewer 16-byte vectors than two 64-thread CTAs per SM (its decode rule)."""
+    vecs_per_row = n * 2 // 16
+    return max(2, -(-2 * 64 * torch.cuda.get_device_properties(0).multi_processor_count // vecs_per_row))
+
+
+def every_gate_rows(dtype: torch.dtype, up: float = 1.5) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x, y)``: rows of every finite 16-bit gate of ``dtype`` (a multiple of 8 of them, so 16-byte
+    vectors fit) with the given up value, repeated over enough rows that the launch keeps 16-byte
+    vectors (rows_for_16_byte_vectors: the fast kernels of 16-bit types), and one row of every
+    non-finite gate (NaN, +-inf) likewise."""
     bits = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
     every = bits.view(dtype)
     gate = every[torch.isfinite(every)].cuda()
     gate = gate[: gate.numel() // 8 * 8]
     special = every[~torch.isfinite(every)].cuda()
     special = special[: special.numel() // 8 * 8]  # 256 (bf16) / 2048 (fp16): all of them
-    return tuple(torch.cat([g, torch.full_like(g, 1.5)]).view(1, -1) for g in (gate, special))
+    rows = tuple(torch.cat([g, torch.full_like(g, up)]).view(1, -1) for g in (gate, special))
+    return tuple(r.expand(rows_for_16_byte_vectors(r.shape[1] // 2), -1).contiguous() for r in rows)
+
+
+def at_element_offset(x: torch.Tensor, offset: int) -> torch.Tensor:
+    """A copy of ``x`` whose storage starts ``offset`` elements into a buffer: a 16-bit ``x`` with
+    16-byte-multiple rows then allows vectors of ``2 * offset`` bytes at most (offset 1, 2, 4: the
+    2-, 4- and 8-byte kernels, which compute the formulas)."""
+    flat = torch.empty(x.numel() + offset, dtype=x.dtype, device=x.device)
+    view = flat[offset:].view(x.shape)
+    view.copy_(x)
+    return view
+
+
+def assert_specials_as_formula(name: str, got: torch.Tensor, y: torch.Tensor) -> None:
+    """Non-finite gates (NaN, +-inf): the fp32 formula's value from torch (NaN where it is NaN, with
+    any payload; +inf from +inf gates, NaN from -inf gates: -inf / inf, -inf * 0)."""
+    want = gated_reference(name, y)
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(got), nan), "NaN where the formula has none, or the reverse"
+    assert torch.equal(got[~nan], want[~nan])
 
 
 def make_input(shape: tuple[int, ...], dtype: torch.dtype, scale: float = 3.0) -> torch.Tensor:
@@ -256,287 +278,89 @@ def test_pdl_on_and_off_agree(name, enable_pdl):
 
 
 @requires_cuda
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("threads", [32, 64, 128, 512])
-@pytest.mark.parametrize("vec_bytes", [2, 4, 8, 16])
-def test_forced_geometries_agree(dtype, threads, vec_bytes):
-    """Every CTA size and vector width the benchmark sweep can force computes the same bits as the
-    heuristic's choice (rows sharing a CTA, several chunks per row, grids of many row groups)."""
-    from sglang.jit_kernel.activation import _jit_activation_module
-
-    module = _jit_activation_module(dtype)
-    for num_tokens, hidden_size in [(1, 14336), (129, 64), (4097, 4), (7, 1234)]:
-        x = make_input((num_tokens, 2 * hidden_size), dtype)
-        for op in (gelu_and_mul, gelu_tanh_and_mul, silu_and_mul):
-            # exact math everywhere; then the default kernels (16-byte 16-bit launches: branch-free
-            # silu, logistic gelu / gelu_tanh)
-            # against the heuristic's CTA size at the same forced vector width (the heuristic alone
-            # may pick narrower, exact vectors at small sizes)
-            for variant in (EXACT, 0):
-                module._set_launch_variant(variant, 0)
-                try:
-                    module._set_launch_override(0, 0 if variant == EXACT else vec_bytes)
-                    expected = op(x)
-                    module._set_launch_override(threads, vec_bytes)
-                    got = op(x)
-                finally:
-                    module._set_launch_override(0, 0)
-                    module._set_launch_variant(0, 0)
-                assert torch.equal(got, expected), (op.__name__, num_tokens, hidden_size, variant)
-
-
-@requires_cuda
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize(
-    "variant,old_geometry",
-    [
-        (0, 0),
-        (0, 1),
-        (1, 0),
-        (1, 1),
-        (2, 0),
-        (4, 0),
-        (6, 0),
-        (5, 1),
-        (8, 0),
-        (12, 0),
-        (16, 0),
-        (17, 1),
-        (24, 0),
-        (LOGISTIC, 0),
-        (BRANCH_FREE, 0),
-    ],
+    "num_tokens,hidden_size", [(1, 14336), (64, 14336), (2100, 14336), (129, 64), (4097, 4), (7, 1234)]
 )
-def test_launch_variants(dtype, variant, old_geometry):
-    """The benchmark's old-vs-new variants of 16-byte launches (_set_launch_variant): pair rows, evict_last
-    loads, 9f465cb's CTA-size rule, pipelined rows (8) and the checked fast silu (16, 17, 24) compute the
-    same bits as the exact variant (32); fast math (4, 5, 6, 12; fp32 ignores the bit, gelu has no fast
-    build) stays within the ulp check, as does the logistic gelu / gelu_tanh (64 and the default 0 of
-    16-bit gelu / gelu_tanh; silu runs its default, fp32 ignores the bit), which may also round as the
-    float64 activation, and the branch-free silu (128 and the default 0 of 16-bit silu; gelu / gelu_tanh
-    run their default, fp32 ignores the bit), held to the fast-math contract. Cases cover one-shot grids
-    past 4 waves (pair rows on), several chunks per row, row groups and narrow vectors."""
-    from sglang.jit_kernel.activation import _jit_activation_module
-
-    module = _jit_activation_module(dtype)
-
-    def kernel_kind(name: str) -> str:
-        if dtype == torch.float32:
-            return "exact"
-        if name == "silu":
-            if variant in (0, LOGISTIC, BRANCH_FREE):  # 0 and 64: silu's default, the branch-free kernel
-                return "branch-free"
-            return "fast" if variant & 4 else "exact"
-        if variant in (0, LOGISTIC, BRANCH_FREE):
-            return "logistic"
-        return "fast" if name == "gelu_tanh" and variant & 4 else "exact"  # gelu's fast build keeps erff
-
-    for num_tokens, hidden_size in [(1, 14336), (64, 14336), (2100, 14336), (129, 64), (4097, 4), (7, 1234)]:
-        x = make_input((num_tokens, 2 * hidden_size), dtype)
-        for name in NAMES:
-            module._set_launch_variant(EXACT, 0)
-            try:
-                expected = OPS[name](x)
-            finally:
-                module._set_launch_variant(0, 0)
-            module._set_launch_variant(variant, old_geometry)
-            try:
-                got = OPS[name](x)
-            finally:
-                module._set_launch_variant(0, 0)
-            kind = kernel_kind(name)
-            if kind == "exact":
-                assert torch.equal(got, expected), (name, num_tokens, hidden_size)
-            else:
-                assert_matches_reference(name, got, x, or_float64=kind == "logistic")
-
-
-@requires_cuda
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_fast_math_every_16_bit_gate(dtype):
-    """The fast-math variant (4; the default of silu at 16-byte vectors before the branch-free kernel,
-    of gelu_tanh before the logistic kernel) on every finite 16-bit gate, against the reference; non-finite gates give the exact variant's values (NaN where
-    it has NaN). 16-byte vectors forced: the one row of 65k gates has fewer vectors than the decode
-    rule's 128 threads per SM on GPUs of 64+ SMs, which would run it on 4-byte, exact vectors."""
-    from sglang.jit_kernel.activation import _jit_activation_module
-
-    x, y = every_gate_rows(dtype)
-    module = _jit_activation_module(dtype)
-    module._set_launch_override(0, 16)
-    try:
-        for name in ("silu", "gelu_tanh"):
-            module._set_launch_variant(EXACT, 0)
-            try:
-                exact_special = OPS[name](y)
-            finally:
-                module._set_launch_variant(0, 0)
-            module._set_launch_variant(4, 0)
-            try:
-                got = OPS[name](x)
-                got_special = OPS[name](y)
-            finally:
-                module._set_launch_variant(0, 0)
-            assert_matches_reference(name, got, x, or_float64=False)
-            nan = torch.isnan(exact_special)
-            assert torch.equal(torch.isnan(got_special), nan)  # NaN where the exact kernel has NaN (any payload)
-            assert torch.equal(got_special[~nan], exact_special[~nan])
-    finally:
-        module._set_launch_override(0, 0)
+def test_launch_geometries(name, dtype, num_tokens, hidden_size):
+    """The launch shapes the heuristics pick: decode rows on narrowed vectors, one wave of the largest
+    even CTAs, one-shot grids of 256-thread CTAs, several rows per CTA, several chunks per row."""
+    x = make_input((num_tokens, 2 * hidden_size), dtype)
+    out, buffer = poisoned_view(num_tokens, hidden_size, dtype)
+    OPS[name](x, out)
+    assert_matches_reference(name, out, x)
+    assert_poison_around(buffer, num_tokens, hidden_size)
 
 
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_logistic_every_16_bit_gate(dtype):
-    """The logistic gelu / gelu_tanh (variant 64, their default) on every finite 16-bit gate, up = 1
-    (the activation's own rounding) and 1.5, 16-byte vectors forced
-    (one row of 65k gates would otherwise narrow to 4-byte, exact vectors under the decode rule):
-    gelu_tanh against the fp32 reference as the fast-math kernel (4) is held to; gelu against it or the
-    float64 activation (the fp32 formula's 1 + erf cancels near gate -3, where it misrounds 3 fp16
-    gates that the fit rounds as float64 does: scripts/gelu_logistic_fit.py). Non-finite gates give the
-    exact variant's values (NaN where it has NaN)."""
-    from sglang.jit_kernel.activation import _jit_activation_module
-
+    """The logistic gelu / gelu_tanh (16-bit types on 16-byte vectors) on every finite 16-bit gate, up =
+    1.5 and up = 1 (the activation's own rounding): gelu_tanh against the fp32 reference, gelu against
+    it or the float64 activation (the fp32 formula's 1 + erf cancels near gate -3, where it misrounds 3
+    fp16 gates that the fit rounds as float64 does: scripts/gelu_logistic_fit.py). Non-finite gates give
+    the formula's values."""
     x, y = every_gate_rows(dtype)
-    module = _jit_activation_module(dtype)
+    up_one, _ = every_gate_rows(dtype, up=1.0)
+    h = x.shape[1] // 2
     for name in ("gelu_tanh", "gelu"):
-        try:
-            module._set_launch_override(0, 16)
-            module._set_launch_variant(EXACT, 0)
-            exact_special = OPS[name](y)
-            module._set_launch_variant(LOGISTIC, 0)
-            got = OPS[name](x)
-            got_special = OPS[name](y)
-            up_one = x.clone()
-            up_one[:, x.shape[1] // 2 :] = 1
-            got_up_one = OPS[name](up_one)
-            module._set_launch_variant(0, 0)
-            default = OPS[name](x)
-        finally:
-            module._set_launch_variant(0, 0)
-            module._set_launch_override(0, 0)
+        got = OPS[name](x)
+        got_up_one = OPS[name](up_one)
         assert_matches_reference(name, got, x, or_float64=name == "gelu")
         # up = 1: the rounded activation itself, exactly the rounding of the formula or of the float64
         # value (or across a midpoint within MIDPOINT_ULPS of it); the formula's cancellation region
         # (gate <= -3.6) is left to the slack of assert_matches_reference
         assert_matches_reference(name, got_up_one, up_one, or_float64=name == "gelu")
-        h = x.shape[1] // 2
         ok = up_one[:, :h] <= -3.6
         for act in (None, activation_float64(name, up_one[:, :h])):
             expected, alternative, ambiguous = reference_pair(name, up_one, act)
             ok |= (got_up_one == expected) | (ambiguous & (got_up_one == alternative))
         assert bool(ok.all()), up_one[:, :h][~ok][:8].tolist()
-        assert torch.equal(default, got)
-        nan = torch.isnan(exact_special)
-        assert torch.equal(torch.isnan(got_special), nan)  # NaN where the exact kernel has NaN (any payload)
-        assert torch.equal(got_special[~nan], exact_special[~nan])
+        assert_specials_as_formula(name, OPS[name](y), y)
 
 
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_branch_free_silu_every_16_bit_gate(dtype):
-    """The branch-free silu (variant 128, the default of 16-bit silu at 16-byte vectors) on every finite 16-bit gate, 16-byte vectors forced (one
-    row of 65k gates would otherwise narrow to 4-byte, exact vectors under the decode rule): against the
-    fp32 reference at up = 1.5 as the fast-math kernel (4) is held to, and at up = 1 the rounded activation
-    itself, exactly the formula's rounding or (within MIDPOINT_ULPS of a midpoint) its neighbour
-    (scripts/silu_branch_free_model.py models both on the CPU; bf16 gates -87.5 .. -88.5 keep their tiny
-    normal results). Non-finite gates give the exact variant's values (NaN where it has NaN: -inf and NaN;
-    +inf gives +inf). The default is this kernel, bit for bit (NaN bits too)."""
-    from sglang.jit_kernel.activation import _jit_activation_module
-
+    """The branch-free silu (16-bit types on 16-byte vectors) on every finite 16-bit gate: against the
+    fp32 reference at up = 1.5, and at up = 1 the rounded activation itself, exactly the formula's
+    rounding or (within MIDPOINT_ULPS of a midpoint) its neighbour (scripts/silu_branch_free_model.py
+    models both on the CPU; bf16 gates -87.5 .. -88.5 keep their tiny normal results). Non-finite
+    gates give the formula's values (+inf from +inf, NaN from -inf and NaN)."""
     x, y = every_gate_rows(dtype)
-    up_one = x.clone()
-    up_one[:, x.shape[1] // 2 :] = 1
-    module = _jit_activation_module(dtype)
-    try:
-        module._set_launch_override(0, 16)
-        module._set_launch_variant(EXACT, 0)
-        exact_special = silu_and_mul(y)
-        module._set_launch_variant(4, 0)
-        fast = silu_and_mul(x)
-        module._set_launch_variant(BRANCH_FREE, 0)
-        got = silu_and_mul(x)
-        got_special = silu_and_mul(y)
-        got_up_one = silu_and_mul(up_one)
-        module._set_launch_variant(0, 0)
-        default = silu_and_mul(x)
-        default_special = silu_and_mul(y)
-    finally:
-        module._set_launch_variant(0, 0)
-        module._set_launch_override(0, 0)
-    assert_matches_reference("silu", got, x, or_float64=False)
+    up_one, _ = every_gate_rows(dtype, up=1.0)
+    assert_matches_reference("silu", silu_and_mul(x), x, or_float64=False)
+    got_up_one = silu_and_mul(up_one)
     assert_matches_reference("silu", got_up_one, up_one, or_float64=False)
     expected, alternative, ambiguous = reference_pair("silu", up_one)
     ok = (got_up_one == expected) | (ambiguous & (got_up_one == alternative))
     assert bool(ok.all()), up_one[:, : x.shape[1] // 2][~ok][:8].tolist()
-    assert torch.equal(default, got)
-    assert torch.equal(default_special.view(torch.int16), got_special.view(torch.int16))
-    assert_matches_reference("silu", fast, x, or_float64=False)  # the old default (4), for comparison
-    nan = torch.isnan(exact_special)
-    assert torch.equal(torch.isnan(got_special), nan)  # NaN where the exact kernel has NaN (any payload)
-    assert torch.equal(got_special[~nan], exact_special[~nan])
+    assert_specials_as_formula("silu", silu_and_mul(y), y)
 
 
 @requires_cuda
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("variant,old_geometry", [(16, 0), (17, 1), (24, 0)])
-def test_checked_fast_every_16_bit_gate(dtype, variant, old_geometry):
-    """The checked fast silu (variant bit 16) gives the exact variant's bits for every 16-bit gate pattern (NaN,
-    infinities, zeros, subnormals included): the activation depends on the gate alone, so this covers
-    every input. Several rows with different up values, shuffled gates (every 16-byte vector mixes
-    gates that take the fast quotient and gates that fall back), and a long grid for the pair-row and
-    pipelined loops."""
-    from sglang.jit_kernel.activation import _jit_activation_module
-
-    bits = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
-    gen = torch.Generator().manual_seed(16)
-    rows = []
-    for r in range(6):
-        gate = bits[torch.randperm(bits.numel(), generator=gen)].view(dtype)
-        up = torch.randn(bits.numel(), generator=gen).to(dtype) if r else torch.ones(bits.numel(), dtype=dtype)
-        rows.append(torch.cat([gate, up]))
-    x = torch.stack(rows).cuda()
-    x = torch.cat([x] * 44)  # 264 rows of 8192 vectors: past 4 waves (pair rows), many strides (pipelined)
-    module = _jit_activation_module(dtype)
-    module._set_launch_variant(EXACT, 0)
-    try:
-        expected = silu_and_mul(x)
-        module._set_launch_variant(variant, old_geometry)
-        got = silu_and_mul(x)
-    finally:
-        module._set_launch_variant(0, 0)
-    assert torch.equal(got.view(torch.int16), expected.view(torch.int16))
-
-
-@requires_cuda
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_silu_every_16_bit_gate(dtype):
-    """silu's branch-free division equals __fdiv_rn for every 16-bit gate: the 65536 bit patterns in
-    a fixed shuffle, so that at 16-byte vectors almost every vector holds one gate outside the fast
-    range and is recomputed through __fdiv_rn, while forced 2-byte vectors (one gate each) take the
-    fast sequence wherever the gate allows; both must give the same bits, and match the reference."""
-    from sglang.jit_kernel.activation import _jit_activation_module
-
+def test_formula_kernels_every_16_bit_gate(name, dtype):
+    """The 2-, 4- and 8-byte kernels of 16-bit types (the formulas) on every 16-bit gate pattern in a
+    fixed shuffle (NaN, infinities, zeros, subnormals included), up = 1.5: the same bits from every
+    width, within the fp32 reference's ulps. silu's division by __fdiv_rn's instruction sequence
+    (silu_quotient_rn) is exact only inside its range: 2-byte vectors (one gate) take it wherever the
+    gate allows, while at 4 and 8 bytes almost every vector holds a gate outside the range and is
+    recomputed through __fdiv_rn, so equal bits show the sequence equals __fdiv_rn."""
     bits = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
     order = torch.randperm(bits.numel(), generator=torch.Generator().manual_seed(15))
     gate = bits[order].view(dtype).cuda()
-    x = torch.cat([gate, torch.full_like(gate, 1.5)]).view(1, -1)
-    module = _jit_activation_module(dtype)
-    module._set_launch_variant(EXACT, 0)  # the 16-byte default is the branch-free kernel
-    try:
-        module._set_launch_override(0, 16)  # one row of 65k gates: the decode rule would narrow it
-        wide = silu_and_mul(x)
-        module._set_launch_override(0, 2)
-        narrow = silu_and_mul(x)
-    finally:
-        module._set_launch_override(0, 0)
-        module._set_launch_variant(0, 0)
-    assert torch.equal(wide.view(torch.int16), narrow.view(torch.int16))
-    finite = torch.isfinite(x[:, : gate.numel()])
-    assert_matches_reference(
-        "silu",
-        wide[finite].view(1, -1),
-        torch.cat([x[:, : gate.numel()][finite], x[:, gate.numel() :][finite]]).view(1, -1),
-    )
+    row = torch.cat([gate, torch.full_like(gate, 1.5)]).view(1, -1)
+    x = row.expand(rows_for_16_byte_vectors(gate.numel()), -1).contiguous()  # 8-byte vectors kept
+    outs = [OPS[name](at_element_offset(x, offset)) for offset in (1, 2, 4)]
+    for out in outs[1:]:
+        assert torch.equal(out.view(torch.int16), outs[0].view(torch.int16))
+    finite = torch.isfinite(gate)
+    finite_x = torch.cat([gate[finite], torch.full_like(gate[finite], 1.5)]).view(1, -1)
+    assert_matches_reference(name, outs[0][0, finite].view(1, -1), finite_x)
+    assert_specials_as_formula(name, outs[0][0, ~finite], torch.cat([gate[~finite], row[0, gate.numel() :][~finite]]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -900,40 +724,52 @@ def test_bad_arguments(name):
 
 @requires_cuda
 def test_ffi_rejects_mismatches_from_cpp():
-    """The launcher's TensorMatcher is the second line: the module called directly with bad tensors
-    raises RuntimeError naming the tensor, never a CUDA fault."""
-    from sglang.jit_kernel.activation import _jit_activation_module
+    """The launcher's TensorMatcher is the second line: the modules called directly with bad tensors
+    raise RuntimeError naming the tensor, never a CUDA fault."""
+    from sglang.jit_kernel.activation import (
+        _jit_gelu_and_mul_module,
+        _jit_gelu_tanh_and_mul_module,
+        _jit_silu_and_mul_module,
+    )
 
-    module = _jit_activation_module(torch.bfloat16)
+    silu = _jit_silu_and_mul_module(torch.bfloat16).silu_and_mul
+    gelu = _jit_gelu_and_mul_module(torch.bfloat16).gelu_and_mul
+    gelu_tanh = _jit_gelu_tanh_and_mul_module(torch.bfloat16).gelu_tanh_and_mul
     x = make_input((8, 128), torch.bfloat16)
     out = torch.empty(8, 64, dtype=torch.bfloat16, device="cuda")
     ids = torch.zeros(8, dtype=torch.int32, device="cuda")
     with pytest.raises(RuntimeError, match="input"):
-        module.silu_and_mul(out, x.float(), None, 1, -1)
+        silu(out, x.float(), None, 1, -1)
     with pytest.raises(RuntimeError, match="even"):
-        module.silu_and_mul(out, x[:, :127], None, 1, -1)
+        silu(out, x[:, :127], None, 1, -1)
     with pytest.raises(RuntimeError, match="hidden_size"):
-        module.gelu_and_mul(out[:, :63], x, None, 1, -1)
+        gelu(out[:, :63], x, None, 1, -1)
     with pytest.raises(RuntimeError, match="expert_step"):
-        module.gelu_tanh_and_mul(out, x, ids, 0, -1)
+        gelu_tanh(out, x, ids, 0, -1)
     with pytest.raises(RuntimeError, match="expert_ids"):
-        module.silu_and_mul(out, x, ids[:7], 1, -1)
+        silu(out, x, ids[:7], 1, -1)
     with pytest.raises(RuntimeError, match="expert_ids"):
-        module.silu_and_mul(out, x, ids.long(), 1, -1)
+        silu(out, x, ids.long(), 1, -1)
     with pytest.raises(RuntimeError, match="overlaps|share memory"):
-        module.silu_and_mul(x[:, :64], x, None, 1, -1)
-    with pytest.raises(RuntimeError, match="_set_launch_override: threads"):
-        module._set_launch_override(48, 0)
-    with pytest.raises(RuntimeError, match="_set_launch_override: vec_bytes"):
-        module._set_launch_override(0, 32)
-    with pytest.raises(RuntimeError, match="_set_launch_variant: variant"):
-        module._set_launch_variant(3, 0)
-    with pytest.raises(RuntimeError, match="_set_launch_variant: variant"):
-        module._set_launch_variant(20, 0)
-    with pytest.raises(RuntimeError, match="_set_launch_variant: variant"):
-        module._set_launch_variant(LOGISTIC | 1, 0)  # the logistic bit alone
-    with pytest.raises(RuntimeError, match="_set_launch_variant: variant"):
-        module._set_launch_variant(BRANCH_FREE | 4, 0)  # the branch-free bit alone
+        silu(x[:, :64], x, None, 1, -1)
+
+
+@pytest.mark.parametrize("op", ["silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_each_op_builds_its_own_module(op, dtype, monkeypatch):
+    """An op's first call compiles its module alone: named for the op and dtype, the one header, and
+    one export, the launcher of its own activation (not its siblings')."""
+    from sglang.jit_kernel import activation
+
+    calls = []
+    monkeypatch.setattr(activation, "load_jit", lambda *marker, **kwargs: calls.append((marker, kwargs)))
+    activation._load_gated_module(op, dtype)
+    [(marker, kwargs)] = calls
+    enum = {"silu_and_mul": "kSilu", "gelu_and_mul": "kGelu", "gelu_tanh_and_mul": "kGeluTanh"}[op]
+    cpp_type = {torch.float16: "fp16_t", torch.bfloat16: "bf16_t", torch.float32: "fp32_t"}[dtype]
+    assert marker == (op, cpp_type)
+    assert kwargs["cuda_files"] == ["elementwise/activation.cuh"]
+    assert kwargs["cuda_wrappers"] == [(op, f"gated_act_and_mul<{cpp_type}, GatedActivation::{enum}>")]
 
 
 if __name__ == "__main__":
