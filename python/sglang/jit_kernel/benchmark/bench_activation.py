@@ -7,23 +7,10 @@ medians (calls under 5 us: the middle of five captures, see bench_rotating):
   one input  one input set replayed (the method of the issue's sglang numbers; small cases stay in L2)
 Then: the expert filter with half the rows skipped, PDL on / off at decode sizes, eager wall time per
 call at T = 1, and the issue's targets checked against this run.
-
-Last, the launch variants (``_set_launch_variant``) side by side: the default (16-bit silu:
-the branch-free kernel, one ex2 and one rcp per gate; 16-bit gelu / gelu_tanh: the logistic kernel, g *
-sigmoid(z) by one ex2 and one rcp), the exact-libm kernel that was the default before, 9f465cb's pair
-rows, pipelined rows, the checked fast silu, the fast-math kernel (4: the silu / gelu_tanh default
-before the branch-free and logistic kernels); cold and one input.
-
-``python bench_activation.py --sweep`` times forced CTA sizes and vector widths against the
-heuristic's choice (the launch hook ``_set_launch_override``).
-``python bench_activation.py --variants`` prints the launch-variant rows alone (``BENCH_ACT_VARIANTS``
-narrows them to the labels given).
 """
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Callable
 
 import torch
@@ -162,64 +149,6 @@ def expert_filter_rows() -> list[BenchRow]:
     return rows
 
 
-#: Launch variants timed against the default (_set_launch_variant(variant, old_geometry)). Since
-#: 2026-12-01 the default of 16-bit 16-byte launches is the branch-free kernel (128) for silu and the
-#: logistic kernel (64) for gelu / gelu_tanh; 32 is the exact-libm kernel that was the default before,
-#: (1, 1) its pair rows under 9f465cb's CTA-size rule (the code of 9f15607), 4 the fast-math kernel
-#: (the silu / gelu_tanh default before 128 / 64), 12 pipelined rows with fast math, 16 the checked fast
-#: silu (bit-identical to 32; other ops ignore the bit and are not timed under it). 128 (the branch-free
-#: silu) and 64 (logistic) are the defaults' kernels, so "jit" times them.
-VARIANTS = {
-    "jit": (0, 0),
-    "jit exact (old default)": (32, 0),
-    "jit 9f465cb (pairs, old CTAs)": (1, 1),
-    "jit pipelined + fast math": (12, 0),
-    "jit checked fast silu": (16, 0),
-    "jit fast math (old silu / gelu_tanh default)": (4, 0),
-}
-
-
-#: ``BENCH_ACT_VARIANTS="jit,jit exact (old default)"`` (labels of VARIANTS, comma-separated) times only
-#: those rows (a short A/B in a device call that also runs the tests); unset: every variant.
-ONLY_VARIANTS = {v.strip() for v in os.environ.get("BENCH_ACT_VARIANTS", "").split(",") if v.strip()}
-
-
-def variant_rows() -> list[BenchRow]:
-    """Every op at every T under each launch variant, cold and one input (the old-vs-new A/B of one run)."""
-    from sglang.jit_kernel.activation import _jit_activation_module
-
-    module = _jit_activation_module(DTYPE)
-    rows = []
-    try:
-        for tokens in TOKENS:
-            moved = nbytes(tokens)
-            sets = input_sets(tokens, num_rotating_sets(moved))
-            case = f"[{tokens}, 2 x {HIDDEN}]"
-            for op, fn in JIT.items():
-                for label, (variant, old_geometry) in VARIANTS.items():
-                    if ONLY_VARIANTS and label not in ONLY_VARIANTS:
-                        continue
-                    if op == "gelu_and_mul" and variant & 4:
-                        continue  # gelu keeps erff in the fast-math variant: same kernel code
-                    if op != "silu_and_mul" and variant & 16:
-                        continue  # the checked-fast bit is silu's only: same kernel code
-                    module._set_launch_variant(variant, old_geometry)
-                    call = lambda x, o, fn=fn: fn(x, o)
-                    rows += [
-                        r
-                        for r in (
-                            timed(op, case, label, call, sets, moved),
-                            timed(op, case, f"{label} one input", call, sets[:1], moved),
-                        )
-                        if r
-                    ]
-            del sets
-            torch.cuda.empty_cache()
-    finally:
-        module._set_launch_variant(0, 0)
-    return rows
-
-
 def pdl_rows() -> list[BenchRow]:
     """Decode sizes, 64 input sets in one graph, PDL on and off."""
     rows = []
@@ -282,49 +211,9 @@ def targets_table(rows: list[BenchRow], roof: float, eager_us: float) -> str:
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------------------------------------
-# Launch sweep (--sweep)
-# ---------------------------------------------------------------------------------------------
-SWEEP_THREADS = [0, 64, 128, 256, 512]  # 512: 448-thread CTAs on [*, 2 x 14336] bf16 rows
-SWEEP_VEC_BYTES = [0, 4, 8, 16]
-
-
-def sweep_rows() -> list[BenchRow]:
-    from sglang.jit_kernel.activation import _jit_activation_module
-
-    module = _jit_activation_module(DTYPE)
-    rows = []
-    try:
-        for tokens in (1, 8, 64, 2048, 16384):
-            moved = nbytes(tokens)
-            cold = tokens >= 2048
-            sets = input_sets(tokens, num_rotating_sets(moved) if cold else 1)
-            for op in ("silu_and_mul", "gelu_tanh_and_mul"):
-                for threads in SWEEP_THREADS:
-                    for vec_bytes in SWEEP_VEC_BYTES:
-                        module._set_launch_override(threads, vec_bytes)
-                        label = f"{threads or 'auto'} thr, {vec_bytes or 'auto'} B{'' if cold else ' 1 in'}"
-                        row = timed(
-                            op, f"[{tokens}, 2 x {HIDDEN}]", label, lambda x, o, fn=JIT[op]: fn(x, o), sets, moved
-                        )
-                        rows += [row] if row else []
-            del sets
-            torch.cuda.empty_cache()
-    finally:
-        module._set_launch_override(0, 0)
-    return rows
-
-
 def main() -> None:
     exit_unless_gpu("bench_activation.py")
     roof = copy_roof_gbps()
-    if "--sweep" in sys.argv:
-        print(format_rows(sweep_rows(), roof))
-        return
-    if "--variants" in sys.argv:  # the A/B rows alone (a short device session)
-        print("# launch variants (old vs new in one run; 'jit' = the default)")
-        print(format_rows(variant_rows(), roof))
-        return
     eager, eager_us = eager_table()
     print(eager)
     rows = main_rows()
@@ -334,8 +223,6 @@ def main() -> None:
     print("# PDL at decode sizes (64 input sets per graph)")
     print(format_rows(pdl_rows(), roof))
     print(targets_table(rows, roof, eager_us))
-    print("# launch variants (old vs new in one run; 'jit' = the default, as in the main table)")
-    print(format_rows(variant_rows(), roof))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,8 @@
 """Probe: the floor of silu_and_mul's access pattern at decode and mid sizes (issue 15's T = 64 target,
-<= 1.5 us, against 1.75 for the op and 1.71 for sglang 0.5.23 in one H200 run).
+<= 1.5 us; the figures are in docs/perf_notes.md).
 
 input [T, 2 x 14336] bf16 -> out [T, 14336] bf16, the op's bytes (3 * T * H * 2). Rows:
-  silu_and_mul         the op (default kernel and launch geometry)
-  silu_and_mul t<K>    the op with its CTA size forced to K threads (16-byte vectors; _set_launch_override)
+  silu_and_mul         the op (its kernel and launch geometry)
   floor v<N> t<K> pdl  probe_activation_floor.cuh: the same 16-byte loads and stores with one bf16
                        add per element as the whole compute; N vectors per thread (all loads before
                        any store), K threads per CTA, a one-shot grid; PDL on as the op launches it
@@ -44,8 +43,6 @@ FLOOR_CONFIGS = [(1, 256, False, False)] + [(v, t, True, False) for v in (1, 2, 
 SFU_CONFIGS = [(1, t, True, True) for t in (64, 128, 256, 512)] + [
     (v, t, True, True) for v in (2, 4) for t in (128, 256, 1024)
 ]
-#: CTA sizes forced on the op (16-byte vectors) beside its default
-OP_THREADS = (128, 512)
 PROBE_CUH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "probe_activation_floor.cuh")
 
 
@@ -82,19 +79,7 @@ def check(probe) -> None:
 
 def main() -> None:
     exit_unless_gpu("probe_activation_floor.py")
-    from sglang.jit_kernel.activation import _jit_activation_module, silu_and_mul  # noqa: PLC0415
-
-    module = _jit_activation_module(torch.bfloat16)
-
-    def forced(threads: int):
-        def call(x, o) -> None:
-            module._set_launch_override(threads, 16)
-            try:
-                silu_and_mul(x, o)
-            finally:
-                module._set_launch_override(0, 0)
-
-        return call
+    from sglang.jit_kernel.activation import silu_and_mul  # noqa: PLC0415
 
     probe = load_jit("probe_activation_floor", cuda_files=[PROBE_CUH], cuda_wrappers=[("act_floor", "act_floor")])
     check(probe)
@@ -110,10 +95,7 @@ def main() -> None:
                 continue  # decode rows: the one-input rows are the issue's
             case = f"[{t}, 2 x {HIDDEN}] {kind}"
             median, _, _ = bench_rotating(lambda x, o: silu_and_mul(x, o), sets)
-            rows.append(BenchRow("silu_and_mul", case, "default", median, nbytes))
-            for threads in OP_THREADS:
-                median, _, _ = bench_rotating(forced(threads), sets)
-                rows.append(BenchRow("silu_and_mul", case, f"t{threads}", median, nbytes))
+            rows.append(BenchRow("silu_and_mul", case, "op", median, nbytes))
             for vecs, threads, pdl, sfu in FLOOR_CONFIGS + (SFU_CONFIGS if t <= 2048 else []):
                 mode = mode_of(vecs, pdl, sfu)
 

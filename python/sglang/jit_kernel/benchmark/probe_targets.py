@@ -4,7 +4,7 @@ device call that must also run the tests).
 
 Sections (pick with arguments; default all): ``norm`` (rmsnorm / rmsnorm_hf / qknorm across heads at
 1, 8, 64 and 16384 tokens, with the paths of ``_set_path_override``), ``act`` (silu_and_mul at 1, 64,
-2048, 16384 tokens under ``_set_launch_variant`` variants; gelu / gelu_tanh), ``quant``
+2048, 16384 tokens; gelu / gelu_tanh), ``quant``
 (per_token_group_quant_8bit [T, 7168] group 128 under each kernel variant), ``kv`` (store_cache,
 set_mla_kv_buffer, concat_mla_k / concat_mla_absorb_q under the launcher variants).
 
@@ -109,33 +109,13 @@ if "norm" in which:
 
 if "act" in which:
     section("activation")
-    from sglang.jit_kernel.activation import _jit_activation_module, gelu_and_mul, gelu_tanh_and_mul, silu_and_mul
+    from sglang.jit_kernel.activation import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul
 
-    mod = _jit_activation_module(BF16)
     H = 14336
-    variants = {
-        "jit": (0, 0),
-        "jit 9f465cb": (1, 1),
-        "jit fast math": (4, 0),
-        "jit pipelined": (8, 0),
-        "jit pipelined+fast": (12, 0),
-        "jit checked fast": (16, 0),
-        "jit pairs+checked": (17, 1),
-        "jit pipelined+checked": (24, 0),
-    }
     for t in (1, 64, 2048, 16384):
         mk = lambda: (torch.randn(t, 2 * H, dtype=BF16, device="cuda"), torch.empty(t, H, dtype=BF16, device="cuda"))
         nb = 3 * t * H * 2
-        for label, (v, g) in variants.items():
-
-            def call(x, o, v=v, g=g):
-                mod._set_launch_variant(v, g)
-                try:
-                    return silu_and_mul(x, o)
-                finally:
-                    mod._set_launch_variant(0, 0)
-
-            row("silu_and_mul", f"[{t}, 2 x {H}]", label, call, mk, nb, cold=t >= 2048)
+        row("silu_and_mul", f"[{t}, 2 x {H}]", "jit", lambda x, o: silu_and_mul(x, o), mk, nb, cold=t >= 2048)
         if t in (1, 16384):
             row(
                 "gelu_tanh_and_mul",
