@@ -1,5 +1,5 @@
-"""The fit behind kGatedActLogistic's gelu (csrc/elementwise/activation.cuh, activate_logistic) and a CPU
-model of both logistic activations on every finite 16-bit gate.
+"""The fit behind the logistic gelu of 16-bit 16-byte launches (csrc/elementwise/activation.cuh,
+activate_logistic) and a CPU model of both logistic activations on every finite 16-bit gate.
 
 Fit: gelu(g) = g * Phi(g) = g * sigmoid(z), z = logit(Phi(g)) = g * P(g^2). P is a degree-6 weighted
 minimax polynomial (Lawson's iteratively reweighted least squares, float64, Phi from mpmath) on

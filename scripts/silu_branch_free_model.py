@@ -1,5 +1,6 @@
-"""CPU model of kGatedActBranchFreeSilu (csrc/elementwise/activation.cuh, activate_silu_branch_free) on
-every finite 16-bit gate, against the acceptance of the tests (test_activation.py).
+"""CPU model of the branch-free silu of 16-bit 16-byte launches (csrc/elementwise/activation.cuh,
+activate_silu_branch_free) on every finite 16-bit gate, against the acceptance of the tests
+(test_activation.py).
 
 The kernel: silu(g) = g / (1 + exp(-g)) = (g * S) / (S + S * 2^t * 2^(-g * lo)), t = g * (-A), with
 log2(e) = A + lo split so that g * A is exact in fp32 for every gate of the dtype (A has 15 significant
