@@ -1,54 +1,22 @@
-"""The 8-bit activation quantizers' shared module and helpers.
+"""Helpers shared by the 8-bit activation quantizers' wrappers (``per_token_group_quant_8bit``,
+``per_token_quant_fp8``, ``per_tensor_quant_fp8``).
 
-One module per input dtype (float16, bfloat16, float32) holds the three ops
-(``per_token_group_quant_8bit``, ``per_token_quant_fp8``, ``per_tensor_quant_fp8``) and both output
-types (fp8 e4m3, int8): kernels in ``csrc/quantization/``. Each op's wrapper registers itself with
-``module=QUANT_8BIT_MODULE``.
-
-``emulate_quant`` is the kernels' arithmetic written with torch fp32 operations (IEEE division and
-multiplication, the same roundings), so ``check`` and the tests can compare bit for bit.
+Each op builds its own module (kernels in ``csrc/quantization/<op>.cuh``, arithmetic in
+``quantize_8bit.cuh``). ``emulate_quant`` is the kernels' arithmetic written with torch fp32
+operations (IEEE division and multiplication, the same roundings), so ``check`` and the tests can
+compare bit for bit.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
-from sglang.jit_kernel._validate import FLOAT_DTYPES, check_no_partial_overlap, fail
-from sglang.jit_kernel.registry import register_module
-from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
-
-if TYPE_CHECKING:
-    from tvm_ffi.module import Module
+from sglang.jit_kernel._validate import check_no_partial_overlap, fail
 
 #: Output dtypes and the largest finite value of each (q_type_max of the scale).
 TYPE_MAX = {torch.float8_e4m3fn: 448.0, torch.int8: 127.0}
 FLT_MIN = 2.0**-126
 FLT_MAX = float(torch.finfo(torch.float32).max)
-
-
-@cache_once
-def jit_quant_8bit_module(dtype: torch.dtype) -> Module:
-    """Compile (first use) and cache the quantization module for input ``dtype``."""
-    args = make_cpp_args(dtype)
-    return load_jit(
-        "quant_8bit",
-        *args,
-        cuda_files=[
-            "quantization/per_token_group_quant_8bit.cuh",
-            "quantization/per_token_quant_fp8.cuh",
-            "quantization/per_tensor_quant_fp8.cuh",
-        ],
-        cuda_wrappers=[
-            ("per_token_group_quant_8bit", f"per_token_group_quant_8bit<{args}>"),
-            ("per_token_quant_fp8", f"per_token_quant_fp8<{args}>"),
-            ("per_tensor_quant_fp8", f"per_tensor_quant_fp8<{args}>"),
-        ],
-    )
-
-
-QUANT_8BIT_MODULE = register_module("quant_8bit", jit_quant_8bit_module, [(d,) for d in FLOAT_DTYPES])
 
 
 def as_rows(op: str, arg: str, tensor: torch.Tensor, num_rows: int, copy_ok: bool) -> torch.Tensor:

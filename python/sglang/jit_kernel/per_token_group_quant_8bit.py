@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 from sglang.jit_kernel._quant_8bit import (
-    QUANT_8BIT_MODULE,
     TYPE_MAX,
     as_rows,
     check_outputs_disjoint,
     emulate_amax,
     emulate_quant,
     emulate_scale,
-    jit_quant_8bit_module,
     last_dim_contiguous,
 )
 from sglang.jit_kernel._validate import (
@@ -26,33 +25,37 @@ from sglang.jit_kernel._validate import (
     fail,
 )
 from sglang.jit_kernel.registry import CheckCase, register_op
+from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
+
+if TYPE_CHECKING:
+    from tvm_ffi.module import Module
 
 __all__ = ["per_token_group_quant_8bit"]
 
 _OP = "per_token_group_quant_8bit"
 _OUT_DTYPES = (torch.float8_e4m3fn, torch.int8)
 
-#: The launcher's kernel variant (csrc/quantization/per_token_group_quant_8bit.cuh,
-#: dispatch_per_token_group_quant_8bit): 1 picks by size (variant 2 up to 256 rows, the full-sector
-#: kernel of 10 above, where 3 was before the fifth session of 2026-12-01); 0 and 2..4 are kept for the benchmark's
-#: old-vs-new rows, which call the module function with each of them; 8 and 9 are opt-in tunings of
-#: 3 (8: registers capped for 7 blocks per SM; 9: rows looped over with the next row's loads in
-#: flight), timed next to the default by the benchmark; 10 is the full-sector tiles at every size
-#: (coalesced 512-byte loads, a reduce-scatter group maximum, one scale per lane; same bytes);
-#: 11 is the one-chunk-per-lane kernel at every size (16 lanes per g128 bf16 group, one 16-byte load
-#: each, <= 32 registers; meant for decode and L2-resident sizes: docs/perf_notes.md, "Group quant at
-#: 64 and 2048 tokens"; same bytes; H200 one input [T, 7168] g128: 1.36 / 11.71 us at 64 / 2048 tokens
-#: against the default's 1.33 / 9.57, so opt-in). 5..7 are refused.
-KERNEL_VARIANT = 1
-_VARIANTS = (0, 1, 2, 3, 4, 8, 9, 10, 11)
 
-# The exported function by input dtype, filled when a dtype's module is loaded (the eager fast path).
-_FNS: dict[torch.dtype, Callable[..., None]] = {}
+@cache_once
+def _jit_module(in_dtype: torch.dtype, out_dtype: torch.dtype) -> Module:
+    """Compile (first use) and cache the module for ``in_dtype`` -> ``out_dtype`` (its kernels only)."""
+    args = make_cpp_args(in_dtype, out_dtype)
+    return load_jit(
+        _OP,
+        *args,
+        cuda_files=["quantization/per_token_group_quant_8bit.cuh"],
+        cuda_wrappers=[(_OP, f"per_token_group_quant_8bit<{args}>")],
+    )
 
 
-def _fn(dtype: torch.dtype) -> Callable[..., None]:
-    fn = jit_quant_8bit_module(dtype).per_token_group_quant_8bit
-    _FNS[dtype] = fn
+# The exported function by (input dtype, output_q dtype), filled when its module is loaded (the eager
+# fast path).
+_FNS: dict[tuple[torch.dtype, torch.dtype], Callable[..., None]] = {}
+
+
+def _fn(in_dtype: torch.dtype, out_dtype: torch.dtype) -> Callable[..., None]:
+    fn = _jit_module(in_dtype, out_dtype).per_token_group_quant_8bit
+    _FNS[(in_dtype, out_dtype)] = fn
     return fn
 
 
@@ -104,7 +107,7 @@ def _launch(
 ) -> None:
     hidden_size = input.shape[-1]
     num_tokens = input.numel() // hidden_size
-    _fn(input.dtype)(
+    _fn(input.dtype, output_q.dtype)(
         as_rows(_OP, "input", input, num_tokens, copy_ok=True),
         as_rows(_OP, "output_q", output_q, num_tokens, copy_ok=False),
         as_rows(_OP, "output_s", output_s, num_tokens, copy_ok=False),
@@ -113,7 +116,6 @@ def _launch(
         fp8_min,
         fp8_max,
         scale_ue8m0,
-        KERNEL_VARIANT,
     )
 
 
@@ -142,10 +144,6 @@ def _check(
     if not fp8_min < fp8_max:
         fail(ValueError, _OP, "fp8_max", "value", f"> fp8_min ({fp8_min})", fp8_max)
     check_scalar(_OP, "scale_ue8m0", scale_ue8m0, bool)
-    if type(KERNEL_VARIANT) is not int:  # the module knob (benchmarks)
-        fail(TypeError, _OP, "KERNEL_VARIANT", "type", "an int", f"{type(KERNEL_VARIANT).__name__} {KERNEL_VARIANT!r}")
-    if KERNEL_VARIANT not in _VARIANTS:
-        fail(ValueError, _OP, "KERNEL_VARIANT", "value", "an int in 0..4 or 8..11", KERNEL_VARIANT)
     if scale_ue8m0 and output_q.dtype != torch.float8_e4m3fn:
         fail(
             RuntimeError, _OP, "output_q", "dtype", "float8_e4m3fn (scale_ue8m0 is for fp8)", dtype_name(output_q.dtype)
@@ -265,7 +263,7 @@ def per_token_group_quant_8bit(
     """
     if not torch.compiler.is_compiling():
         try:  # the launcher checks shapes, dtypes, devices, layouts, overlaps, group_size, the bounds
-            fn = _FNS.get(input.dtype) if input.dim() == 2 and output_s.dim() == 2 else None
+            fn = _FNS.get((input.dtype, output_q.dtype)) if input.dim() == 2 and output_s.dim() == 2 else None
             if (
                 fn is not None
                 and type(group_size) is int
@@ -273,10 +271,9 @@ def per_token_group_quant_8bit(
                 and type(eps) is float
                 and type(fp8_min) is float
                 and type(fp8_max) is float
-                and type(KERNEL_VARIANT) is int  # the FFI would take a bool for it
                 and eps >= 0
             ):
-                fn(input, output_q, output_s, group_size, eps, fp8_min, fp8_max, scale_ue8m0, KERNEL_VARIANT)
+                fn(input, output_q, output_s, group_size, eps, fp8_min, fp8_max, scale_ue8m0)
                 return output_q, output_s
         except (
             AttributeError,
@@ -321,8 +318,11 @@ def _check_cases() -> list[CheckCase]:
         q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device="cuda")
         return x, q, torch.empty(m, k // g, dtype=torch.float32, device="cuda")
 
-    def call(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-        per_token_group_quant_8bit(x, q, s, g, 1e-10, -448.0, 448.0)
+    def call(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return per_token_group_quant_8bit(x, q, s, g, 1e-10, -448.0, 448.0)
+
+    def packed(result: tuple[torch.Tensor, torch.Tensor], *inputs: torch.Tensor) -> torch.Tensor:
+        q, s = result
         return torch.cat([q.view(torch.uint8).flatten(), s.view(torch.uint8).flatten()])
 
     def expected(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
@@ -337,8 +337,14 @@ def _check_cases() -> list[CheckCase]:
             reference=expected,
             bytes_moved=m * k * 2 + m * k + 4 * m * (k // g),  # read bf16, write fp8 + fp32 scales
             dtype=torch.uint8,  # bit-exact: the reference is the kernel's own fp32 arithmetic
+            output=packed,
         )
     ]
 
 
-register_op(_OP, module=QUANT_8BIT_MODULE, check_cases=_check_cases)
+register_op(
+    _OP,
+    build=_jit_module,
+    variants=[(d, o) for d in FLOAT_DTYPES for o in _OUT_DTYPES],
+    check_cases=_check_cases,
+)

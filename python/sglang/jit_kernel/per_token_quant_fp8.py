@@ -3,32 +3,49 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 from sglang.jit_kernel._quant_8bit import (
-    QUANT_8BIT_MODULE,
     as_rows,
     check_outputs_disjoint,
     emulate_amax,
     emulate_quant,
     emulate_scale,
-    jit_quant_8bit_module,
     last_dim_contiguous,
 )
 from sglang.jit_kernel._validate import FLOAT_DTYPES, check_scalar, check_shape, check_tensor, fail
 from sglang.jit_kernel.registry import CheckCase, register_op
+from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
+
+if TYPE_CHECKING:
+    from tvm_ffi.module import Module
 
 __all__ = ["per_token_quant_fp8"]
 
 _OP = "per_token_quant_fp8"
 FP8_MAX = 448.0
 
+
+@cache_once
+def _jit_module(dtype: torch.dtype) -> Module:
+    """Compile (first use) and cache the module for input ``dtype`` (its kernels only)."""
+    args = make_cpp_args(dtype)
+    return load_jit(
+        _OP,
+        *args,
+        cuda_files=["quantization/per_token_quant_fp8.cuh"],
+        cuda_wrappers=[(_OP, f"per_token_quant_fp8<{args}>")],
+    )
+
+
+# The exported function by input dtype, filled when its module is loaded (the eager fast path).
 _FNS: dict[torch.dtype, Callable[..., None]] = {}
 
 
 def _fn(dtype: torch.dtype) -> Callable[..., None]:
-    fn = jit_quant_8bit_module(dtype).per_token_quant_fp8
+    fn = _jit_module(dtype).per_token_quant_fp8
     _FNS[dtype] = fn
     return fn
 
@@ -185,8 +202,10 @@ def _check_cases() -> list[CheckCase]:
         q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device="cuda")
         return x, q, torch.empty(m, dtype=torch.float32, device="cuda")
 
-    def call(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    def call(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> None:
         per_token_quant_fp8(x, q, s)
+
+    def packed(result: None, x: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         return torch.cat([q.view(torch.uint8).flatten(), s.view(torch.uint8)])
 
     def expected(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
@@ -201,8 +220,9 @@ def _check_cases() -> list[CheckCase]:
             reference=expected,
             bytes_moved=m * k * 2 + m * k + 4 * m,  # read bf16, write fp8 + fp32 scales
             dtype=torch.uint8,  # bit-exact against the kernel's fp32 arithmetic
+            output=packed,
         )
     ]
 
 
-register_op(_OP, module=QUANT_8BIT_MODULE, check_cases=_check_cases)
+register_op(_OP, build=_jit_module, variants=[(d,) for d in FLOAT_DTYPES], check_cases=_check_cases)

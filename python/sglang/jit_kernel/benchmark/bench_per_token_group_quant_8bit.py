@@ -71,37 +71,10 @@ def main() -> None:
         x = torch.randn(t, HIDDEN, dtype=torch.bfloat16, device="cuda")
         return x, torch.empty(t, HIDDEN, dtype=FP8, device="cuda"), torch.empty(t, HIDDEN // GROUP, device="cuda")
 
-    from sglang.jit_kernel._quant_8bit import jit_quant_8bit_module  # noqa: PLC0415
-
-    compiled = torch.compile(_torch_group_quant)
-    module_fn = jit_quant_8bit_module(torch.bfloat16).per_token_group_quant_8bit
-
-    def variant(v: int) -> Callable[..., None]:
-        # The module function with the launcher's kernel variant v (see dispatch_per_token_group_quant_8bit)
-        return lambda x, q, s: module_fn(x, q, s, GROUP, EPS, -448.0, 448.0, False, v)
-
     providers = {
         "jit": lambda x, q, s: per_token_group_quant_8bit(x, q, s, GROUP, EPS, -448.0, 448.0),
         "torch": _torch_group_quant,
-        "torch.compile": compiled,
-        # old vs new kernels in one run: v0 the 1-D kernel of 9f15607; v2 / v3 / v4 the 2-D kernel with
-        # tiles of 1 x 2 / 2 x 2 / 4 x 1 chunks per lane ("jit" is v2 up to 256 tokens, else v10's 4-slot full-sector tiles; v3 before)
-        "jit v0 old": variant(0),
-        "jit v2 1x2": variant(2),
-        "jit v3 2x2": variant(3),
-        "jit v4 4x1": variant(4),
-        # opt-in tunings of v3 (flip KERNEL_VARIANT's size rule if they win): v8 registers capped at
-        # 40 (7 blocks of 224 threads per SM); v9 4 blocks per SM loop over rows, the next row's
-        # loads issued before the current row is reduced
-        "jit v8 2x2 occupancy": variant(8),
-        "jit v9 2x2 prefetch": variant(9),
-        # v10: full-sector tiles at every size, 2 slots up to 256 tokens, where the default takes v2
-        # (every load 512 contiguous bytes where v2 / v3 use half of each sector per load;
-        # reduce-scatter group maximum, one scale per lane)
-        "jit v10 full sectors": variant(10),
-        # v11: one 16-byte chunk per lane at every size (16 lanes per group, <= 32 registers, 9 blocks
-        # of 224 threads per SM; one-warp blocks over the SMs at decode sizes), for 64 / 2048 tokens
-        "jit v11 chunk per lane": variant(11),
+        "torch.compile": torch.compile(_torch_group_quant),
     }
     roof = copy_roof_gbps()
     rows = quant_rows(

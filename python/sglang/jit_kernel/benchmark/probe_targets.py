@@ -5,7 +5,7 @@ device call that must also run the tests).
 Sections (pick with arguments; default all): ``norm`` (rmsnorm / rmsnorm_hf / qknorm across heads at
 1, 8, 64 and 16384 tokens, with the paths of ``_set_path_override``), ``act`` (silu_and_mul at 1, 64,
 2048, 16384 tokens; gelu / gelu_tanh), ``quant``
-(per_token_group_quant_8bit [T, 7168] group 128 under each kernel variant), ``kv`` (store_cache,
+(per_token_group_quant_8bit [T, 7168] group 128), ``kv`` (store_cache,
 set_mla_kv_buffer, concat_mla_k / concat_mla_absorb_q under the launcher variants).
 
 Each row: CUDA-graph median per call, "cold" = inputs rotated past the L2 (benchmark.utils.
@@ -130,10 +130,8 @@ if "act" in which:
 
 if "quant" in which:
     section("quant")
-    from sglang.jit_kernel._quant_8bit import jit_quant_8bit_module
     from sglang.jit_kernel.per_token_group_quant_8bit import per_token_group_quant_8bit
 
-    fn = jit_quant_8bit_module(BF16).per_token_group_quant_8bit
     K, G = 7168, 128
     for t in (1, 64, 2048, 16384):
         mk = lambda: (
@@ -151,16 +149,6 @@ if "quant" in which:
             nb,
             cold=t >= 2048,
         )
-        for v in (0, 2, 3, 4, 10, 11):  # 10: the opt-in full-sector tiles; 11: one chunk per lane
-            row(
-                "per_token_group_quant",
-                f"[{t}, {K}] g{G}",
-                f"jit v{v}",
-                lambda x, q, s, v=v: fn(x, q, s, G, 1e-10, -448.0, 448.0, False, v),
-                mk,
-                nb,
-                cold=t >= 2048,
-            )
 
 if "kv" in which:
     section("kv")

@@ -1485,17 +1485,6 @@ def env(name: str, value: str | None):
             os.environ[name] = old
 
 
-@contextlib.contextmanager
-def kernel_variant(value: Any):
-    """per_token_group_quant_8bit.KERNEL_VARIANT = value inside the block."""
-    old = ptgq.KERNEL_VARIANT
-    ptgq.KERNEL_VARIANT = value
-    try:
-        yield
-    finally:
-        ptgq.KERNEL_VARIANT = old
-
-
 class Guarded8:
     """A [rows, cols] 8-bit output (``dtype`` fp8 / int8 / int32 words) at element ``offset`` of a
     0xA5-filled byte buffer, row stride ``stride`` (default cols), GUARD bytes on both sides."""
@@ -1633,15 +1622,13 @@ def numpy_bool(value: bool):
 
 
 def warm_quant_module() -> None:
-    """Load every input dtype's quant module (the wrappers' eager fast paths go straight to C++)."""
-    from sglang.jit_kernel._quant_8bit import jit_quant_8bit_module
+    """Load every input dtype's per_token_group_quant_8bit (fp8) and per_tensor_quant_fp8 modules (the
+    wrappers' eager fast paths go straight to C++)."""
+    import sglang.jit_kernel.per_tensor_quant_fp8 as ptq
 
     for dtype in FLOAT_DTYPES:
-        ptgq._fn(dtype)
-        import sglang.jit_kernel.per_tensor_quant_fp8 as ptq
-
+        ptgq._fn(dtype, FP8)
         ptq._fn(dtype)
-        jit_quant_8bit_module(dtype)
 
 
 # The same bad scalars with the module loaded: the fast path must not let them through to C++.
@@ -1762,9 +1749,8 @@ ptq_result_case("accumulate_True_large_two_pass_stale_nan_like_single_pass", lam
 
 
 # ---------------------------------------------------------------------------------------------
-# per_token_group_quant_8bit (kernel variants, new today)
+# per_token_group_quant_8bit (each kernel the launcher picks)
 # ---------------------------------------------------------------------------------------------
-VARIANTS = (0, 1, 2, 3, 4, 11)
 
 
 def gq_args(x=_MISSING, q=_MISSING, s=_MISSING, g: Any = 128, *rest, **kwargs) -> tuple[tuple, dict]:
@@ -1914,24 +1900,6 @@ for _name, _pos, _value, _exc, _arg in (
         expect_error("per_token_group_quant_8bit", exc, arg, args, kwargs)
 
 
-# Out of range: ValueError; not an int: TypeError (the warm fast path once took a bool, which the FFI
-# converts to an int: False ran variant 0).
-_KV_BAD = [(v, ValueError, f"value: expected an int in 0..4 or 8..11, got {v}") for v in (5, 7, -1)] + [
-    (v, TypeError, f"type: expected an int, got {type(v).__name__} {v!r}") for v in (True, False, "11", 11.0)
-]
-for _v, _exc, _want in _KV_BAD:
-
-    @case("per_token_group_quant_8bit", f"KERNEL_VARIANT_{type(_v).__name__}_{_v}_refused_before_launch")
-    def _(v=_v, exc=_exc, want=_want) -> None:
-        for warm in (False, True):
-            if warm:
-                warm_quant_module()
-            with kernel_variant(v):
-                args, kwargs = gq_args()
-                error = expect_error("per_token_group_quant_8bit", exc, "KERNEL_VARIANT", args, kwargs)
-            assert str(error).startswith(f"per_token_group_quant_8bit: KERNEL_VARIANT {want}"), f"warm={warm}: {error}"
-
-
 def pack_ue8m0(s: torch.Tensor) -> torch.Tensor:
     """fp32 power-of-two scales [M, G] -> int32 words [M, ceil(G / 4)]: exponent byte of group g at
     byte g % 4, bytes past the last group 0."""
@@ -1956,46 +1924,42 @@ def gq_result_case(
     q_offset: int = 0,
     q_pad: int = 0,
     bounds: tuple[float, float] | None = None,
-    variants: tuple[int, ...] = VARIANTS,
     guard: bool = True,
     mem_gib: int = 0,
 ) -> None:
-    """Each kernel variant against the fp32 emulation, bit for bit: input [m, k] (row stride k +
+    """The op against the fp32 emulation, bit for bit: input [m, k] (row stride k +
     x_pad, at element x_offset), output_q in a guarded buffer (offset q_offset, row stride
     k + q_pad), output_s row- or column-major (TMA-style, rows padded to 4) in a guarded buffer."""
     lo, hi = bounds if bounds is not None else ((-448.0, 448.0) if out == FP8 else (-128.0, 127.0))
 
-    for variant in variants:
+    @case("per_token_group_quant_8bit", name, mem_gib=mem_gib)
+    def _() -> None:
+        x = rnd(m, k + x_pad, dtype=dtype, offset=x_offset)[:, :k]
+        q = Guarded8(m, k, out, offset=q_offset, stride=k + q_pad) if guard else None
+        q_t = q.t if guard else torch.empty(m, k, dtype=out, device=dev())
+        cols = (k // g + 3) // 4 if ue8m0 else k // g
+        s_dtype = torch.int32 if ue8m0 else FP32
+        if column_major:
+            m_pad = (m + 3) // 4 * 4
+            s_holder = Guarded8(cols, m_pad, s_dtype) if guard else None
+            s_t = (s_holder.t if guard else torch.empty(cols, m_pad, dtype=s_dtype, device=dev())).t()[:m]
+        else:
+            s_holder = Guarded8(m, cols, s_dtype) if guard else None
+            s_t = s_holder.t if guard else torch.empty(m, cols, dtype=s_dtype, device=dev())
+        want_q, want_s = ptgq.reference(x, g, 1e-10, lo, hi, out, ue8m0)
+        want_s = pack_ue8m0(want_s) if ue8m0 else want_s
 
-        @case("per_token_group_quant_8bit", f"{name}_variant{variant}", mem_gib=mem_gib)
-        def _(variant=variant) -> None:
-            x = rnd(m, k + x_pad, dtype=dtype, offset=x_offset)[:, :k]
-            q = Guarded8(m, k, out, offset=q_offset, stride=k + q_pad) if guard else None
-            q_t = q.t if guard else torch.empty(m, k, dtype=out, device=dev())
-            cols = (k // g + 3) // 4 if ue8m0 else k // g
-            s_dtype = torch.int32 if ue8m0 else FP32
-            if column_major:
-                m_pad = (m + 3) // 4 * 4
-                s_holder = Guarded8(cols, m_pad, s_dtype) if guard else None
-                s_t = (s_holder.t if guard else torch.empty(cols, m_pad, dtype=s_dtype, device=dev())).t()[:m]
-            else:
-                s_holder = Guarded8(m, cols, s_dtype) if guard else None
-                s_t = s_holder.t if guard else torch.empty(m, cols, dtype=s_dtype, device=dev())
-            want_q, want_s = ptgq.reference(x, g, 1e-10, lo, hi, out, ue8m0)
-            want_s = pack_ue8m0(want_s) if ue8m0 else want_s
+        def check() -> None:
+            bytes_equal("output_q", q_t, want_q)
+            bytes_equal("output_s", s_t, want_s)
+            if guard:
+                q.assert_intact()
+                s_holder.assert_intact()
 
-            def check() -> None:
-                bytes_equal("output_q", q_t, want_q)
-                bytes_equal("output_s", s_t, want_s)
-                if guard:
-                    q.assert_intact()
-                    s_holder.assert_intact()
+        def call() -> None:
+            ptgq.per_token_group_quant_8bit(x, q_t, s_t, g, 1e-10, lo, hi, ue8m0)
 
-            def call() -> None:
-                with kernel_variant(variant):
-                    ptgq.per_token_group_quant_8bit(x, q_t, s_t, g, 1e-10, lo, hi, ue8m0)
-
-            expect_result(call, check, keep={"input": x})
+        expect_result(call, check, keep={"input": x})
 
 
 gq_result_case("bf16_g16_two_chunk_groups", 5, 48, 16)
@@ -2016,13 +1980,13 @@ gq_result_case("column_major_fp32_scales", 10, 384, 128, column_major=True)
 gq_result_case("ue8m0_5_groups_column_major", 10, 640, 128, ue8m0=True, column_major=True)  # 2 words, 3 zero bytes
 gq_result_case("ue8m0_row_major_g16_q_misaligned", 6, 16 * 9, 16, ue8m0=True, q_offset=5)
 gq_result_case("one_row", 1, 128, 128)
-gq_result_case("rows_257_variant_boundary", 257, 128, 128)
-gq_result_case("rows_over_grid_y_cap_4x65535", 4 * 65535 + 5, 16, 16, variants=(1, 2, 3, 4, 11), guard=False)
-# variant 11: 3 warps per row, 2 rows per block, so 131070 rows per pass of the grid: its row loop
-gq_result_case(
-    "rows_over_grid_y_cap_2x65535_two_tiles", 2 * 65535 + 3, 640, 128, variants=(2, 11), guard=False, mem_gib=1
-)
-gq_result_case("fp32_rows_over_grid_y_cap_4x65535", 4 * 65535 + 1, 16, 16, dtype=FP32, variants=(3,), guard=False)
+gq_result_case("rows_256_last_paired_small_tiles", 256, 128, 128)
+gq_result_case("rows_257_first_sector_tiles", 257, 128, 128)
+# Past the gridDim.y cap (65535 blocks of 4 one-tile rows): the paired 2x2 tiles (bf16 g16) and the
+# sector kernel (fp32 g16; bf16 rows of two 128-chunk tiles) loop over the rows.
+gq_result_case("rows_over_grid_y_cap_4x65535_paired_tiles", 4 * 65535 + 5, 16, 16, guard=False)
+gq_result_case("rows_over_grid_y_cap_2x65535_two_sector_tiles", 2 * 65535 + 3, 1280, 128, guard=False, mem_gib=1)
+gq_result_case("fp32_rows_over_grid_y_cap_4x65535_sectors", 4 * 65535 + 1, 16, 16, dtype=FP32, guard=False)
 
 
 def documented_group_quant(x: torch.Tensor, g: int, eps: float, lo: float, hi: float, out: torch.dtype):
@@ -2041,8 +2005,8 @@ def documented_group_quant(x: torch.Tensor, g: int, eps: float, lo: float, hi: f
 
 @case("per_token_group_quant_8bit", "nan_inf_groups")
 def _() -> None:
-    """Every variant gives the documented scales: FLT_MAX for a group holding +-inf, NaN ignored by
-    the maximum; q: +-448 for +-inf, NaN for NaN. All variants run; the failures are listed together."""
+    """The documented scales: FLT_MAX for a group holding +-inf, NaN ignored by the maximum; q: +-448
+    for +-inf, NaN for NaN."""
     x = rnd(4, 256)
     x[0, 3], x[1, 130], x[2, 0], x[3] = float("nan"), float("inf"), -float("inf"), 0.0
     want_q, want_s = documented_group_quant(x, 128, 1e-10, -448.0, 448.0, FP8)
@@ -2051,43 +2015,40 @@ def _() -> None:
     assert want_q[1, 130].float() == 448.0 and want_q[2, 0].float() == -448.0 and want_q[0, 3].float().isnan()
     wrong: list[str] = []
 
-    def compare(v: int, q: torch.Tensor, s: torch.Tensor) -> None:
+    def compare(q: torch.Tensor, s: torch.Tensor) -> None:
         for name, got, want in (("output_q", q, want_q), ("output_s", s, want_s)):
             g, w = got.view(torch.uint8), want.view(torch.uint8)
             if not torch.equal(g, w):
                 rows = sorted({int(i) // g.shape[1] for i in (g != w).reshape(-1).nonzero()[:, 0]})
                 values = f" (got {got[rows].tolist()}, want {want[rows].tolist()})" if name == "output_s" else ""
-                wrong.append(f"{name} v{v}: {int((g != w).sum())} bytes differ in rows {rows}{values}")
+                wrong.append(f"{name}: {int((g != w).sum())} bytes differ in rows {rows}{values}")
 
-    for variant in VARIANTS:
-        q = torch.empty(4, 256, dtype=FP8, device=dev())
-        s = torch.empty(4, 2, device=dev())
-        with kernel_variant(variant):
-            expect_result(
-                lambda q=q, s=s: ptgq.per_token_group_quant_8bit(x, q, s, 128, 1e-10, -448.0, 448.0),
-                lambda q=q, s=s, v=variant: compare(v, q, s),
-                keep={"input": x},
-            )
+    q = torch.empty(4, 256, dtype=FP8, device=dev())
+    s = torch.empty(4, 2, device=dev())
+    expect_result(
+        lambda: ptgq.per_token_group_quant_8bit(x, q, s, 128, 1e-10, -448.0, 448.0),
+        lambda: compare(q, s),
+        keep={"input": x},
+    )
     assert not wrong, "; ".join(wrong)
 
 
-@case("per_token_group_quant_8bit", "cuda_graph_each_variant")
+@case("per_token_group_quant_8bit", "cuda_graph_small_and_sector_paths")
 def _() -> None:
-    x = rnd(300, 512)
-    for variant in VARIANTS:
-        q = torch.empty(300, 512, dtype=FP8, device=dev())
-        s = torch.empty(300, 4, device=dev())
-        with kernel_variant(variant):
-            call = lambda q=q, s=s: ptgq.per_token_group_quant_8bit(x, q, s, 128, 1e-10, -448.0, 448.0)  # noqa: E731
-            graph_replay_call(call, [x], [q.view(torch.uint8), s])()
+    for rows in (64, 300):  # the paired tiles, the sector kernel
+        x = rnd(rows, 512)
+        q = torch.empty(rows, 512, dtype=FP8, device=dev())
+        s = torch.empty(rows, 4, device=dev())
+        call = lambda q=q, s=s, x=x: ptgq.per_token_group_quant_8bit(x, q, s, 128, 1e-10, -448.0, 448.0)  # noqa: E731
+        graph_replay_call(call, [x], [q.view(torch.uint8), s])()
         want_q, want_s = ptgq.reference(x, 128, 1e-10, -448.0, 448.0, FP8)
-        bytes_equal(f"output_q v{variant}", q, want_q)
-        bytes_equal(f"output_s v{variant}", s, want_s)
+        bytes_equal(f"output_q {rows} rows", q, want_q)
+        bytes_equal(f"output_s {rows} rows", s, want_s)
     assert_context_healthy()
 
 
 # ---------------------------------------------------------------------------------------------
-# MoE routing engine v2 and moe_align peers (new today)
+# MoE routing and moe_align: results at the shapes' kernel boundaries
 # ---------------------------------------------------------------------------------------------
 def route_args(e: int = 64, k: int = 4, t: int = 5, gating=_MISSING, **kwargs) -> tuple[tuple, dict]:
     """(topk_weights [t, k] fp32, topk_ids int32, gating_output [t, e] bf16)."""
@@ -2172,44 +2133,30 @@ register_errors(
     ],
 )
 
-ENGINE_VALUES = (None, "1", "2", "7", "x", "", "1 ")  # anything but "1" is v2 (documented: csrc/moe/topk_rows.cuh)
-
 
 def route_result_case(op: str, name: str, e: int, k: int, make=None, bias: bool = False, softcap: float = 0.0) -> None:
-    """Every engine setting gives the fp64 reference's routing (the same choice, near ties aside)."""
+    """The fp64 reference's routing (the same choice, near ties aside), outputs inside NaN / -7 buffers."""
     from moe_reference import assert_routing_matches, grid_logits, sigmoid_reference, softmax_reference
 
     @case(op, name)
     def _() -> None:
         gating = grid_logits(6, e, FP32) if make is None else make()
         b = (torch.arange(e, device=dev()).float() % 5 - 2) / 16 if bias else None
-        for value in ENGINE_VALUES:
-            w_buf = torch.full((gating.shape[0], k + 3), float("nan"), device=dev())
-            ids_buf = torch.full((gating.shape[0], k + 3), -7, dtype=torch.int32, device=dev())
-            w, ids = w_buf[:, 1 : k + 1], ids_buf[:, 2 : k + 2]
-            with env("SGLANG_MOE_ROUTING_ENGINE", value):
-                if op == "topk_softmax":
-                    keys, wall, ref_ids = softmax_reference(gating, k, True, softcap, b)
-                    call = lambda: topk_softmax(w, ids, gating, True, softcap, b)  # noqa: B023, E731
-                else:
-                    keys, wall, ref_ids = sigmoid_reference(gating, k, True, b)
-                    call = lambda: topk_sigmoid(w, ids, gating, True, b)  # noqa: B023, E731
-                expect_result(
-                    call,
-                    lambda: assert_routing_matches(
-                        w,  # noqa: B023 - called within this iteration
-                        ids,  # noqa: B023 - called within this iteration
-                        keys,  # noqa: B023 - called within this iteration
-                        wall,  # noqa: B023 - called within this iteration
-                        ref_ids,  # noqa: B023 - called within this iteration
-                        True,
-                        eps=0.0 if op == "topk_softmax" else 1e-20,  # noqa: B023 - called within this iteration
-                    ),
-                    keep={"gating_output": gating},
-                )
-            assert torch.isnan(w_buf[:, 0]).all() and (ids_buf[:, :2] == -7).all(), (
-                f"engine {value!r}: wrote before the outputs"
-            )
+        w_buf = torch.full((gating.shape[0], k + 3), float("nan"), device=dev())
+        ids_buf = torch.full((gating.shape[0], k + 3), -7, dtype=torch.int32, device=dev())
+        w, ids = w_buf[:, 1 : k + 1], ids_buf[:, 2 : k + 2]
+        if op == "topk_softmax":
+            keys, wall, ref_ids = softmax_reference(gating, k, True, softcap, b)
+            call = lambda: topk_softmax(w, ids, gating, True, softcap, b)  # noqa: E731
+        else:
+            keys, wall, ref_ids = sigmoid_reference(gating, k, True, b)
+            call = lambda: topk_sigmoid(w, ids, gating, True, b)  # noqa: E731
+        expect_result(
+            call,
+            lambda: assert_routing_matches(w, ids, keys, wall, ref_ids, True, eps=0.0 if op == "topk_softmax" else 1e-20),
+            keep={"gating_output": gating},
+        )
+        assert torch.isnan(w_buf[:, 0]).all() and (ids_buf[:, :2] == -7).all(), "wrote before the outputs"
 
 
 def nan_inf_logits(e: int) -> torch.Tensor:
@@ -2266,14 +2213,12 @@ def grouped_result_case(
             scores = make()
         keys, wall, ref_ids, ambiguous = grouped_reference(scores, b, groups, topk_group, topk)
         assert not bool(ambiguous.any()), "test input with a near-tie of groups"
-        for value in ENGINE_VALUES:
-            out = {}
-            with env("SGLANG_MOE_ROUTING_ENGINE", value):
-                expect_result(
-                    lambda: out.setdefault("r", grouped_topk(scores, b, groups, topk_group, topk, True, 2.5)),  # noqa: B023 - called within this iteration
-                    lambda: assert_routing_matches(out["r"][0], out["r"][1], keys, wall, ref_ids, True, 1e-20, 2.5),  # noqa: B023 - called within this iteration
-                    keep={"scores": scores},
-                )
+        out = {}
+        expect_result(
+            lambda: out.setdefault("r", grouped_topk(scores, b, groups, topk_group, topk, True, 2.5)),
+            lambda: assert_routing_matches(out["r"][0], out["r"][1], keys, wall, ref_ids, True, 1e-20, 2.5),
+            keep={"scores": scores},
+        )
 
 
 grouped_result_case("E256_g8_v2", 256, 8, 4, 8)
@@ -2286,32 +2231,29 @@ grouped_result_case("E256_g8_nan_inf", 256, 8, 4, 8, make=lambda: nan_inf_logits
 grouped_result_case("E32_g32_group1", 32, 32, 8, 8)
 
 
-for _peers in (None, "match", "ballot", "x", ""):
+@case("moe_align_block_size", "small_shapes_against_reference")
+def _() -> None:
+    for num_experts, block in ((8, 16), (256, 64), (1, 4)):
+        ids = torch.randint(0, num_experts, (33, 8), dtype=torch.int32, device=dev())
+        sorted_len = max_num_tokens_padded(ids.numel(), num_experts, block)
+        sorted_ids = torch.full((sorted_len,), -5, dtype=torch.int32, device=dev())
+        expert_ids = torch.full((sorted_len // block + 1,), -5, dtype=torch.int32, device=dev())
+        post = torch.zeros(1, dtype=torch.int32, device=dev())
+        cumsum = torch.zeros(num_experts + 1, dtype=torch.int32, device=dev())
+        total_w, cumsum_w, experts_w, sorted_w = align_reference(ids, num_experts, block, sorted_len)
 
-    @case("moe_align_block_size", f"peers_env_{_peers!r}")
-    def _(peers=_peers) -> None:
-        for num_experts, block in ((8, 16), (256, 64), (1, 4)):
-            ids = torch.randint(0, num_experts, (33, 8), dtype=torch.int32, device=dev())
-            sorted_len = max_num_tokens_padded(ids.numel(), num_experts, block)
-            sorted_ids = torch.full((sorted_len,), -5, dtype=torch.int32, device=dev())
-            expert_ids = torch.full((sorted_len // block + 1,), -5, dtype=torch.int32, device=dev())
-            post = torch.zeros(1, dtype=torch.int32, device=dev())
-            cumsum = torch.zeros(num_experts + 1, dtype=torch.int32, device=dev())
-            total_w, cumsum_w, experts_w, sorted_w = align_reference(ids, num_experts, block, sorted_len)
-            with env("SGLANG_MOE_ALIGN_PEERS", peers):
+        def check() -> None:
+            total = int(total_w)  # noqa: B023 - called within this iteration
+            assert torch.equal(post, total_w), f"num_tokens_post_pad {post.tolist()} != {total_w.tolist()}"  # noqa: B023 - called within this iteration
+            assert torch.equal(cumsum, cumsum_w), "cumsum_buffer"  # noqa: B023 - called within this iteration
+            assert torch.equal(expert_ids[: experts_w.numel()], experts_w), "expert_ids"  # noqa: B023 - called within this iteration
+            assert torch.equal(sorted_ids[:total], sorted_w[:total]), "sorted_token_ids"  # noqa: B023 - called within this iteration
 
-                def check() -> None:
-                    total = int(total_w)  # noqa: B023 - called within this iteration
-                    assert torch.equal(post, total_w), f"num_tokens_post_pad {post.tolist()} != {total_w.tolist()}"  # noqa: B023 - called within this iteration
-                    assert torch.equal(cumsum, cumsum_w), "cumsum_buffer"  # noqa: B023 - called within this iteration
-                    assert torch.equal(expert_ids[: experts_w.numel()], experts_w), "expert_ids"  # noqa: B023 - called within this iteration
-                    assert torch.equal(sorted_ids[:total], sorted_w[:total]), "sorted_token_ids"  # noqa: B023 - called within this iteration
-
-                expect_result(
-                    lambda: moe_align_block_size(ids, num_experts, block, sorted_ids, expert_ids, post, cumsum, True),  # noqa: B023 - called within this iteration
-                    check,
-                    keep={"topk_ids": ids},
-                )
+        expect_result(
+            lambda: moe_align_block_size(ids, num_experts, block, sorted_ids, expert_ids, post, cumsum, True),  # noqa: B023 - called within this iteration
+            check,
+            keep={"topk_ids": ids},
+        )
 
 
 # ---------------------------------------------------------------------------------------------

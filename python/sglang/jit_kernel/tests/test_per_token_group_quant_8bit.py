@@ -128,39 +128,6 @@ def run(x, group_size, dtype=FP8, scales="row", ue8m0=False):
     return q, s
 
 
-def quantize_with_variants(in_dtype, case, m, k, group_size, variants, pad=0):
-    """For the variant-vs-default tests, on ``x`` [m, k] (rows scaled 1e-3 .. 1e3; a view of rows k + pad
-    wide): the emulation's (q bytes, scales) and, per variant, (q bytes, the bytes of output_s for
-    ue8m0 (padding bytes of the last word included) else output_s, its decoded scales). output_q sits
-    in 0x7F-poisoned rows k + pad wide, checked untouched past k. ``case``: "row" / "col" scales,
-    "ue8m0", "int8", "clamp" (fp8 in [-100, 300]), "strided" (row-major)."""
-    from sglang.jit_kernel._quant_8bit import jit_quant_8bit_module
-
-    if group_size > max_group_size(in_dtype) or k % group_size:
-        pytest.skip("group_size exceeds the dtype's maximum or does not divide k")
-    fn = jit_quant_8bit_module(in_dtype).per_token_group_quant_8bit
-    dtype = torch.int8 if case == "int8" else FP8
-    lo, hi = (-100.0, 300.0) if case == "clamp" else BOUNDS[dtype]
-    ue8m0 = case == "ue8m0"
-    g = k // group_size
-    scale = torch.logspace(-3, 3, m, device="cuda").unsqueeze(1)
-    x = (torch.randn(m, k + pad, device="cuda") * scale).to(in_dtype)[:, :k]
-    outs = []
-    for v in variants:
-        q_buffer = torch.full((m, k + pad), 0x7F, dtype=torch.uint8, device="cuda")
-        q = q_buffer[:, :k].view(dtype)
-        if ue8m0:
-            s = column_major(m, (g + 3) // 4, torch.int32)
-        else:
-            s = column_major(m, g) if case == "col" else torch.full((m, g), float("nan"), device="cuda")
-        fn(x, q, s, group_size, EPS, lo, hi, ue8m0, v)
-        assert (q_buffer[:, k:] == 0x7F).all(), f"variant {v} wrote past the rows of output_q"
-        decoded = decode_ue8m0(s, g) if ue8m0 else s.clone()
-        outs.append((q.view(torch.uint8).clone(), packed_bytes(s).clone() if ue8m0 else s.clone(), decoded))
-    q_ref, s_ref = reference(x, group_size, EPS, lo, hi, dtype, ue8m0)
-    return (q_ref.view(torch.uint8), s_ref), outs
-
-
 # ---- values ----
 @requires_cuda
 @pytest.mark.parametrize("in_dtype", FLOAT_DTYPES)
@@ -179,43 +146,6 @@ def test_values_against_fp64_and_fp32_arithmetic(in_dtype, out_dtype, shape, gro
     torch.testing.assert_close(s.double(), s64, rtol=1e-5, atol=0)
     assert_on_grid(q, q64, y64)
     assert_bitwise(q, s, *reference(x, group_size, EPS, *BOUNDS[out_dtype], out_dtype))
-
-
-@requires_cuda
-@pytest.mark.parametrize("variant", [0, 1, 2, 3, 4, 8, 9, 10, 11])
-@pytest.mark.parametrize("in_dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("case", ["row", "col", "ue8m0", "int8", "offset", "clamp"])
-@pytest.mark.parametrize(("m", "k", "group_size"), [(1, 7168, 128), (5, 384, 16), (3, 2048, 1024), (300, 256, 64)])
-def test_kernel_variants(variant, in_dtype, case, m, k, group_size):
-    """Every launcher variant (the benchmark's old-vs-new rows) gives the bytes of the fp32 emulation:
-    both tile shapes, the unpaired fallback (odd offsets), column-major, ue8m0, int8, clamped fp8."""
-    from sglang.jit_kernel._quant_8bit import jit_quant_8bit_module
-
-    if group_size > max_group_size(in_dtype):
-        pytest.skip("group_size exceeds the dtype's maximum")
-    fn = jit_quant_8bit_module(in_dtype).per_token_group_quant_8bit
-    dtype = torch.int8 if case == "int8" else FP8
-    lo, hi = (-100.0, 300.0) if case == "clamp" else BOUNDS[dtype]
-    ue8m0 = case == "ue8m0"
-    g = k // group_size
-    # "offset": input and output_q start 8 / 8 elements into wider rows (output not 16-byte aligned)
-    pad = 8 if case == "offset" else 0
-    x = torch.randn(m, k + pad, device="cuda").to(in_dtype)[:, pad:]
-    q_buffer = torch.full((m, k + pad), 0x7F, dtype=torch.uint8, device="cuda")
-    q = q_buffer[:, pad:].view(dtype)
-    if ue8m0:
-        s = column_major(m, (g + 3) // 4, torch.int32)
-    else:
-        s = column_major(m, g) if case == "col" else torch.full((m, g), float("nan"), device="cuda")
-    fn(x, q, s, group_size, EPS, lo, hi, ue8m0, variant)
-    q_ref, s_ref = reference(x, group_size, EPS, lo, hi, dtype, ue8m0)
-    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
-    if ue8m0:
-        torch.testing.assert_close(decode_ue8m0(s, g), s_ref, rtol=0, atol=0)
-    else:
-        assert torch.equal(s, s_ref)
-    if pad:
-        assert (q_buffer[:, :pad] == 0x7F).all(), "wrote before the row"
 
 
 @requires_cuda
@@ -327,22 +257,73 @@ def test_inf_and_nan_inputs(out_dtype):
     assert torch.equal(q.view(torch.uint8)[keep], q_ref.view(torch.uint8)[keep])
 
 
-@requires_cuda
-@pytest.mark.parametrize("variant", [0, 1, 2, 3, 4, 8, 9, 10, 11])
-@pytest.mark.parametrize("out_dtype", [FP8, torch.int8])
-def test_inf_and_nan_groups_every_variant(variant, out_dtype):
-    """Every launcher variant writes the documented result for groups holding inf / -inf / NaN,
-    byte for byte the emulation's (which keeps inf in the maximum: s = FLT_MAX), the inf groups
-    included; variant 0 is also the fallback for rows of >= 2^30 chunks."""
-    from sglang.jit_kernel._quant_8bit import jit_quant_8bit_module
+#: One shape per kernel the launcher picks for bf16 / fp16 input (dispatch_per_token_group_quant_8bit;
+#: fp32 takes the same branches where its 4-element chunks reach them): (rows, hidden_size,
+#: group_size, input offset, output_q offset in elements, in rows 16 elements wider than hidden_size).
+DISPATCH_PATHS = {
+    "paired_tiles_small": (7, 7168, 128, 0, 0),  # <= 256 rows: TileShape<1, 2>
+    "single_tiles_small_g1024": (5, 2048, 1024, 0, 0),  # a group longer than the paired tile
+    "sectors_row_ends_in_tile": (300, 2176, 128, 0, 0),  # > 256 rows: the full-sector kernel
+    "sectors_q_8_byte_aligned": (260, 1024, 64, 0, 8),  # pairs unaligned: the sector kernel still
+    "paired_tiles_large_g16": (300, 384, 16, 0, 0),  # > 256 rows, 2-chunk groups: TileShape<2, 2>
+    "single_tiles_pairs_unaligned": (200, 384, 128, 0, 8),  # output_q 8-byte aligned: TileShape<4, 1>
+    "single_tiles_unaligned": (300, 512, 64, 1, 3),  # element-wise accesses
+}
 
-    x = torch.randn(5, 256, device="cuda").to(torch.bfloat16)
+
+@requires_cuda
+@pytest.mark.parametrize("in_dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("mode", ["row", "col", "ue8m0", "int8", "clamp"])
+@pytest.mark.parametrize("path", list(DISPATCH_PATHS))
+def test_every_dispatch_path(in_dtype, mode, path):
+    """Each kernel the launcher selects gives the fp32 emulation's bytes (and, for the plain bounds,
+    values on the fp8 / int8 grid of the fp64 quotient) for row- and column-major scales, ue8m0,
+    int8 and clamped fp8, in poisoned rows of wider buffers: nothing outside the views is written."""
+    m, k, group_size, x_offset, q_offset = DISPATCH_PATHS[path]
+    if group_size > max_group_size(in_dtype):
+        pytest.skip("group_size exceeds the dtype's maximum")
+    dtype = torch.int8 if mode == "int8" else FP8
+    lo, hi = (-100.0, 300.0) if mode == "clamp" else BOUNDS[dtype]
+    ue8m0 = mode == "ue8m0"
+    g = k // group_size
+    scale = torch.logspace(-3, 3, m, device="cuda").unsqueeze(1)
+    x = (torch.randn(m, k + 16, device="cuda") * scale).to(in_dtype)[:, x_offset : x_offset + k]
+    q_buffer = torch.full((m, k + 16), 0x7F, dtype=torch.uint8, device="cuda")
+    q = q_buffer[:, q_offset : q_offset + k].view(dtype)
+    if ue8m0:
+        s = column_major(m, (g + 3) // 4, torch.int32)
+    else:
+        s = column_major(m, g) if mode == "col" else torch.full((m, g), float("nan"), device="cuda")
+    per_token_group_quant_8bit(x, q, s, group_size, EPS, lo, hi, scale_ue8m0=ue8m0)
+    q_ref, s_ref = reference(x, group_size, EPS, lo, hi, dtype, ue8m0)
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+    if ue8m0:
+        assert torch.equal(decode_ue8m0(s, g), s_ref)
+        assert (packed_bytes(s)[:, g:] == 0).all(), "bytes past the last group must be 0"
+    else:
+        assert torch.equal(s, s_ref)
+    outside = torch.ones_like(q_buffer, dtype=torch.bool)
+    outside[:, q_offset : q_offset + k] = False
+    assert (q_buffer[outside] == 0x7F).all(), "wrote outside output_q"
+    if mode in ("row", "col", "int8"):
+        q64, s64, y64 = fp64_reference(x, group_size, dtype)
+        torch.testing.assert_close(s.double(), s64, rtol=1e-5, atol=0)
+        assert_on_grid(q, q64, y64)
+
+
+@requires_cuda
+@pytest.mark.parametrize("rows,x_offset", [(5, 0), (300, 0), (300, 1)], ids=["paired", "sectors", "unaligned"])
+@pytest.mark.parametrize("out_dtype", [FP8, torch.int8])
+def test_inf_and_nan_groups_every_path(rows, x_offset, out_dtype):
+    """Groups holding inf / -inf / NaN, byte for byte the emulation's (inf in the maximum: s = FLT_MAX;
+    NaN ignored), on the paired tiles, the sector kernel and the element-wise tiles."""
+    x = torch.randn(rows, 256 + 8, device="cuda").to(torch.bfloat16)[:, x_offset : x_offset + 256]
     x[0, 3], x[1, 130], x[2, 0], x[3] = float("nan"), float("inf"), -float("inf"), 0.0
     x[4, 7], x[4, 8] = float("inf"), float("nan")  # inf and NaN in one group
     lo, hi = BOUNDS[out_dtype]
-    q = torch.empty(5, 256, dtype=out_dtype, device="cuda")
-    s = torch.full((5, 2), float("nan"), device="cuda")
-    jit_quant_8bit_module(torch.bfloat16).per_token_group_quant_8bit(x, q, s, 128, EPS, lo, hi, False, variant)
+    q = torch.empty(rows, 256, dtype=out_dtype, device="cuda")
+    s = torch.full((rows, 2), float("nan"), device="cuda")
+    per_token_group_quant_8bit(x, q, s, 128, EPS, lo, hi)
     q_ref, s_ref = reference(x, 128, EPS, lo, hi, out_dtype)
     flt_max = torch.finfo(torch.float32).max
     assert s_ref[1, 1] == flt_max and s_ref[2, 0] == flt_max and s_ref[4, 0] == flt_max
@@ -351,70 +332,27 @@ def test_inf_and_nan_groups_every_variant(variant, out_dtype):
 
 
 @requires_cuda
-@pytest.mark.parametrize("variant", [8, 9, 10, 11])
-@pytest.mark.parametrize("in_dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize(
-    ("m", "k", "group_size"), [(3000, 7168, 128), (1500, 2048, 64), (700, 16384, 128), (77, 7168, 128), (2, 512, 256)]
-)
-def test_tuned_variants_match_default(variant, in_dtype, m, k, group_size):
-    """The opt-in tunings of variant 3 (8: capped registers; 9: rows looped over with the next row's
-    loads in flight, more rows than resident blocks) and of variant 1 (10: full-sector tiles, 2 slots
-    up to 256 rows, 4 from 257; 11: one chunk per lane) give exactly the default's bytes, with
-    row-major and column-major scales."""
-    from sglang.jit_kernel._quant_8bit import jit_quant_8bit_module
-
-    if group_size > max_group_size(in_dtype):
-        pytest.skip("group_size exceeds the dtype's maximum")
-    fn = jit_quant_8bit_module(in_dtype).per_token_group_quant_8bit
-    x = (torch.randn(m, k, device="cuda") * torch.logspace(-3, 3, m, device="cuda").unsqueeze(1)).to(in_dtype)
-    g = k // group_size
-    for col in (False, True):
-        outs = []
-        for v in (1, variant):
-            q = torch.full((m, k), 0x7F, dtype=torch.uint8, device="cuda").view(FP8)
-            s = column_major(m, g) if col else torch.full((m, g), float("nan"), device="cuda")
-            fn(x, q, s, group_size, EPS, -448.0, 448.0, False, v)
-            outs.append((q.view(torch.uint8).clone(), s.clone()))
-        assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
-    q_ref, s_ref = reference(x, group_size, EPS, -448.0, 448.0, FP8)
-    assert torch.equal(outs[1][0], q_ref.view(torch.uint8)) and torch.equal(outs[1][1], s_ref)
-
-
-@requires_cuda
-@pytest.mark.parametrize("in_dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("case", ["row", "col", "ue8m0", "int8", "clamp"])
-@pytest.mark.parametrize("m", [200, 300])
-@pytest.mark.parametrize("k", [2560, 3072])
-@pytest.mark.parametrize("group_size", [16, 32, 64, 128, 256, 512, 1024])
-def test_full_sector_variant_matches_default(in_dtype, case, m, k, group_size):
-    """Variant 10 (full-sector tiles: 2 slots up to 256 rows, 4 from 257; the reduce-scatter maximum
-    for every lanes-per-group count, groups spanning slots, rows ending inside a tile) and the default
-    (the 4-slot tiles from 257 rows) give the 2-D tiles' bytes (variant 2 up to 256 rows, 3 above: the
-    default before the full-sector kernel) and the emulation's, for row- and column-major, ue8m0, int8
-    and clamped fp8; the groups it cannot hold (2 chunks with 4 slots, longer than a tile) take the
-    2-D tiles' path."""
-    ref, outs = quantize_with_variants(in_dtype, case, m, k, group_size, (2 if m <= 256 else 3, 1, 10))
-    for name, out in zip(("the default", "variant 10"), outs[1:]):
-        assert torch.equal(outs[0][0], out[0]), f"output_q of {name} differs from the 2-D tiles'"
-        assert torch.equal(outs[0][1], out[1]), f"output_s of {name} differs from the 2-D tiles'"
-    assert torch.equal(outs[0][0], ref[0]) and torch.equal(outs[0][2], ref[1])
-
-
-@requires_cuda
-@pytest.mark.parametrize("in_dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("case", ["row", "col", "ue8m0", "int8", "clamp", "strided"])
-@pytest.mark.parametrize(("m", "k"), [(1, 7168), (5, 2176), (33, 384), (64, 7168), (300, 2176)])
-@pytest.mark.parametrize("group_size", [16, 64, 128, 256, 1024])
-def test_chunk_variant_matches_default(in_dtype, case, m, k, group_size):
-    """Variant 11 (one 16-byte chunk per lane: groups of 2..32 lanes, one-warp blocks spread over the
-    SMs at decode sizes, short rows packed several to a block, rows ending inside a warp at k = 2176
-    bf16) gives the default's bytes and the emulation's, for row- and column-major scales, ue8m0, int8,
-    clamped fp8 and strided (aligned) rows of input and output_q in poisoned buffers; groups longer
-    than 32 chunks take the default's path."""
-    ref, outs = quantize_with_variants(in_dtype, case, m, k, group_size, (1, 11), pad=64 if case == "strided" else 0)
-    assert torch.equal(outs[0][0], outs[1][0]), "output_q of variant 11 differs from the default's"
-    assert torch.equal(outs[0][1], outs[1][1]), "output_s of variant 11 differs from the default's"
-    assert torch.equal(outs[1][0], ref[0]) and torch.equal(outs[1][2], ref[1])
+def test_rows_of_2_pow_30_chunks():
+    """A row of 2^30 16-byte chunks takes the 1-D kernel (64-bit tile offsets), with output_q aligned
+    and 1 byte in (element-wise); its first and last groups are checked."""
+    k, g, n = 1 << 33, 1024, 1 << 20
+    free, _ = torch.cuda.mem_get_info()
+    if free < 3 * k + (2 << 30):
+        pytest.skip(f"needs {3 * k / 2**30:.0f} GiB free GPU memory, {free / 2**30:.0f} GiB free")
+    x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
+    q_buffer = torch.empty(1, k + 16, dtype=torch.uint8, device="cuda")
+    s = torch.full((1, k // g), float("nan"), device="cuda")
+    ends = (slice(0, n), slice(k - n, k))
+    want = [reference(x[:, part], g, EPS, -448.0, 448.0, FP8) for part in ends]
+    for offset in (0, 1):
+        q = q_buffer[:, offset : offset + k].view(FP8)
+        s.fill_(float("nan"))
+        per_token_group_quant_8bit(x, q, s, g, EPS, -448.0, 448.0)
+        for part, (q_ref, s_ref) in zip(ends, want):
+            groups = slice(part.start // g, part.stop // g)
+            assert_bitwise(q[:, part], s[:, groups], q_ref, s_ref)
+    del x, q_buffer, s
+    torch.cuda.empty_cache()
 
 
 # ---- layouts ----
@@ -605,18 +543,20 @@ def test_float32_max_group_size():
 def test_launcher_rejects_mismatch_from_cpp():
     """The C++ TensorMatcher is the second line: the module called directly raises RuntimeError
     naming the tensor, never a CUDA fault."""
-    from sglang.jit_kernel._quant_8bit import jit_quant_8bit_module
+    from sglang.jit_kernel.per_token_group_quant_8bit import _fn
 
-    fn = jit_quant_8bit_module(torch.bfloat16).per_token_group_quant_8bit
+    fn = _fn(torch.bfloat16, FP8)
     x, q, s = _args()
     with pytest.raises(RuntimeError, match="output_q"):
-        fn(x, q.view(torch.uint8), s, 128, EPS, -448.0, 448.0, False, 1)
+        fn(x, q.view(torch.uint8), s, 128, EPS, -448.0, 448.0, False)
+    with pytest.raises(RuntimeError, match="output_q"):  # the fp8 module takes no int8 output
+        fn(x, q.view(torch.int8), s, 128, EPS, -128.0, 127.0, False)
     with pytest.raises(RuntimeError, match="group_size"):
-        fn(x, q, s, 96, EPS, -448.0, 448.0, False, 1)
+        fn(x, q, s, 96, EPS, -448.0, 448.0, False)
     with pytest.raises(RuntimeError, match="output_s"):
-        fn(x, q, s[:, :3], 128, EPS, -448.0, 448.0, False, 1)
-    with pytest.raises(RuntimeError, match="variant"):
-        fn(x, q, s, 128, EPS, -448.0, 448.0, False, 5)
+        fn(x, q, s[:, :3], 128, EPS, -448.0, 448.0, False)
+    with pytest.raises(RuntimeError, match="scale_ue8m0 is for fp8"):
+        _fn(torch.bfloat16, torch.int8)(x, q.view(torch.int8), s.int()[:, :1], 128, EPS, -128.0, 127.0, True)
     assert math.isclose(float(s[0, 0]), -1.0)
 
 
