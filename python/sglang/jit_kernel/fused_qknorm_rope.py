@@ -1,15 +1,15 @@
 """fused_qk_norm_rope: per-head RMSNorm of q and k, then RoPE with frequencies computed on the fly
 (YaRN optional), in place on a packed qkv buffer, in one launch.
 
-Kernel: ``csrc/elementwise/fused_qknorm_rope.cuh``, compiled into the RoPE module of
-:mod:`sglang.jit_kernel.rope` (one module per dtype serves every RoPE op). Bytes moved (for
-bandwidth figures): ``2*N*(Hq+Hk)*D*s + 2*D*s + N*p`` (``s`` the element size, ``p`` the position
-size); v is neither read nor written.
+Kernel: ``csrc/elementwise/fused_qknorm_rope.cuh`` (with rope.cuh's rotation math), a module of its
+own per dtype. Bytes moved (for bandwidth figures): ``2*N*(Hq+Hk)*D*s + 2*D*s + N*p`` (``s`` the
+element size, ``p`` the position size); v is neither read nor written.
 """
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -22,9 +22,25 @@ from sglang.jit_kernel._validate import (
     fail,
 )
 from sglang.jit_kernel.registry import CheckCase, register_op
-from sglang.jit_kernel.rope import ROPE_MODULE, _load, _pdl_flag
+from sglang.jit_kernel.rope import _pdl_flag
+from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
+
+if TYPE_CHECKING:
+    from tvm_ffi.module import Module
 
 __all__ = ["fused_qk_norm_rope", "fused_qk_norm_rope_reference"]
+
+
+@cache_once
+def _jit_fused_qk_norm_rope_module(dtype: torch.dtype) -> Module:
+    """Compile (first use) and cache the ``fused_qk_norm_rope`` module for ``dtype``."""
+    args = make_cpp_args(dtype)
+    return load_jit(
+        "fused_qk_norm_rope",
+        *args,
+        cuda_files=["elementwise/fused_qknorm_rope.cuh"],
+        cuda_wrappers=[("fused_qk_norm_rope", f"fused_qk_norm_rope<{args}>")],
+    )
 
 
 @torch.library.custom_op("sglang_jit_kernel::fused_qk_norm_rope", mutates_args=("qkv",), device_types="cuda")
@@ -46,9 +62,8 @@ def _fused_qk_norm_rope_op(
     attention_factor: float,
     rotary_dim: int,
     enable_pdl: int,
-    variant: int,
 ) -> None:
-    _load(qkv.dtype).fused_qk_norm_rope(
+    _jit_fused_qk_norm_rope_module(qkv.dtype).fused_qk_norm_rope(
         qkv,
         num_heads_q,
         num_heads_k,
@@ -66,7 +81,6 @@ def _fused_qk_norm_rope_op(
         attention_factor,
         rotary_dim,
         enable_pdl,
-        variant,
     )
 
 
@@ -89,7 +103,6 @@ def _(
     attention_factor: float,
     rotary_dim: int,
     enable_pdl: int,
-    variant: int,
 ) -> None:
     return None
 
@@ -113,7 +126,6 @@ def fused_qk_norm_rope(
     rotary_dim: int | None = None,
     *,
     enable_pdl: bool | None = None,
-    _variant: int = 0,
 ) -> None:
     """RMSNorm each q and k head of a packed qkv buffer, then rotate it, in place (v untouched).
 
@@ -156,20 +168,6 @@ def fused_qk_norm_rope(
         ``R``: even, ``<= head_dim``; None (default) means ``head_dim``.
     enable_pdl : bool, optional
         Programmatic Dependent Launch; None means on for SM90+. Keyword-only.
-    _variant : int
-        Benchmark switch, not part of the API (keyword-only, default 0 = the default kernels: the
-        warp-table kernel with one cos/sin table per CTA of 4 warps below the large-size switch where
-        it applies, as bits 3 + 4 with 4 warps, the per-token CTA kernel otherwise): bit 0
-        the reduced ``__sincosf`` trig, bit 1 the previous kernel, bit 2 the cos/sin in registers
-        (no shared rows or barrier; one unit per lane below the L2-hint size, else the default;
-        bit for bit the results without bit 2), bit 3 the warp-table kernel (one head per lane
-        group, each warp its token's cos/sin table, no CTA barrier; 16-byte vectors, one unit per
-        lane, below the large-size switch, else the default; bit for bit the results without bit
-        3, bits 8-15 then its warps per CTA), bit 4 with bit 3 one cos/sin table per CTA instead
-        of per warp (a CTA barrier; bit for bit the same), bits 8-15 a heads-per-group override
-        (``QKNormRopeVariant`` in the kernel), bit 5 alone the per-token CTA kernel at every size
-        (bit for bit the default). Results agree within the documented tolerance.
-
     Returns
     -------
     None
@@ -206,7 +204,6 @@ def fused_qk_norm_rope(
             fail(ValueError, op, name, "value", "a finite number", value)
     check_scalar(op, "rotary_dim", rotary_dim, int, optional=True)
     check_scalar(op, "enable_pdl", enable_pdl, bool, optional=True)
-    check_scalar(op, "_variant", _variant, int, minimum=0, maximum=0xFFFF)
     r = head_dim if rotary_dim is None else rotary_dim
     if r <= 0 or r % 2 != 0 or r > head_dim:
         fail(ValueError, op, "rotary_dim", "value", f"an even number in [2, head_dim={head_dim}]", r)
@@ -247,12 +244,11 @@ def fused_qk_norm_rope(
         float(attention_factor),
         r,
         _pdl_flag(enable_pdl),
-        _variant,
     )
     if torch.compiler.is_compiling():
         torch.ops.sglang_jit_kernel.fused_qk_norm_rope(*args)
     else:
-        _load(qkv.dtype).fused_qk_norm_rope(*args)
+        _jit_fused_qk_norm_rope_module(qkv.dtype).fused_qk_norm_rope(*args)
 
 
 def fused_qk_norm_rope_reference(
@@ -340,4 +336,9 @@ def _check_cases() -> list[CheckCase]:
     return [CheckCase(f"[{n}, {hq}+{hk}+{hv}, {d}] bf16 neox", make, call, reference, nbytes, torch.bfloat16)]
 
 
-register_op("fused_qk_norm_rope", module=ROPE_MODULE, check_cases=_check_cases)
+register_op(
+    "fused_qk_norm_rope",
+    build=_jit_fused_qk_norm_rope_module,
+    variants=[(d,) for d in FLOAT_DTYPES],
+    check_cases=_check_cases,
+)

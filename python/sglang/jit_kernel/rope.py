@@ -4,14 +4,15 @@ in the same launch, and vLLM's ``rotary_embedding``.
 With ``R = rope_dim`` and a cos/sin cache row ``cache[pos] = [cos_0 .. cos_{R/2-1}, sin_0 ..
 sin_{R/2-1}]``, each pair of a head becomes ``(x*c - y*s, x*s + y*c)`` in fp32, rounded once to the
 tensor dtype: the NeoX pairs ``(x[i], x[i + R/2])`` or the GPT-J pairs ``(x[2i], x[2i + 1])``.
-Elements ``[R, head_dim)`` of each head are untouched. Kernels: ``csrc/elementwise/rope.cuh`` (and
-``fused_qknorm_rope.cuh`` for :mod:`sglang.jit_kernel.fused_qknorm_rope`), one module per dtype.
+Elements ``[R, head_dim)`` of each head are untouched. Kernels: ``csrc/elementwise/rope.cuh``; each op
+has a module of its own per dtype (the first call compiles only the kernels that op dispatches to).
 
 Bytes moved (the benchmark's count), ``s`` the element size, ``N`` tokens, ``Hq``/``Hk`` heads:
 ``apply_rope_inplace`` ``2*N*(Hq+Hk)*R*s + N*R*4 + N*p`` (``p`` the position size: read + write of
 the rotated elements, the cache rows, the positions); ``apply_rope_inplace_with_kvcache`` adds
 ``N*Hk*(2*D - R)*s`` read (the rest of k, all of v) and ``2*N*Hk*D*s`` written (both caches) and
-``N*p`` for ``out_loc``.
+``N*p`` for ``out_loc``; ``rotary_embedding`` as ``apply_rope_inplace`` with ``N*R*s`` for the cache
+rows (the cache is in the tensors' dtype).
 
 A position outside ``[0, max_position)`` never reads out of bounds: that token's heads are rotated by
 ``cos = 1, sin = 0`` in fp32, which keeps every finite element's value (a ``-0.0`` may come back as
@@ -39,7 +40,7 @@ from sglang.jit_kernel._validate import (
     check_tensor,
     fail,
 )
-from sglang.jit_kernel.registry import CheckCase, register_module, register_op
+from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
 
 if TYPE_CHECKING:
@@ -55,53 +56,57 @@ __all__ = [
 
 
 # ---------------------------------------------------------------------------------------------
-# Module: one per dtype, serving every RoPE op (is_neox and the vector width are compiled inside,
-# rope_dim and head counts are runtime).
+# Modules: one per op and dtype, each exporting its own launcher of rope.cuh (is_neox and the vector
+# width are compiled inside, rope_dim and head counts are runtime).
 # ---------------------------------------------------------------------------------------------
-@cache_once
-def _jit_rope_module(dtype: torch.dtype) -> Module:
-    """Compile (first use) and cache the RoPE module for ``dtype``: ``apply_rope_inplace``,
-    ``apply_rope_inplace_with_kvcache``, ``rotary_embedding`` and ``fused_qk_norm_rope``."""
+def _build(op: str, dtype: torch.dtype) -> Module:
     args = make_cpp_args(dtype)
-    return load_jit(
-        "rope",
-        *args,
-        cuda_files=["elementwise/rope.cuh", "elementwise/fused_qknorm_rope.cuh"],
-        cuda_wrappers=[
-            ("apply_rope_inplace", f"apply_rope_inplace<{args}>"),
-            ("apply_rope_inplace_with_kvcache", f"apply_rope_inplace_with_kvcache<{args}>"),
-            ("rotary_embedding", f"rotary_embedding<{args}>"),
-            ("fused_qk_norm_rope", f"fused_qk_norm_rope<{args}>"),
-            # opt-in RopeVariant launchers (the benchmark's old-vs-new rows; see rope.cuh)
-            ("apply_rope_inplace_v", f"apply_rope_inplace_v<{args}>"),
-            ("apply_rope_inplace_with_kvcache_v", f"apply_rope_inplace_with_kvcache_v<{args}>"),
-            ("rotary_embedding_v", f"rotary_embedding_v<{args}>"),
-        ],
-    )
+    return load_jit(op, *args, cuda_files=["elementwise/rope.cuh"], cuda_wrappers=[(op, f"{op}<{args}>")])
 
 
+@cache_once
+def _jit_apply_rope_inplace_module(dtype: torch.dtype) -> Module:
+    """Compile (first use) and cache the ``apply_rope_inplace`` module for ``dtype``."""
+    return _build("apply_rope_inplace", dtype)
+
+
+@cache_once
+def _jit_apply_rope_inplace_with_kvcache_module(dtype: torch.dtype) -> Module:
+    """Compile (first use) and cache the ``apply_rope_inplace_with_kvcache`` module for ``dtype`` (it
+    also holds the rotation-only kernels, for a store with no slots or no kv heads)."""
+    return _build("apply_rope_inplace_with_kvcache", dtype)
+
+
+@cache_once
+def _jit_rotary_embedding_module(dtype: torch.dtype) -> Module:
+    """Compile (first use) and cache the ``rotary_embedding`` module for ``dtype`` (cache in the dtype)."""
+    return _build("rotary_embedding", dtype)
+
+
+# The eager fast paths: dtype -> launcher, filled once a module is loaded.
 _ROPE_FNS: dict[torch.dtype, Callable[..., None]] = {}
 _ROPE_KV_FNS: dict[torch.dtype, Callable[..., None]] = {}
 
 
-def _load(dtype: torch.dtype) -> Module:
-    """The RoPE module of ``dtype`` (compiled on first use), its fast-path functions registered."""
-    module = _jit_rope_module(dtype)
-    _ROPE_FNS[dtype] = module.apply_rope_inplace
-    _ROPE_KV_FNS[dtype] = module.apply_rope_inplace_with_kvcache
-    return module
+def _rope_fn(dtype: torch.dtype) -> Callable[..., None]:
+    """``apply_rope_inplace``'s launcher for ``dtype`` (compiled on first use)."""
+    fn = _ROPE_FNS.get(dtype)
+    if fn is None:
+        fn = _ROPE_FNS[dtype] = _jit_apply_rope_inplace_module(dtype).apply_rope_inplace
+    return fn
+
+
+def _rope_kv_fn(dtype: torch.dtype) -> Callable[..., None]:
+    """``apply_rope_inplace_with_kvcache``'s launcher for ``dtype`` (compiled on first use)."""
+    fn = _ROPE_KV_FNS.get(dtype)
+    if fn is None:
+        fn = _ROPE_KV_FNS[dtype] = _jit_apply_rope_inplace_with_kvcache_module(dtype).apply_rope_inplace_with_kvcache
+    return fn
 
 
 def _pdl_flag(enable_pdl: bool | None) -> int:
     """enable_pdl as the launchers take it: -1 auto (SM90+), 1 on, 0 off."""
     return -1 if enable_pdl is None else int(enable_pdl)
-
-
-def _check_variant(op: str, variant: object, allowed: tuple[int, ...]) -> None:
-    """The private ``_variant`` knob: an int in ``allowed`` (else ValueError / TypeError, before any launch)."""
-    check_scalar(op, "_variant", variant, int)
-    if variant not in allowed:
-        fail(ValueError, op, "_variant", "value", f"0 or one of {allowed}", variant)
 
 
 def _indices_checked() -> bool:
@@ -121,7 +126,7 @@ def _rope_op(
     rope_dim: int,
     enable_pdl: int,
 ) -> None:
-    _load(q.dtype).apply_rope_inplace(q, k, cos_sin_cache, positions, is_neox, rope_dim, enable_pdl)
+    _rope_fn(q.dtype)(q, k, cos_sin_cache, positions, is_neox, rope_dim, enable_pdl)
 
 
 @_rope_op.register_fake
@@ -155,9 +160,7 @@ def _rope_kv_op(
     rope_dim: int,
     enable_pdl: int,
 ) -> None:
-    _load(q.dtype).apply_rope_inplace_with_kvcache(
-        q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox, rope_dim, enable_pdl
-    )
+    _rope_kv_fn(q.dtype)(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox, rope_dim, enable_pdl)
 
 
 @_rope_kv_op.register_fake
@@ -181,7 +184,7 @@ def _(
 def _rotary_embedding_op(
     query: torch.Tensor, key: torch.Tensor, cos_sin_cache: torch.Tensor, positions: torch.Tensor, is_neox: bool
 ) -> None:
-    _load(query.dtype).rotary_embedding(query, key, cos_sin_cache, positions, is_neox, -1)
+    _jit_rotary_embedding_module(query.dtype).rotary_embedding(query, key, cos_sin_cache, positions, is_neox, -1)
 
 
 @_rotary_embedding_op.register_fake
@@ -257,7 +260,6 @@ def apply_rope_inplace(
     is_neox: bool,
     rope_dim: int = 0,
     enable_pdl: bool | None = None,
-    _variant: int = 0,
 ) -> None:
     """Rotate the first ``R`` elements of every head of q and k in place by their token's position.
 
@@ -291,20 +293,6 @@ def apply_rope_inplace(
     enable_pdl : bool, optional
         Keyword-only. Programmatic Dependent Launch; None means on for SM90+. Results do not depend
         on it.
-    _variant : int
-        Private, for the benchmark's old-vs-new rows: 0 (default) the default kernel
-        (``RopeVariant::kEarlyAnySize`` of ``rope.cuh`` below 32 MiB of rotated bytes: addresses
-        before the PDL wait, no L2 hint; the L2-hinted ``rope_kernel`` above); 1 / 2 the
-        ``kEarly`` / ``kEarlyFew`` kernels; 5 ``kPlain``, the kernel that was the default before;
-        6 ``kHeadSlots``, five heads per thread loaded before the position (aimed at the
-        L2-resident mid size, about 2048 tokens: 7.70 us one input against the default's 7.90 on
-        the H200, and slower at 1 / 64 tokens, so not the default; the default's kernel where its
-        preconditions do not hold); 8 ``kEarlyAnySize`` (``kEarly`` at every size, no L2 hint) and
-        9 ``kNoL2Hint`` (the default's launch with the L2 hint off), 10 ``kEarlyOne`` (8 with one
-        head per thread), 11 ``kEarlyLate`` (8 with the PDL trigger after the stores), 12
-        ``kEarlyFewAnySize`` (8 with four heads per thread): A/B knobs of the hint rule, occupancy
-        and the PDL overlap at 2048 tokens. Same results, bit for bit (``kPlain`` where a variant's preconditions do not
-        hold). Eager only: ignored under torch.compile.
 
     Returns
     -------
@@ -328,7 +316,7 @@ def apply_rope_inplace(
     IndexError
         With ``SGLANG_JIT_CHECK_INDICES=1``: a position outside ``[0, max_position)``.
     """
-    if type(_variant) is int and _variant == 0 and not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling():
         try:
             fn = _ROPE_FNS.get(q.dtype)
         except AttributeError:  # not a tensor: the checked path raises TypeError
@@ -347,17 +335,13 @@ def apply_rope_inplace(
                 pass
     op = "apply_rope_inplace"
     check_scalar(op, "enable_pdl", enable_pdl, bool, optional=True)
-    if type(_variant) is not int or _variant != 0:  # a bool or float is refused, not read as 0
-        _check_variant(op, _variant, (1, 2, 5, 6, 8, 9, 10, 11, 12))
     _check_rope_args(op, q, k, cos_sin_cache, positions, is_neox, rope_dim)
     positions = positions.contiguous()  # read only: a strided index tensor is copied
     pdl = _pdl_flag(enable_pdl)
-    if _variant and not torch.compiler.is_compiling():
-        _load(q.dtype).apply_rope_inplace_v(q, k, cos_sin_cache, positions, is_neox, rope_dim, pdl, _variant)
-    elif torch.compiler.is_compiling():
+    if torch.compiler.is_compiling():
         torch.ops.sglang_jit_kernel.apply_rope_inplace(q, k, cos_sin_cache, positions, is_neox, rope_dim, pdl)
     else:
-        _load(q.dtype).apply_rope_inplace(q, k, cos_sin_cache, positions, is_neox, rope_dim, pdl)
+        _rope_fn(q.dtype)(q, k, cos_sin_cache, positions, is_neox, rope_dim, pdl)
 
 
 def _cache_rows(op: str, arg: str, cache: torch.Tensor, row: int) -> torch.Tensor:
@@ -396,7 +380,6 @@ def apply_rope_inplace_with_kvcache(
     is_neox: bool,
     rope_dim: int = 0,
     enable_pdl: bool | None = None,
-    _variant: int = 0,
 ) -> None:
     """:func:`apply_rope_inplace`, then store the rotated k and the untouched v by slot, in one launch.
 
@@ -420,13 +403,6 @@ def apply_rope_inplace_with_kvcache(
         ``[0, cache_size)`` stores nothing for its token (q and k are still rotated); with
         ``SGLANG_JIT_CHECK_INDICES=1`` it raises instead. Two tokens with one row: the row holds 16-byte
         pieces of either token's k (and v), in no defined mix (as with concurrent plain stores).
-    _variant : int
-        Private, for the benchmark's old-vs-new rows: 0 (default) the default kernel
-        (``RopeVariant::kEarlyKv`` below 1 MiB of rotated bytes, ``kKvSplitCopy`` above: v copied
-        by threads of their own); 3 ``kKvNoPrefetch`` (no v
-        prefetch), 4 ``kKvSplitCopy``, 5 ``kPlain`` (the default before: v prefetched by the
-        rotating threads), 7 ``kEarlyKv`` (``kEarly``'s load order with the store, below the L2-hint
-        size; else 4; the default's choice); same results, bit for bit. Eager only: ignored under torch.compile.
 
     Returns
     -------
@@ -442,7 +418,7 @@ def apply_rope_inplace_with_kvcache(
         size or slot count, out_loc not int32/int64 or not ``[num_tokens]``; from the launcher, a
         cache sharing memory with another argument, or with overlapping slot rows (expanded).
     """
-    if type(_variant) is int and _variant == 0 and not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling():
         try:
             fn = _ROPE_KV_FNS.get(q.dtype) if k_cache.dim() == 2 and v_cache.dim() == 2 else None
         except AttributeError:
@@ -473,8 +449,6 @@ def apply_rope_inplace_with_kvcache(
                 pass
     op = "apply_rope_inplace_with_kvcache"
     check_scalar(op, "enable_pdl", enable_pdl, bool, optional=True)
-    if type(_variant) is not int or _variant != 0:  # a bool or float is refused, not read as 0
-        _check_variant(op, _variant, (3, 4, 5, 7))
     _check_rope_args(op, q, k, cos_sin_cache, positions, is_neox, rope_dim)
     num_tokens, num_kv_heads, head_dim = k.shape
     check_tensor(
@@ -503,18 +477,12 @@ def apply_rope_inplace_with_kvcache(
     check_indices(op, "out_loc", out_loc, k_cache.shape[0], skip_value=None, dim_name="cache_size")
     positions, out_loc = positions.contiguous(), out_loc.contiguous()  # read only: strided indices are copied
     pdl = _pdl_flag(enable_pdl)
-    if _variant and not torch.compiler.is_compiling():
-        _load(q.dtype).apply_rope_inplace_with_kvcache_v(
-            q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox, rope_dim, pdl, _variant
-        )
-    elif torch.compiler.is_compiling():
+    if torch.compiler.is_compiling():
         torch.ops.sglang_jit_kernel.apply_rope_inplace_with_kvcache(
             q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox, rope_dim, pdl
         )
     else:
-        _load(q.dtype).apply_rope_inplace_with_kvcache(
-            q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox, rope_dim, pdl
-        )
+        _rope_kv_fn(q.dtype)(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox, rope_dim, pdl)
 
 
 @dataclass
@@ -652,8 +620,6 @@ def rotary_embedding(
     head_size: int,
     cos_sin_cache: torch.Tensor,
     is_neox: bool = True,
-    *,
-    _variant: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """vLLM's rotary embedding, in place: the first ``rot_dim = cos_sin_cache.size(-1)`` elements of
     each head of query and key rotated as in :func:`apply_rope_inplace` with ``R = rot_dim``.
@@ -681,12 +647,6 @@ def rotary_embedding(
         ``[max_position, rot_dim]``, the dtype of query, rows contiguous; cos then sin halves.
     is_neox : bool
         NeoX (default) or GPT-J style.
-    _variant : int
-        Private (keyword-only), for the benchmark: 0 (default) the default kernel (that of
-        ``apply_rope_inplace``), 1 / 2 the ``RopeVariant::kEarly`` / ``kEarlyFew`` kernels, 5
-        ``kPlain`` (the default before), 8 to 12 ``kEarlyAnySize``, ``kNoL2Hint``, ``kEarlyOne``,
-        ``kEarlyLate``, ``kEarlyFewAnySize`` (see ``apply_rope_inplace``); bit for bit the same.
-        Eager only.
 
     Returns
     -------
@@ -711,8 +671,6 @@ def rotary_embedding(
         With ``SGLANG_JIT_CHECK_INDICES=1``: a position outside ``[0, max_position)``.
     """
     op = "rotary_embedding"
-    if type(_variant) is not int or _variant != 0:  # a bool or float is refused, not read as 0
-        _check_variant(op, _variant, (1, 2, 5, 8, 9, 10, 11, 12))
     check_scalar(op, "head_size", head_size, int, minimum=1)
     check_scalar(op, "is_neox", is_neox, bool)
     check_tensor(op, "positions", positions, dtypes=INDEX_DTYPES)
@@ -744,12 +702,10 @@ def rotary_embedding(
     pos = positions.reshape(-1).contiguous()
     check_indices(op, "positions", pos, cos_sin_cache.shape[0], skip_value=None, dim_name="max_position")
     if num_tokens > 0:
-        if _variant and not torch.compiler.is_compiling():
-            _load(query.dtype).rotary_embedding_v(q, k, cos_sin_cache, pos, is_neox, -1, _variant)
-        elif torch.compiler.is_compiling():
+        if torch.compiler.is_compiling():
             torch.ops.sglang_jit_kernel.rotary_embedding(q, k, cos_sin_cache, pos, is_neox)
         else:
-            _load(query.dtype).rotary_embedding(q, k, cos_sin_cache, pos, is_neox, -1)
+            _jit_rotary_embedding_module(query.dtype).rotary_embedding(q, k, cos_sin_cache, pos, is_neox, -1)
     return query, key
 
 
@@ -792,49 +748,49 @@ def make_cos_sin_cache(
 _CHECK_N, _CHECK_HQ, _CHECK_HK, _CHECK_D = 16384, 32, 8, 128
 
 
-def _rope_bytes(n: int, hq: int, hk: int, r: int, kv_d: int = 0) -> int:
-    """Bytes an op must move (bf16 q/k, fp32 cache rows, int64 positions); kv_d > 0 adds the KV store."""
-    total = 2 * n * (hq + hk) * r * 2 + n * r * 4 + n * 8
+def _rope_bytes(n: int, hq: int, hk: int, r: int, kv_d: int = 0, cache_element: int = 4) -> int:
+    """Bytes an op must move (the module docstring's formula: bf16 q/k, cos/sin rows of
+    ``cache_element`` bytes, int64 indices); kv_d > 0 adds the KV store of kv_d-element heads."""
+    total = 2 * n * (hq + hk) * r * 2 + n * r * cache_element + n * 8
     if kv_d:
         total += n * hk * (2 * kv_d - r) * 2 + 2 * n * hk * kv_d * 2 + n * 8
     return total
+
+
+def _qk_inputs(n: int, hq: int, hk: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [n, hq, d] and k [n, hk, d], bf16 (separate tensors, as bench_rope times them)."""
+    return (
+        torch.randn(n, hq, d, dtype=torch.bfloat16, device="cuda"),
+        torch.randn(n, hk, d, dtype=torch.bfloat16, device="cuda"),
+    )
 
 
 def _rope_cases() -> list[CheckCase]:
     n, hq, hk, d = _CHECK_N, _CHECK_HQ, _CHECK_HK, _CHECK_D
 
     def make() -> tuple:
-        qkv = torch.randn(n, (hq + 2 * hk) * d, dtype=torch.bfloat16, device="cuda")
-        cache = make_cos_sin_cache(8192, d)
-        positions = torch.randint(0, 8192, (n,), device="cuda")
-        return qkv, cache, positions
+        return (*_qk_inputs(n, hq, hk, d), make_cos_sin_cache(8192, d), torch.randint(0, 8192, (n,), device="cuda"))
 
-    def views(qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return qkv[:, : hq * d].view(n, hq, d), qkv[:, hq * d : (hq + hk) * d].view(n, hk, d)
+    def call(q: torch.Tensor, k: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor) -> None:
+        apply_rope_inplace(q, k, cache, positions, is_neox=True)
 
-    def call(qkv: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        apply_rope_inplace(*views(qkv), cache, positions, is_neox=True)
-        return qkv
+    def output(_: None, q: torch.Tensor, k: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return torch.cat([q.view(-1), k.view(-1)])
 
-    def reference(qkv: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        q, k = views(qkv)
-        expected = qkv.clone()
-        expected[:, : hq * d] = rope_reference(q, cache, positions, True).view(n, hq * d)
-        expected[:, hq * d : (hq + hk) * d] = rope_reference(k, cache, positions, True).view(n, hk * d)
-        return expected
+    def reference(q: torch.Tensor, k: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return torch.cat([rope_reference(x, cache, positions, True).view(-1) for x in (q, k)])
 
-    return [
-        CheckCase(f"[{n}, {hq}+{hk}, {d}] bf16 neox", make, call, reference, _rope_bytes(n, hq, hk, d), torch.bfloat16)
-    ]
+    label = f"[{n}, {hq}+{hk}, {d}] bf16 neox"
+    return [CheckCase(label, make, call, reference, _rope_bytes(n, hq, hk, d), torch.bfloat16, output=output)]
 
 
 def _rope_kv_cases() -> list[CheckCase]:
+    """bench_rope's KV shape: caches of 2 * n slots, out_loc a random permutation's first n."""
     n, hq, hk, d = _CHECK_N, _CHECK_HQ, _CHECK_HK, _CHECK_D
     slots = 2 * n
 
     def make() -> tuple:
-        q = torch.randn(n, hq, d, dtype=torch.bfloat16, device="cuda")
-        k = torch.randn(n, hk, d, dtype=torch.bfloat16, device="cuda")
+        q, k = _qk_inputs(n, hq, hk, d)
         v = torch.randn(n, hk, d, dtype=torch.bfloat16, device="cuda")
         cache = make_cos_sin_cache(8192, d)
         positions = torch.randint(0, 8192, (n,), device="cuda")
@@ -850,9 +806,13 @@ def _rope_kv_cases() -> list[CheckCase]:
         cache: torch.Tensor,
         positions: torch.Tensor,
         loc: torch.Tensor,
-    ) -> torch.Tensor:
+    ) -> None:
         apply_rope_inplace_with_kvcache(q, k, v, kv[0], kv[1], cache, positions, loc, is_neox=True)
-        return torch.cat([q.view(-1), kv.view(-1)])
+
+    def output(
+        _: None, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: torch.Tensor, *rest: torch.Tensor
+    ) -> torch.Tensor:
+        return torch.cat([q.view(-1), k.view(-1), kv.view(-1)])
 
     def reference(
         q: torch.Tensor,
@@ -863,17 +823,15 @@ def _rope_kv_cases() -> list[CheckCase]:
         positions: torch.Tensor,
         loc: torch.Tensor,
     ) -> torch.Tensor:
-        k_rot = rope_reference(k, cache, positions, True)
+        q_rot, k_rot = (rope_reference(x, cache, positions, True) for x in (q, k))
         expected = kv.clone()
         expected[0, loc] = k_rot.view(n, -1)
         expected[1, loc] = v.view(n, -1)
-        return torch.cat([rope_reference(q, cache, positions, True).view(-1), expected.view(-1)])
+        return torch.cat([q_rot.view(-1), k_rot.view(-1), expected.view(-1)])
 
-    return [
-        CheckCase(
-            f"[{n}, {hq}+{hk}, {d}] bf16 neox", make, call, reference, _rope_bytes(n, hq, hk, d, d), torch.bfloat16
-        )
-    ]
+    label = f"[{n}, {hq}+{hk}, {d}] bf16 neox"
+    nbytes = _rope_bytes(n, hq, hk, d, kv_d=d)
+    return [CheckCase(label, make, call, reference, nbytes, torch.bfloat16, output=output)]
 
 
 def _rotary_embedding_cases() -> list[CheckCase]:
@@ -889,8 +847,11 @@ def _rotary_embedding_cases() -> list[CheckCase]:
             torch.randint(0, 8192, (n,), device="cuda"),
         )
 
-    def call(query: torch.Tensor, key: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        rotary_embedding(positions, query, key, d, cache, True)
+    def call(query: torch.Tensor, key: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor) -> tuple:
+        return rotary_embedding(positions, query, key, d, cache, True)
+
+    def output(result: tuple, *inputs: torch.Tensor) -> torch.Tensor:
+        query, key = result
         return torch.cat([query.view(-1), key.view(-1)])
 
     def reference(query: torch.Tensor, key: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -898,11 +859,19 @@ def _rotary_embedding_cases() -> list[CheckCase]:
         k = rope_reference(key.view(n, hk, d), cache, positions, True)
         return torch.cat([q.view(-1), k.view(-1)])
 
-    nbytes = 2 * n * (hq + hk) * d * 2 + n * d * 2 + n * 8
-    return [CheckCase(f"[{n}, {hq}+{hk}, {d}] bf16 neox", make, call, reference, nbytes, torch.bfloat16)]
+    label = f"[{n}, {hq}+{hk}, {d}] bf16 neox"
+    nbytes = _rope_bytes(n, hq, hk, d, cache_element=2)
+    return [CheckCase(label, make, call, reference, nbytes, torch.bfloat16, output=output)]
 
 
-ROPE_MODULE = register_module("rope", _jit_rope_module, [(d,) for d in FLOAT_DTYPES])
-register_op("apply_rope_inplace", module=ROPE_MODULE, check_cases=_rope_cases)
-register_op("apply_rope_inplace_with_kvcache", module=ROPE_MODULE, check_cases=_rope_kv_cases)
-register_op("rotary_embedding", module=ROPE_MODULE, check_cases=_rotary_embedding_cases)
+_DTYPES = [(d,) for d in FLOAT_DTYPES]
+register_op("apply_rope_inplace", build=_jit_apply_rope_inplace_module, variants=_DTYPES, check_cases=_rope_cases)
+register_op(
+    "apply_rope_inplace_with_kvcache",
+    build=_jit_apply_rope_inplace_with_kvcache_module,
+    variants=_DTYPES,
+    check_cases=_rope_kv_cases,
+)
+register_op(
+    "rotary_embedding", build=_jit_rotary_embedding_module, variants=_DTYPES, check_cases=_rotary_embedding_cases
+)

@@ -1,7 +1,7 @@
 """Benchmark the RoPE ops against torch (eager and torch.compile) and the device copy roof.
 
 Shapes (issue 16): NeoX, q 32 heads and k 8 heads x 128, bf16, fp32 cos/sin cache of 8192
-positions, int64 positions; the KV-store variant with v and two caches; fused_qk_norm_rope on the
+positions, int64 positions; the KV store with v and two caches; fused_qk_norm_rope on the
 Qwen3 shape (32 + 8 + 8 heads x 128); rotary_embedding (bf16 cache).
 
 Bytes moved per call (the formulas of rope.py / fused_qknorm_rope.py), N tokens, s = 2 (bf16):
@@ -45,43 +45,6 @@ TOKENS = get_benchmark_range(full_range=[1, 64, 2048, 16384], ci_range=[1, 16384
 HQ, HK, HV, D = 32, 8, 8, 128
 MAX_POS = 8192
 DTYPE = torch.bfloat16
-# fused_qk_norm_rope variants timed beside the default ("jit"): the previous kernel, the reduced
-# __sincosf trig, fixed heads per group (bits 8-15)
-QKNORM_VARIANTS = {
-    "legacy": 2,
-    "fast trig": 1,
-    "hpg=2": 2 << 8,
-    "hpg=8": 8 << 8,
-    "reg trig": 4,  # kRegTrig: cos/sin in registers, no barrier (1 token; the default from 64 tokens here)
-    "reg trig+fast": 5,
-    # kWarpTable: one head per lane group, each warp its token's cos/sin table (no CTA barrier), bits
-    # 8-15 its warps per CTA (0: 2); 1 and 64 tokens here (the default from 2048)
-    "warp table": 8,
-    "warp table+fast": 9,
-    "warp table 1 warp": (1 << 8) | 8,
-    # kCtaTable (bit 4 with kWarpTable): one cos/sin table per CTA of 2 / 4 warps, a CTA barrier
-    # (cta4's kernel is the default below the large-size switch since 2026-12-02)
-    "warp table cta2": 0x218,
-    "warp table cta4": 0x418,
-    "token cta (old default)": 32,  # kTokenCta: the per-token CTA kernel at every size
-}
-# RopeVariant of rope.cuh timed beside the default ("jit" = kEarlyAnySize below 32 MiB of rotated
-# bytes, else the L2-hinted kernel, without the KV store; kEarlyKv with it below 1 MiB, else
-# kKvSplitCopy; since the 2026-12-02 A/B run): "plain" the kernel that was the default before,
-# "early few" 4 heads per thread, the KV store without the v prefetch
-ROPE_VARIANTS = {"plain (old default)": 5, "early few": 2}
-# apply_rope_inplace only: "head slots" (kHeadSlots, 5 heads per thread loaded before the position;
-# aimed at the L2-resident 2048 tokens, docs/perf_notes.md "RoPE at 2048 tokens"; opt-in: it lost at 1 / 64)
-APPLY_ROPE_VARIANTS = {
-    **ROPE_VARIANTS,
-    "head slots": 6,
-    "early any size": 8,
-    "no l2 hint": 9,
-    "early one head": 10,
-    "early late trigger": 11,
-    "early few any size": 12,
-}
-KV_VARIANTS = {"plain (old default)": 5, "no v prefetch": 3, "split copy": 4}  # 4: the KV default before kEarlyKv
 
 
 # ---- torch baselines (the same math, written with torch ops) ----
@@ -158,21 +121,6 @@ def rope_rows(cache: torch.Tensor) -> list[BenchRow]:
                 nbytes,
             )
         )
-        for label, variant in APPLY_ROPE_VARIANTS.items():
-
-            def call(q, k, pos, variant=variant):
-                apply_rope_inplace(q, k, cache, pos, is_neox=True, _variant=variant)
-
-            rows.append(BenchRow("apply_rope_inplace", case, f"jit {label}", bench_rotating(call, sets)[0], nbytes))
-            rows.append(
-                BenchRow(
-                    "apply_rope_inplace",
-                    case,
-                    f"jit {label} one input",
-                    run_benchmark(lambda first=sets[0], call=call: call(*first))[0],
-                    nbytes,
-                )
-            )
         del sets
         torch.cuda.empty_cache()
     return rows
@@ -224,23 +172,6 @@ def rope_kv_rows(cache: torch.Tensor) -> list[BenchRow]:
             )
         )
         del ordered
-        for label, variant in KV_VARIANTS.items():
-
-            def call(q, k, v, pos, loc, variant=variant):
-                apply_rope_inplace_with_kvcache(
-                    q, k, v, k_cache, v_cache, cache, pos, loc, is_neox=True, _variant=variant
-                )
-
-            rows.append(BenchRow("rope_with_kvcache", case, f"jit {label}", bench_rotating(call, sets)[0], nbytes))
-            rows.append(
-                BenchRow(
-                    "rope_with_kvcache",
-                    case,
-                    f"jit {label} one input",
-                    run_benchmark(lambda first=sets[0], call=call: call(*first))[0],
-                    nbytes,
-                )
-            )
         del sets
         torch.cuda.empty_cache()
     return rows
@@ -281,24 +212,6 @@ def qknorm_rope_rows() -> list[BenchRow]:
                 nbytes,
             )
         )
-        # old vs new in one run (QKNormRopeVariant bits of fused_qknorm_rope.cuh; drop once settled)
-        for label, variant in QKNORM_VARIANTS.items():
-
-            def call(qkv, pos, variant=variant):
-                fused_qk_norm_rope(
-                    qkv, HQ, HK, HV, D, 1e-6, qw, kw, base, True, pos, 1.0, 0.0, 0.0, 1.0, _variant=variant
-                )
-
-            rows.append(BenchRow("fused_qk_norm_rope", case, f"jit {label}", bench_rotating(call, sets)[0], nbytes))
-            rows.append(
-                BenchRow(
-                    "fused_qk_norm_rope",
-                    case,
-                    f"jit {label} one input",
-                    run_benchmark(lambda first=sets[0], call=call: call(*first))[0],
-                    nbytes,
-                )
-            )
         del sets
         torch.cuda.empty_cache()
     return rows
@@ -325,21 +238,6 @@ def rotary_rows(cache: torch.Tensor) -> list[BenchRow]:
                 "rotary_embedding", case, "jit one input", run_benchmark(lambda first=sets[0]: call(*first))[0], nbytes
             )
         )
-        for label, variant in ROPE_VARIANTS.items():
-
-            def call_v(pos, query, key, variant=variant):
-                rotary_embedding(pos, query, key, D, cache_t, True, _variant=variant)
-
-            rows.append(BenchRow("rotary_embedding", case, f"jit {label}", bench_rotating(call_v, sets)[0], nbytes))
-            rows.append(
-                BenchRow(
-                    "rotary_embedding",
-                    case,
-                    f"jit {label} one input",
-                    run_benchmark(lambda first=sets[0], call_v=call_v: call_v(*first))[0],
-                    nbytes,
-                )
-            )
         del sets
         torch.cuda.empty_cache()
     return rows

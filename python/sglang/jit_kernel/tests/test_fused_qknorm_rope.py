@@ -72,46 +72,19 @@ def test_fused_qk_norm_rope(dtype, is_neox, d, rotary_dim, hq, hk, hv, n, yarn):
     assert torch.equal(qkv[:, (hq + hk) * d :], v_before), "v was modified"
 
 
-# _variant bits (QKNormRopeVariant): 1 reduced __sincosf trig, 2 the previous kernel, 8 the warp-table
-# kernel (bits 8-15 then its warps per CTA; with 16 one table per CTA), bits 8-15 heads per group,
-# 32 the per-token CTA kernel at every size (the default's small-size kernel before 0x418's took it);
-# every one must meet the same tolerance as the default
-VARIANTS = [1, 2, 1 << 8, 3 << 8, 8 << 8, (5 << 8) | 1, 8, 9, (1 << 8) | 8, (16 << 8) | 8, 0x218, 0x418, 32, 33]
-
-
 @requires_cuda
-@pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("hq,hk,hv", [(32, 8, 8), (3, 5, 1), (16, 0, 0), (0, 4, 4)])
-@pytest.mark.parametrize("n,d,rotary_dim", [(1, 128, None), (129, 128, 64), (70000, 64, None), (7, 512, 96)])
-def test_variants(variant, hq, hk, hv, n, d, rotary_dim):
-    """Benchmark variants agree with the reference too: heads per group that split q and k unevenly,
-    a group count that is not a multiple of anything, tokens past the large-size switch."""
-    qkv, qw, kw, positions = make(n, hq, hk, hv, d, torch.bfloat16)
-    expected = fused_qk_norm_rope_reference(
-        qkv, hq, hk, d, 1e-6, qw, kw, 1e4, True, positions, 4.0, 8.0, 40.0, 1.2, rotary_dim
-    )
-    v_before = qkv[:, (hq + hk) * d :].clone()
-    fused_qk_norm_rope(
-        qkv, hq, hk, hv, d, 1e-6, qw, kw, 1e4, True, positions, 4.0, 8.0, 40.0, 1.2, rotary_dim, _variant=variant
-    )
-    assert_rope_close(qkv, expected)
-    assert torch.equal(qkv[:, (hq + hk) * d :], v_before), "v was modified"
-
-
-@requires_cuda
-def test_large_positions_trig():
-    """Positions past sincosf's fast range (|angle| > 105615 rad: its slow path), below 2^20 rad (the
-    reduced trig's accurate range): both trig variants match the reference, in both kernels."""
-    n, hq, hk, hv, d = 64, 4, 2, 2, 128
+@pytest.mark.parametrize("n", [64, 70000])
+def test_large_positions_trig(n):
+    """Positions past sincosf's fast range (|angle| > 105615 rad: its slow path), in both kernels (the
+    table kernel at 64 tokens, the per-token CTA kernel past the large-size switch)."""
+    hq, hk, hv, d = 4, 2, 2, 128
     qkv, qw, kw, _ = make(n, hq, hk, hv, d, torch.float32)
     positions = torch.randint(100000, 1000000, (n,), device="cuda")
     expected = fused_qk_norm_rope_reference(qkv, hq, hk, d, 1e-6, qw, kw, 1e4, True, positions, 1.0, 0.0, 0.0, 1.0)
-    for variant in (0, 1, 8, 9):
-        out = qkv.clone()
-        fused_qk_norm_rope(out, hq, hk, hv, d, 1e-6, qw, kw, 1e4, True, positions, 1.0, 0.0, 0.0, 1.0, _variant=variant)
-        assert torch.isfinite(out).all()
-        # the same fp32 angle as the reference: sincosf ~1 ulp, the reduced trig ~5e-7 abs, times |y| <= 16
-        torch.testing.assert_close(out, expected, rtol=1e-3, atol=1e-3)
+    fused_qk_norm_rope(qkv, hq, hk, hv, d, 1e-6, qw, kw, 1e4, True, positions, 1.0, 0.0, 0.0, 1.0)
+    assert torch.isfinite(qkv).all()
+    # the same fp32 angle as the reference: sincosf ~1 ulp, times |y| <= 16
+    torch.testing.assert_close(qkv, expected, rtol=1e-3, atol=1e-3)
 
 
 @requires_cuda
@@ -238,8 +211,6 @@ def test_cpu_and_scalar_errors():
         call(low=float("nan"))
     with pytest.raises(TypeError, match=rf"^{op}: is_neox type: expected a bool, got int$"):
         call(is_neox=1)
-    with pytest.raises(ValueError, match=rf"^{op}: _variant value: expected >= 0 and <= 65535, got -1$"):
-        call(_variant=-1)
 
 
 @requires_cuda
@@ -266,24 +237,13 @@ def test_tensor_errors():
     assert torch.equal(qkv, before)
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-v", "-s"]))
-
-
-# QKNormRopeVariant::kRegTrig (4; with the reduced trig: 5): the cos/sin in registers, bit for bit
-# the default's (resp. the fast-trig default's) results, YaRN or not; sizes past the L2-hint switch
-# and two units per lane run the default kernel. kWarpTable (8, 9; with 1 and 16 warps per CTA): the
-# same bits too (the default's lane layout and order of the squares); from 4096 tokens (past the
-# large-size switch) and at two units per lane (d = 512 fp32, d = 1024 bf16/fp16) the default kernel
-# runs. kCtaTable (0x218, 0x418, 0x1019: one table per CTA of 2, 4, 16 warps; 0x418's kernel is the
-# default's where it applies) likewise, and kTokenCta (32: the per-token CTA kernel at every size). 64 + 1 + 1
-# heads (65 normed: the last warp holds one k head, the last CTA one warp of 2, of 4 a warp and 3
-# without heads) and d = 1024 (64 units) at 64 tokens are the configurations of the H200 harness's
-# DIFFs (a harness race); 64 + 2 + 2 heads at 1 token: 66 normed, a half-full last warp, then warps
-# without heads that still fill their share of a CTA table; fp32 d = 1024 (128 units) is refused by
-# every variant alike.
+# Both kernels at the shapes where their layouts are awkward: the table kernel below the large-size
+# switch (16-byte vectors, one unit per lane), the per-token CTA kernel at 4096 tokens (past it), at
+# two units per lane (d = 1024 bf16/fp16) and at narrow vectors. 64 + 1 + 1 heads (65 normed: the
+# last warp holds one k head, the last CTA one warp and three without heads), 64 + 2 + 2 at 1 token
+# (a half-full last warp, then warps without heads that still fill their share of the CTA table);
+# fp32 d = 1024 (128 units) is refused.
 @requires_cuda
-@pytest.mark.parametrize("variant", [4, 5, 8, 9, (1 << 8) | 8, (16 << 8) | 9, 0x218, 0x418, 0x1019, 32])
 @pytest.mark.parametrize("is_neox", [True, False])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("yarn", [False, True])
@@ -304,22 +264,37 @@ if __name__ == "__main__":
         (2, 2, 2, 1, 1024, None),
     ],
 )
-def test_bit_identical_variants_match_default(variant, is_neox, dtype, yarn, hq, hk, hv, n, d, rotary_dim):
+def test_default_kernels_against_reference(is_neox, dtype, yarn, hq, hk, hv, n, d, rotary_dim):
     qkv, qw, kw, positions = make(n, hq, hk, hv, d, dtype)
-    qkv2 = qkv.clone()
     scaling = (4.0, 8.0, 40.0, 1.2) if yarn else (1.0, 0.0, 0.0, 1.0)
     if dtype == torch.float32 and d == 1024:
-        for v in (variant & 1, variant):
-            with pytest.raises(RuntimeError, match=r"needs 128 units of 8 elements, at most 64 are supported"):
-                fused_qk_norm_rope(
-                    qkv, hq, hk, hv, d, 1e-6, qw, kw, 1e4, is_neox, positions, *scaling, rotary_dim, _variant=v
-                )
-        assert torch.equal(qkv, qkv2)
+        before = qkv.clone()
+        with pytest.raises(RuntimeError, match=r"needs 128 units of 8 elements, at most 64 are supported"):
+            fused_qk_norm_rope(qkv, hq, hk, hv, d, 1e-6, qw, kw, 1e4, is_neox, positions, *scaling, rotary_dim)
+        assert torch.equal(qkv, before)
         return
-    fused_qk_norm_rope(
-        qkv, hq, hk, hv, d, 1e-6, qw, kw, 1e4, is_neox, positions, *scaling, rotary_dim, _variant=variant & 1
-    )
-    fused_qk_norm_rope(
-        qkv2, hq, hk, hv, d, 1e-6, qw, kw, 1e4, is_neox, positions, *scaling, rotary_dim, _variant=variant
-    )
-    assert torch.equal(qkv, qkv2)
+    expected = fused_qk_norm_rope_reference(qkv, hq, hk, d, 1e-6, qw, kw, 1e4, is_neox, positions, *scaling, rotary_dim)
+    fused_qk_norm_rope(qkv, hq, hk, hv, d, 1e-6, qw, kw, 1e4, is_neox, positions, *scaling, rotary_dim)
+    assert_rope_close(qkv, expected)
+
+
+@requires_cuda
+@pytest.mark.parametrize("n", [204, 205])
+def test_both_sides_of_the_large_size_switch(n):
+    """Qwen3's 32 + 8 + 8 heads x 128 bf16 (40 normed heads of 8 lanes: 320 threads a token): 204
+    tokens stay below kLargeThreads (the table kernel), 205 reach it (the per-token CTA kernel);
+    strided rows."""
+    hq, hk, hv, d = 32, 8, 8, 128
+    row = (hq + hk + hv) * d
+    wide = torch.randn(n, row + 64, dtype=torch.bfloat16, device="cuda")
+    qkv = wide[:, :row]
+    _, qw, kw, positions = make(n, hq, hk, hv, d, torch.bfloat16)
+    expected = fused_qk_norm_rope_reference(qkv, hq, hk, d, 1e-6, qw, kw, 1e6, True, positions, 1.0, 0.0, 0.0, 1.0)
+    pad = wide[:, row:].clone()
+    fused_qk_norm_rope(qkv, hq, hk, hv, d, 1e-6, qw, kw, 1e6, True, positions, 1.0, 0.0, 0.0, 1.0)
+    assert_rope_close(qkv, expected)
+    assert torch.equal(wide[:, row:], pad)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v", "-s"]))

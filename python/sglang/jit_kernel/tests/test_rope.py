@@ -601,114 +601,26 @@ def test_rotary_embedding_bad_inputs():
         rotary_embedding(positions, query, query.half(), hs, cache)
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-v", "-s"]))
-
-
-# ---- opt-in RopeVariant launchers (rope.cuh): bit for bit the default's results ----
-# (n, hq, hk, d, r): the bench shape at 1 and 64 tokens, awkward head counts (more heads than one
-# pass of the early kernel), partial R, narrow vectors (the default then), 0 kv heads
-VARIANT_CASES = [
+# ---- the default's kernels at awkward shapes and both sides of its size switches ----
+# (n, hq, hk, d, r): the bench shape at 1 / 64 / 2048 tokens (the early kernel), heads past one
+# pass of rows, partial R at 129 tokens, awkward tokens and lanes, 1024 chunks per head in fp32 (past
+# kMaxLanes: rope_kernel), 0 kv heads, 0 tokens; 32 + 8 heads x 128 bf16 at 3276 / 3277 tokens: just
+# below / above kEarlyMaxBytes (32 MiB) of rotated bytes (the early kernel / the L2-hinted rope_kernel)
+DEFAULT_CASES = [
     (1, 32, 8, 128, 128),
     (64, 32, 8, 128, 128),
+    (2048, 32, 8, 128, 128),
     (7, 64, 1, 128, 64),
     (3, 200, 3, 64, 64),
     (5, 8, 8, 256, 80),
     (2, 4, 0, 128, 128),
-    (2048, 32, 8, 128, 128),
-]
-
-
-@requires_cuda
-@pytest.mark.parametrize("variant", [1, 2, 5, 8, 9, 10, 11, 12])
-@pytest.mark.parametrize("is_neox", [True, False])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("n,hq,hk,d,r", VARIANT_CASES)
-def test_rope_variants_match_default(variant, is_neox, dtype, n, hq, hk, d, r):
-    q, k, cache, positions = make_inputs(n, hq, hk, d, r, dtype)
-    positions[::3] = MAX_POS + 5  # out of range: left as they are, in every variant
-    q2, k2 = q.clone(), k.clone()
-    rope_dim = r if r != d else 0
-    apply_rope_inplace(q, k, cache, positions, is_neox=is_neox, rope_dim=rope_dim)
-    apply_rope_inplace(q2, k2, cache, positions, is_neox=is_neox, rope_dim=rope_dim, _variant=variant)
-    assert torch.equal(q, q2) and torch.equal(k, k2)
-    # rotary_embedding (cache in the dtype), key and no key
-    q, k, cache, positions = make_inputs(n, hq, hk, d, r, dtype)
-    cache_t = cache.to(dtype)
-    query, key = q.view(n, -1), k.view(n, -1)
-    query2, key2 = query.clone(), key.clone()
-    rotary_embedding(positions, query, key, d, cache_t, is_neox)
-    rotary_embedding(positions, query2, key2, d, cache_t, is_neox, _variant=variant)
-    assert torch.equal(query, query2) and torch.equal(key, key2)
-    rotary_embedding(positions, query, None, d, cache_t, is_neox)
-    rotary_embedding(positions, query2, None, d, cache_t, is_neox, _variant=variant)
-    assert torch.equal(query, query2)
-
-
-@requires_cuda
-@pytest.mark.parametrize("variant", [3, 4, 5, 7])
-@pytest.mark.parametrize("is_neox", [True, False])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("n,hq,hk,d,r", [c for c in VARIANT_CASES if c[2] > 0] + [(9, 4, 64, 128, 128)])
-def test_rope_kv_variants_match_default(variant, is_neox, dtype, n, hq, hk, d, r):
-    q, k, cache, positions = make_inputs(n, hq, hk, d, r, dtype)
-    v = torch.randn(n, hk, d, dtype=dtype, device="cuda")
-    slots = 2 * n + 3
-    loc = torch.randperm(slots, device="cuda")[:n]
-    loc[1::4] = -1  # skipped rows
-    positions[::5] = -2
-    kv = torch.randn(2, slots, hk * d, dtype=dtype, device="cuda")
-    q2, k2, kv2 = q.clone(), k.clone(), kv.clone()
-    rope_dim = r if r != d else 0
-    apply_rope_inplace_with_kvcache(q, k, v, kv[0], kv[1], cache, positions, loc, is_neox=is_neox, rope_dim=rope_dim)
-    apply_rope_inplace_with_kvcache(
-        q2, k2, v, kv2[0], kv2[1], cache, positions, loc, is_neox=is_neox, rope_dim=rope_dim, _variant=variant
-    )
-    assert torch.equal(q, q2) and torch.equal(k, k2) and torch.equal(kv, kv2)
-
-
-def test_rope_variant_errors():
-    """Before anything else is looked at: a variant the op does not have is a ValueError."""
-    x = torch.zeros(1, 1, 2)
-    with pytest.raises(
-        ValueError,
-        match=r"^apply_rope_inplace: _variant value: expected 0 or one of \(1, 2, 5, 6, 8, 9, 10, 11, 12\), got 3$",
-    ):
-        apply_rope_inplace(x, x, x, x, is_neox=True, _variant=3)
-    with pytest.raises(
-        ValueError,
-        match=r"^apply_rope_inplace_with_kvcache: _variant value: expected 0 or one of \(3, 4, 5, 7\), got 1$",
-    ):
-        apply_rope_inplace_with_kvcache(x, x, x, x, x, x, x, x, is_neox=True, _variant=1)
-    with pytest.raises(
-        ValueError,
-        match=r"^rotary_embedding: _variant value: expected 0 or one of \(1, 2, 5, 8, 9, 10, 11, 12\), got 4$",
-    ):
-        rotary_embedding(x, x, None, 2, x, True, _variant=4)
-    with pytest.raises(
-        ValueError,
-        match=r"^rotary_embedding: _variant value: expected 0 or one of \(1, 2, 5, 8, 9, 10, 11, 12\), got 6$",
-    ):
-        rotary_embedding(x, x, None, 2, x, True, _variant=6)  # kHeadSlots: apply_rope_inplace only
-    with pytest.raises(TypeError, match=r"^apply_rope_inplace: _variant type"):
-        apply_rope_inplace(x, x, x, x, is_neox=True, _variant=1.0)
-
-
-# ---- RopeVariant::kHeadSlots (apply_rope_inplace only): the default's bits, every buffer byte ----
-# VARIANT_CASES (the bench shape at 1 / 64 / 2048 tokens: 2048 takes the L2-hint policy), and: the
-# bench shape at 16384, partial R at 129 tokens, heads past one pass of rows (203 heads at 8 lanes:
-# rows capped at 16, so 123 heads take the one-at-a-time loop; 104 at 16 lanes, cap 8 rows; 203 at
-# 4 lanes in VARIANT_CASES), awkward tokens and lanes (6 chunks per head at 512 / 96), 512 chunks
-# per head (the default's kernel then), 0 tokens
-HEAD_SLOT_CASES = VARIANT_CASES + [
-    (16384, 32, 8, 128, 128),
     (129, 32, 8, 128, 64),
-    (3, 200, 3, 128, 128),
-    (5, 100, 4, 256, 256),
     (769, 8, 8, 64, 64),
     (4097, 1, 1, 512, 96),
     (3, 2, 1, 8192, 8192),
     (0, 32, 8, 128, 128),
+    (3276, 32, 8, 128, 128),
+    (3277, 32, 8, 128, 128),
 ]
 
 
@@ -717,92 +629,110 @@ def _bits(x: torch.Tensor) -> torch.Tensor:
     return x.view({2: torch.int16, 4: torch.int32}[x.element_size()])
 
 
-def _fused_views(buf: torch.Tensor, hq: int, hk: int, d: int, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _fused_views(buf: torch.Tensor, hq: int, hk: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
     """q and k as views of one [n, (hq + hk + 1) * d + pad] buffer (own token stride, k after q)."""
     n = buf.shape[0]
-    q = buf[:, : hq * d].view(n, hq, d)
-    k = buf[:, hq * d : (hq + hk) * d].view(n, hk, d)
-    return q, k
+    return buf[:, : hq * d].view(n, hq, d), buf[:, hq * d : (hq + hk) * d].view(n, hk, d)
 
 
 @requires_cuda
 @pytest.mark.parametrize("is_neox", [True, False])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("pos_dtype", [torch.int64, torch.int32])
-@pytest.mark.parametrize("n,hq,hk,d,r", HEAD_SLOT_CASES)
-def test_rope_head_slots_match_default(is_neox, dtype, pos_dtype, n, hq, hk, d, r):
+@pytest.mark.parametrize("n,hq,hk,d,r", DEFAULT_CASES)
+def test_default_kernels_against_reference(is_neox, dtype, pos_dtype, n, hq, hk, d, r):
+    """q and k views of one buffer with 16-byte token strides (the 16-byte kernels), out-of-range
+    positions on both sides; v, the padding and [R, d) keep their bits."""
     max_pos = 64 if d > 512 else MAX_POS
-    pad = 8  # 16-byte token strides in every dtype: the variant's kernel, not the narrow fallback
+    pad = 8
     buf = torch.randn(n, (hq + hk + 1) * d + pad, dtype=dtype, device="cuda")
-    if n > 0:
-        buf[0, :4] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0])  # same ops, same bits
     cache = make_cos_sin_cache(max_pos, r)
     positions = torch.randint(0, max_pos, (n,), device="cuda", dtype=pos_dtype)
-    positions[::3] = max_pos + 5  # out of range: the token is left as it is
+    positions[::3] = max_pos + 5
     positions[1::7] = -1
     positions[2::11] = max_pos - 1
-    rope_dim = r if r != d else 0
-    buf2 = buf.clone()
-    apply_rope_inplace(*_fused_views(buf, hq, hk, d, pad), cache, positions, is_neox=is_neox, rope_dim=rope_dim)
-    apply_rope_inplace(
-        *_fused_views(buf2, hq, hk, d, pad), cache, positions, is_neox=is_neox, rope_dim=rope_dim, _variant=6
-    )
-    assert torch.equal(_bits(buf), _bits(buf2))  # v, padding and [R, d) untouched alike
+    before = buf.clone()
+    q, k = _fused_views(buf, hq, hk, d)
+    eq, ek = reference(q, cache, positions, r, is_neox), reference(k, cache, positions, r, is_neox)
+    apply_rope_inplace(q, k, cache, positions, is_neox=is_neox, rope_dim=r if r != d else 0)
+    assert_close(q, eq)
+    assert_close(k, ek)
+    rotated = torch.zeros_like(buf, dtype=torch.bool)
+    for first, count in ((0, hq), (hq, hk)):
+        rotated[:, first * d : (first + count) * d].view(n, count, d)[..., :r] = True
+    assert torch.equal(_bits(buf)[~rotated], _bits(before)[~rotated])
 
 
 @requires_cuda
 @pytest.mark.parametrize("is_neox", [True, False])
 @pytest.mark.parametrize("offset", [0, 1, 8])
-def test_rope_head_slots_separate_strided_and_unaligned(is_neox, offset):
+def test_separate_strided_and_unaligned(is_neox, offset):
     """q and k separate tensors with their own token and head strides (heads sliced from wider ones,
-    a storage offset that breaks 16-byte alignment at 1: the default's narrow kernel), NaN around
-    them; strided positions (the op copies them)."""
+    a storage offset that breaks 16-byte alignment at 1: the narrow kernel), NaN around them;
+    strided positions (the op copies them)."""
     n, hq, hk, d = 300, 16, 4, 128
     q_buf = torch.randn(offset + n * hq * 2 * d, dtype=torch.bfloat16, device="cuda")
     k_buf = torch.randn(offset + n * (hk + 3) * d, dtype=torch.bfloat16, device="cuda")
     q_buf[:offset] = float("nan")
     k_buf[:offset] = float("nan")
-
-    def views(qb: torch.Tensor, kb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        q = qb[offset:].view(n, hq, 2 * d)[:, :, :d]  # head stride 2d
-        k = kb[offset:].view(n, hk + 3, d)[:, 1 : hk + 1]  # token stride (hk + 3) d, heads from 1
-        return q, k
-
+    q = q_buf[offset:].view(n, hq, 2 * d)[:, :, :d]  # head stride 2d
+    k = k_buf[offset:].view(n, hk + 3, d)[:, 1 : hk + 1]  # token stride (hk + 3) d, heads from 1
     q_buf[offset:].view(n, hq, 2 * d)[:, :, d:] = float("nan")
     k_buf[offset:].view(n, hk + 3, d)[:, 0] = float("nan")
     k_buf[offset:].view(n, hk + 3, d)[:, hk + 1 :] = float("nan")
     cache = make_cos_sin_cache(MAX_POS, d)
     positions = torch.randint(0, MAX_POS, (2 * n,), device="cuda")[::2]
-    expected_q, expected_k = (reference(x, cache, positions, d, is_neox) for x in views(q_buf, k_buf))
-    outs = []
-    for variant in (0, 6):
-        qb, kb = q_buf.clone(), k_buf.clone()
-        apply_rope_inplace(*views(qb, kb), cache, positions, is_neox=is_neox, _variant=variant)
-        outs.append((qb, kb))
-    assert torch.equal(_bits(outs[0][0]), _bits(outs[1][0])) and torch.equal(_bits(outs[0][1]), _bits(outs[1][1]))
-    q, k = views(*outs[1])
-    assert_close(q, expected_q)
-    assert_close(k, expected_k)
-    qb, kb = outs[1]  # nothing written outside the views
-    assert qb[:offset].isnan().all() and qb[offset:].view(n, hq, 2 * d)[:, :, d:].isnan().all()
-    kh = kb[offset:].view(n, hk + 3, d)
-    assert kb[:offset].isnan().all() and kh[:, 0].isnan().all() and kh[:, hk + 1 :].isnan().all()
+    eq, ek = reference(q, cache, positions, d, is_neox), reference(k, cache, positions, d, is_neox)
+    apply_rope_inplace(q, k, cache, positions, is_neox=is_neox)
+    assert_close(q, eq)
+    assert_close(k, ek)
+    assert q_buf[:offset].isnan().all() and q_buf[offset:].view(n, hq, 2 * d)[:, :, d:].isnan().all()
+    kh = k_buf[offset:].view(n, hk + 3, d)
+    assert k_buf[:offset].isnan().all() and kh[:, 0].isnan().all() and kh[:, hk + 1 :].isnan().all()
 
 
-@pytest.mark.parametrize("variant", [False, True, 0.0, 6.0, "6"])
-def test_variant_knob_refuses_non_ints(variant):
-    """The private ``_variant`` knob takes ints only: a bool or float is refused with TypeError naming
-    it (False and 0.0 were once read as the default), before any other check or launch. No GPU: the
-    knob is checked first, so CPU tensors suffice."""
-    from sglang.jit_kernel.rope import apply_rope_inplace, apply_rope_inplace_with_kvcache, rotary_embedding
+@requires_cuda
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(
+    "n,hq,hk,d,r",
+    # the bench shape at 1 / 64 (early kernel with v rows) and 2048 tokens (past kL2HintMinBytes: the
+    # split copy, L2-hinted), more heads than one pass of rows, partial R, 64 kv heads, 64 + 64
+    # heads (no room for v rows: rope_kernel's kKvMode 0, below and above the L2-hint size)
+    [
+        (1, 32, 8, 128, 128),
+        (64, 32, 8, 128, 128),
+        (2048, 32, 8, 128, 128),
+        (3, 200, 3, 64, 64),
+        (5, 8, 8, 256, 80),
+        (9, 4, 64, 128, 128),
+        (9, 64, 64, 128, 128),
+        (300, 64, 64, 128, 128),
+    ],
+)
+def test_kv_store_default_kernels(is_neox, dtype, n, hq, hk, d, r):
+    """Every KV kernel of the default against the reference, skipped rows and out-of-range positions."""
+    q, k, cache, positions = make_inputs(n, hq, hk, d, r, dtype)
+    positions[::5] = -2
+    v = torch.randn(n, hk, d, dtype=dtype, device="cuda")
+    slots = 2 * n + 3
+    loc = torch.randperm(slots, device="cuda")[:n]
+    loc[1::4] = -1  # stores nothing
+    kv = poisoned((2, slots, hk * d), dtype)
+    eq, ek = reference(q, cache, positions, r, is_neox), reference(k, cache, positions, r, is_neox)
+    apply_rope_inplace_with_kvcache(
+        q, k, v, kv[0], kv[1], cache, positions, loc, is_neox=is_neox, rope_dim=r if r != d else 0
+    )
+    assert_close(q, eq)
+    assert_close(k, ek)
+    good = loc >= 0
+    assert torch.equal(kv[0][loc[good]].view(-1, hk, d), k[good]) and torch.equal(
+        kv[1][loc[good]].view(-1, hk, d), v[good]
+    )
+    written = torch.zeros(slots, dtype=torch.bool, device="cuda")
+    written[loc[good]] = True
+    assert kv[:, ~written].isnan().all(), "a cache row outside out_loc was written"
 
-    q, k = torch.zeros(2, 4, 64), torch.zeros(2, 1, 64)
-    cache, positions = torch.zeros(16, 64), torch.zeros(2, dtype=torch.int64)
-    with pytest.raises(TypeError, match=r"^apply_rope_inplace: _variant type: expected"):
-        apply_rope_inplace(q, k, cache, positions, is_neox=True, _variant=variant)
-    with pytest.raises(TypeError, match=r"^apply_rope_inplace_with_kvcache: _variant type: expected"):
-        apply_rope_inplace_with_kvcache(
-            q, k, k, torch.zeros(8, 64), torch.zeros(8, 64), cache, positions, positions, is_neox=True, _variant=variant
-        )
-    with pytest.raises(TypeError, match=r"^rotary_embedding: _variant type: expected"):
-        rotary_embedding(positions, q.view(2, -1), k.view(2, -1), 64, cache, True, _variant=variant)
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v", "-s"]))

@@ -8,49 +8,37 @@
 //   pairs of y (NeoX (i, i + R/2), GPT-J (2i, 2i + 1)) rotated as in rope.cuh; one rounding to T.
 //
 // Bytes moved: 2 * N * (Hq + Hk) * D * sizeof(T) (q and k read and written once; v never touched)
-// + 2 * D * sizeof(T) (weights) + N * sizeof(position). At the Qwen3 shape (40 heads x 128 bf16) that
-// is 20 KiB a token, 335 MB at 16384 tokens: 79.5 us at the 4.22 TB/s copy roof. Work per element
-// the roof allows: ~32 thread instructions (128 FP32 lanes per SM, 4 elements per SM cycle).
+// + 2 * D * sizeof(T) (weights) + N * sizeof(position).
 //
 // Layout. A head's D elements are "units" of two vectors of kVecN elements: the R/(2 kVecN) pair
 // chunks of rope.cuh first, then the unrotated rest [R, D) two vectors at a time. G lanes (a power
 // of two <= 32, aligned in the warp) share a head, lane l holding units l and l + G (kUnits); the
-// sum of squares is reduced by shuffles within the G lanes.
+// sum of squares is reduced by shuffles within the G lanes. Trig: sincosf of the reference's fp32
+// angle pos * f_i (~1 ulp), computed once per (token, pair) into a shared table, not per head.
 //
-// fused_qk_norm_rope_kernel (the default at large sizes, and wherever the table kernel below does
-// not apply; QKNormRopeVariant::kTokenCta at every size). The heads of a token are split into "groups" of up to
-// heads_per_group consecutive heads, q and k groups apart (a group never mixes the two weights, so a
-// thread loads one weight once). The block is (G lanes, groups, tokens); a thread walks its group's
-// heads kBatch at a time, all of a batch's loads issued before any is used: groups of kBatch heads at
-// small sizes (every head in flight at once: latency), kLargeHeadsPerGroup at large ones. The trig
-// is computed once per (token, pair) by the token's threads together, into shared memory: the
-// frequency table [R/2] once per CTA before the PDL wait (parameters only), the cos/sin rows after
+// Two kernels, by size (launch_fused_qk_norm_rope):
+//
+// fused_qk_norm_rope_table_kernel: below QKNormRopeConfig::kLargeThreads threads (one per head
+// and lane), with 16-byte vectors and one unit per lane. One head per lane group, CTAs of up to
+// kTableWarps warps of one token spread over the SMs; the CTA computes its token's cos/sin table
+// (at most one entry per thread at R = 128), one barrier, no loop over heads. After the PDL wait the
+// position load issues first, then the data and weight loads; the trig starts as soon as the
+// position arrives, while the data is in flight. Why: at a few tokens the chain after the PDL wait
+// (position, trig, table, sum of squares, shuffles, rsqrt, rotation) is the whole cost, and a
+// per-token CTA that walks its heads one batch after the other lengthens it.
+//
+// fused_qk_norm_rope_kernel: everywhere else (large sizes, narrow vectors, two units per lane). The
+// heads of a token are split into "groups" of up to heads_per_group consecutive heads, q and k
+// groups apart (a group never mixes the two weights, so a thread loads one weight once). The block
+// is (G lanes, groups, tokens); a thread walks its group's heads kBatch at a time, all of a batch's
+// loads issued before any is used: groups of kBatch heads at small sizes (every head in flight at
+// once: latency), kLargeHeadsPerGroup at large ones (the trig shared by more heads). The frequency
+// table [R/2] is computed once per CTA before the PDL wait (parameters only), the cos/sin rows after
 // it, while the first batch's data and the weight are in flight; one barrier, then every head reads
-// its pairs' cos/sin from shared memory. The legacy kernel instead computed 8 powf and 8 sincosf per
-// thread (~640 instructions, shared by <= 4 heads: ~40 % of the issue slots the roof allows at the
-// Qwen3 shape), loaded the weight only after the reduction (a second memory latency per head) and a
-// token's data only after its trig.
+// its pairs' cos/sin from shared memory.
 //
-// Trig: sincosf (the reference's cosf/sinf of the same fp32 angle pos * f_i, ~1 ulp) by default; the
-// cooperative table makes it ~40 instructions per (token, pair), < 1 per element. QKNormRopeVariant::
-// kFastTrig selects sincos_reduced (Cody-Waite to [-pi, pi], then __sincosf: ~10 instructions, abs
-// error ~5e-7 for |angle| < 2^20; the tests' bound is |y| * pos * 2^-23, ~1000x looser) to time
-// whether the trig latency shows at one token.
-//
-// fused_qk_norm_rope_warp_table_kernel (the default below the large-size switch with 16-byte vectors
-// and one unit per lane, as kWarpTable | kCtaTable with kDefaultTableWarps warps; kWarpTable alone
-// is a table per warp): fused_qk_norm_rope_kernel's lane layout and math with one head per lane
-// group. At one token that kernel's chain after the PDL wait is long: its position load issues after the data
-// loads, then the trig, the cos/sin rows' barrier, the sum of squares, the shuffles and rsqrt follow
-// one another; a thread rotates two heads one after the other (the second behind a spill reload); one
-// CTA of 160 threads does all of it. Here every warp computes its token's table itself (2 sincosf a
-// lane at R = 128), __syncwarp instead of the barrier, one head per thread, CTAs of a few warps
-// spread over the SMs, the position load first. QKNormRopeVariant::kCtaTable (in the default): one
-// table per CTA instead (one entry per thread at R = 128 and 2 warps), then a CTA barrier. The
-// same functions of the same values in every kernel: the same bits (test_bit_identical_*).
-//
-// fused_qk_norm_rope_legacy_kernel (QKNormRopeVariant::kLegacy): the previous kernel, kept so that the
-// benchmark can time old and new in one run; remove once the new one is validated on the H200.
+// Both kernels apply the same functions to the same values (a head's squares added in the same
+// order, the same sincosf of the same fp32 angle), so their results are the same bits.
 #pragma once
 
 #include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDevice, kAnySize, data_ptr, verify_no_*_overlap
@@ -65,7 +53,7 @@
 #include <dlpack/dlpack.h>
 #include <tvm/ffi/container/tensor.h>
 
-#include "rope.cuh"  // For rotate_pairs, chunk_offsets, load_index, RopeAccess, rope_vector_elements, rope_resolve_pdl
+#include "rope.cuh"  // For rotate_pairs_fp32, rope_to_floats, rope_from_floats, load_index, RopeAccess, RopeConfig, rope_vector_elements, rope_resolve_pdl
 
 namespace {
 
@@ -76,49 +64,16 @@ struct QKNormRopeConfig {
   // registers; two (head_dim 256 at 16-byte vectors) spill 100-140 bytes at 64, so they get 128.
   static constexpr uint32_t min_blocks(int units) { return units == 1 ? 2 : 1; }
   static constexpr int64_t kTargetThreads = 256;              // tokens packed into a CTA up to this many threads
-  static constexpr int64_t kHeadPasses = 4;                   // legacy kernel: heads per thread at large sizes
   static constexpr int64_t kLargeThreads = int64_t{1} << 16;  // threads (one per head) from which a launch is "large"
   static constexpr int64_t kMaxLanes = 32;                    // lanes per head (one warp)
   static constexpr int kBatch = 2;                            // heads whose loads a thread issues together
   static constexpr int64_t kLargeHeadsPerGroup = 4;           // heads per group at large sizes
   static constexpr int64_t kMaxSmemBytes = 48 * 1024;         // dynamic shared memory without an opt-in
-  // fused_qk_norm_rope_warp_table_kernel: table entries per lane whose frequencies are formed before
-  // the PDL wait (R/2 <= 64 pairs: all of them), warps per CTA unless the variant's bits 8-15 say
-  static constexpr int kWarpTablePairs = 2;
-  static constexpr int64_t kWarpTableWarps = 2;
-  // The default below the large-size switch (where the table kernel applies): one cos/sin table per
-  // CTA of this many warps (the variant 0x418's kernel)
-  static constexpr int64_t kDefaultTableWarps = 4;
-};
-
-/// Variant bits of fused_qk_norm_rope (the benchmark's switches; 0 is the default kernel).
-struct QKNormRopeVariant {
-  static constexpr int64_t kFastTrig = 1;  // the reduced __sincosf (sincos_reduced) instead of sincosf
-  static constexpr int64_t kLegacy = 2;    // the previous kernel (one thread per head, powf per thread)
-  // cos/sin of each lane's own pairs in registers (frequencies before the PDL wait, the trig as
-  // soon as the position arrives): no shared-memory rows and no barrier after the wait. Applies
-  // with one unit per lane below the L2-hint size (T = 1 here); the default kernel otherwise.
-  static constexpr int64_t kRegTrig = 4;
-  // fused_qk_norm_rope_warp_table_kernel: one head per lane group, each warp its own token's cos/sin
-  // table (no CTA barrier). Applies with 16-byte vectors and one unit per lane below the large-size
-  // switch (kLargeThreads: 204 tokens at the Qwen3 shape); the default kernel otherwise. Bits 8-15
-  // are then the warps per CTA (0: kWarpTableWarps).
-  static constexpr int64_t kWarpTable = 8;
-  // With kWarpTable: one cos/sin table per CTA instead of one per warp, its entries spread over all
-  // of the CTA's threads (R/2 = 64 pairs, 2 warps: one sincosf a thread instead of two), then
-  // __syncthreads instead of __syncwarp; the same functions of the same values, so the same bits.
-  // Why: at one token every warp of kWarpTable computes the same table, and the trig is on the
-  // critical path. H200 standalone harness (.gpu/qkh, Qwen3 32 + 8 + 8 heads x 128 bf16, 1 / 64
-  // tokens): default 1.68 / 1.73 us, kWarpTable 1.33 / 1.62, this with 2 warps per CTA (0x218)
-  // 1.13 / 1.38, timed before the fix of a warp without heads returning ahead of the barrier (only
-  // CTAs with idle warps). Through the op (bench_rope, 2026-12-02, cold / one input): 1 token 1.19 /
-  // 1.20 with 4 warps (0x418) against the per-token CTA kernel's 1.68 / 1.67; 64 tokens 1.84 / 1.40
-  // against 2.25 / 1.74: the default since (kDefaultTableWarps), where it applies.
-  static constexpr int64_t kCtaTable = 16;
-  // The per-token CTA kernel (fused_qk_norm_rope_kernel) at every size: the default below the
-  // large-size switch before kCtaTable took it (kept so that the benchmark times old and new)
-  static constexpr int64_t kTokenCta = 32;
-  static constexpr int64_t kHeadsShift = 8;  // bits [8, 16): heads per group override (0: automatic)
+  // fused_qk_norm_rope_table_kernel: table entries per thread whose frequencies are formed
+  // before the PDL wait (R/2 <= 2 * blockDim.x pairs: all of them), and warps per CTA (fewer when
+  // the token has fewer heads)
+  static constexpr int kTablePairsBeforeWait = 2;
+  static constexpr int64_t kTableWarps = 4;
 };
 
 /// Kernel arguments of the fused_qk_norm_rope kernels.
@@ -132,9 +87,8 @@ struct QKNormRopeParams {
   int64_t half;             // R / 2
   int64_t num_units;        // pair chunks + rest units per head
   int32_t lanes;            // G: lanes per head (power of two <= 32)
-  int32_t heads_per_group;  // default kernel: heads of one group (q and k groups apart)
-  int32_t num_q_groups;     // default kernel: ceil(num_q_heads / heads_per_group); k groups follow
-  bool fast_trig;           // default kernel: the reduced __sincosf instead of sincosf
+  int32_t heads_per_group;  // per-token CTA kernel: heads of one group (q and k groups apart)
+  int32_t num_q_groups;     // per-token CTA kernel: ceil(num_q_heads / heads_per_group); k groups follow
   const void* q_weight;     // [head_dim]
   const void* k_weight;     // [head_dim]
   const void* positions;    // [num_tokens] int32 / int64
@@ -159,30 +113,11 @@ SGL_DEVICE float rope_frequency(const QKNormRopeParams& p, int64_t i) {
   return freq;
 }
 
-/// sin and cos of `x`: x reduced to r = x - k * 2pi in [-pi, pi] (k = rint(x / 2pi); 2pi = hi + lo
-/// with hi = fp32(2pi), two FMAs), then __sincosf(r) (MUFU; abs error <= 2^-21.41 on [-pi, pi]).
-/// Abs error ~5e-7 for |x| < 2^20; beyond, k loses bits and the error grows like |x| * 2^-24 (the
-/// fp32 angle itself is that coarse there).
-SGL_DEVICE void sincos_reduced(float x, float& s, float& c) {
-  constexpr float kInvTwoPi = 0.159154936671257019f;    // fp32(1 / 2pi)
-  constexpr float kTwoPiHi = 6.28318548202514648f;      // fp32(2pi), above 2pi
-  constexpr float kTwoPiLo = -1.74845553146951720e-7f;  // 2pi - kTwoPiHi
-  const float k = rintf(x * kInvTwoPi);
-  float r = fmaf(-k, kTwoPiHi, x);
-  r = fmaf(-k, kTwoPiLo, r);
-  __sincosf(r, &s, &c);
-}
-
-/// (cos, sin) of `angle` times p.attention_factor, the entries of a cos/sin row: sincosf, or
-/// sincos_reduced when p.fast_trig; the default kernel's rows inline the same code (a call there
-/// changes its register allocation).
+/// (cos, sin) of `angle` times p.attention_factor, the entries of a cos/sin row (sincosf); the
+/// per-token CTA kernel's rows inline the same code (a call there changes its register allocation).
 SGL_DEVICE void scaled_sincos(const QKNormRopeParams& p, float angle, float& c, float& s) {
   float sv, cv;
-  if (p.fast_trig) {
-    sincos_reduced(angle, sv, cv);
-  } else {
-    sincosf(angle, &sv, &cv);
-  }
+  sincosf(angle, &sv, &cv);
   const float scaled_c = cv * p.attention_factor, scaled_s = sv * p.attention_factor;  // before c may alias p
   c = scaled_c;
   s = scaled_s;
@@ -319,7 +254,7 @@ SGL_DEVICE void norm_rotate_unit(
 
 /// ptr (global memory), through an empty asm: the front end computes it where the call stands, before
 /// the PDL wait's asm, instead of sinking the address arithmetic below the wait (ptxas may still move
-/// it; in the SASS of fused_qk_norm_rope_warp_table_kernel it stays above). The assumption keeps the
+/// it; in the SASS of fused_qk_norm_rope_table_kernel it stays above). The assumption keeps the
 /// accesses global (LDG / STG, not generic LD / ST).
 template <typename P>
 SGL_DEVICE P* pinned(P* ptr) {
@@ -334,18 +269,13 @@ inline int64_t qk_norm_rope_smem_bytes(int64_t half, int64_t tokens) {
   return (half + tokens * 2 * half) * static_cast<int64_t>(sizeof(float));
 }
 
-/// The default kernel (see the file comment). Thread (x, y, z): units x, x + G of the heads of group
-/// y of token blockIdx.x * blockDim.z + z. Preconditions (the launcher's): dynamic shared memory of
-/// qk_norm_rope_smem_bytes(half, blockDim.z); qkv rows, head_dim, R/2 and the weights aligned to
-/// kVecN elements; heads_per_group >= 1.
-/// kRegTrig (QKNormRopeVariant::kRegTrig, opt-in; kUnits == 1): the cos/sin of the lane's kVecN
-/// pairs in registers instead of the shared rows (same functions of the same fp32 values: bit for
-/// bit the default's results); the frequency table and both barriers are skipped.
-/// It is a one-token variant: registers are not capped for occupancy (min blocks 1: 128 registers).
-template <typename T, int kVecN, bool kNeox, int kUnits, bool kL2Hint, bool kRegTrig = false>
-__global__ void __launch_bounds__(QKNormRopeConfig::kMaxThreads, kRegTrig ? 1 : QKNormRopeConfig::min_blocks(kUnits))
+/// The per-token CTA kernel (see the file comment). Thread (x, y, z): units x, x + G of the heads of
+/// group y of token blockIdx.x * blockDim.z + z. Preconditions (the launcher's): dynamic shared
+/// memory of qk_norm_rope_smem_bytes(half, blockDim.z); qkv rows, head_dim, R/2 and the weights
+/// aligned to kVecN elements; heads_per_group >= 1.
+template <typename T, int kVecN, bool kNeox, int kUnits, bool kL2Hint>
+__global__ void __launch_bounds__(QKNormRopeConfig::kMaxThreads, QKNormRopeConfig::min_blocks(kUnits))
     fused_qk_norm_rope_kernel(const QKNormRopeParams p) {
-  static_assert(!kRegTrig || kUnits == 1, "kRegTrig: one unit per lane");
   using vec_t = device::AlignedVector<T, kVecN>;
   constexpr int kBatch = QKNormRopeConfig::kBatch;
   extern __shared__ float qk_norm_rope_smem[];
@@ -356,9 +286,7 @@ __global__ void __launch_bounds__(QKNormRopeConfig::kMaxThreads, kRegTrig ? 1 : 
   const uint32_t token_threads = blockDim.x * blockDim.y;
   const uint32_t token_tid = threadIdx.y * blockDim.x + threadIdx.x;
   const uint32_t tid = threadIdx.z * token_threads + token_tid;
-  if constexpr (!kRegTrig) {
-    for (int64_t i = tid; i < p.half; i += token_threads * blockDim.z) freq_table[i] = rope_frequency(p, i);
-  }
+  for (int64_t i = tid; i < p.half; i += token_threads * blockDim.z) freq_table[i] = rope_frequency(p, i);
 
   // Offsets within a head fit 32 bits (head_dim < 2^31 / 2: the launcher's unit bound).
   const int32_t half = static_cast<int32_t>(p.half);
@@ -392,16 +320,7 @@ __global__ void __launch_bounds__(QKNormRopeConfig::kMaxThreads, kRegTrig ? 1 : 
   T* head_ptr = static_cast<T*>(p.qkv) + token * p.token_stride + first_head * p.head_dim;  // the batch's first head
   const T* w = static_cast<const T*>(is_q ? p.q_weight : p.k_weight);
   const RopeAccess<kL2Hint> access = RopeAccess<kL2Hint>::make();
-  // kRegTrig: the frequencies of this lane's pairs (unit threadIdx.x), parameters only
-  float reg_freq[kRegTrig ? kVecN : 1];
-  if constexpr (kRegTrig) {
-#pragma unroll
-    for (int j = 0; j < kVecN; ++j)
-      reg_freq[j] = rotated[0] ? rope_frequency(p, int64_t{threadIdx.x} * kVecN + j) : 0.0f;
-  } else {
-    reg_freq[0] = 0.0f;
-    __syncthreads();  // the frequency table
-  }
+  __syncthreads();  // the frequency table
 
   device::pdl_wait_primary();
   device::pdl_launch_dependents();
@@ -432,42 +351,18 @@ __global__ void __launch_bounds__(QKNormRopeConfig::kMaxThreads, kRegTrig ? 1 : 
     if (active && unit_valid[u]) wa[u].load(w + off_a[u]);
     if (active && b_valid[u]) wb[u].load(w + off_b[u]);
   }
-  float reg_c[kRegTrig ? kVecN : 1], reg_s[kRegTrig ? kVecN : 1];
-  if constexpr (kRegTrig) {
-    if (!active) return;
-    const float pos = static_cast<float>(load_index(p.positions, p.positions_int64, token));
-#pragma unroll
-    for (int j = 0; j < kVecN; ++j) {
-      float sv = 0.0f, cv = 1.0f;
-      if (rotated[0]) {
-        const float angle = pos * reg_freq[j];
-        if (p.fast_trig) {
-          sincos_reduced(angle, sv, cv);
-        } else {
-          sincosf(angle, &sv, &cv);
-        }
-      }
-      reg_c[j] = cv * p.attention_factor;
-      reg_s[j] = sv * p.attention_factor;
-    }
-  } else if (token_valid) {
+  if (token_valid) {
     const float pos = static_cast<float>(load_index(p.positions, p.positions_int64, token));
     for (int32_t i = static_cast<int32_t>(token_tid); i < half; i += static_cast<int32_t>(token_threads)) {
       const float angle = pos * freq_table[i];
       float sv, cv;
-      if (p.fast_trig) {
-        sincos_reduced(angle, sv, cv);
-      } else {
-        sincosf(angle, &sv, &cv);
-      }
+      sincosf(angle, &sv, &cv);
       cos_sin[i] = cv * p.attention_factor;
       cos_sin[half + i] = sv * p.attention_factor;
     }
   }
-  if constexpr (!kRegTrig) {
-    __syncthreads();  // the cos/sin rows
-    if (!active) return;
-  }
+  __syncthreads();  // the cos/sin rows
+  if (!active) return;
 
   for (int32_t left = num_group_heads;;) {
     float sum[kBatch];
@@ -485,13 +380,7 @@ __global__ void __launch_bounds__(QKNormRopeConfig::kMaxThreads, kRegTrig ? 1 : 
     for (int u = 0; u < kUnits; ++u) {
       if (!unit_valid[u]) continue;
       float cf[kVecN], sf[kVecN];
-      if constexpr (kRegTrig) {
-#pragma unroll
-        for (int j = 0; j < kVecN; ++j) {
-          cf[j] = reg_c[j];
-          sf[j] = reg_s[j];
-        }
-      } else if (rotated[u]) {
+      if (rotated[u]) {
         const int32_t pair0 = (static_cast<int32_t>(threadIdx.x) + u * p.lanes) * kVecN;
         load_shared_floats<kVecN>(cos_sin + pair0, cf);
         load_shared_floats<kVecN>(cos_sin + half + pair0, sf);
@@ -512,49 +401,41 @@ __global__ void __launch_bounds__(QKNormRopeConfig::kMaxThreads, kRegTrig ? 1 : 
   }
 }
 
-/// Dynamic shared memory of fused_qk_norm_rope_warp_table_kernel: the cos and sin rows of the
-/// CTA's token [tables][2][R/2] (times attention_factor), one table per warp (tables = W), or one
-/// for the CTA (kCtaTable: tables = 1).
-inline int64_t qk_norm_rope_warp_table_smem_bytes(int64_t half, int64_t tables) {
-  return tables * 2 * half * static_cast<int64_t>(sizeof(float));
-}
+/// Dynamic shared memory of fused_qk_norm_rope_table_kernel: the cos and sin rows of the
+/// CTA's token [2][R/2] (times attention_factor).
+inline int64_t qk_norm_rope_table_smem_bytes(int64_t half) { return 2 * half * static_cast<int64_t>(sizeof(float)); }
 
-/// QKNormRopeVariant::kWarpTable (opt-in; small sizes). The default kernel's math and lane layout
+/// The small-size kernel (see the file comment): fused_qk_norm_rope_kernel's math and lane layout
 /// (unit x of a head on lane x of a G-lane group, a head's squares added in the same order: the same
-/// bits as the default) with one head per group and nothing shared beyond a warp: a warp holds
-/// 32 / G heads of one token and computes that token's whole cos/sin table itself (R/2 sincosf over
-/// 32 lanes, 2 per lane at R = 128; the same functions of the same fp32 values as the default's rows)
-/// into shared rows of its own, then __syncwarp. No frequency table, no CTA barrier, no loop over
-/// heads. After the PDL wait the position load issues first, then the data and weight loads (the
-/// addresses, unit offsets and the lane's first kWarpTablePairs frequencies are formed before the
-/// wait, so the loads are the first instructions after it); the trig starts as soon as the position
-/// arrives, while the data is in flight. In the SASS the lane's two table entries and then the sum
-/// of squares run one after the other, not interleaved (sincosf's slow-path branch ends ptxas's
+/// bits) with one head per lane group. The CTA computes its token's cos/sin table (entry i by thread
+/// i % blockDim.x; the same functions of the same fp32 values as the per-token CTA kernel's rows)
+/// into shared memory, then __syncthreads; every thread reaches the barrier (a warp without heads
+/// too: no return before it). No frequency table, no loop over heads. The addresses, unit offsets
+/// and the thread's first kTablePairsBeforeWait frequencies are formed before the PDL wait, so the loads
+/// are the first instructions after it. In the SASS the thread's table entries and then the sum of
+/// squares run one after the other, not interleaved (sincosf's slow-path branch ends ptxas's
 /// scheduling region).
-/// kCtaTable (QKNormRopeVariant::kCtaTable): one table for the CTA, entry i by thread i % blockDim.x,
-/// then __syncthreads; every thread reaches the barrier (a warp without heads too: no return
-/// before it).
 /// Block (32 * W) x (blocks per token, tokens): warp w of block (bx, token) holds heads
 /// (bx * W + w) * (32 / G) + lane / G. Preconditions (the launcher's): blockDim.x a multiple of 32,
-/// units <= G (one unit per lane), dynamic shared memory of qk_norm_rope_warp_table_smem_bytes(half,
-/// kCtaTable ? 1 : W), the default kernel's alignment. A small-size kernel: registers are not capped
-/// for occupancy.
-template <typename T, int kVecN, bool kNeox, bool kL2Hint, bool kCtaTable>
+/// units <= G (one unit per lane), dynamic shared memory of qk_norm_rope_table_smem_bytes(half),
+/// the per-token CTA kernel's alignment. A small-size kernel: registers are not capped for
+/// occupancy.
+template <typename T, int kVecN, bool kNeox, bool kL2Hint>
 __global__ void __launch_bounds__(QKNormRopeConfig::kMaxThreads, 1)
-    fused_qk_norm_rope_warp_table_kernel(const QKNormRopeParams p) {
+    fused_qk_norm_rope_table_kernel(const QKNormRopeParams p) {
   using vec_t = device::AlignedVector<T, kVecN>;
-  constexpr int kTablePairs = QKNormRopeConfig::kWarpTablePairs;
+  constexpr int kTablePairs = QKNormRopeConfig::kTablePairsBeforeWait;
   constexpr int32_t kWarp = static_cast<int32_t>(device::kWarpThreads);
   extern __shared__ float qk_norm_rope_smem[];
   const int32_t lane = static_cast<int32_t>(threadIdx.x) % kWarp;
   const int32_t warp = static_cast<int32_t>(threadIdx.x) / kWarp;
   const int32_t half = static_cast<int32_t>(p.half);
-  // The rows of this warp's token: the warp's own, or with kCtaTable the CTA's one table
-  float* const cos_row = qk_norm_rope_smem + (kCtaTable ? 0 : warp) * 2 * half;  // [R/2]
-  float* const sin_row = cos_row + half;                                         // [R/2]
-  // This thread's first table entry and the stride over the entries: the warp's or the CTA's threads
-  const int32_t entry = kCtaTable ? static_cast<int32_t>(threadIdx.x) : lane;
-  const int32_t entry_step = kCtaTable ? static_cast<int32_t>(blockDim.x) : kWarp;
+  // The CTA's table (its token's rows)
+  float* const cos_row = qk_norm_rope_smem;  // [R/2]
+  float* const sin_row = cos_row + half;     // [R/2]
+  // This thread's first table entry and the stride over the entries
+  const int32_t entry = static_cast<int32_t>(threadIdx.x);
+  const int32_t entry_step = static_cast<int32_t>(blockDim.x);
 
   // Parameters only before the PDL wait: the lane's head and unit, its addresses, its table
   // entries' frequencies.
@@ -566,8 +447,6 @@ __global__ void __launch_bounds__(QKNormRopeConfig::kMaxThreads, 1)
   int32_t off_a, off_b;
   bool unit_valid, b_valid, rotated;
   qk_norm_rope_unit<kVecN, kNeox>(p, unit, off_a, off_b, unit_valid, b_valid, rotated);
-  // the whole warp; not with kCtaTable: it owes its share of the CTA's table and the barrier
-  if (!kCtaTable && warp_head >= p.num_heads) return;
   const bool head_valid = head < p.num_heads;
   T* const ptr = static_cast<T*>(p.qkv) + token * p.token_stride + (head_valid ? head : 0) * p.head_dim;
   const T* const w = static_cast<const T*>(head < p.num_q_heads ? p.q_weight : p.k_weight);
@@ -604,8 +483,7 @@ __global__ void __launch_bounds__(QKNormRopeConfig::kMaxThreads, 1)
     wb.load(w_b);
   }
 
-  // The warp's (kCtaTable: the CTA's) cos/sin rows, by every lane (heads past num_heads too: the
-  // whole warp, resp. CTA, reads them).
+  // The CTA's cos/sin rows, by every thread (heads past num_heads too: the whole CTA reads them).
 #pragma unroll
   for (int t = 0; t < kTablePairs; ++t) {
     const int32_t i = entry + t * entry_step;
@@ -614,11 +492,7 @@ __global__ void __launch_bounds__(QKNormRopeConfig::kMaxThreads, 1)
   for (int32_t i = entry + kTablePairs * entry_step; i < half; i += entry_step) {
     scaled_sincos(p, pos * rope_frequency(p, i), cos_row[i], sin_row[i]);
   }
-  if constexpr (kCtaTable) {
-    __syncthreads();
-  } else {
-    __syncwarp();
-  }
+  __syncthreads();
   if (!head_valid) return;
 
   const float rstd = rsqrtf(group_sum(add_unit_squares<T, kVecN>(0.0f, a, b), p.lanes) * p.inv_dim + p.eps);
@@ -639,105 +513,10 @@ __global__ void __launch_bounds__(QKNormRopeConfig::kMaxThreads, 1)
   if (b_valid) access.store(b, ptr_b);
 }
 
-/// The previous kernel (QKNormRopeVariant::kLegacy), for the benchmark's old-vs-new rows: one thread
-/// per (unit, head) at small sizes, up to kHeadPasses heads per thread at large ones; powf and
-/// sincosf per thread.
-template <typename T, int kVecN, bool kNeox, int kUnits>
-__global__ void __launch_bounds__(QKNormRopeConfig::kMaxThreads, QKNormRopeConfig::min_blocks(kUnits))
-    fused_qk_norm_rope_legacy_kernel(const QKNormRopeParams p) {
-  using vec_t = device::AlignedVector<T, kVecN>;
-  const int64_t num_chunks = p.half / kVecN;
-  const int64_t token = int64_t{blockIdx.x} * blockDim.z + threadIdx.z;
-
-  // Parameters only before the PDL wait: unit offsets and the frequencies of this lane's pairs.
-  int64_t off_a[kUnits], off_b[kUnits];
-  bool unit_valid[kUnits], b_valid[kUnits], rotated[kUnits];
-  float freq[kUnits][kVecN];
-#pragma unroll
-  for (int u = 0; u < kUnits; ++u) {
-    const int64_t unit = threadIdx.x + int64_t{u} * p.lanes;
-    unit_valid[u] = unit < p.num_units;
-    rotated[u] = unit < num_chunks;
-    if (rotated[u]) {
-      chunk_offsets<kVecN, kNeox>(unit, p.half, off_a[u], off_b[u]);
-    } else {
-      off_a[u] = 2 * p.half + (unit - num_chunks) * 2 * kVecN;
-      off_b[u] = off_a[u] + kVecN;
-    }
-    b_valid[u] = unit_valid[u] && off_b[u] < p.head_dim;
-#pragma unroll
-    for (int j = 0; j < kVecN; ++j) freq[u][j] = rotated[u] ? rope_frequency(p, unit * kVecN + j) : 0.0f;
-  }
-
-  device::pdl_wait_primary();
-  device::pdl_launch_dependents();
-  if (token >= p.num_tokens) return;
-
-  const float pos = static_cast<float>(load_index(p.positions, p.positions_int64, token));
-  float c[kUnits][kVecN], s[kUnits][kVecN];
-#pragma unroll
-  for (int u = 0; u < kUnits; ++u) {
-#pragma unroll
-    for (int j = 0; j < kVecN; ++j) {
-      float sv = 0.0f, cv = 1.0f;
-      if (rotated[u]) sincosf(pos * freq[u][j], &sv, &cv);
-      c[u][j] = cv * p.attention_factor;
-      s[u][j] = sv * p.attention_factor;
-    }
-  }
-
-  const float inv_dim = 1.0f / static_cast<float>(p.head_dim);
-  T* row = static_cast<T*>(p.qkv) + token * p.token_stride;
-  for (int64_t head = threadIdx.y; head < p.num_heads; head += blockDim.y) {
-    T* ptr = row + head * p.head_dim;
-    const T* w = static_cast<const T*>(head < p.num_q_heads ? p.q_weight : p.k_weight);
-    vec_t a[kUnits], b[kUnits];
-    float sum = 0.0f;
-#pragma unroll
-    for (int u = 0; u < kUnits; ++u) {
-      a[u].fill(static_cast<T>(0.0f));
-      b[u].fill(static_cast<T>(0.0f));
-      if (unit_valid[u]) a[u].load(ptr + off_a[u]);
-      if (b_valid[u]) b[u].load(ptr + off_b[u]);
-#pragma unroll
-      for (int j = 0; j < kVecN; ++j) {
-        const float x = static_cast<float>(a[u][j]), y = static_cast<float>(b[u][j]);
-        sum += x * x + y * y;
-      }
-    }
-    const float rstd = rsqrtf(group_sum(sum, p.lanes) * inv_dim + p.eps);
-#pragma unroll
-    for (int u = 0; u < kUnits; ++u) {
-      if (!unit_valid[u]) continue;
-      vec_t wa, wb;
-      wa.load(w + off_a[u]);
-      float za[kVecN], zb[kVecN] = {};
-#pragma unroll
-      for (int j = 0; j < kVecN; ++j) za[j] = static_cast<float>(a[u][j]) * rstd * static_cast<float>(wa[j]);
-      if (b_valid[u]) {
-        wb.load(w + off_b[u]);
-#pragma unroll
-        for (int j = 0; j < kVecN; ++j) zb[j] = static_cast<float>(b[u][j]) * rstd * static_cast<float>(wb[j]);
-      }
-      if (rotated[u]) {
-        rotate_pairs_fp32<T, kVecN, kNeox>(za, zb, c[u], s[u], a[u], b[u]);
-      } else {
-#pragma unroll
-        for (int j = 0; j < kVecN; ++j) {
-          a[u][j] = static_cast<T>(za[j]);
-          b[u][j] = static_cast<T>(zb[j]);
-        }
-      }
-      a[u].store(ptr + off_a[u]);
-      if (b_valid[u]) b[u].store(ptr + off_b[u]);
-    }
-  }
-}
-
 /// Launches a fused_qk_norm_rope kernel with kVecN (kMaxVecN, or 1 when the layout is not aligned to
-/// it) and one or two units per lane. variant: QKNormRopeVariant bits.
+/// it) and one or two units per lane (the file comment's rule).
 template <typename T, int kVecN, bool kNeox>
-void launch_fused_qk_norm_rope(QKNormRopeParams p, DLDevice device, bool pdl, int64_t variant) {
+void launch_fused_qk_norm_rope(QKNormRopeParams p, DLDevice device, bool pdl) {
   using namespace host;
   const int64_t units = p.num_units;
   RuntimeCheck(
@@ -757,39 +536,14 @@ void launch_fused_qk_norm_rope(QKNormRopeParams p, DLDevice device, bool pdl, in
   const int64_t per_token_all = lanes * p.num_heads;
   const bool large = per_token_all * p.num_tokens >= QKNormRopeConfig::kLargeThreads;
 
-  if ((variant & QKNormRopeVariant::kLegacy) != 0) {
-    const int64_t passes = large ? std::min<int64_t>(QKNormRopeConfig::kHeadPasses, p.num_heads) : 1;
-    int64_t heads = div_ceil(p.num_heads, passes);
-    heads = std::min<int64_t>(heads, QKNormRopeConfig::kMaxThreads / lanes);
-    // blockDim.z is at most 64 (a CUDA limit)
-    const int64_t tokens = std::clamp<int64_t>(
-        QKNormRopeConfig::kTargetThreads / (lanes * heads), 1, std::clamp<int64_t>(p.num_tokens, 1, 64));
-    const dim3 block(static_cast<uint32_t>(lanes), static_cast<uint32_t>(heads), static_cast<uint32_t>(tokens));
-    const int64_t grid = div_ceil(p.num_tokens, tokens);
-    RuntimeCheck(
-        grid < (int64_t{1} << 31), "fused_qk_norm_rope: num_tokens too large for one launch, got ", p.num_tokens);
-    if (units <= lanes) {
-      LaunchKernel(static_cast<uint32_t>(grid), block, device)
-          .enable_pdl(pdl)(fused_qk_norm_rope_legacy_kernel<T, kVecN, kNeox, 1>, p);
-    } else {
-      LaunchKernel(static_cast<uint32_t>(grid), block, device)
-          .enable_pdl(pdl)(fused_qk_norm_rope_legacy_kernel<T, kVecN, kNeox, 2>, p);
-    }
-    return;
-  }
-
   // Groups: kBatch heads (all in flight) at small sizes, kLargeHeadsPerGroup (trig shared) at large
   // ones, doubled until the groups of one token fit a CTA; q and k groups apart.
   const int64_t num_k_heads = p.num_heads - p.num_q_heads;
-  const int64_t override_hpg = (variant >> QKNormRopeVariant::kHeadsShift) & 0xff;
-  int64_t hpg = override_hpg > 0 ? override_hpg
-                : large          ? QKNormRopeConfig::kLargeHeadsPerGroup
-                                 : QKNormRopeConfig::kBatch;
+  int64_t hpg = large ? QKNormRopeConfig::kLargeHeadsPerGroup : QKNormRopeConfig::kBatch;
   const auto groups_of = [&](int64_t h) { return div_ceil(p.num_q_heads, h) + div_ceil(num_k_heads, h); };
   while (lanes * groups_of(hpg) > QKNormRopeConfig::kMaxThreads) hpg *= 2;
   p.heads_per_group = static_cast<int32_t>(hpg);
   p.num_q_groups = static_cast<int32_t>(div_ceil(p.num_q_heads, hpg));
-  p.fast_trig = (variant & QKNormRopeVariant::kFastTrig) != 0;
   const int64_t groups = groups_of(hpg);
   // blockDim.z is at most 64 (a CUDA limit); the cos/sin rows of the CTA's tokens stay within
   // kMaxSmemBytes (R/2 <= 512 pairs: at least 5 tokens)
@@ -814,47 +568,27 @@ void launch_fused_qk_norm_rope(QKNormRopeParams p, DLDevice device, bool pdl, in
         .enable_pdl(pdl)(kernel, p);
   };
   if constexpr (kFull) {
-    // The default (variant 0) takes the table kernel with one table per CTA of kDefaultTableWarps
-    // warps where it applies (the variant 0x418's launch), the per-token CTA kernel below otherwise
-    const bool table_default = variant == 0;
-    if ((table_default || (variant & QKNormRopeVariant::kWarpTable) != 0) && units <= lanes && !large) {
+    if (units <= lanes && !large) {
       // W warps of 32 / G heads of one token per CTA (fewer when the token has fewer); T < 2^16
       // here (below kLargeThreads), within grid.y's limit
       const int64_t warps_per_token = div_ceil(p.num_heads, static_cast<int64_t>(device::kWarpThreads) / lanes);
-      const int64_t override_warps =
-          table_default ? QKNormRopeConfig::kDefaultTableWarps : (variant >> QKNormRopeVariant::kHeadsShift) & 0xff;
       const int64_t warps = std::min<int64_t>(
-          {override_warps > 0 ? override_warps : QKNormRopeConfig::kWarpTableWarps,
-           warps_per_token,
-           QKNormRopeConfig::kMaxThreads / device::kWarpThreads});
+          {QKNormRopeConfig::kTableWarps, warps_per_token, QKNormRopeConfig::kMaxThreads / device::kWarpThreads});
       const dim3 table_grid(
           static_cast<uint32_t>(div_ceil(warps_per_token, warps)), static_cast<uint32_t>(p.num_tokens));
       const dim3 table_block(static_cast<uint32_t>(warps * device::kWarpThreads));
-      // R/2 <= 32 kVecN pairs (one unit per lane): at most 2 KiB a table, so 32 KiB a CTA of
-      // kMaxThreads with a table per warp, 2 KiB with kCtaTable (< kMaxSmemBytes)
-      const bool cta_table = table_default || (variant & QKNormRopeVariant::kCtaTable) != 0;
-      const auto table_smem =
-          static_cast<std::size_t>(qk_norm_rope_warp_table_smem_bytes(p.half, cta_table ? 1 : warps));
+      // R/2 <= 32 kVecN pairs (one unit per lane): at most 2 KiB (< kMaxSmemBytes)
+      const auto table_smem = static_cast<std::size_t>(qk_norm_rope_table_smem_bytes(p.half));
       const auto launch_table = [&](auto kernel) {
         LaunchKernel(table_grid, table_block, device, table_smem).enable_pdl(pdl)(kernel, p);
       };
-      if (cta_table) {
-        if (l2_hint) {
-          launch_table(fused_qk_norm_rope_warp_table_kernel<T, kVecN, kNeox, true, true>);
-        } else {
-          launch_table(fused_qk_norm_rope_warp_table_kernel<T, kVecN, kNeox, false, true>);
-        }
-      } else if (l2_hint) {
-        launch_table(fused_qk_norm_rope_warp_table_kernel<T, kVecN, kNeox, true, false>);
+      if (l2_hint) {
+        launch_table(fused_qk_norm_rope_table_kernel<T, kVecN, kNeox, true>);
       } else {
-        launch_table(fused_qk_norm_rope_warp_table_kernel<T, kVecN, kNeox, false, false>);
+        launch_table(fused_qk_norm_rope_table_kernel<T, kVecN, kNeox, false>);
       }
       return;
     }
-  }
-  if ((variant & QKNormRopeVariant::kRegTrig) != 0 && units <= lanes && !l2_hint) {
-    launch(fused_qk_norm_rope_kernel<T, kVecN, kNeox, 1, false, true>);
-    return;
   }
   if (units <= lanes) {
     if (l2_hint) {
@@ -874,8 +608,7 @@ void launch_fused_qk_norm_rope(QKNormRopeParams p, DLDevice device, bool pdl, in
 /// In place on qkv [num_tokens, (hq + hk + hv) * head_dim] (T, last dim contiguous, token stride
 /// free): RMSNorm of each q and k head with q_weight / k_weight ([head_dim], contiguous), then RoPE
 /// of its first rotary_dim elements (0: head_dim) with frequencies base^(-2i/R) (YaRN when factor
-/// != 1). position_ids: [num_tokens] int32/int64. enable_pdl: 1 / 0 / -1 (auto). variant:
-/// QKNormRopeVariant bits (0: the default kernel; the others are the benchmark's comparisons).
+/// != 1). position_ids: [num_tokens] int32/int64. enable_pdl: 1 / 0 / -1 (auto).
 /// T = fp16_t | bf16_t | fp32_t. Throws PanicError (Python RuntimeError) naming the tensor.
 template <typename T>
 void fused_qk_norm_rope(
@@ -895,8 +628,7 @@ void fused_qk_norm_rope(
     double high,
     double attention_factor,
     int64_t rotary_dim,
-    int64_t enable_pdl,
-    int64_t variant) {
+    int64_t enable_pdl) {
   using namespace host;
   constexpr const char* kOp = "fused_qk_norm_rope";
 
@@ -933,7 +665,6 @@ void fused_qk_norm_rope(
       "), got ",
       r);
   RuntimeCheck(eps >= 0.0, kOp, ": eps must be >= 0, got ", eps);
-  RuntimeCheck(variant >= 0 && (variant >> QKNormRopeVariant::kHeadsShift) <= 0xff, kOp, ": bad variant ", variant);
   verify_no_partial_overlap(qkv, "qkv", q_weight, "q_weight", /*allow_same=*/false);
   verify_no_partial_overlap(qkv, "qkv", k_weight, "k_weight", /*allow_same=*/false);
   verify_no_partial_overlap(qkv, "qkv", position_ids, "position_ids", /*allow_same=*/false);
@@ -979,9 +710,9 @@ void fused_qk_norm_rope(
   auto launch = [&]<int kVecN>() {
     p.num_units = p.half / kVecN + div_ceil((head_dim - r) / kVecN, int64_t{2});
     if (is_neox) {
-      launch_fused_qk_norm_rope<T, kVecN, true>(p, device, pdl, variant);
+      launch_fused_qk_norm_rope<T, kVecN, true>(p, device, pdl);
     } else {
-      launch_fused_qk_norm_rope<T, kVecN, false>(p, device, pdl, variant);
+      launch_fused_qk_norm_rope<T, kVecN, false>(p, device, pdl);
     }
   };
   if (vec_n == kMaxVecN) {

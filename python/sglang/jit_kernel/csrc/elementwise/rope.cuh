@@ -1,5 +1,7 @@
 // Rotary position embedding (RoPE) of q and k in place, optionally storing the rotated k and an
-// untouched v into paged KV caches in the same launch.
+// untouched v into paged KV caches in the same launch. The engine of apply_rope_inplace,
+// apply_rope_inplace_with_kvcache and rotary_embedding (each op's module instantiates only its own
+// launcher); fused_qknorm_rope.cuh reuses its rotation math.
 //
 //   c = cache[pos, i], s = cache[pos, R/2 + i]            (i < R/2, R = rope_dim)
 //   NeoX  (is_neox):  (x[i], x[i + R/2])  <- (x*c - y*s, x*s + y*c)
@@ -16,19 +18,28 @@
 // of the CTA. A thread loads its cos/sin vectors once per (token, chunk) and reuses them for every
 // head it rotates (the rows are tiny next to q and k: R * 4 bytes per token against
 // (Hq + Hk) * head_dim * sizeof(T) * 2). A thread loads two heads' vectors before it stores any
-// (RopeConfig::kHeadsPerThread: 64 bytes in flight per thread at 16-byte vectors, against 32 with
-// one head; the occupancy is bounded by 64 registers). The first heads' vectors are loaded before the position,
-// so that at one token the two dependent loads (position, then its cache row) overlap the data
-// load. Offsets are 64-bit. Vectors are 16 bytes when every pointer, stride and R/2 allow it,
-// narrower otherwise (down to one element), so no access is ever misaligned.
+// (RopeConfig::kHeadsPerThread: twice the bytes in flight per thread of one head). Offsets are
+// 64-bit. Vectors are 16 bytes when every pointer, stride and R/2 allow it, narrower otherwise
+// (down to one element), so no access is ever misaligned.
+//
+// Kernels, as rope_dispatch picks them (R/2 <= kMaxLanes 16-byte vectors is "early fits"):
+//   rotation only, 16-byte vectors: rope_early_kernel (addresses before the PDL wait, the position
+//     load first after it) below RopeConfig::kEarlyMaxBytes of rotated bytes where it fits; else
+//     rope_kernel, L2-hinted from kL2HintMinBytes.
+//   KV store, 16-byte vectors: rope_early_kernel<kKvStore> (rows of threads of their own copy v)
+//     below kL2HintMinBytes where it fits; else rope_kernel in the split mode (kKvSplit, the same
+//     v rows), L2-hinted from kL2HintMinBytes; rope_kernel with no v rows (kKvMode 0) when no row
+//     of lanes fits next to the rotating ones in kMaxThreads.
+//   narrower vectors: rope_kernel without the hint (with the KV store: v prefetched by the rotating
+//     threads, kKvPrefetch).
 //
 // A position outside [0, max_position) reads nothing from the cache: its token's heads are rotated
 // by cos = 1, sin = 0 in fp32 (and stored so, with the KV cache): finite values keep their value (x * 1
 // - y * 0 may turn -0.0 into +0.0), and the partner of an inf or NaN becomes NaN. An out_loc outside
-// [0, cache_size) skips that token's cache writes. Bytes moved (the benchmark's count):
-// 2 * N * (Hq + Hk) * R * sizeof(T) (read + write of the rotated elements) + N * R * sizeof(CacheT)
-// + N * sizeof(position), and with the KV store + N * Hk * (2 * D - R) * sizeof(T) * 2 (the rest of
-// k and all of v read, both caches written) ... see rope.py for the exact formula.
+// [0, cache_size) skips that token's cache writes. Bytes moved: 2 * N * (Hq + Hk) * R * sizeof(T)
+// (read + write of the rotated elements) + N * R * sizeof(CacheT) + N * sizeof(position), and with
+// the KV store + N * Hk * (2 * D - R) * sizeof(T) (the rest of k and all of v read) + 2 * N * Hk * D
+// * sizeof(T) (both caches written) + N * sizeof(out_loc) (rope.py's formula).
 #pragma once
 
 #include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDevice, kAnySize, data_ptr, verify_no_partial_overlap
@@ -53,75 +64,22 @@ namespace {
 /// Launch facts of the RoPE kernels.
 struct RopeConfig {
   static constexpr uint32_t kMaxThreads = 512;  // threads per CTA, upper bound (__launch_bounds__)
-  // CTAs of kMaxThreads per SM the registers must allow: 2 caps them at 64. At 4 (32 registers,
-  // full occupancy) ptxas spills 300-400 bytes per thread in the 16-byte builds.
+  // CTAs of kMaxThreads per SM the registers of rope_kernel must allow: 2 caps them at 64. At 4 (32
+  // registers, full occupancy) ptxas spills 300-400 bytes per thread in the 16-byte builds.
   static constexpr uint32_t kMinBlocks = 2;
   static constexpr int64_t kTargetThreads = 256;       // tokens are packed into a CTA up to this many threads
   static constexpr int64_t kMaxLanes = 512;            // lanes per head (chunks beyond: lanes loop)
   static constexpr int kHeadsPerThread = 2;            // heads a thread loads before it stores (when there are 2+)
   static constexpr int64_t kL2HintMinBytes = 1 << 20;  // in-place launches at least this large use the L2 hint
-  // Rotation only: below this many rotated bytes the default is rope_early_kernel without the L2
-  // hint (kEarlyAnySize), above it rope_kernel with the hint. H200, 32 + 8 heads x 128 bf16, one
-  // input: 2048 tokens (21 MB) 7.56 us against rope_kernel's 7.90 (cold 12.01 / 12.30); 16384
-  // tokens (168 MB) 84.15 against 81.69. Sizes between were not timed; 32 MiB stays well inside
-  // the 50 MB L2 of an H100 / H200.
+  // Rotation only: below this many rotated bytes rope_early_kernel (no L2 hint), above it the
+  // L2-hinted rope_kernel (the L2-resident sizes against the DRAM-bound ones; 32 MiB stays well
+  // inside the 50 MB L2 of an H100 / H200; docs/perf_notes.md, RoPE).
   static constexpr int64_t kEarlyMaxBytes = int64_t{32} << 20;
-  static constexpr int kKvPrefetch =
-      2;  // v vectors per thread loaded before the rotation (KV store; 16-48 B of spills at 64 registers, 1: 16-32 B)
+  // v vectors per thread loaded before the rotation (KV store at narrow vectors; rope_early_kernel's
+  // v rows)
+  static constexpr int kKvPrefetch = 2;
   static constexpr int kKvSplit = -1;  // rope_kernel's kKvMode: v copied by rows of threads of their own
-  // rope_head_slots_kernel (RopeVariant::kHeadSlots): heads per thread, CTA bound, and the threads a
-  // CTA packs tokens up to. 128 x 5 caps the registers at 102: bf16 NeoX / GPT-J use 96 / 88, no
-  // stack (5 heads: 40 data + 16 cos/sin + 10 pointer registers; at 256 x 3, an 80 cap, ptxas spilled
-  // 16-40 bytes). One token per CTA (64 threads at 32 + 8 heads) keeps the residency granular: 10
-  // CTAs per SM at 96 registers, against 6 tokens per SM for rope_kernel at 2048 tokens.
-  static constexpr int kSlotHeads = 5;
-  static constexpr uint32_t kSlotThreads = 128;
-  static constexpr uint32_t kSlotMinBlocks = 5;
-  static constexpr int64_t kSlotTargetThreads = 64;
 };
-
-/// Variants of the launchers. 0 (the default of every launcher) is, for the rotation-only ops,
-/// kEarlyAnySize below RopeConfig::kEarlyMaxBytes and kEarly's rule (the L2-hinted rope_kernel)
-/// above it, and kEarlyKv with the KV store (kKvSplitCopy from the L2-hint size on): the winners of
-/// the 2026-12-01 and 2026-12-02 A/B runs on the H200. The others are A/B knobs of the *_v
-/// launchers, kPlain the launch before the first change. Each one falls back to kPlain where its
-/// preconditions do not hold (stated per variant).
-struct RopeVariant {
-  // rope_early_kernel (rotation only): addresses before the PDL wait, the position load first after
-  // it; 16-byte vectors, R/2 <= kMaxLanes vectors, below kL2HintMinBytes (T = 1 here); else default.
-  static constexpr int64_t kEarly = 1;
-  // kEarly with 4 heads per thread (half the threads of a token: 80 at 32 + 8 heads x 128 bf16).
-  static constexpr int64_t kEarlyFew = 2;
-  // KV store: rope_kernel without the v prefetch (kKvMode 0, the build before round 1's prefetch).
-  static constexpr int64_t kKvNoPrefetch = 3;
-  // KV store: v copied by extra rows of threads (kKvMode kKvSplit), independent of the rotation;
-  // kKvNoPrefetch when the extra rows do not fit kMaxThreads.
-  static constexpr int64_t kKvSplitCopy = 4;
-  // launch_rope as it was before kEarly / kKvSplitCopy became the default (A/B rows "jit plain").
-  static constexpr int64_t kPlain = 5;
-  // rope_head_slots_kernel (rotation only, fp32 cache: apply_rope_inplace): kSlotHeads heads per
-  // thread, all loaded before the position; 16-byte vectors, at most kSlotThreads chunks per head,
-  // fewer than 2^30 heads; else the default (kEarly's rule).
-  static constexpr int64_t kHeadSlots = 6;
-  // KV store: rope_early_kernel with kKvStore (kEarly's addresses and load order, v copied by rows
-  // of their own as kKvSplitCopy); kEarly's preconditions, else kKvSplitCopy.
-  static constexpr int64_t kEarlyKv = 7;
-  // Rotation only, A/B knobs of the L2-hint rule at the L2-resident mid size (2048 tokens): kEarly
-  // without its size bound (no L2 hint at any size; R/2 <= kMaxLanes vectors, else the default),
-  // and the default launch with the L2 hint off.
-  static constexpr int64_t kEarlyAnySize = 8;
-  static constexpr int64_t kNoL2Hint = 9;
-  // Rotation only: kEarlyAnySize with one head per thread (twice the threads, half the registers
-  // and bytes in flight per thread: more warps per SM at the L2-resident mid size).
-  static constexpr int64_t kEarlyOne = 10;
-  // Rotation only: kEarlyAnySize with the PDL trigger (launch_dependents) after the stores instead
-  // of after the wait (the dependent grid's CTAs then wait less while this one still runs), and
-  // kEarlyAnySize with 4 heads per thread.
-  static constexpr int64_t kEarlyLate = 11;
-  static constexpr int64_t kEarlyFewAnySize = 12;
-  static constexpr int64_t kMax = 12;
-};
-
 /// One tensor of heads (q or k): element (t, h, e) at data + t * token_stride + h * head_stride + e.
 struct RopeHeads {
   void* data;            // [num_tokens, num_heads, head_dim], last dim contiguous
@@ -130,7 +88,7 @@ struct RopeHeads {
   int64_t num_heads;
 };
 
-/// Kernel arguments of rope_kernel.
+/// Kernel arguments of rope_kernel and rope_early_kernel.
 struct RopeParams {
   RopeHeads q;                // [num_tokens, num_q_heads, head_dim]
   RopeHeads k;                // [num_tokens, num_kv_heads, head_dim]
@@ -366,7 +324,7 @@ SGL_DEVICE void copy_kv_rest(
 /// kVecN elements of CacheT.
 /// kKvMode (KV store only): v vectors per thread prefetched before the rotation (kKvPrefetch, the
 /// default; 0: none), or RopeConfig::kKvSplit: the last p.v_rows rows of blockDim.y only copy v
-/// (kv heads y - rot_rows, stepping v_rows), the others rotate and store k (opt-in variants).
+/// (kv heads y - rot_rows, stepping v_rows), the others rotate and store k.
 template <
     typename T,
     typename CacheT,
@@ -576,27 +534,20 @@ SGL_DEVICE void rope_early_copy_v(const RopeParams& p, int64_t token, int64_t ro
   }
 }
 
-/// RopeVariant::kEarly / kEarlyFew (rotation only; opt-in): rope_kernel's math and layout with
-/// every address of the first pass (64-bit head pointers, the position pointer, the cache chunk
-/// base) formed before the PDL wait, the position load issued first after it, then the q/k loads;
-/// the cos/sin load follows as soon as the position arrives (one 64-bit multiply-add). kHeads heads
-/// per thread. Preconditions (the launcher's): rope_kernel's, and num_chunks <= blockDim.x (one
-/// chunk per lane: threadIdx.x < num_chunks rotates chunk threadIdx.x).
-/// A small-size variant: registers are not capped for occupancy (min blocks 1: 128 registers);
-/// with one head per thread (kEarlyOne, the mid-size A/B knob) 4 blocks of kMaxThreads (32).
-/// kKvStore (RopeVariant::kEarlyKv): the KV store in the same launch. The last p.v_rows rows of
-/// blockDim.y copy v (and the unrotated rest [R, head_dim) of k) with rope_early_copy_v; the other
-/// rows rotate as above and also store each rotated k vector to k_cache[loc], loc being loaded
-/// right after the position (both index loads are in flight together, before the data loads).
-template <
-    typename T,
-    typename CacheT,
-    int kVecN,
-    bool kNeox,
-    int kHeads,
-    bool kKvStore = false,
-    bool kLateTrigger = false>
-__global__ void __launch_bounds__(RopeConfig::kMaxThreads, kHeads == 1 ? 4 : 1) rope_early_kernel(const RopeParams p) {
+/// rope_kernel's math and layout with every address of the first pass (64-bit head pointers, the
+/// position pointer, the cache chunk base) formed before the PDL wait, the position load issued
+/// first after it, then the q/k loads; the cos/sin load follows as soon as the position arrives (one
+/// 64-bit multiply-add). RopeConfig::kHeadsPerThread heads per thread in the first pass.
+/// Preconditions (the launcher's): rope_kernel's at the 16-byte vector, and num_chunks <= blockDim.x
+/// (one chunk per lane: threadIdx.x < num_chunks rotates chunk threadIdx.x).
+/// A small-size kernel: registers are not capped for occupancy (min blocks 1: 128 registers).
+/// kKvStore: the KV store in the same launch. The last p.v_rows rows of blockDim.y copy v (and the
+/// unrotated rest [R, head_dim) of k) with rope_early_copy_v; the other rows rotate as above and
+/// also store each rotated k vector to k_cache[loc], loc being loaded right after the position (both
+/// index loads are in flight together, before the data loads).
+template <typename T, typename CacheT, int kVecN, bool kNeox, bool kKvStore>
+__global__ void __launch_bounds__(RopeConfig::kMaxThreads, 1) rope_early_kernel(const RopeParams p) {
+  constexpr int kHeads = RopeConfig::kHeadsPerThread;
   using vec_t = device::AlignedVector<T, kVecN>;
   using cvec_t = device::AlignedVector<CacheT, kVecN>;
   const int64_t token = int64_t{blockIdx.x} * blockDim.z + threadIdx.z;
@@ -627,7 +578,7 @@ __global__ void __launch_bounds__(RopeConfig::kMaxThreads, kHeads == 1 ? 4 : 1) 
                             : static_cast<const void*>(static_cast<const int32_t*>(p.positions) + (active ? token : 0));
 
   device::pdl_wait_primary();
-  if constexpr (!kLateTrigger) device::pdl_launch_dependents();
+  device::pdl_launch_dependents();
   if (!active) return;
 
   const int64_t pos = p.positions_int64 ? *static_cast<const int64_t*>(pos_ptr)
@@ -681,91 +632,6 @@ __global__ void __launch_bounds__(RopeConfig::kMaxThreads, kHeads == 1 ? 4 : 1) 
     y.store(ptr + off_b);
     if constexpr (kKvStore) rope_store_k_cache<T, kVecN>(p, head, loc, off_a, off_b, x, y);
   }
-  if constexpr (kLateTrigger) device::pdl_launch_dependents();  // exited threads count as triggered
-}
-
-/// RopeVariant::kHeadSlots (rotation only, fp32 cache; opt-in), aimed at the L2-resident mid size
-/// (2048 tokens of 32 + 8 heads x 128; docs/perf_notes.md, "RoPE at 2048 tokens"). H200, sixth session
-/// of 2026-12-01, one input: 7.70 us against the default's 7.90 (sglang 6.94), 1.28 / 1.42 us at 1 / 64
-/// tokens against 0.97 / 1.09, 82.02 cold at 16384 against 81.60: kept opt-in.
-/// Thread (x, y, z) rotates chunk x of the kHeads heads y, y + blockDim.y, ... (q heads, then k) of
-/// token blockIdx.x * blockDim.z + z, all loaded together with the position, so that the position ->
-/// cos/sin chain overlaps kHeads * 32 bytes in flight per thread (rope_kernel at its 64-register
-/// cap: 32 bytes, ptxas sinks one of its two heads' loads below the position wait). In the SASS
-/// (bf16 NeoX) the position load issues first, then 8 of the 10 data loads, then the cos/sin loads
-/// with the last head's; about 530 instructions per thread for 80 elements (rope_kernel: 310 for 32).
-/// One cos/sin load serves kHeads heads; at 32 + 8 heads, kHeads = 5 makes a token two full warps
-/// (8 lanes x 8 rows), and the four rows of a warp read the same 128 bytes of the row (one L1
-/// wavefront per cos/sin vector). Per-token bases (64-bit) are formed before the PDL wait; a head's
-/// address is then a select and one 32 x 64-bit multiply-add. Same math as rope_kernel
-/// (rotate_pairs, load_cos_sin): the same bits. Loads evict_last / stores evict_normal when
-/// `l2_hint` (rope_kernel's kL2Hint rule), else evict_normal both ways (the priority of a plain
-/// access), so one kernel serves both.
-/// Preconditions (the launcher's): rope_kernel's at the 16-byte vector, num_chunks == blockDim.x,
-/// fewer than 2^30 heads. Heads beyond kHeads * blockDim.y (the launcher caps blockDim.y at
-/// kSlotThreads / lanes) are rotated one at a time.
-template <typename T, int kVecN, bool kNeox, int kHeads>
-__global__ void __launch_bounds__(RopeConfig::kSlotThreads, RopeConfig::kSlotMinBlocks)
-    rope_head_slots_kernel(const RopeParams p, const bool l2_hint) {
-  using vec_t = device::AlignedVector<T, kVecN>;
-  const int64_t token = int64_t{blockIdx.x} * blockDim.z + threadIdx.z;
-  const bool active = token < p.num_tokens;
-  const int64_t t = active ? token : 0;
-  // head indices in 32 bits (the launcher's bound: fewer than 2^30 heads)
-  const int32_t num_q = static_cast<int32_t>(p.q.num_heads);
-  const int32_t num_heads = num_q + static_cast<int32_t>(p.k.num_heads);
-  const int32_t rows = static_cast<int32_t>(blockDim.y);
-  const int32_t row = static_cast<int32_t>(threadIdx.y);
-  int64_t off_a, off_b;
-  chunk_offsets<kVecN, kNeox>(threadIdx.x, p.half, off_a, off_b);
-  // bytes: a head's address is a select of (base, stride) and one 32 x 64-bit multiply-add
-  char* const q_token = static_cast<char*>(p.q.data) + (t * p.q.token_stride + off_a) * int64_t{sizeof(T)};
-  char* const k_token = static_cast<char*>(p.k.data) + (t * p.k.token_stride + off_a) * int64_t{sizeof(T)};
-  const int64_t q_head_bytes = p.q.head_stride * int64_t{sizeof(T)};
-  const int64_t k_head_bytes = p.k.head_stride * int64_t{sizeof(T)};
-  const int64_t b_minus_a = off_b - off_a;  // elements from a head's first vector to its second
-  const auto head_ptr = [&](int32_t head) {
-    const bool is_q = head < num_q;
-    const uint32_t h = static_cast<uint32_t>(is_q ? head : head - num_q);
-    return reinterpret_cast<T*>((is_q ? q_token : k_token) + int64_t{h} * (is_q ? q_head_bytes : k_head_bytes));
-  };
-
-  device::pdl_wait_primary();
-  device::pdl_launch_dependents();
-  if (!active) return;
-
-  const device::L2Policy load_policy = l2_hint ? device::l2_evict_last_policy() : device::l2_evict_normal_policy();
-  const device::L2Policy store_policy = device::l2_evict_normal_policy();
-  vec_t a[kHeads], b[kHeads];
-  T* ptr[kHeads];
-#pragma unroll
-  for (int i = 0; i < kHeads; ++i) {
-    const int32_t head = row + i * rows;
-    if (head < num_heads) {
-      ptr[i] = head_ptr(head);
-      a[i].load(ptr[i], 0, load_policy);
-      b[i].load(ptr[i] + b_minus_a, 0, load_policy);
-    }
-  }
-  const int64_t pos = load_index(p.positions, p.positions_int64, token);
-  float c[kVecN], s[kVecN];
-  load_cos_sin<fp32_t, kVecN>(p, pos, threadIdx.x, c, s);
-#pragma unroll
-  for (int i = 0; i < kHeads; ++i) {
-    if (row + i * rows >= num_heads) continue;
-    rotate_pairs<T, kVecN, kNeox>(a[i], b[i], c, s);
-    a[i].store(ptr[i], 0, store_policy);
-    b[i].store(ptr[i] + b_minus_a, 0, store_policy);
-  }
-  for (int32_t head = row + kHeads * rows; head < num_heads; head += rows) {
-    T* const x_ptr = head_ptr(head);
-    vec_t x, y;
-    x.load(x_ptr, 0, load_policy);
-    y.load(x_ptr + b_minus_a, 0, load_policy);
-    rotate_pairs<T, kVecN, kNeox>(x, y, c, s);
-    x.store(x_ptr, 0, store_policy);
-    y.store(x_ptr + b_minus_a, 0, store_policy);
-  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -794,13 +660,12 @@ inline bool rope_resolve_pdl(int64_t enable_pdl, const DLDevice& device) {
 /// Block (lanes, heads, tokens) of a launch with `num_chunks` chunks per head.
 /// Lanes: every chunk of a head (up to kMaxLanes); heads: kHeadsPerThread per thread when there are
 /// that many, more passes when the CTA would exceed kMaxThreads; tokens: packed until kTargetThreads.
-inline dim3 rope_block(
-    int64_t num_chunks, int64_t num_heads, int64_t num_tokens, int64_t heads_per_thread = RopeConfig::kHeadsPerThread) {
+inline dim3 rope_block(int64_t num_chunks, int64_t num_heads, int64_t num_tokens) {
   const int64_t lanes = std::clamp<int64_t>(num_chunks, 1, RopeConfig::kMaxLanes);
   const int64_t heads_total = std::max<int64_t>(num_heads, 1);
   const int64_t max_heads = std::max<int64_t>(1, RopeConfig::kMaxThreads / lanes);
-  const int64_t passes =
-      std::max<int64_t>(host::div_ceil(heads_total, max_heads), std::min<int64_t>(heads_total, heads_per_thread));
+  const int64_t passes = std::max<int64_t>(
+      host::div_ceil(heads_total, max_heads), std::min<int64_t>(heads_total, RopeConfig::kHeadsPerThread));
   const int64_t heads = host::div_ceil(heads_total, passes);
   const int64_t per_token = lanes * heads;
   // blockDim.z is at most 64 (a CUDA limit)
@@ -809,134 +674,69 @@ inline dim3 rope_block(
   return dim3(static_cast<uint32_t>(lanes), static_cast<uint32_t>(heads), static_cast<uint32_t>(tokens));
 }
 
-/// Launches rope_kernel with the widest vector of at most kVecN elements that vec_n allows.
+/// Launches `kernel` with CTAs of `block` (block.z tokens each) over every token.
+template <typename Kernel>
+void rope_launch(Kernel kernel, const RopeParams& p, dim3 block, DLDevice device, bool pdl) {
+  const int64_t grid = host::div_ceil(p.num_tokens, int64_t{block.z});
+  host::RuntimeCheck(grid < (int64_t{1} << 31), "rope: num_tokens too large for one launch, got ", p.num_tokens);
+  host::LaunchKernel(static_cast<uint32_t>(grid), block, device).enable_pdl(pdl)(kernel, p);
+}
+
+/// rope_kernel at a vector narrower than 16 bytes: the widest of at most kVecN elements that vec_n
+/// allows, no L2 hint (with the KV store: v prefetched by the rotating threads).
 template <typename T, typename CacheT, int kVecN, bool kNeox, bool kKvStore>
-void launch_rope(const RopeParams& p, int64_t vec_n, bool l2_hint, DLDevice device, bool pdl) {
-  using namespace host;
+void launch_rope_narrow(const RopeParams& p, int64_t vec_n, DLDevice device, bool pdl) {
   if constexpr (kVecN > 1) {
-    if (vec_n < kVecN) return launch_rope<T, CacheT, kVecN / 2, kNeox, kKvStore>(p, vec_n, false, device, pdl);
+    if (vec_n < kVecN) return launch_rope_narrow<T, CacheT, kVecN / 2, kNeox, kKvStore>(p, vec_n, device, pdl);
   }
   const dim3 block = rope_block(p.half / kVecN, p.q.num_heads + p.k.num_heads, p.num_tokens);
-  const int64_t grid = div_ceil(p.num_tokens, int64_t{block.z});
-  RuntimeCheck(grid < (int64_t{1} << 31), "rope: num_tokens too large for one launch, got ", p.num_tokens);
-  constexpr bool kFull = kVecN * sizeof(T) == 16;
-  if constexpr (kFull) {
-    if (l2_hint) {
-      LaunchKernel(static_cast<uint32_t>(grid), block, device)
-          .enable_pdl(pdl)(rope_kernel<T, CacheT, kVecN, kNeox, true, kKvStore>, p);
-      return;
-    }
-  }
-  LaunchKernel(static_cast<uint32_t>(grid), block, device)
-      .enable_pdl(pdl)(rope_kernel<T, CacheT, kVecN, kNeox, false, kKvStore>, p);
+  rope_launch(rope_kernel<T, CacheT, kVecN, kNeox, false, kKvStore>, p, block, device, pdl);
 }
 
-/// Launches rope_head_slots_kernel (RopeVariant::kHeadSlots) at the 16-byte vector kVecN (the
-/// caller's check) when its other preconditions hold; returns false, launching nothing, otherwise.
-/// Block (lanes = chunks, rows, tokens): rows = ceil(heads / kSlotHeads) up to kSlotThreads
-/// threads per token, tokens packed up to kSlotTargetThreads (32 + 8 heads x 128 bf16: (8, 8, 1),
-/// one CTA per token).
-template <typename T, typename CacheT, int kVecN, bool kNeox>
-bool launch_rope_head_slots(const RopeParams& p, bool l2_hint, DLDevice device, bool pdl) {
-  using namespace host;
-  const int64_t lanes = p.half / kVecN;
-  const int64_t num_heads = p.q.num_heads + p.k.num_heads;
-  if (!std::is_same_v<CacheT, fp32_t> || lanes > int64_t{RopeConfig::kSlotThreads} || num_heads >= (int64_t{1} << 30))
-    return false;
-  const int64_t rows =
-      std::clamp<int64_t>(div_ceil(num_heads, int64_t{RopeConfig::kSlotHeads}), 1, RopeConfig::kSlotThreads / lanes);
-  const int64_t tokens =
-      std::clamp<int64_t>(RopeConfig::kSlotTargetThreads / (lanes * rows), 1, std::clamp<int64_t>(p.num_tokens, 1, 64));
-  const int64_t grid = div_ceil(p.num_tokens, tokens);
-  RuntimeCheck(grid < (int64_t{1} << 31), "rope: num_tokens too large for one launch, got ", p.num_tokens);
-  const dim3 block(static_cast<uint32_t>(lanes), static_cast<uint32_t>(rows), static_cast<uint32_t>(tokens));
-  if constexpr (std::is_same_v<CacheT, fp32_t>) {
-    LaunchKernel(static_cast<uint32_t>(grid), block, device)
-        .enable_pdl(pdl)(rope_head_slots_kernel<T, kVecN, kNeox, RopeConfig::kSlotHeads>, p, l2_hint);
-  }
-  return true;
-}
-
-/// The opt-in variants (RopeVariant) of launch_rope at the widest vector; the default launch_rope
-/// where a variant's preconditions do not hold.
-template <typename T, typename CacheT, bool kNeox, bool kKvStore>
-void launch_rope_variant(RopeParams p, int64_t vec_n, bool l2_hint, DLDevice device, bool pdl, int64_t variant) {
-  using namespace host;
+/// Rotation only: rope_early_kernel below kEarlyMaxBytes of rotated bytes where it fits, else
+/// rope_kernel (L2-hinted when `l2_hint`); narrower vectors when vec_n is below 16 bytes.
+template <typename T, typename CacheT, bool kNeox>
+void launch_rope(const RopeParams& p, int64_t vec_n, bool l2_hint, int64_t rotated_bytes, DLDevice device, bool pdl) {
   constexpr int kVecN = static_cast<int>(16 / sizeof(T));
+  if (vec_n < kVecN) return launch_rope_narrow<T, CacheT, kVecN / 2, kNeox, false>(p, vec_n, device, pdl);
   const int64_t num_chunks = p.half / kVecN;
-  const int64_t num_heads = p.q.num_heads + p.k.num_heads;
-  const auto fallback = [&]() { launch_rope<T, CacheT, kVecN, kNeox, kKvStore>(p, vec_n, l2_hint, device, pdl); };
-  if (vec_n < kVecN) return fallback();
-  if constexpr (!kKvStore) {
-    if (variant == RopeVariant::kNoL2Hint) {
-      return launch_rope<T, CacheT, kVecN, kNeox, kKvStore>(p, vec_n, false, device, pdl);
-    }
-    if (variant == RopeVariant::kEarlyAnySize || variant == RopeVariant::kEarlyOne ||
-        variant == RopeVariant::kEarlyLate || variant == RopeVariant::kEarlyFewAnySize) {
-      if (num_chunks > RopeConfig::kMaxLanes) return fallback();  // the default's launch, hint as it decides
-      if (variant == RopeVariant::kEarlyAnySize) variant = RopeVariant::kEarly;
-      if (variant == RopeVariant::kEarlyFewAnySize) variant = RopeVariant::kEarlyFew;
-      l2_hint = false;
-    }
-    if (variant == RopeVariant::kHeadSlots) {
-      if (launch_rope_head_slots<T, CacheT, kVecN, kNeox>(p, l2_hint, device, pdl)) return;
-      variant = RopeVariant::kEarly;  // what the default (variant 0) launches here
-    }
-    if ((variant == RopeVariant::kEarly || variant == RopeVariant::kEarlyFew || variant == RopeVariant::kEarlyOne ||
-         variant == RopeVariant::kEarlyLate) &&
-        !l2_hint && num_chunks <= RopeConfig::kMaxLanes) {
-      const auto launch = [&](auto kernel, int64_t heads_per_thread) {
-        const dim3 block = rope_block(num_chunks, num_heads, p.num_tokens, heads_per_thread);
-        const int64_t grid = div_ceil(p.num_tokens, int64_t{block.z});
-        RuntimeCheck(grid < (int64_t{1} << 31), "rope: num_tokens too large for one launch, got ", p.num_tokens);
-        LaunchKernel(static_cast<uint32_t>(grid), block, device).enable_pdl(pdl)(kernel, p);
-      };
-      if (variant == RopeVariant::kEarly) return launch(rope_early_kernel<T, CacheT, kVecN, kNeox, 2>, 2);
-      if (variant == RopeVariant::kEarlyOne) return launch(rope_early_kernel<T, CacheT, kVecN, kNeox, 1>, 1);
-      if (variant == RopeVariant::kEarlyLate) {
-        return launch(rope_early_kernel<T, CacheT, kVecN, kNeox, 2, false, true>, 2);
-      }
-      return launch(rope_early_kernel<T, CacheT, kVecN, kNeox, 4>, 4);
-    }
-    return fallback();
-  } else {
-    if (variant == RopeVariant::kEarlyKv && (l2_hint || num_chunks > RopeConfig::kMaxLanes)) {
-      variant = RopeVariant::kKvSplitCopy;
-    }
-    if (variant != RopeVariant::kKvNoPrefetch && variant != RopeVariant::kKvSplitCopy &&
-        variant != RopeVariant::kEarlyKv) {
-      return fallback();
-    }
-    dim3 block = rope_block(num_chunks, num_heads, p.num_tokens);
-    int64_t v_rows = 0;
-    if (variant == RopeVariant::kKvSplitCopy || variant == RopeVariant::kEarlyKv) {
-      // one row of lanes per kv head, as many as fit kMaxThreads next to the rotation rows
-      const int64_t room = static_cast<int64_t>(RopeConfig::kMaxThreads) / block.x - block.y;
-      v_rows = std::min<int64_t>(p.k.num_heads, room);
-    }
-    const auto launch = [&](auto kernel) {
-      const int64_t per_token = int64_t{block.x} * (block.y + v_rows);
-      const int64_t tokens =
-          std::clamp<int64_t>(RopeConfig::kTargetThreads / per_token, 1, std::clamp<int64_t>(p.num_tokens, 1, 64));
-      const dim3 launch_block(block.x, static_cast<uint32_t>(block.y + v_rows), static_cast<uint32_t>(tokens));
-      const int64_t grid = div_ceil(p.num_tokens, tokens);
-      RuntimeCheck(grid < (int64_t{1} << 31), "rope: num_tokens too large for one launch, got ", p.num_tokens);
-      p.v_rows = v_rows;
-      LaunchKernel(static_cast<uint32_t>(grid), launch_block, device).enable_pdl(pdl)(kernel, p);
-    };
-    if (v_rows > 0 && variant == RopeVariant::kEarlyKv) {
-      return launch(rope_early_kernel<T, CacheT, kVecN, kNeox, RopeConfig::kHeadsPerThread, true>);
-    }
-    if (v_rows > 0) {
-      if (l2_hint) return launch(rope_kernel<T, CacheT, kVecN, kNeox, true, true, RopeConfig::kKvSplit>);
-      return launch(rope_kernel<T, CacheT, kVecN, kNeox, false, true, RopeConfig::kKvSplit>);
-    }
-    if (l2_hint) return launch(rope_kernel<T, CacheT, kVecN, kNeox, true, true, 0>);
-    return launch(rope_kernel<T, CacheT, kVecN, kNeox, false, true, 0>);
+  const dim3 block = rope_block(num_chunks, p.q.num_heads + p.k.num_heads, p.num_tokens);
+  if (num_chunks <= RopeConfig::kMaxLanes && rotated_bytes < RopeConfig::kEarlyMaxBytes) {
+    return rope_launch(rope_early_kernel<T, CacheT, kVecN, kNeox, false>, p, block, device, pdl);
   }
+  if (l2_hint) return rope_launch(rope_kernel<T, CacheT, kVecN, kNeox, true, false>, p, block, device, pdl);
+  rope_launch(rope_kernel<T, CacheT, kVecN, kNeox, false, false>, p, block, device, pdl);
 }
 
-/// Validates q, k, cos_sin_cache and positions, fills the rotation part of `p`; returns R / 2.
+/// With the KV store (fp32 cache): rows of lanes of their own copy v, one per kv head, as many as
+/// fit kMaxThreads next to the rotating rows; rope_early_kernel below the L2-hint size where it
+/// fits, else rope_kernel's split mode (L2-hinted when `l2_hint`); rope_kernel without v rows when
+/// none fit; narrower vectors when vec_n is below 16 bytes.
+template <typename T, bool kNeox>
+void launch_rope_kv(RopeParams p, int64_t vec_n, bool l2_hint, DLDevice device, bool pdl) {
+  constexpr int kVecN = static_cast<int>(16 / sizeof(T));
+  if (vec_n < kVecN) return launch_rope_narrow<T, fp32_t, kVecN / 2, kNeox, true>(p, vec_n, device, pdl);
+  const int64_t num_chunks = p.half / kVecN;
+  const dim3 rot = rope_block(num_chunks, p.q.num_heads + p.k.num_heads, p.num_tokens);
+  const int64_t room = static_cast<int64_t>(RopeConfig::kMaxThreads) / rot.x - rot.y;
+  p.v_rows = std::min<int64_t>(p.k.num_heads, room);
+  const int64_t per_token = int64_t{rot.x} * (rot.y + p.v_rows);
+  const int64_t tokens =
+      std::clamp<int64_t>(RopeConfig::kTargetThreads / per_token, 1, std::clamp<int64_t>(p.num_tokens, 1, 64));
+  const dim3 block(rot.x, static_cast<uint32_t>(rot.y + p.v_rows), static_cast<uint32_t>(tokens));
+  if (p.v_rows > 0 && !l2_hint && num_chunks <= RopeConfig::kMaxLanes) {
+    return rope_launch(rope_early_kernel<T, fp32_t, kVecN, kNeox, true>, p, block, device, pdl);
+  }
+  constexpr int kSplit = RopeConfig::kKvSplit;
+  if (p.v_rows > 0) {
+    if (l2_hint) return rope_launch(rope_kernel<T, fp32_t, kVecN, kNeox, true, true, kSplit>, p, block, device, pdl);
+    return rope_launch(rope_kernel<T, fp32_t, kVecN, kNeox, false, true, kSplit>, p, block, device, pdl);
+  }
+  if (l2_hint) return rope_launch(rope_kernel<T, fp32_t, kVecN, kNeox, true, true, 0>, p, block, device, pdl);
+  rope_launch(rope_kernel<T, fp32_t, kVecN, kNeox, false, true, 0>, p, block, device, pdl);
+}
+
+/// Validates q, k, cos_sin_cache and positions and fills the rotation part of `p` (p.half = R / 2).
 template <typename T, typename CacheT>
 void rope_bind(
     const char* op,
@@ -1012,9 +812,11 @@ void rope_bind(
   p.out_loc = nullptr;
 }
 
-/// The widest vector the bound tensors allow (see rope_kernel's preconditions) and the launch.
+/// The widest vector the bound tensors allow (see rope_kernel's preconditions), the L2-hint size
+/// rule, and the launch.
 template <typename T, typename CacheT, bool kKvStore>
-void rope_dispatch(const RopeParams& p, bool is_neox, DLDevice device, int64_t enable_pdl, int64_t variant = 0) {
+void rope_dispatch(const RopeParams& p, bool is_neox, DLDevice device, int64_t enable_pdl) {
+  static_assert(!kKvStore || std::is_same_v<CacheT, fp32_t>, "the KV store takes an fp32 cache");
   if (p.num_tokens == 0 || p.q.num_heads + p.k.num_heads == 0) return;
   const uint64_t s = sizeof(T);
   uint64_t strides = 0;
@@ -1039,25 +841,16 @@ void rope_dispatch(const RopeParams& p, bool is_neox, DLDevice device, int64_t e
   const int64_t rotated_bytes = p.num_tokens * (p.q.num_heads + p.k.num_heads) * 2 * p.half * static_cast<int64_t>(s);
   const bool l2_hint = rotated_bytes >= RopeConfig::kL2HintMinBytes;
   const bool pdl = rope_resolve_pdl(enable_pdl, device);
-  constexpr int kMaxVecN = static_cast<int>(16 / sizeof(T));
-  if (variant == 0) {
-    // kEarlyKv falls back to kKvSplitCopy from the L2-hint size on; kEarlyAnySize (below
-    // kEarlyMaxBytes) to the default launch where rope_early_kernel's preconditions do not hold.
-    const bool early_any = rotated_bytes < RopeConfig::kEarlyMaxBytes;
-    variant = kKvStore ? RopeVariant::kEarlyKv : (early_any ? RopeVariant::kEarlyAnySize : RopeVariant::kEarly);
-  }
-  if (variant != RopeVariant::kPlain) {
+  if constexpr (kKvStore) {
     if (is_neox) {
-      launch_rope_variant<T, CacheT, true, kKvStore>(p, vec_n, l2_hint, device, pdl, variant);
+      launch_rope_kv<T, true>(p, vec_n, l2_hint, device, pdl);
     } else {
-      launch_rope_variant<T, CacheT, false, kKvStore>(p, vec_n, l2_hint, device, pdl, variant);
+      launch_rope_kv<T, false>(p, vec_n, l2_hint, device, pdl);
     }
-    return;
-  }
-  if (is_neox) {
-    launch_rope<T, CacheT, kMaxVecN, true, kKvStore>(p, vec_n, l2_hint, device, pdl);
+  } else if (is_neox) {
+    launch_rope<T, CacheT, true>(p, vec_n, l2_hint, rotated_bytes, device, pdl);
   } else {
-    launch_rope<T, CacheT, kMaxVecN, false, kKvStore>(p, vec_n, l2_hint, device, pdl);
+    launch_rope<T, CacheT, false>(p, vec_n, l2_hint, rotated_bytes, device, pdl);
   }
 }
 
@@ -1083,35 +876,6 @@ void apply_rope_inplace(
   rope_dispatch<T, fp32_t, false>(p, is_neox, device, enable_pdl);
 }
 
-/// The RopeVariant of `variant` must be one of 0 .. RopeVariant::kMax (checked before any launch).
-inline void rope_check_variant(const char* op, int64_t variant) {
-  host::RuntimeCheck(
-      variant >= 0 && variant <= RopeVariant::kMax,
-      op,
-      ": variant must be in [0, ",
-      RopeVariant::kMax,
-      "], got ",
-      variant);
-}
-
-/// apply_rope_inplace with an opt-in RopeVariant (the benchmark's old-vs-new rows; 0: the default).
-template <typename T>
-void apply_rope_inplace_v(
-    tvm::ffi::TensorView q,
-    tvm::ffi::TensorView k,
-    tvm::ffi::TensorView cos_sin_cache,
-    tvm::ffi::TensorView positions,
-    bool is_neox,
-    int64_t rope_dim,
-    int64_t enable_pdl,
-    int64_t variant) {
-  rope_check_variant("apply_rope_inplace", variant);
-  RopeParams p{};
-  DLDevice device{};
-  rope_bind<T, fp32_t>("apply_rope_inplace", q, k, cos_sin_cache, positions, rope_dim, p, device);
-  rope_dispatch<T, fp32_t, false>(p, is_neox, device, enable_pdl, variant);
-}
-
 /// vLLM's rotary_embedding on [num_tokens, num_heads, head_size] views: the cos/sin cache in T.
 /// k may have 0 heads (no key). Same rules as apply_rope_inplace otherwise.
 template <typename T>
@@ -1128,30 +892,14 @@ void rotary_embedding(
   rope_dispatch<T, T, false>(p, is_neox, device, enable_pdl);
 }
 
-/// rotary_embedding with an opt-in RopeVariant (0: the default).
-template <typename T>
-void rotary_embedding_v(
-    tvm::ffi::TensorView q,
-    tvm::ffi::TensorView k,
-    tvm::ffi::TensorView cos_sin_cache,
-    tvm::ffi::TensorView positions,
-    bool is_neox,
-    int64_t enable_pdl,
-    int64_t variant) {
-  rope_check_variant("rotary_embedding", variant);
-  RopeParams p{};
-  DLDevice device{};
-  rope_bind<T, T>("rotary_embedding", q, k, cos_sin_cache, positions, 0, p, device);
-  rope_dispatch<T, T, false>(p, is_neox, device, enable_pdl, variant);
-}
-
 /// apply_rope_inplace, then k (rotated) -> k_cache[out_loc[t]] and v -> v_cache[out_loc[t]], bit for bit.
 /// v: [num_tokens, num_kv_heads, head_dim] (own strides, last dim contiguous); k_cache, v_cache:
 /// [cache_size, num_kv_heads * head_dim] of T, row stride free, rows contiguous, disjoint from
 /// every other tensor; out_loc: [num_tokens] int32/int64 (entries outside [0, cache_size) skip
-/// that token's store).
+/// that token's store). With nothing to store (no slots or no kv heads) it is apply_rope_inplace's
+/// launch (this module compiles those kernels too).
 template <typename T>
-void apply_rope_inplace_with_kvcache_impl(
+void apply_rope_inplace_with_kvcache(
     tvm::ffi::TensorView q,
     tvm::ffi::TensorView k,
     tvm::ffi::TensorView v,
@@ -1162,8 +910,7 @@ void apply_rope_inplace_with_kvcache_impl(
     tvm::ffi::TensorView out_loc,
     bool is_neox,
     int64_t rope_dim,
-    int64_t enable_pdl,
-    int64_t variant) {
+    int64_t enable_pdl) {
   using namespace host;
   constexpr const char* kOp = "apply_rope_inplace_with_kvcache";
   RopeParams p{};
@@ -1235,44 +982,7 @@ void apply_rope_inplace_with_kvcache_impl(
     rope_dispatch<T, fp32_t, false>(p, is_neox, device, enable_pdl);
     return;
   }
-  rope_dispatch<T, fp32_t, true>(p, is_neox, device, enable_pdl, variant);
-}
-
-template <typename T>
-void apply_rope_inplace_with_kvcache(
-    tvm::ffi::TensorView q,
-    tvm::ffi::TensorView k,
-    tvm::ffi::TensorView v,
-    tvm::ffi::TensorView k_cache,
-    tvm::ffi::TensorView v_cache,
-    tvm::ffi::TensorView cos_sin_cache,
-    tvm::ffi::TensorView positions,
-    tvm::ffi::TensorView out_loc,
-    bool is_neox,
-    int64_t rope_dim,
-    int64_t enable_pdl) {
-  apply_rope_inplace_with_kvcache_impl<T>(
-      q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox, rope_dim, enable_pdl, 0);
-}
-
-/// apply_rope_inplace_with_kvcache with an opt-in RopeVariant (0: the default).
-template <typename T>
-void apply_rope_inplace_with_kvcache_v(
-    tvm::ffi::TensorView q,
-    tvm::ffi::TensorView k,
-    tvm::ffi::TensorView v,
-    tvm::ffi::TensorView k_cache,
-    tvm::ffi::TensorView v_cache,
-    tvm::ffi::TensorView cos_sin_cache,
-    tvm::ffi::TensorView positions,
-    tvm::ffi::TensorView out_loc,
-    bool is_neox,
-    int64_t rope_dim,
-    int64_t enable_pdl,
-    int64_t variant) {
-  rope_check_variant("apply_rope_inplace_with_kvcache", variant);
-  apply_rope_inplace_with_kvcache_impl<T>(
-      q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox, rope_dim, enable_pdl, variant);
+  rope_dispatch<T, fp32_t, true>(p, is_neox, device, enable_pdl);
 }
 
 }  // namespace
