@@ -1,46 +1,16 @@
-"""The MoE routing ops' shared module and helpers.
+"""Helpers shared by the MoE routing ops (``topk_softmax``, ``topk_sigmoid``, ``grouped_topk``).
 
-One ``moe_routing`` module per gating dtype (float16, bfloat16, float32) serves ``topk_softmax``,
-``topk_sigmoid`` and ``grouped_topk`` (kernels: ``csrc/moe/topk_rows.cuh``, one warp per token row).
-Each op's wrapper registers itself with ``module=MOE_ROUTING_MODULE``.
+Each op has its own module per gating dtype (float16, bfloat16, float32), built from its own
+``csrc/moe/<op>.cuh`` over the routing engine ``csrc/moe/topk_rows.cuh`` (one warp per token row).
+An op's module instantiates only the kernels its calls can reach (``RoutingOp`` in the engine): the
+first call of one op compiles none of its siblings' specialised kernels.
 
-Two engines share the module: v2 (the default: a lane owns a run of consecutive experts, one integer
-warp reduction and one ballot per chosen expert; rows of <= 1024 experts, ``topk <= 32``, groups made
-of whole lane runs) and the first one (experts strided across lanes, 64-bit codes; every other
-shape). ``SGLANG_MOE_ROUTING_ENGINE=1`` in the environment, read at each call (so at graph capture),
-makes every call use the first engine, for old-vs-new comparisons (``benchmark/bench_moe.py`` rows
-"jit v1"). Both choose the same experts wherever the fp32 scores are not within a rounding of a tie.
-Any other value of that variable (unset, ``2``, ``x``, ``"1 "``) selects v2. Likewise
-``SGLANG_MOE_ALIGN_PEERS=match`` makes ``moe_align_block_size`` find same-expert lanes with
-``__match_any_sync`` instead of ballots (identical output); any other value selects ballots. Both are
-benchmark knobs: either engine gives correct results. Engine v2 rows of <= 256 experts run the lookahead kernel (the
-default since bench_moe on the H200, 2026-12-01: every row faster, e.g. topk_softmax [1, 256] 1.98
-against 2.96 us): scoring options as whole-run loops (no branch per expert), each lane's next
-candidate computed while a step's warp reduction is in flight, the softmax denominator's butterfly
-overlapped with the steps, and the weights computed from the chosen keys kept in registers instead of
-a second read of the row. ``SGLANG_MOE_TOPK_WINNERS=regs`` (exactly that value; read at each call)
-selects the register-winner kernel it replaced, ``SGLANG_MOE_TOPK_WINNERS=smem`` the shared-memory
-winners before that (``benchmark/bench_moe.py`` rows "jit regs", "jit smem"); all three give the same
-bits, and any other value, or unset, keeps the default. It does not change what SGLANG_MOE_ROUTING_ENGINE selects.
-The calls the lookahead kernel takes that are top-8 without grouping (topk_softmax, topk_sigmoid at
-``topk = 8``) run ``topk_rows_v2_special_kernel``: the lookahead kernel with k = 8 and the options
-(softmax or sigmoid, renormalize, bias present, softcap on) fixed at compile time, one instantiation
-per combination (12 per run length). The default since bench_moe on the H200 (2026-12-01, fifth
-session: topk_softmax 128 experts, 1 / 64 / 4096 tokens, 1.23 / 1.31 / 4.95 us against 1.79 / 1.86 /
-5.38 for the generic lookahead kernel; no row slower beyond noise). ``SGLANG_MOE_TOPK_SPECIALISED=0``
-(exactly that value; read at each call) keeps the generic lookahead kernel for them (bench_moe rows
-"jit generic"); ``SGLANG_MOE_TOPK_WINNERS=regs`` / ``smem`` still select those kernels. The same bits
-either way.
-
-Full rows of 128 or 256 experts of those calls, and grouped_topk at DeepSeek-V3's shape, have sorted
-kernels: each lane sorts its run's keys packed with their expert (distinct), a step is one warp
-maximum and a shift, and a warp whose 9 step results could order differently from the plain keys
-(near ties) runs the lookahead steps instead, so the bits are the same. The default takes them for
-grouped calls and for ungrouped ones from 2048 tokens (H200: [4096, 256] topk_softmax 7.17 -> 4.32
-us, grouped_topk 9.25 -> 6.74; the lookahead kernels win up to 1024 tokens).
-``SGLANG_MOE_TOPK_SORTED=1`` / ``0`` (exactly; read at each call) forces / never takes them
-(bench_moe rows "jit sorted", "jit no sorted"); ``SGLANG_MOE_TOPK_MULTIROW=8`` / ``16`` (forced)
-still takes its shapes first.
+The engine picks a kernel by shape, the same bits whichever it picks: engine v2 (a lane owns a run
+of consecutive experts; rows of <= 1024 experts, ``topk <= 32``, groups made of whole lane runs),
+with the lookahead kernels for rows of <= 256 experts (specialised at top-8 for each option set,
+sorted for full rows of 128 / 256 experts from 2048 tokens and for DeepSeek-V3's grouping, several
+rows per warp for fp32 rows of 128 experts from 4096 tokens), and the first engine (experts strided
+across lanes, 64-bit codes) for every other shape.
 """
 
 from __future__ import annotations
@@ -50,30 +20,21 @@ from typing import TYPE_CHECKING
 import torch
 
 from sglang.jit_kernel._validate import FLOAT_DTYPES, check_no_partial_overlap, check_shape, check_tensor, fail
-from sglang.jit_kernel.registry import register_module
-from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
+from sglang.jit_kernel.utils import load_jit, make_cpp_args
 
 if TYPE_CHECKING:
     from tvm_ffi.module import Module
 
 
-@cache_once
-def jit_moe_routing_module(dtype: torch.dtype) -> Module:
-    """Compile (first use) and cache the routing module for gating dtype ``dtype``."""
+def load_routing_module(op: str, dtype: torch.dtype) -> Module:
+    """Compile (first use) or load op ``op``'s module for gating dtype ``dtype``: ``csrc/moe/<op>.cuh``
+    exporting ``<op><T>`` (the callers' ``@cache_once`` builders memoize it)."""
     args = make_cpp_args(dtype)
-    return load_jit(
-        "moe_routing",
-        *args,
-        cuda_files=["moe/topk_softmax.cuh", "moe/topk_sigmoid.cuh", "moe/grouped_topk.cuh"],
-        cuda_wrappers=[
-            ("topk_softmax", f"topk_softmax<{args}>"),
-            ("topk_sigmoid", f"topk_sigmoid<{args}>"),
-            ("grouped_topk", f"grouped_topk<{args}>"),
-        ],
-    )
+    return load_jit(op, *args, cuda_files=[f"moe/{op}.cuh"], cuda_wrappers=[(op, f"{op}<{args}>")])
 
 
-MOE_ROUTING_MODULE = register_module("moe_routing", jit_moe_routing_module, [(d,) for d in FLOAT_DTYPES])
+#: The build arguments every routing op ships with (one module per gating dtype).
+ROUTING_VARIANTS = [(d,) for d in FLOAT_DTYPES]
 
 #: Stands for "no correction_bias" in the kernels' calls (length 0), one per device.
 _NO_BIAS: dict[torch.device, torch.Tensor] = {}

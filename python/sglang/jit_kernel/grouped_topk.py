@@ -3,18 +3,29 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
-from sglang.jit_kernel._moe import MOE_ROUTING_MODULE, jit_moe_routing_module, no_bias
+from sglang.jit_kernel._moe import ROUTING_VARIANTS, load_routing_module, no_bias
 from sglang.jit_kernel._validate import FLOAT_DTYPES, check_scalar, check_tensor, fail
 from sglang.jit_kernel.registry import CheckCase, register_op
+from sglang.jit_kernel.utils import cache_once
+
+if TYPE_CHECKING:
+    from tvm_ffi.module import Module
 
 __all__ = ["grouped_topk"]
 
 _OP = "grouped_topk"
 #: Most expert groups a row may have (one lane of the warp per group).
 MAX_GROUPS = 32
+
+
+@cache_once
+def _jit_grouped_topk_module(dtype: torch.dtype) -> Module:
+    """Compile (first use) and cache grouped_topk's module for gating dtype ``dtype`` (only grouped_topk's kernels)."""
+    return load_routing_module("grouped_topk", dtype)
 
 
 @torch.library.custom_op("sglang_jit_kernel::grouped_topk", mutates_args=(), device_types="cuda")
@@ -30,7 +41,7 @@ def _grouped_topk_op(
     values = torch.empty(scores.shape[0], topk, dtype=torch.float32, device=scores.device)
     indices = torch.empty(scores.shape[0], topk, dtype=torch.int32, device=scores.device)
     if scores.shape[0] > 0:
-        jit_moe_routing_module(scores.dtype).grouped_topk(
+        _jit_grouped_topk_module(scores.dtype).grouped_topk(
             values, indices, scores, bias, num_expert_group, topk_group, renormalize, scaling_factor
         )
     return values, indices
@@ -156,7 +167,7 @@ def grouped_topk(
     values = torch.empty(num_tokens, topk, dtype=torch.float32, device=scores.device)
     indices = torch.empty(num_tokens, topk, dtype=torch.int32, device=scores.device)
     if num_tokens > 0:
-        jit_moe_routing_module(scores.dtype).grouped_topk(
+        _jit_grouped_topk_module(scores.dtype).grouped_topk(
             values, indices, scores, bias, num_expert_group, topk_group, renormalize, float(scaling_factor)
         )
     return values, indices
@@ -195,4 +206,4 @@ def _check_cases() -> list[CheckCase]:
     ]
 
 
-register_op(_OP, module=MOE_ROUTING_MODULE, check_cases=_check_cases)
+register_op(_OP, build=_jit_grouped_topk_module, variants=ROUTING_VARIANTS, check_cases=_check_cases)

@@ -23,41 +23,36 @@ if TYPE_CHECKING:
 __all__ = ["moe_align_block_size", "max_num_tokens_padded"]
 
 _OP = "moe_align_block_size"
-#: topk_ids dtype -> (exported suffix, C++ index type)
-_SUFFIX = {torch.int32: ("i32", "int32_t"), torch.int64: ("i64", "int64_t")}
+#: topk_ids dtype -> C++ index type
+_INDEX_TYPE = {torch.int32: "int32_t", torch.int64: "int64_t"}
 #: The largest num_experts (MoeAlignConfig::kMaxExperts: its shared-memory table fits every sm80+ GPU).
 MAX_EXPERTS = 8192
 #: The largest block_size (MoeAlignConfig::kMaxBlockSize).
 MAX_BLOCK_SIZE = 1024
 _INT32_MAX = 2**31 - 1
-#: MoeAlignSplitConfig::kMaxCtas: rows of the split variant's count table.
+#: MoeAlignSplitConfig::kMaxCtas: rows of the split kernel's count table.
 _SPLIT_MAX_CTAS = 64
-#: MoeAlignSplitConfig::kMaxExperts: wider rows run the one-CTA kernel under "split" too.
+#: MoeAlignSplitConfig::kMaxExperts: wider rows run the one-CTA kernel.
 _SPLIT_MAX_EXPERTS = 1024
-#: The kernel variants of ``moe_align_block_size(..., _variant=...)``: None (the default) picks
-#: "split" from SPLIT_MIN_NUMEL routed ids (and at most 1024 experts), else "small": the one-CTA
-#: algorithm with fewer barriers, PDL and its stores split over a few CTAs (docs/perf_notes.md,
-#: "moe_align small"; rows of more than 1024 experts run "single" under it); "single" (one CTA, the
-#: small-size default before "small") stays selectable. The "small" A/B knobs, read by the launcher
-#: at each call (so at graph capture): SGLANG_MOE_ALIGN_SMALL_CTAS=1..8 forces the CTA count,
-#: SGLANG_MOE_ALIGN_SMALL_PDL=0 launches it without PDL (the same bits either way).
-VARIANTS = (None, "single", "split", "small")
-#: From this many routed ids the default runs "split" (bench_moe on the H200, 2026-12-01, fourth
-#: session, 257 experts, block 64: "small" 3.21 / 3.62 / 5.80 / 31.77 us at 8 / 512 / 3072 / 32768
-#: ids, "split" 6.83 / 7.92 / 7.95 / 8.71, "single" 5.33 / 7.26 / 9.98 / 43.15; "small" grows ~0.9
-#: us per 1000 ids, so it stays ahead of "split" to about 5000 ids).
+#: From this many routed ids (and at most 1024 experts) the two-launch "split" kernels run; below it
+#: the one-launch "small" kernel (up to 8 CTAs with PDL; rows of more than 1024 experts: the one-CTA
+#: kernel). The crossover: docs/perf_notes.md, moe_align.
 SPLIT_MIN_NUMEL = 4096
 
 
 @cache_once
-def _jit_moe_align_module() -> Module:
-    """Compile (first use) and cache the module: one exported function per topk_ids dtype."""
+def _jit_moe_align_module(dtype: torch.dtype) -> Module:
+    """Compile (first use) and cache the module of topk_ids dtype ``dtype``: ``moe_align_block_size``
+    (the "small" kernel, or the one-CTA kernel past 1024 experts) and ``moe_align_block_size_split``."""
+    cpp = _INDEX_TYPE[dtype]
     return load_jit(
         "moe_align",
+        cpp,
         cuda_files=["moe/moe_align.cuh"],
-        cuda_wrappers=[(f"moe_align_block_size_{s}", f"moe_align_block_size<{t}>") for s, t in _SUFFIX.values()]
-        + [(f"moe_align_block_size_split_{s}", f"moe_align_block_size_split<{t}>") for s, t in _SUFFIX.values()]
-        + [(f"moe_align_block_size_small_{s}", f"moe_align_block_size_small<{t}>") for s, t in _SUFFIX.values()],
+        cuda_wrappers=[
+            ("moe_align_block_size", f"moe_align_block_size_small<{cpp}>"),
+            ("moe_align_block_size_split", f"moe_align_block_size_split<{cpp}>"),
+        ],
     )
 
 
@@ -92,7 +87,6 @@ def _launch(
     num_tokens_post_pad: torch.Tensor,
     cumsum_buffer: torch.Tensor,
     pad_sorted_token_ids: bool,
-    variant: str | None = None,
 ) -> None:
     if topk_ids.numel() == 0:  # no kernel: the outputs of an empty routing, written by torch
         num_tokens_post_pad.zero_()
@@ -100,16 +94,13 @@ def _launch(
         if pad_sorted_token_ids:
             sorted_token_ids.zero_()  # the padding value numel() is 0
         return
-    name, scratch = f"moe_align_block_size_{_SUFFIX[topk_ids.dtype][0]}", ()
-    if variant is None:
-        variant = "split" if topk_ids.numel() >= SPLIT_MIN_NUMEL and num_experts <= _SPLIT_MAX_EXPERTS else "small"
-    if variant == "split":
-        # The count table of the split variant (scratch: any contents; the caching allocator, no launch).
-        name = f"moe_align_block_size_split_{_SUFFIX[topk_ids.dtype][0]}"
+    module = _jit_moe_align_module(topk_ids.dtype)
+    launch, scratch = module.moe_align_block_size, ()
+    if topk_ids.numel() >= SPLIT_MIN_NUMEL and num_experts <= _SPLIT_MAX_EXPERTS:
+        # The count table of the split kernels (scratch: any contents; the caching allocator, no launch).
+        launch = module.moe_align_block_size_split
         scratch = (torch.empty(_SPLIT_MAX_CTAS * num_experts, dtype=torch.int32, device=topk_ids.device),)
-    elif variant == "small":
-        name = f"moe_align_block_size_small_{_SUFFIX[topk_ids.dtype][0]}"
-    getattr(_jit_moe_align_module(), name)(
+    launch(
         topk_ids,
         num_experts,
         block_size,
@@ -172,8 +163,6 @@ def moe_align_block_size(
     num_tokens_post_pad: torch.Tensor,
     cumsum_buffer: torch.Tensor,
     pad_sorted_token_ids: bool = False,
-    *,
-    _variant: str | None = None,
 ) -> None:
     """Group the routed (token, k) pairs by expert, each expert's segment padded to a multiple of
     ``block_size``, for the block-sparse expert GEMMs (the vLLM / sgl-kernel contract).
@@ -202,8 +191,8 @@ def moe_align_block_size(
     ``expert_ids[sum(padded) // block_size:]`` is not written. ``numel == 0`` launches no kernel:
     torch writes ``num_tokens_post_pad = 0``, ``cumsum_buffer[:num_experts + 1] = 0`` and, with
     padding, zeros (``numel``) into ``sorted_token_ids``. One launch of up to 8 CTAs below 4096
-    routed ids, two launches over up to 64 CTAs from there (see ``_variant``); no host sync (CUDA-graph
-    safe).
+    routed ids (rows of more than 1024 experts: one CTA), two launches over up to 64 CTAs from
+    there (the same bits); no host sync (CUDA-graph safe).
 
     Parameters
     ----------
@@ -228,15 +217,6 @@ def moe_align_block_size(
         int32 ``[>= num_experts + 1]``, contiguous; written (scratch).
     pad_sorted_token_ids : bool
         Fill the slots that hold no token with ``numel``. Default False.
-    _variant : str or None
-        Private benchmark knob (keyword only): None (default) picks ``"split"`` from
-        ``SPLIT_MIN_NUMEL`` (4096) routed ids with at most 1024 experts, else ``"small"``;
-        ``"single"`` one CTA, one launch; ``"split"`` two launches over up to 64 CTAs (a per-CTA count
-        table in a scratch tensor from the caching allocator, then a stable scatter; the same bits;
-        rows of more than 1024 experts run ``"single"``); ``"small"`` one launch (PDL) of up to 8 CTAs
-        that each compute the whole layout and split the stores, two barriers after the ids arrive
-        (the same bits; rows of more than 1024 experts run ``"single"``; the default below
-        ``SPLIT_MIN_NUMEL`` ids). Under ``torch.compile`` the default runs.
 
     Returns
     -------
@@ -263,8 +243,6 @@ def moe_align_block_size(
     if block_size & (block_size - 1):
         fail(ValueError, _OP, "block_size", "value", f"a power of two in [1, {MAX_BLOCK_SIZE}]", block_size)
     check_scalar(_OP, "pad_sorted_token_ids", pad_sorted_token_ids, bool)
-    if _variant not in VARIANTS:
-        fail(ValueError, _OP, "_variant", "value", f"one of {VARIANTS}", _variant)
     numel = topk_ids.numel()
     max_padded = max_num_tokens_padded(numel, num_experts, block_size)
     if max_padded > _INT32_MAX:
@@ -326,7 +304,6 @@ def moe_align_block_size(
             num_tokens_post_pad,
             cumsum_buffer,
             pad_sorted_token_ids,
-            _variant,
         )
     else:
         torch.ops.sglang_jit_kernel.moe_align_block_size(
@@ -384,6 +361,16 @@ def _check_cases() -> list[CheckCase]:
         ids: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor, total: torch.Tensor, cumsum: torch.Tensor
     ) -> torch.Tensor:
         moe_align_block_size(ids, num_experts, block_size, sorted_ids, expert_ids, total, cumsum, True)
+        return total
+
+    def output(
+        result: torch.Tensor,
+        ids: torch.Tensor,
+        sorted_ids: torch.Tensor,
+        expert_ids: torch.Tensor,
+        total: torch.Tensor,
+        cumsum: torch.Tensor,
+    ) -> torch.Tensor:
         return torch.cat([total, cumsum, expert_ids, sorted_ids])
 
     def reference(
@@ -401,8 +388,9 @@ def _check_cases() -> list[CheckCase]:
             reference,
             bytes_moved=4 * (num_tokens * topk + sorted_len + max_blocks),
             dtype=torch.int32,
+            output=output,
         )
     ]
 
 
-register_op(_OP, build=_jit_moe_align_module, variants=[()], check_cases=_check_cases)
+register_op(_OP, build=_jit_moe_align_module, variants=[(d,) for d in INDEX_DTYPES], check_cases=_check_cases)

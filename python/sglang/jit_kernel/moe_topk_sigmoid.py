@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from sglang.jit_kernel._moe import MOE_ROUTING_MODULE, check_routing_args, jit_moe_routing_module, routing_check_inputs
+from sglang.jit_kernel._moe import ROUTING_VARIANTS, check_routing_args, load_routing_module, routing_check_inputs
 from sglang.jit_kernel._validate import check_scalar
 from sglang.jit_kernel.registry import CheckCase, register_op
+from sglang.jit_kernel.utils import cache_once
+
+if TYPE_CHECKING:
+    from tvm_ffi.module import Module
 
 __all__ = ["topk_sigmoid"]
 
 _OP = "topk_sigmoid"
+
+
+@cache_once
+def _jit_topk_sigmoid_module(dtype: torch.dtype) -> Module:
+    """Compile (first use) and cache topk_sigmoid's module for gating dtype ``dtype`` (only topk_sigmoid's kernels)."""
+    return load_routing_module("topk_sigmoid", dtype)
 
 
 @torch.library.custom_op(
@@ -23,7 +35,7 @@ def _topk_sigmoid_op(
     correction_bias: torch.Tensor,
     renormalize: bool,
 ) -> None:
-    jit_moe_routing_module(gating_output.dtype).topk_sigmoid(
+    _jit_topk_sigmoid_module(gating_output.dtype).topk_sigmoid(
         topk_weights, topk_ids, gating_output, correction_bias, renormalize
     )
 
@@ -95,7 +107,7 @@ def topk_sigmoid(
     if torch.compiler.is_compiling():
         torch.ops.sglang_jit_kernel.topk_sigmoid(topk_weights, topk_ids, gating_output, bias, renormalize)
     else:
-        jit_moe_routing_module(gating_output.dtype).topk_sigmoid(
+        _jit_topk_sigmoid_module(gating_output.dtype).topk_sigmoid(
             topk_weights, topk_ids, gating_output, bias, renormalize
         )
 
@@ -127,4 +139,4 @@ def _check_cases() -> list[CheckCase]:
     ]
 
 
-register_op(_OP, module=MOE_ROUTING_MODULE, check_cases=_check_cases)
+register_op(_OP, build=_jit_topk_sigmoid_module, variants=ROUTING_VARIANTS, check_cases=_check_cases)

@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from sglang.jit_kernel._moe import MOE_ROUTING_MODULE, check_routing_args, jit_moe_routing_module, routing_check_inputs
+from sglang.jit_kernel._moe import ROUTING_VARIANTS, check_routing_args, load_routing_module, routing_check_inputs
 from sglang.jit_kernel._validate import check_scalar
 from sglang.jit_kernel.registry import CheckCase, register_op
+from sglang.jit_kernel.utils import cache_once
+
+if TYPE_CHECKING:
+    from tvm_ffi.module import Module
 
 __all__ = ["topk_softmax"]
 
 _OP = "topk_softmax"
+
+
+@cache_once
+def _jit_topk_softmax_module(dtype: torch.dtype) -> Module:
+    """Compile (first use) and cache topk_softmax's module for gating dtype ``dtype`` (only topk_softmax's kernels)."""
+    return load_routing_module("topk_softmax", dtype)
 
 
 @torch.library.custom_op(
@@ -24,7 +36,7 @@ def _topk_softmax_op(
     renormalize: bool,
     moe_softcapping: float,
 ) -> None:
-    jit_moe_routing_module(gating_output.dtype).topk_softmax(
+    _jit_topk_softmax_module(gating_output.dtype).topk_softmax(
         topk_weights, topk_ids, gating_output, correction_bias, renormalize, moe_softcapping
     )
 
@@ -111,7 +123,7 @@ def topk_softmax(
             topk_weights, topk_ids, gating_output, bias, renormalize, float(moe_softcapping)
         )
     else:
-        jit_moe_routing_module(gating_output.dtype).topk_softmax(
+        _jit_topk_softmax_module(gating_output.dtype).topk_softmax(
             topk_weights, topk_ids, gating_output, bias, renormalize, float(moe_softcapping)
         )
 
@@ -143,4 +155,4 @@ def _check_cases() -> list[CheckCase]:
     ]
 
 
-register_op(_OP, module=MOE_ROUTING_MODULE, check_cases=_check_cases)
+register_op(_OP, build=_jit_topk_softmax_module, variants=ROUTING_VARIANTS, check_cases=_check_cases)

@@ -6,29 +6,11 @@ input sets past the L2 size (timed at the largest token count of each op only, t
 short). Each row prints as soon as it is measured; the whole run stays under a minute on an H200
 (short graphs: ``BENCH_MOE_REP_MS`` ms per capture, 3 captures, the middle one reported; rows past
 ``BENCH_MOE_BUDGET_S`` seconds are skipped with a note). ``BENCH_MOE_PARTS`` (comma-separated, default
-``routing,align,sum_reduce``) picks the groups of rows, e.g. ``align`` alone for the moe_align A/B;
+``routing,align,sum_reduce``) picks the groups of rows, e.g. ``align`` alone;
 ``BENCH_MOE_TOKENS`` (e.g. ``1,64,256,1024,4096``) the token counts and ``BENCH_MOE_PROVIDERS`` (e.g.
-``jit,jit sorted``) the providers.
+``jit,sgl_kernel``) the providers.
 
-Old-vs-new rows in the same run: "jit v1" is the first routing engine
-(``SGLANG_MOE_ROUTING_ENGINE=1``), "jit match" the moe_align scatter with ``__match_any_sync``
-(``SGLANG_MOE_ALIGN_PEERS=match``), "jit smem" the routing kernels' shared-memory winners
-(``SGLANG_MOE_TOPK_WINNERS=smem``, the default before the register winners), "jit regs" the
-register winners (``SGLANG_MOE_TOPK_WINNERS=regs``, the default before the lookahead kernel; the same
-bits; "1 input" and "cold" rows), "jit generic" the lookahead kernel without its k = 8 / options
-specialisation (``SGLANG_MOE_TOPK_SPECIALISED=0``; the default, "jit", runs the specialised kernels
-on the routing rows, all top-8 without options; the same bits), "jit grouped generic" the
-generic lookahead kernel at DeepSeek-V3's grouped shape (``SGLANG_MOE_TOPK_GROUPED_SPECIALISED=0``;
-"jit" runs the grouped specialised kernels there), "jit sorted" / "jit no sorted" the sorted
-specialised kernels forced (``SGLANG_MOE_TOPK_SORTED=1``) and never (``=0``; "jit" takes them from
-2048 tokens), "jit grouped no sorted" the grouped lookahead kernels ("jit" runs the sorted ones
-there; the same bits), "jit single" the
-one-CTA moe_align and "jit split" the two-launch multi-CTA one (``_variant=``; the default picks
-split from ``moe_align.SPLIT_MIN_NUMEL`` routed ids, "small" below); "jit small" the decode variant
-(PDL, two barriers after the ids arrive, stores over up to 8 CTAs), "jit small 1cta" it on one CTA
-(``SGLANG_MOE_ALIGN_SMALL_CTAS=1``) and "jit small nopdl" it without PDL
-(``SGLANG_MOE_ALIGN_SMALL_PDL=0``: the kernel alone, as the comparator launches); "jit" is the
-default path. Bytes moved per call: num_tokens * (num_experts * gating element size
+"jit" is this package's op. Bytes moved per call: num_tokens * (num_experts * gating element size
 + topk * (4 + 4)) (read the logits, write fp32 weights and int32 ids); moe_sum_reduce
 (topk + 1) * num_tokens * hidden_size * element size (read every expert output, write the sum),
 against the device copy roof (% copy).
@@ -51,7 +33,6 @@ from sglang.jit_kernel.benchmark.utils import (  # noqa: E402
     format_rows,
     get_benchmark_range,
     num_rotating_sets,
-    with_env,
 )
 from sglang.jit_kernel.grouped_topk import grouped_topk  # noqa: E402
 from sglang.jit_kernel.moe_align import moe_align_block_size  # noqa: E402
@@ -161,19 +142,6 @@ def routing_rows() -> list[BenchRow]:
             for num_tokens in TOKENS:
                 providers = {
                     "jit": lambda w, i, g, f=jit: f(w, i, g),
-                    "jit v1": with_env("SGLANG_MOE_ROUTING_ENGINE", "1", lambda w, i, g, f=jit: f(w, i, g)),
-                    "jit smem": with_env("SGLANG_MOE_TOPK_WINNERS", "smem", lambda w, i, g, f=jit: f(w, i, g)),
-                    "jit regs": with_env("SGLANG_MOE_TOPK_WINNERS", "regs", lambda w, i, g, f=jit: f(w, i, g)),
-                    "jit generic": with_env("SGLANG_MOE_TOPK_SPECIALISED", "0", lambda w, i, g, f=jit: f(w, i, g)),
-                    # several rows per warp (8 or 16 lanes a row, SGLANG_MOE_TOPK_MULTIROW; 8 is the default
-                    # for fp32 rows of 128 experts from 4096 tokens), and never (the lookahead kernels)
-                    "jit multirow8": with_env("SGLANG_MOE_TOPK_MULTIROW", "8", lambda w, i, g, f=jit: f(w, i, g)),
-                    "jit multirow16": with_env("SGLANG_MOE_TOPK_MULTIROW", "16", lambda w, i, g, f=jit: f(w, i, g)),
-                    "jit no multirow": with_env("SGLANG_MOE_TOPK_MULTIROW", "0", lambda w, i, g, f=jit: f(w, i, g)),
-                    # the sorted specialised kernels forced (SGLANG_MOE_TOPK_SORTED=1; the default from
-                    # 2048 tokens) and never (=0)
-                    "jit sorted": with_env("SGLANG_MOE_TOPK_SORTED", "1", lambda w, i, g, f=jit: f(w, i, g)),
-                    "jit no sorted": with_env("SGLANG_MOE_TOPK_SORTED", "0", lambda w, i, g, f=jit: f(w, i, g)),
                     "torch": eager,
                     "torch.compile": compiled,
                 }
@@ -188,30 +156,11 @@ def routing_rows() -> list[BenchRow]:
                     nbytes,
                     rows,
                     cold=num_tokens == TOKENS[-1],
-                    one_input_only=("jit v1", "jit smem"),
                 )
     compiled = torch.compile(torch_grouped)
     for num_tokens in TOKENS:
         providers = {
             "jit": lambda g, b: grouped_topk(g, b, 8, 4, TOPK, True, 2.5),
-            "jit v1": with_env(
-                "SGLANG_MOE_ROUTING_ENGINE", "1", lambda g, b: grouped_topk(g, b, 8, 4, TOPK, True, 2.5)
-            ),
-            "jit smem": with_env(
-                "SGLANG_MOE_TOPK_WINNERS", "smem", lambda g, b: grouped_topk(g, b, 8, 4, TOPK, True, 2.5)
-            ),
-            "jit regs": with_env(
-                "SGLANG_MOE_TOPK_WINNERS", "regs", lambda g, b: grouped_topk(g, b, 8, 4, TOPK, True, 2.5)
-            ),
-            # the generic lookahead kernel (SGLANG_MOE_TOPK_GROUPED_SPECIALISED=0; "jit" runs the grouped
-            # specialised kernels here)
-            "jit grouped generic": with_env(
-                "SGLANG_MOE_TOPK_GROUPED_SPECIALISED", "0", lambda g, b: grouped_topk(g, b, 8, 4, TOPK, True, 2.5)
-            ),
-            # the lookahead grouped kernels (SGLANG_MOE_TOPK_SORTED=0; "jit" runs the sorted ones here)
-            "jit grouped no sorted": with_env(
-                "SGLANG_MOE_TOPK_SORTED", "0", lambda g, b: grouped_topk(g, b, 8, 4, TOPK, True, 2.5)
-            ),
             "torch": torch_grouped,
             "torch.compile": compiled,
         }
@@ -228,7 +177,6 @@ def routing_rows() -> list[BenchRow]:
             nbytes,
             rows,
             cold=num_tokens == TOKENS[-1],
-            one_input_only=("jit v1", "jit smem"),
         )
     return rows
 
@@ -295,24 +243,6 @@ def align_rows() -> list[BenchRow]:
     compiled = torch.compile(torch_align)
     providers = {
         "jit": lambda *a: moe_align_block_size(*a[:1], num_experts, block_size, *a[1:], True),
-        "jit match": with_env(
-            "SGLANG_MOE_ALIGN_PEERS",
-            "match",
-            lambda *a: moe_align_block_size(*a[:1], num_experts, block_size, *a[1:], True),
-        ),
-        "jit single": lambda *a: moe_align_block_size(*a[:1], num_experts, block_size, *a[1:], True, _variant="single"),
-        "jit split": lambda *a: moe_align_block_size(*a[:1], num_experts, block_size, *a[1:], True, _variant="split"),
-        "jit small": lambda *a: moe_align_block_size(*a[:1], num_experts, block_size, *a[1:], True, _variant="small"),
-        "jit small 1cta": with_env(
-            "SGLANG_MOE_ALIGN_SMALL_CTAS",
-            "1",
-            lambda *a: moe_align_block_size(*a[:1], num_experts, block_size, *a[1:], True, _variant="small"),
-        ),
-        "jit small nopdl": with_env(
-            "SGLANG_MOE_ALIGN_SMALL_PDL",
-            "0",
-            lambda *a: moe_align_block_size(*a[:1], num_experts, block_size, *a[1:], True, _variant="small"),
-        ),
         "torch": lambda *a: torch_align(*a, num_experts, block_size),
         "torch.compile": lambda *a: compiled(*a, num_experts, block_size),
     }
@@ -345,7 +275,6 @@ def align_rows() -> list[BenchRow]:
             4 * (numel + sorted_len + blocks),
             rows,
             cold=t == ALIGN_TOKENS[-1],
-            one_input_only=("jit match", "jit single", "jit split", "jit small", "jit small 1cta", "jit small nopdl"),
         )
     return rows
 

@@ -12,11 +12,10 @@ Per [num_tokens, E] fp32 top-8 (num_tokens 1 / 64 / 4096, E 128 / 256), µs per 
             at compile time (the same bits as topk_softmax)
 and topk_softmax itself: the default, the lookahead kernel specialised for k = 8 and no options
 ("jit": the same structure as "softmax" with the param struct, strides, tails and grid-stride loop of
-the real op), the generic lookahead kernel ("jit generic", SGLANG_MOE_TOPK_SPECIALISED=0), the
-shared-memory winners ("jit smem") and the register winners ("jit regs"), plus rmsnorm [1, 4096] bf16, the memory-bound reference the
-issue's ~1 µs floor comes from. "steps" - "max" is what 8 dependent warp steps cost, "softmax" is
+the real op; from 2048 tokens the sorted kernel), plus rmsnorm [1, 4096] bf16, the memory-bound
+reference the issue's ~1 µs floor comes from. "steps" - "max" is what 8 dependent warp steps cost, "softmax" is
 what the lookahead structure can reach without its options and runtime k; their distance to "jit" is
-what the options, the runtime k and the generic launcher cost. What a run of it told:
+what the param struct and the launcher cost. What a run of it told:
 docs/perf_notes.md ("Top-k routing floor"). Not a CI benchmark (no bench_ prefix); on a GPU machine:
 
     python python/sglang/jit_kernel/benchmark/probe_topk_floor.py
@@ -33,7 +32,7 @@ from sglang.jit_kernel.benchmark.utils import exit_unless_gpu
 if __name__ == "__main__":
     exit_unless_gpu("probe_topk_floor.py")  # before importing triton, which a CPU-only install lacks
 
-from sglang.jit_kernel.benchmark.utils import bench_rotating, with_env  # noqa: E402
+from sglang.jit_kernel.benchmark.utils import bench_rotating  # noqa: E402
 from sglang.jit_kernel.moe_topk_softmax import topk_softmax  # noqa: E402
 from sglang.jit_kernel.norm import rmsnorm  # noqa: E402
 from sglang.jit_kernel.utils import load_jit  # noqa: E402
@@ -45,14 +44,6 @@ EXPERTS = (128, 256)
 TOPK = 8
 REP_MS = int(os.environ.get("BENCH_MOE_REP_MS", "4"))
 CAPTURES = 3
-WINNERS = "SGLANG_MOE_TOPK_WINNERS"
-SPECIALISED = "SGLANG_MOE_TOPK_SPECIALISED"
-
-
-def with_winners(value: str | None, fn):
-    """``fn`` called with SGLANG_MOE_TOPK_WINNERS set to ``value`` (None: unset), and
-    SGLANG_MOE_TOPK_SPECIALISED unset."""
-    return with_env(SPECIALISED, None, with_env(WINNERS, value, fn))
 
 
 def time_us(call, inputs) -> float:
@@ -67,7 +58,7 @@ def check(probe, num_tokens: int, num_experts: int) -> list[str]:
     gating = torch.randn(num_tokens, num_experts, device="cuda")
     weights = torch.empty(num_tokens, TOPK, device="cuda")
     ids = torch.empty(num_tokens, TOPK, dtype=torch.int32, device="cuda")
-    with_winners(None, topk_softmax)(weights, ids, gating)  # the default
+    topk_softmax(weights, ids, gating)
     w = torch.empty_like(weights)
     i = torch.empty_like(ids)
     failures = []
@@ -80,9 +71,6 @@ def check(probe, num_tokens: int, num_experts: int) -> list[str]:
     probe.topk_floor(w, i, gating, MODES.index("softmax"))
     if not (torch.equal(i, ids) and torch.equal(w.view(torch.int32), weights.view(torch.int32))):
         failures.append("softmax: not topk_softmax's bits")
-    with_env(SPECIALISED, "0", topk_softmax)(w, i, gating)
-    if not (torch.equal(i, ids) and torch.equal(w.view(torch.int32), weights.view(torch.int32))):
-        failures.append("jit generic: not topk_softmax's bits")
     return failures
 
 
@@ -96,12 +84,7 @@ def main() -> None:
     x = torch.randn(1, 4096, dtype=torch.bfloat16, device="cuda")
     w = torch.rand(4096, dtype=torch.bfloat16, device="cuda") + 0.5
     print(f"rmsnorm [1, 4096] bf16: {time_us(lambda x, w, o: rmsnorm(x, w, out=o), (x, w, torch.empty_like(x))):.2f}")
-    ops = {
-        "jit": with_winners(None, topk_softmax),
-        "jit smem": with_winners("smem", topk_softmax),
-        "jit regs": with_winners("regs", topk_softmax),
-        "jit generic": with_env(WINNERS, None, with_env(SPECIALISED, "0", topk_softmax)),
-    }
+    ops = {"jit": topk_softmax}
     print(f"{'case':<22}" + "".join(f"{name:>9}" for name in MODES) + "".join(f"{name:>17}" for name in ops))
     for num_experts in EXPERTS:
         for num_tokens in TOKENS:

@@ -4,6 +4,7 @@ kernels), and the comparison their tests share. Imported by tests/test_moe_*.py.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import torch
 
@@ -41,25 +42,6 @@ def edge_rows(num_tokens: int, num_experts: int, dtype: torch.dtype, seed: int =
     x[6] = float("-inf")
     x[7] = x[7] * 1e4
     return x.to(dtype).cuda()
-
-
-def use_topk_winners(monkeypatch, variant: str) -> None:
-    """Selects the routing kernels' variant for the calls that follow: "default" clears
-    SGLANG_MOE_TOPK_WINNERS, any other name sets it (read at each call)."""
-    if variant == "default":
-        monkeypatch.delenv("SGLANG_MOE_TOPK_WINNERS", raising=False)
-    else:
-        monkeypatch.setenv("SGLANG_MOE_TOPK_WINNERS", variant)
-
-
-def use_topk_specialised(monkeypatch, on: bool) -> None:
-    """Clears SGLANG_MOE_TOPK_SPECIALISED (``on``: the default, the specialised lookahead kernels for
-    the calls that match one: top-8 without grouping at scale 1) or
-    sets it to 0 (the generic lookahead kernel) for the calls that follow (read at each call)."""
-    if on:
-        monkeypatch.delenv("SGLANG_MOE_TOPK_SPECIALISED", raising=False)
-    else:
-        monkeypatch.setenv("SGLANG_MOE_TOPK_SPECIALISED", "0")
 
 
 def assert_same_bits(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]) -> None:
@@ -211,41 +193,14 @@ def resolve_grouped_ambiguity(scores, bias, num_groups, topk_group, topk, ids, k
     return keys, ref_ids
 
 
-#: The A/B settings of the routing kernels' same-bits tests: per knob, the environments whose results
-#: must agree bit for bit (a value None unsets the variable). "multirow8" / "multirow16": the
-#: several-rows-per-warp kernel never, by default (fp32 rows of 128 experts from 4096 rows) and forced;
-#: "sorted": the sorted specialised kernels never (SGLANG_MOE_TOPK_SORTED=0, no multirow), by default
-#: (grouped calls, ungrouped ones from 2048 rows) and forced (=1; full rows of 128 / 256 experts, k = 8).
-ROUTING_KNOBS = {
-    **{
-        f"multirow{lanes}": [
-            {"SGLANG_MOE_TOPK_MULTIROW": "0"},
-            {"SGLANG_MOE_TOPK_MULTIROW": None},
-            {"SGLANG_MOE_TOPK_MULTIROW": lanes},
-        ]
-        for lanes in ("8", "16")
-    },
-    "sorted": [
-        {"SGLANG_MOE_TOPK_SORTED": "0", "SGLANG_MOE_TOPK_MULTIROW": "0"},
-        {"SGLANG_MOE_TOPK_SORTED": None, "SGLANG_MOE_TOPK_MULTIROW": None},
-        {"SGLANG_MOE_TOPK_SORTED": "1", "SGLANG_MOE_TOPK_MULTIROW": "0"},
-    ],
-}
-
-
-def assert_knob_same_bits(monkeypatch, knob: str, calls) -> None:
-    """Each of ``calls`` (no-argument callables returning (weights, ids)) gives the same bits under
-    every environment of ``ROUTING_KNOBS[knob]``."""
-    results = []
-    for env in ROUTING_KNOBS[knob]:
-        for name, value in env.items():
-            if value is None:
-                monkeypatch.delenv(name, raising=False)
-            else:
-                monkeypatch.setenv(name, value)
-        results.append([call() for call in calls])
-        for name in env:
-            monkeypatch.delenv(name, raising=False)
-    for outputs in zip(*results):
-        for other in outputs[1:]:
-            assert_same_bits(outputs[0], other)
+def assert_batch_invariant(run: Callable, rows: torch.Tensor, batch: int, **kwargs) -> None:
+    """``run(gating, **kwargs) -> (weights, ids)`` gives every row of ``rows`` the same bits alone
+    (a few rows: the lookahead kernels) as inside a batch of ``batch`` rows (the shape's large-batch
+    kernel: the sorted kernels from 2048 rows, the several-rows kernel for fp32 rows of 128 experts
+    from 4096), the rows of ``rows`` at its start and end."""
+    n = rows.shape[0]
+    filler = torch.randn(batch - 2 * n, rows.shape[1], device=rows.device).to(rows.dtype)
+    big = run(torch.cat([rows, filler, rows]), **kwargs)
+    small = run(rows, **kwargs)
+    assert_same_bits(small, (big[0][:n], big[1][:n]))
+    assert_same_bits(small, (big[0][-n:], big[1][-n:]))

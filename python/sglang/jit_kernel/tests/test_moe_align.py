@@ -41,11 +41,9 @@ class Outputs:
         self.views = [v for v, _ in pairs]
         self.buffers = [b for _, b in pairs]
 
-    def call(self, topk_ids, num_experts, block_size, pad, variant=None):
+    def call(self, topk_ids, num_experts, block_size, pad):
         sorted_ids, expert_ids, total, cumsum = self.views
-        moe_align_block_size(
-            topk_ids, num_experts, block_size, sorted_ids, expert_ids, total, cumsum, pad, _variant=variant
-        )
+        moe_align_block_size(topk_ids, num_experts, block_size, sorted_ids, expert_ids, total, cumsum, pad)
         return self
 
     def host(self):
@@ -62,12 +60,11 @@ def reference(topk_ids: torch.Tensor, num_experts: int, block_size: int):
     return members, np.concatenate([[0], np.cumsum(padded_counts)])
 
 
-def check(topk_ids, num_experts, block_size, pad=True, out=None, reference_experts=None, variant=None):
-    """Runs the op (``_variant=variant``) and checks every output against the reference; returns the
-    host outputs."""
+def check(topk_ids, num_experts, block_size, pad=True, out=None, reference_experts=None):
+    """Runs the op and checks every output against the reference; returns the host outputs."""
     numel = topk_ids.numel()
     out = out or Outputs(numel, num_experts, block_size)
-    sorted_ids, expert_ids, total, cumsum = out.call(topk_ids, num_experts, block_size, pad, variant).host()
+    sorted_ids, expert_ids, total, cumsum = out.call(topk_ids, num_experts, block_size, pad).host()
     members, starts = reference(topk_ids, reference_experts or num_experts, block_size)
     if reference_experts is not None:  # a larger count: its extra experts have empty segments
         starts = np.concatenate([starts, np.full(num_experts - reference_experts, starts[-1])])
@@ -336,21 +333,6 @@ if __name__ == "__main__":
 @requires_cuda
 @pytest.mark.parametrize(
     "num_tokens,topk,num_experts,block_size",
-    [(4096, 8, 257, 64), (129, 6, 64, 16), (3000, 64, 1024, 128), (7, 8, 4096, 32)],
-)
-def test_moe_align_peer_finders_agree(monkeypatch, num_tokens, topk, num_experts, block_size):
-    """The scatter's same-expert lanes by ballots (default) and by __match_any_sync
-    (SGLANG_MOE_ALIGN_PEERS=match): both against the reference, and the same bits (a stable order)."""
-    ids = routed_ids(num_tokens, topk, 256 if num_experts == 257 else num_experts)  # 257: sglang's +1
-    new = [t.copy() for t in check(ids, num_experts, block_size)]
-    monkeypatch.setenv("SGLANG_MOE_ALIGN_PEERS", "match")
-    old = check(ids, num_experts, block_size)
-    assert all(np.array_equal(a, b) for a, b in zip(new, old))
-
-
-@requires_cuda
-@pytest.mark.parametrize(
-    "num_tokens,topk,num_experts,block_size",
     [
         (1, 8, 257, 64),
         (64, 8, 257, 64),
@@ -363,125 +345,67 @@ def test_moe_align_peer_finders_agree(monkeypatch, num_tokens, topk, num_experts
     ],
 )
 @pytest.mark.parametrize("pad", [True, False])
-def test_moe_align_split_variant_bit_exact(num_tokens, topk, num_experts, block_size, pad):
-    """_variant="split" (count kernel + multi-CTA stable scatter), "single" (one CTA) and "small"
-    (PDL, two barriers, stores split over CTAs): against the reference, and the same bits as the
-    default (which picks "small" or "split" by size) in every output (padding and untouched slots
-    included)."""
+def test_moe_align_kernel_sizes(num_tokens, topk, num_experts, block_size, pad):
+    """Both sides of the kernel choice (below 4096 ids the one-launch kernel, from there the count +
+    multi-CTA scatter, past 1024 experts one CTA), with skipped ids in several CTAs' chunks: every
+    output (padding and untouched slots included) against the reference."""
     ids = routed_ids(num_tokens, topk, 256 if num_experts == 257 else num_experts)
     if num_tokens >= 64:
-        ids.view(-1)[::97] = -1  # skipped ids in several CTAs' chunks
-    outs = []
-    for variant in (None, "single", "split", "small"):
-        out = Outputs(ids.numel(), num_experts, block_size)
-        sorted_ids, expert_ids, total, cumsum = out.views
-        moe_align_block_size(ids, num_experts, block_size, sorted_ids, expert_ids, total, cumsum, pad, _variant=variant)
-        outs.append(out.host())
-        if variant == "split" and num_tokens <= 4096:
-            check(ids, num_experts, block_size, pad)  # the default against the reference, same ids
-    for other in outs[1:]:
-        assert all(np.array_equal(a, b) for a, b in zip(outs[0], other))
+        ids.view(-1)[::97] = -1
+    check(ids, num_experts, block_size, pad)
 
 
-@requires_cuda
-def test_moe_align_split_variant_graph_and_bad_name():
-    """The split variant replays in a CUDA graph (its workspace from the graph's pool) with the
-    default's bits; an unknown variant name is a ValueError before any launch."""
-    ids = routed_ids(4096, 8, 256)
-    ref = Outputs(ids.numel(), 257, 64).call(ids, 257, 64, True).host()
-    out = Outputs(ids.numel(), 257, 64)
-    sorted_ids, expert_ids, total, cumsum = out.views
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        moe_align_block_size(ids, 257, 64, sorted_ids, expert_ids, total, cumsum, True, _variant="split")
-    graph.replay()
-    torch.cuda.synchronize()
-    assert all(np.array_equal(a, b) for a, b in zip(ref, out.host()))
-    with pytest.raises(ValueError, match="_variant value"):
-        moe_align_block_size(ids, 257, 64, sorted_ids, expert_ids, total, cumsum, True, _variant="fast")
-
-
-# ---- the "small" variant (the default below SPLIT_MIN_NUMEL ids: PDL, two barriers after the ids arrive, stores over CTAs) ----
-def check_small_against_single(topk_ids, num_experts, block_size, pad=True, out_len=None):
-    """ "small" against the reference and bit for bit against "single", the one-CTA kernel it replaced
-    as the default below SPLIT_MIN_NUMEL ids (every output, padding and untouched slots included, each
-    inside its poisoned buffer)."""
-    numel = topk_ids.numel()
-    small_out = Outputs(numel, num_experts, block_size, sorted_len=out_len)
-    small = check(topk_ids, num_experts, block_size, pad, out=small_out, variant="small")
-    single = Outputs(numel, num_experts, block_size, sorted_len=out_len)
-    single.call(topk_ids, num_experts, block_size, pad, "single")
-    assert all(np.array_equal(a, b) for a, b in zip(small, single.host()))
-
-
-@requires_cuda
-@pytest.mark.parametrize("block_size", BLOCK_SIZES)
-@pytest.mark.parametrize("num_tokens", TOKENS)
-@pytest.mark.parametrize("topk", TOPKS)
-@pytest.mark.parametrize("num_experts", EXPERTS)
-def test_moe_align_small_variant_grid(block_size, num_tokens, topk, num_experts):
-    """test_moe_align_grid's grid under _variant="small"."""
-    check_small_against_single(routed_ids(num_tokens, topk, num_experts), num_experts, block_size)
+# ---- decode sizes (below 4096 ids: one launch of up to 8 CTAs with PDL, stores split over them) ----
+def check_sized(topk_ids, num_experts, block_size, pad=True, out_len=None):
+    """check() with sorted_token_ids of ``out_len`` slots (default: sglang's sizing)."""
+    out = Outputs(topk_ids.numel(), num_experts, block_size, sorted_len=out_len)
+    return check(topk_ids, num_experts, block_size, pad, out=out)
 
 
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("pad", [False, True])
-def test_moe_align_small_variant_dtypes_skips_and_padding(dtype, pad):
+def test_moe_align_decode_dtypes_skips_and_padding(dtype, pad):
     """Both id dtypes, with and without the padding fill, with skipped ids (-1, num_experts, values
     that wrap) and with nothing routed (total 0)."""
     ids = routed_ids(129, 8, 64, dtype)
-    check_small_against_single(ids, 64, 64, pad)
+    check_sized(ids, 64, 64, pad)
     flat = ids.view(-1)
     flat[::5] = -1
     flat[1::7] = 64
     flat[2::11] = -(2**31) if dtype == torch.int32 else 2**32 + 3
-    check_small_against_single(ids, 64, 16, pad)
-    check_small_against_single(torch.full((7, 8), -1, dtype=dtype, device="cuda"), 64, 16, pad)
+    check_sized(ids, 64, 16, pad)
+    check_sized(torch.full((7, 8), -1, dtype=dtype, device="cuda"), 64, 16, pad)
 
 
 @requires_cuda
 @pytest.mark.parametrize("num_experts", [1, 3, 257, 1024, 1025, 8192])
 @pytest.mark.parametrize("block_size", [1, 16, 256, 1024])
 @pytest.mark.parametrize("num_tokens", [1, 64, 384, 4096])
-def test_moe_align_small_variant_experts_blocks_sizes(num_experts, block_size, num_tokens):
+def test_moe_align_decode_experts_blocks_sizes(num_experts, block_size, num_tokens):
     """Few and many experts (1024: the opt-in shared memory; > 1024: the one-CTA kernel runs), any
     block, 1 to 16 sorting warps, one to several register tiles per warp."""
     topk = min(8, num_experts)
     ids = routed_ids(num_tokens, topk, num_experts, seed=num_experts + num_tokens)
-    check_small_against_single(ids, num_experts, block_size)
+    check_sized(ids, num_experts, block_size)
 
 
 @requires_cuda
 @pytest.mark.parametrize("num_experts", [1, 64, 257])
-def test_moe_align_small_variant_skewed_and_tight(num_experts):
+def test_moe_align_decode_skewed_and_tight(num_experts):
     """Every id to one expert, a 90 % hot expert (many equal ids per warp step), buffers of exactly
     the worst case (no slot past it: the early tail fill is empty) and a strided view."""
-    check_small_against_single(torch.full((64, 8), num_experts - 1, dtype=torch.int32, device="cuda"), num_experts, 64)
+    check_sized(torch.full((64, 8), num_experts - 1, dtype=torch.int32, device="cuda"), num_experts, 64)
     ids = routed_ids(384, 1, num_experts)
     ids[torch.rand(ids.shape, device="cuda") < 0.9] = 0
-    check_small_against_single(ids, num_experts, 16)
+    check_sized(ids, num_experts, 16)
     wide = routed_ids(129, 11, 256)
     view = wide[:, 2:10]
-    check_small_against_single(view, 257, 64, out_len=max_num_tokens_padded(view.numel(), 257, 64))
+    check_sized(view, 257, 64, out_len=max_num_tokens_padded(view.numel(), 257, 64))
 
 
 @requires_cuda
-@pytest.mark.parametrize("ctas", ["1", "2", "3", "8"])
-@pytest.mark.parametrize("pdl", ["1", "0"])
-@pytest.mark.parametrize("num_tokens", [1, 64, 384])
-def test_moe_align_small_variant_forced_ctas_and_pdl(monkeypatch, ctas, pdl, num_tokens):
-    """SGLANG_MOE_ALIGN_SMALL_CTAS / _PDL (the bench's A/B knobs): any CTA count splits the stores
-    into the same bits, with and without PDL."""
-    monkeypatch.setenv("SGLANG_MOE_ALIGN_SMALL_CTAS", ctas)
-    monkeypatch.setenv("SGLANG_MOE_ALIGN_SMALL_PDL", pdl)
-    ids = routed_ids(num_tokens, 8, 256)
-    for pad in (True, False):
-        check_small_against_single(ids, 257, 64, pad)
-
-
-@requires_cuda
-def test_moe_align_small_variant_graph_after_producer():
+def test_moe_align_decode_graph_after_producer():
     """In a CUDA graph, behind the kernel that writes its ids (PDL: the ids are read only after the
     wait) and twice back to back into the same buffers (the second call's stores come after the
     first's): every replay equals the default on fresh ids."""
@@ -502,15 +426,3 @@ def test_moe_align_small_variant_graph_after_producer():
         torch.cuda.synchronize()
         expected = Outputs(source.numel(), num_experts, block_size).call(source, num_experts, block_size, True)
         assert all(np.array_equal(a, b) for a, b in zip(out.host(), expected.host()))
-
-
-@requires_cuda
-def test_moe_align_variant_names():
-    """ "small" is accepted; an unknown or miscased name is a ValueError before any launch."""
-    ids = routed_ids(4, 8, 256)
-    out = Outputs(ids.numel(), 257, 64)
-    accepted = [t.copy() for t in check(ids, 257, 64, out=out, variant="small")]
-    for name in ("smal", "Small", ""):
-        with pytest.raises(ValueError, match=r"^moe_align_block_size: _variant value: expected one of "):
-            out.call(ids.flip(0), 257, 64, True, name)
-    assert all(np.array_equal(a, b) for a, b in zip(accepted, out.host())), "a refused call writes nothing"

@@ -59,7 +59,7 @@ void grouped_topk(
   params.renorm_eps = 1e-20f;
   params.scale = static_cast<float>(scaling_factor);
   // Launch
-  launch_topk_rows<T>(params, device);
+  launch_topk_rows<T, RoutingOp::kGrouped>(params, device);
 }
 
 }  // namespace

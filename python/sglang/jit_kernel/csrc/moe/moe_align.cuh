@@ -1,15 +1,19 @@
 // moe_align_block_size: group the flattened topk_ids by expert (a stable counting sort), each
 // expert's segment padded up to a multiple of block_size, for the block-sparse expert GEMMs.
 //
-// One CTA of 1024 threads, one launch, everything in shared memory:
-//   1. "sorting" warps each own a contiguous range of the flat ids (32 ids a step, 16 steps of ids
-//      held in registers) and count them into their own row of a [sort_warps, num_experts] table;
+// Three kernels, picked by size (moe_align_block_size below): below 4096 routed ids (and at most
+// 1024 experts) "small", one launch of up to 8 CTAs that each compute the whole layout and split
+// the stores; from 4096 ids "split", a count launch over up to 64 CTAs and a scatter launch; rows
+// of more than 1024 experts the one-CTA kernel. All three share the steps:
+//   1. "sorting" warps each own a contiguous range of the flat ids (register tiles of 32 ids a
+//      step) and count them into their own row of a [sort_warps, num_experts] table;
 //   2. per expert, the rows become exclusive prefixes over the warps (the rank of a warp's first id
 //      inside the segment), the counts are padded and scanned into the segment starts;
-//   3. the sorting warps re-walk their ranges: __match_any_sync groups a step's lanes by expert, a
-//      lane's slot is start + its warp's running rank + its rank among the lower lanes. So a
-//      segment holds its flat indices in ascending order, the same bits every run. Meanwhile every
-//      thread writes expert_ids, the padding, cumsum_buffer and num_tokens_post_pad.
+//   3. the sorting warps re-walk their ranges: ballots on the id bits group a step's lanes by
+//      expert, a lane's slot is start + its warp's running rank + its rank among the lower lanes.
+//      So a segment holds its flat indices in ascending order, the same bits every run, whichever
+//      kernel runs. expert_ids, the padding, cumsum_buffer and num_tokens_post_pad are written
+//      alongside.
 // No atomics decide an order; no host sync (CUDA-graph safe). Ids outside [0, num_experts) are
 // skipped: not counted, their flat index written nowhere.
 #pragma once
@@ -21,11 +25,9 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <dlpack/dlpack.h>
 #include <limits>
 #include <source_location>
-#include <string_view>
 #include <tvm/ffi/container/tensor.h>
 
 namespace {
@@ -47,7 +49,6 @@ struct MoeAlignParams {
   int32_t sort_warps;    // warps 0 .. sort_warps-1 own ranges of ids_per_warp ids
   int32_t ids_per_warp;  // a multiple of 32
   bool pad_sorted_token_ids;
-  bool match_peers;   // __match_any_sync (SGLANG_MOE_ALIGN_PEERS=match) instead of ballots
   int32_t peer_bits;  // bits of num_experts (the id value set [0, num_experts])
 };
 
@@ -211,8 +212,7 @@ __global__ void __launch_bounds__(MoeAlignConfig::kThreads) moe_align_kernel(con
       for (int32_t u = 0; u < Config::kItems; ++u) {
         if (tile + u * device::kWarpThreads >= warp_end) break;  // warp-uniform: no lane is left in a sync
         const int32_t e = expert[u];
-        const uint32_t peers =
-            p.match_peers ? __match_any_sync(kFullMask, e) : ballot_peers(e, num_experts, p.peer_bits);
+        const uint32_t peers = ballot_peers(e, num_experts, p.peer_bits);
         const int32_t leader = __ffs(peers) - 1;
         int32_t base = 0;
         if (lane == leader && e >= 0) {
@@ -254,13 +254,6 @@ __global__ void __launch_bounds__(MoeAlignConfig::kThreads) moe_align_kernel(con
   }
   for (int32_t e = tid; e <= num_experts; e += Config::kThreads) p.cumsum_buffer[e] = starts[e];
   if (tid == 0) *p.num_tokens_post_pad = total;
-}
-
-/// SGLANG_MOE_ALIGN_PEERS=match: the scatter finds a step's same-expert lanes with
-/// __match_any_sync (the first design); otherwise (default) with one ballot per id bit.
-inline bool peers_by_match() {
-  const char* value = std::getenv("SGLANG_MOE_ALIGN_PEERS");
-  return value != nullptr && std::string_view(value) == "match";
 }
 
 /// Lets `kernel` use `bytes` of dynamic shared memory on CUDA device `device_id` (its own setting
@@ -381,7 +374,6 @@ bool unwrap_moe_align(
       .sort_warps = 1,
       .ids_per_warp = 0,
       .pad_sorted_token_ids = pad_sorted_token_ids,
-      .match_peers = peers_by_match(),
       .peer_bits = 32 - __builtin_clz(static_cast<uint32_t>(num_experts)),
   };
 
@@ -448,18 +440,18 @@ void moe_align_block_size(
 }
 
 // ---------------------------------------------------------------------------------------------
-// Opt-in variant "split" (moe_align_block_size(..., _variant="split")): two launches over many
-// CTAs, for large inputs (one CTA of the default walks 32k ids at 4096 tokens x top 8 alone).
+// "split": two launches over many CTAs, for large inputs (from 4096 routed ids; one CTA would walk
+// 32k ids at 4096 tokens x top 8 alone).
 //   1. count: CTA c owns the flat ids [c * chunk, (c + 1) * chunk) and writes its per-expert counts
 //      into row c of a [num_ctas, num_experts] workspace table (shared-memory histogram; atomics
 //      only count, they decide no order);
-//   2. scatter (PDL-overlapped with 1): CTA c re-counts its chunk per warp (as the default does),
+//   2. scatter (PDL-overlapped with 1): CTA c re-counts its chunk per warp (as the one-CTA kernel does),
 //      sums the table's rows above c (the rank of its first id inside each segment) and all rows
 //      (the counts), scans the padded counts into the segment starts and scatters its ids in
-//      ascending flat index: the same bits as the default. expert_ids, the padding, the tail,
+//      ascending flat index: the same bits as the one-CTA kernel. expert_ids, the padding, the tail,
 //      cumsum_buffer and num_tokens_post_pad are spread over all CTAs. No global atomics, no
 //      memset, no host sync.
-// Rows of at most kMaxExperts experts (else the default runs).
+// Rows of at most kMaxExperts experts (else the one-CTA kernel runs).
 // ---------------------------------------------------------------------------------------------
 
 struct MoeAlignSplitConfig {
@@ -620,7 +612,7 @@ __global__ void __launch_bounds__(MoeAlignSplitConfig::kThreads)
 
 /// moe_align_block_size with the "split" variant: the same contract and outputs, plus
 /// `workspace`, int32 of at least MoeAlignSplitConfig::kMaxCtas * num_experts entries (scratch,
-/// any contents). num_experts > kMaxExperts runs the default kernel.
+/// any contents). num_experts > kMaxExperts runs the one-CTA kernel.
 template <typename T>
 void moe_align_block_size_split(
     tvm::ffi::TensorView topk_ids,
@@ -681,7 +673,6 @@ void moe_align_block_size_split(
       .chunk = static_cast<int32_t>(chunk),
       .num_ctas = static_cast<int32_t>(div_ceil(n, chunk)),
   };
-  q.base.match_peers = false;
   q.base.sort_warps = MoeAlignConfig::kWarps;
   q.base.ids_per_warp = static_cast<int32_t>(chunk / MoeAlignConfig::kWarps);
 
@@ -699,22 +690,22 @@ void moe_align_block_size_split(
 }
 
 // ---------------------------------------------------------------------------------------------
-// Variant "small" (the default below moe_align.SPLIT_MIN_NUMEL = 4096 ids; _variant="small"): the
-// one-CTA algorithm with a shorter chain of dependent steps, for decode sizes. The same bits.
+// "small" (below moe_align.SPLIT_MIN_NUMEL = 4096 ids): the one-CTA algorithm with a shorter chain
+// of dependent steps, for decode sizes. The same bits.
 //   - PDL: the shared-memory clear and the barrier after it come before griddepcontrol.wait (no
 //     global access there); the next kernel is released right after the wait.
-//   - The padding past the worst-case total, [max_padded, sorted_len) (data-independent: 97 % of
-//     sorted_token_ids at 8 ids in sglang's sizing), is stored while the ids are in flight.
+//   - The padding past the worst-case total, [max_padded, sorted_len) (data-independent: most of
+//     sorted_token_ids at decode sizes in sglang's sizing), is stored while the ids are in flight.
 //   - Two barriers after the ids arrive, not five: the histogram also counts into one totals row,
 //     so one warp scans the padded totals (a lane per run of experts, no barrier inside) while the
 //     other warps turn the per-warp rows into prefixes over the warps.
 //   - expert_ids and each segment's padding are written per expert (no binary search per block).
 //   - num_ctas CTAs (host: ~kSlotsPerCta slots each, with padding) each compute the whole layout
 //     (the same values in each) and split the stores: CTA c scatters the ranges of the warps w with
-//     w % num_ctas == c; experts and the tail are spread over every CTA's warps and threads. The
-//     stores of one CTA were ~65 KB at decode sizes (sglang's sorted_token_ids of numel + 257 * 63).
-// Rows of at most kMaxExperts experts (else the one-CTA kernel runs). Why each step should be
-// faster, and the estimates to check: docs/perf_notes.md ("moe_align small").
+//     w % num_ctas == c; experts and the tail are spread over every CTA's warps and threads (sglang
+//     sizes sorted_token_ids as numel + 257 * 63: tens of KB of stores at decode sizes).
+// Rows of at most kMaxExperts experts (else the one-CTA kernel runs). Why each step is faster:
+// docs/perf_notes.md ("moe_align small").
 // ---------------------------------------------------------------------------------------------
 
 struct MoeAlignSmallConfig {
@@ -862,7 +853,7 @@ __global__ void __launch_bounds__(MoeAlignSmallConfig::kThreads)
       for (int32_t u = 0; u < kItems; ++u) {
         if (tile + u * device::kWarpThreads >= warp_end) break;  // warp-uniform: no lane is left in a sync
         const int32_t e = expert[u];
-        const uint32_t peers = ballot_peers(e, num_experts, p.peer_bits);  // not match: as "split"
+        const uint32_t peers = ballot_peers(e, num_experts, p.peer_bits);
         const int32_t leader = __ffs(peers) - 1;
         int32_t base = 0;
         if (lane == leader && e >= 0) {
@@ -894,23 +885,8 @@ __global__ void __launch_bounds__(MoeAlignSmallConfig::kThreads)
   if (gtid == 0) *p.num_tokens_post_pad = total;
 }
 
-/// SGLANG_MOE_ALIGN_SMALL_CTAS=n (1 .. kMaxCtas) forces the "small" variant's CTA count (an A/B
-/// knob for bench_moe); unset or anything else: the launcher's choice.
-inline int64_t small_ctas_override() {
-  const char* value = std::getenv("SGLANG_MOE_ALIGN_SMALL_CTAS");
-  if (value == nullptr) return 0;
-  const long n = std::strtol(value, nullptr, 10);
-  return n >= 1 && n <= MoeAlignSmallConfig::kMaxCtas ? n : 0;
-}
-
-/// SGLANG_MOE_ALIGN_SMALL_PDL=0 launches the "small" variant without PDL (an A/B knob).
-inline bool small_pdl_enabled() {
-  const char* value = std::getenv("SGLANG_MOE_ALIGN_SMALL_PDL");
-  return value == nullptr || std::string_view(value) != "0";
-}
-
 /// moe_align_block_size with the "small" variant: the same contract and outputs (one launch of
-/// num_ctas CTAs with PDL). num_experts > MoeAlignSmallConfig::kMaxExperts runs the default kernel.
+/// num_ctas CTAs with PDL). num_experts > MoeAlignSmallConfig::kMaxExperts runs the one-CTA kernel.
 template <typename T>
 void moe_align_block_size_small(
     tvm::ffi::TensorView topk_ids,
@@ -963,7 +939,6 @@ void moe_align_block_size_small(
   if (params.pad_sorted_token_ids) {
     num_ctas = std::clamp<int64_t>(div_ceil(params.sorted_len, Small::kSlotsPerCta), 1, Small::kMaxCtas);
   }
-  if (const int64_t forced = small_ctas_override(); forced > 0) num_ctas = forced;
   const MoeAlignSmallParams<T> q{
       .base = params,
       .max_padded = static_cast<int32_t>(n + std::min(n, num_experts) * (block_size - 1)),
@@ -978,7 +953,7 @@ void moe_align_block_size_small(
   const auto kernel = moe_align_small_kernel<T>;
   if (smem_bytes > MoeAlignConfig::kDefaultSmemBytes) allow_dynamic_smem(kernel, smem_bytes, device.device_id, loc);
   LaunchKernel(static_cast<uint32_t>(num_ctas), Small::kThreads, device, static_cast<std::size_t>(smem_bytes))
-      .enable_pdl(small_pdl_enabled())(kernel, q);
+      .enable_pdl(true)(kernel, q);
 }
 
 }  // namespace

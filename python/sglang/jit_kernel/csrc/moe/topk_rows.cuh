@@ -25,9 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <dlpack/dlpack.h>
-#include <string_view>
 #include <tvm/ffi/container/tensor.h>
 #include <type_traits>
 #include <utility>
@@ -109,7 +107,7 @@ SGL_DEVICE float sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
 /// 1 / d correctly rounded, the bits of the IEEE division 1.0f / d, for d in [1, 2^125] (the caller
 /// checks the range): the approximate reciprocal and the two fused corrections of the compiler's
 /// division fast path (for a numerator of 1), without its range check and the branch to the slow
-/// path that the check guards. (Host builds, the emulation tests, divide.)
+/// path that the check guards. (Host builds divide.)
 SGL_DEVICE float reciprocal_in_range(float d) {
 #ifdef __CUDA_ARCH__
   float r;
@@ -327,7 +325,8 @@ __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_kernel(con
 }
 
 // ---------------------------------------------------------------------------------------------
-// Engine v2 (the default; SGLANG_MOE_ROUTING_ENGINE=1 selects the engine above for comparison).
+// Engine v2 (rows of <= 1024 experts, topk <= 32, groups made of whole runs; the engine above
+// takes every other shape).
 //
 // Layout: lane l owns the kPer consecutive experts [l * kPer, l * kPer + kPer) (a "run"), loaded
 // with 16-byte vector loads when every row start is aligned (vec), so a group of consecutive
@@ -445,17 +444,12 @@ SGL_DEVICE float v2_weight(const TopkRowsParams& p, const T* row, int32_t e, flo
 }
 
 /// One warp per row (grid-stride), runs of kPer experts per lane; topk <= 32; num_experts <= 32 *
-/// kPer; grouped rows with the run conditions above (the host checks them).
-///
-/// kRegWinners (SGLANG_MOE_TOPK_WINNERS=regs; the default for kPer <= 8 before the lookahead kernel;
-/// without it, SGLANG_MOE_TOPK_WINNERS=smem, the shared-memory winners): no shared
-/// memory and no lane-divergent branch per step. Every lane runs the same predicated update (the
-/// winner lane clears its slot and rescans its run; the others keep theirs), the winner's expert is
-/// broadcast by one shuffle off the critical path (the next step's reduction depends on the
-/// rescan only) and lane i keeps winner i in a register. Same experts, same weights (bit-exact).
-template <typename T, int kPer, bool kRegWinners = false>
+/// kPer; grouped rows with the run conditions above (the host checks them). The kernel of rows of
+/// 257..1024 experts (runs of 16 or 32, too long for the lookahead kernel's two copies of a run):
+/// the winners' experts go through shared memory.
+template <typename T, int kPer>
 __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_kernel(const TopkRowsParams p) {
-  __shared__ int32_t winners[kRegWinners ? 1 : TopkRowsConfig::kWarps][device::kWarpThreads];
+  __shared__ int32_t winners[TopkRowsConfig::kWarps][device::kWarpThreads];
   const uint32_t lane = threadIdx.x % device::kWarpThreads;
   const uint32_t warp = threadIdx.x / device::kWarpThreads;
   const int64_t first_row = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / device::kWarpThreads;
@@ -545,24 +539,7 @@ __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_kernel(
 
     // k selection steps.
     int32_t id = 0;
-    if constexpr (kRegWinners) {
-      for (int32_t i = 0; i < p.topk; ++i) {
-        const uint32_t holders = __ballot_sync(0xFFFFFFFFu, best_key == top);
-        const uint32_t winner = static_cast<uint32_t>(__ffs(holders) - 1);
-        const int32_t expert = __shfl_sync(0xFFFFFFFFu, base + best_slot, winner);
-        if (lane == static_cast<uint32_t>(i)) id = expert;
-        const bool mine = lane == winner;
-#pragma unroll
-        for (int s = 0; s < kPer; ++s) key[s] = mine && s == best_slot ? 0u : key[s];
-        uint32_t next_key;
-        int32_t next_slot;
-        run_best<kPer>(key, next_key, next_slot);
-        best_key = mine ? next_key : best_key;
-        best_slot = mine ? next_slot : best_slot;
-        if (i + 1 < p.topk) top = __reduce_max_sync(0xFFFFFFFFu, best_key);
-      }
-    }
-    for (int32_t i = 0; !kRegWinners && i < p.topk; ++i) {
+    for (int32_t i = 0; i < p.topk; ++i) {
       const uint32_t holders = __ballot_sync(0xFFFFFFFFu, best_key == top);
       if (lane == static_cast<uint32_t>(__ffs(holders) - 1)) {
         winners[warp][i] = base + best_slot;
@@ -574,15 +551,15 @@ __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_kernel(
       }
       if (i + 1 < p.topk) top = __reduce_max_sync(0xFFFFFFFFu, best_key);
     }
-    if constexpr (!kRegWinners) __syncwarp();
+    __syncwarp();
 
     // Weights and output.
     float weight = 0.0f;
     if (lane < static_cast<uint32_t>(p.topk)) {
-      if constexpr (!kRegWinners) id = winners[warp][lane];
+      id = winners[warp][lane];
       weight = v2_weight(p, logits, id, row_max, row_sum);
     }
-    if constexpr (!kRegWinners) __syncwarp();  // the next row's winners overwrite these
+    __syncwarp();  // the next row's winners overwrite these
     if (p.renormalize) weight = weight / (device::warp::reduce_sum<float>(weight) + p.renorm_eps);
     if (lane < static_cast<uint32_t>(p.topk)) {
       p.weights[row * p.weights_stride + lane] = weight * p.scale;
@@ -662,7 +639,7 @@ SGL_DEVICE void sort_descending(uint32_t (&key)[kPer]) {
 }
 
 /// The lookahead kernel's options as its params give them (topk_rows_v2_lookahead_kernel, the
-/// default): every option a uniform run-time branch, k a run-time loop count.
+/// generic kernel): every option a uniform run-time branch, k a run-time loop count.
 /// (The grouping test is `kMayGroup && p.num_groups > 1` in the body and the steps' loop carries
 /// `#pragma unroll(kStepUnroll)`, 1 here: the forms that leave this kernel's SASS as it was before
 /// the options were factored out, instruction for instruction; a grouped() call or a lambda per
@@ -735,11 +712,11 @@ struct LookaheadGroupedOptions {
   static SGL_DEVICE int32_t topk_group(const TopkRowsParams&) { return kTopkGroup; }
 };
 
-/// Engine v2, lookahead variant (the default of kPer <= 8; SGLANG_MOE_TOPK_WINNERS=regs / smem select
-/// the others): the experts and weight bits of topk_rows_v2_kernel on a shorter dependent chain per row.
+/// Engine v2, the lookahead kernel (rows of <= 256 experts, runs of kPer <= 8): the experts and
+/// weight bits of topk_rows_v2_kernel's selection on a shorter dependent chain per row.
 /// - Scoring options are uniform branches around loops over the whole run (no per-slot branch), and
 ///   the bias run is loaded next to the logits: a run's kPer chains are one block the compiler
-///   interleaves. Softcap and bias use __fmul_rn / __fadd_rn, the roundings of the default kernel
+///   interleaves. Softcap and bias use __fmul_rn / __fadd_rn, the roundings of topk_rows_v2_kernel
 ///   (which keeps them apart in branches), whatever the compiler would contract here.
 /// - Each step first computes the lane's next candidate (its run without the current best), which
 ///   needs no warp result, so the chain of a step is reduction -> ballot -> one select -> reduction;
@@ -1051,39 +1028,29 @@ __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_lookahe
   lookahead_rows<T, kPer, LookaheadRuntimeOptions>(p);
 }
 
-/// Engine v2, the lookahead kernel specialised for the common decode call (the default where one
-/// matches; SGLANG_MOE_TOPK_SPECIALISED=0 runs the generic lookahead kernel instead): k = 8 and the options (scoring, renormalize, bias, softcap) fixed
-/// at compile time, no grouping, scale 1; the launcher takes it for rows of <= 256 experts whose call
-/// matches one instantiation (topk_softmax / topk_sigmoid at top-8) and falls back to the default
-/// kernel for anything else. The same body (lookahead_rows), so the same operations in the same
-/// order on every value: the default's experts and weight bits (test_topk_rows_emulated compares
-/// them over every option and edge row; the GPU tests *_specialised_bit_exact on the device).
+/// Engine v2, the lookahead kernel specialised for the common decode call: k = 8 and the options
+/// (scoring, renormalize, bias, softcap) fixed at compile time, no grouping, scale 1. The launcher
+/// takes it for rows of <= 256 experts whose call matches one instantiation (topk_softmax /
+/// topk_sigmoid at top-8) and the generic lookahead kernel for anything else. The same body
+/// (lookahead_rows), so the same operations in the same order on every value: the generic kernel's
+/// experts and weight bits (the tests' *_batch_invariant compare its sorted and unsorted forms, a row
+/// alone and in a large batch).
 ///
-/// What it removes from the default kernel (the probe's "softmax" row is this structure with no
-/// options at all): the uniform branches on the scoring, bias, softcap, grouping and renormalize
-/// flags (each a test of a param and a branch region the scheduler cannot cross: the option-free
-/// code of a call is one straight block here); the steps' run-time loop (8 steps fully unrolled:
-/// no loop counter, the step index a constant, so "lane i records winner i" and the denominator's
-/// butterfly stage of step i are immediates, the 3 empty stages (steps 5..7) issue no shuffle, and
-/// the last step issues no unused reduction; sigmoid rows issue no denominator butterfly at all,
-/// which the default runs on a zero sum); the stage tests of the renormalising butterfly
-/// (masks 4, 2, 1 only) and of the post-step butterfly (none at k = 8); the multiply by scale. What
-/// it keeps: the param struct, the grid-stride row loop, row strides, the aligned / scalar load
-/// choice (p.vec) and the tail masks of rows shorter than 32 * kPer, all of which the probe omits.
+/// What it removes from the generic kernel: the uniform branches on the scoring, bias, softcap,
+/// grouping and renormalize flags (each a test of a param and a branch region the scheduler cannot
+/// cross: the option-free code of a call is one straight block here); the steps' run-time loop (8
+/// steps fully unrolled: no loop counter, the step index a constant, so "lane i records winner i" and
+/// the denominator's butterfly stage of step i are immediates, the 3 empty stages (steps 5..7) issue
+/// no shuffle, and the last step issues no unused reduction; sigmoid rows issue no denominator
+/// butterfly at all); the stage tests of the renormalising butterfly (masks 4, 2, 1 only) and of the
+/// post-step butterfly (none at k = 8); the multiply by scale. What it keeps: the param struct, the
+/// grid-stride row loop, row strides, the aligned / scalar load choice (p.vec) and the tail masks of
+/// rows shorter than 32 * kPer.
 ///
-/// Prediction (H200, one input in a CUDA graph, fp32, top-8; from probe_topk_floor's "softmax" row
-/// 1.15 / 1.37 us at 1 token and 4.99 / 6.76 at 4096 for 128 / 256 experts, plus ~0.05-0.1 us for
-/// what the probe omits; 64 tokens ~0.15-0.2 us above 1 token as in every default row): topk_softmax
-/// 128 experts 1 / 64 / 4096 tokens ~1.2-1.3 / ~1.4-1.5 / ~5.0-5.1 us (default 1.63-1.68 / 1.82-1.87
-/// / 5.32-5.37), 256 experts ~1.4-1.5 / ~1.6-1.7 / ~6.8 (default 1.90-1.95 / 2.07 / 6.84-6.92);
-/// topk_sigmoid 128 about the softmax's. So the 1-token target (<= 1.5 us) is within reach for both
-/// widths, 4096 tokens at 128 experts is at the 5 us target, and 256 experts at 4096 tokens is not:
-/// there the kernel is issue-bound on the steps and the probe itself needs 6.76 us.
-///
-/// kSorted (full rows of 128 or 256 experts; the default from kSortedMinTokens rows, see
-/// topk_sorted): lookahead_rows' sorted path, each lane's packed keys sorted once, then 8 steps of a
-/// maximum and a shift, the steps above where the packed order could differ from the keys' (the
-/// same bits either way).
+/// kSorted (full rows of 128 or 256 experts, from kSortedMinTokens rows; see sorted_special_kernel):
+/// lookahead_rows' sorted path, each lane's packed keys sorted once, then 8 steps of a maximum and a
+/// shift, the steps above where the packed order could differ from the keys' (the same bits either
+/// way).
 template <typename T, int kPer, int kScoring, bool kRenormalize, bool kBias, bool kSoftcap, bool kSorted = false>
 __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_special_kernel(const TopkRowsParams p) {
   lookahead_rows<T, kPer, LookaheadFixedOptions<kScoring, kRenormalize, kBias, kSoftcap>, kSorted>(p);
@@ -1091,50 +1058,43 @@ __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_special
 
 /// The specialised lookahead kernel of grouped routing at DeepSeek-V3's shape (LookaheadGroupedOptions:
 /// 8 groups of 32 of 256 experts, 4 kept, top-8, sigmoid; renormalize and a bias fixed at compile
-/// time, any scale): the default there since bench_moe on the H200 (2026-12-02: fp32 [1 / 64 / 4096,
-/// 256], one input, 2.66 / 2.70 / 9.47 us against the generic kernel's 3.40 / 3.42 / 10.22);
-/// SGLANG_MOE_TOPK_GROUPED_SPECIALISED=0 keeps the generic kernel. The same body, so the generic
-/// kernel's experts and weight bits (test_topk_rows_emulated on the host, test_grouped_topk's *_specialised_bit_exact on the GPU).
-/// What it removes besides the specialised kernels' option branches: the run-time loops of the
-/// group merges (2 shuffle stages here) and of the 4 group steps, and the division of the lane by
-/// the lanes per group. Aim (H200, one input, fp32 [T, 256]): the generic kernel's 3.37 / 10.22 us
-/// at 1 / 4096 tokens (fifth session) toward the issue's 2 / 8; the ungrouped specialised kernels
-/// took 0.6 us off the generic one at 1 token (2.01 -> 1.40, 256 experts).
-/// kSorted: the sorted path, as topk_rows_v2_special_kernel's.
-template <typename T, int kPer, bool kRenormalize, bool kBias, bool kSorted = false>
+/// time, any scale), on the sorted path (a group is kept by its rank, the experts chosen by the
+/// sorted steps). The same body as the generic kernel, so its experts and weight bits. What it removes besides the specialised kernels' option
+/// branches: the run-time loops of the group merges (2 shuffle stages here) and of the 4 group steps,
+/// and the division of the lane by the lanes per group.
+template <typename T, int kPer, bool kRenormalize, bool kBias>
 __global__ void __launch_bounds__(TopkRowsConfig::kThreads)
     topk_rows_v2_grouped_special_kernel(const TopkRowsParams p) {
   lookahead_rows<
       T,
       kPer,
       LookaheadGroupedOptions<kSpecialNumGroups, kSpecialGroupSize, kSpecialTopkGroup, kRenormalize, kBias>,
-      kSorted>(p);
+      /*kSorted=*/true>(p);
 }
 
-/// Engine v2 with several rows per warp (kLanes lanes per row, 32 / kLanes rows per warp): the
-/// default for fp32 rows of 128 experts from kMultirowMinTokens rows, SGLANG_MOE_TOPK_MULTIROW=8 or 16
-/// elsewhere its shape applies. Why: at 4096 tokens one warp per row spends its issue slots on
-/// warp-wide steps that choose one expert of one row each; here one warp instruction serves 32 /
-/// kLanes rows. Rows of exactly 32 * kPer experts, k <= 8, no grouping, aligned rows (p.vec): the
-/// host checks them.
+/// Engine v2 with several rows per warp (kLanes = 8 lanes per row, 4 rows per warp): the kernel of
+/// fp32 rows of 128 experts from kMultirowMinTokens rows that the sorted kernels do not take (k < 8,
+/// or a scale). Why: at many tokens one warp per row spends its issue slots on warp-wide steps that
+/// choose one expert of one row each; here one warp instruction serves 32 / kLanes rows. Rows of
+/// exactly 32 * kPer experts, k <= 8, no grouping, aligned rows (p.vec): the host checks them.
 ///
-/// The bits of lookahead_rows (the default), row for row, whatever the batch: lane q of a row holds
-/// the kRuns = 32 / kLanes runs of the default's lanes kRuns * q .. kRuns * q + kRuns - 1 (run j at
+/// The bits of lookahead_rows (the generic kernel), row for row, whatever the batch: lane q of a row holds
+/// the kRuns = 32 / kLanes runs of the generic kernel's lanes kRuns * q .. kRuns * q + kRuns - 1 (run j at
 /// experts (kRuns * q + j) * kPer), so
 /// - keys: the same functions of the same values (softcap, bias, order_key_if; every expert valid);
 /// - the maximum key is exact in any order; the selection picks the largest key, ties to the lower
 ///   expert (a tree per run with the lower slot winning ties, runs in expert order, then a shuffle
-///   reduction that takes the lower expert on equal keys), as the default's steps do;
-/// - the softmax denominator: each run's sequential sum of its exp terms as the default's lane sums
-///   them, then the default's butterfly (reduce_sum's masks 16, 8, .., 1 over its lanes): the masks
+///   reduction that takes the lower expert on equal keys), as the generic kernel's steps do;
+/// - the softmax denominator: each run's sequential sum of its exp terms as the generic kernel's lane sums
+///   them, then the generic kernel's butterfly (reduce_sum's masks 16, 8, .., 1 over its lanes): the masks
 ///   >= kRuns are shuffles over this kernel's lanes (mask / kRuns), the masks < kRuns pair runs
 ///   inside a lane, in the same order;
 /// - lane i < k of the row keeps winner i (its key, expert and logit), so the weight, the
-///   renormalising butterfly over winners (masks < k) and the scale are the default's.
-template <typename T, int kPer, int kLanes>
+///   renormalising butterfly over winners (masks < k) and the scale are the generic kernel's.
+template <typename T, int kPer>
 __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_multirow_kernel(const TopkRowsParams p) {
-  static_assert(kLanes == 8 || kLanes == 16, "8 or 16 lanes per row");
-  constexpr int kRuns = static_cast<int>(device::kWarpThreads) / kLanes;  // the default's lanes per lane
+  constexpr int kLanes = 8;
+  constexpr int kRuns = static_cast<int>(device::kWarpThreads) / kLanes;  // the generic kernel's lanes per lane
   constexpr int kRowsPerWarp = kRuns;
   constexpr int kExperts = kRuns * kPer;  // experts per lane
   constexpr uint32_t kFull = 0xFFFFFFFFu;
@@ -1232,7 +1192,7 @@ __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_multiro
 #pragma unroll
         for (int s = 0; s < kPer; ++s) q[j] += expf(x[j][s] - row_max);
       }
-      // the default's masks 16 .. kRuns: over this kernel's lanes
+      // the generic kernel's masks 16 .. kRuns: over this kernel's lanes
 #pragma unroll
       for (int m = kLanes / 2; m > 0; m /= 2) {
 #pragma unroll
@@ -1293,7 +1253,7 @@ __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_multiro
     if (p.renormalize) {
       float total = weight;
 #pragma unroll
-      for (int m = 4; m > 0; m /= 2) {  // the default's masks < k (k <= 8)
+      for (int m = 4; m > 0; m /= 2) {  // the generic kernel's masks < k (k <= 8)
         if (m < p.topk) total = total + __shfl_xor_sync(kFull, total, m);
       }
       weight = weight / (sub < p.topk ? total + p.renorm_eps : 1.0f);
@@ -1305,36 +1265,18 @@ __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_multiro
   }
 }
 
-/// Rows from which the default runs topk_rows_v2_multirow_kernel (8 lanes a row) for fp32 rows of
-/// 128 experts. H200 (2026-12-02, bench_moe, fp32 [T, 128] top-8, one input / cold, us): topk_softmax
-/// at 4096 tokens 4.52 / 5.07 against the specialised lookahead kernel's 5.31 / 5.67, topk_sigmoid 4.22
-/// / 4.78 against 5.16 / 5.47; at 1 and 64 tokens it loses (3.15 / 3.28 against 1.16 / 1.29: its
-/// per-row chain is longer), and at 256 experts it loses at 4096 too (8.09 against 7.04); 16 lanes a
-/// row lost to 8 at 128 experts (5.11). Sizes between 64 and 4096 tokens, and bf16 / fp16 rows, were
-/// not measured: they keep the lookahead kernels.
+/// Rows from which fp32 rows of 128 experts run topk_rows_v2_multirow_kernel where the sorted
+/// kernels do not take them (measured at k = 8 before the sorted kernels existed; bf16 / fp16 rows and
+/// the other widths keep the lookahead kernels: docs/perf_notes.md, topk routing).
 inline constexpr int64_t kMultirowMinTokens = 4096;
 
-/// The lanes per row of topk_rows_v2_multirow_kernel for a call of `params` (0: not that kernel).
-/// SGLANG_MOE_TOPK_MULTIROW (read at each call, so at graph capture): exactly "8" or "16" forces it
-/// where its shape applies, exactly "0" never runs it; anything else (or unset) is the default above.
-/// The same bits either way.
+/// Whether `params` runs topk_rows_v2_multirow_kernel: fp32 full aligned rows of 128 experts (runs
+/// of 4), k <= 8, no grouping, from kMultirowMinTokens rows.
 template <typename T, int kPer>
-int topk_multirow_lanes(const TopkRowsParams& params) {
-  const char* value = std::getenv("SGLANG_MOE_TOPK_MULTIROW");
-  if (value != nullptr) {
-    const std::string_view v{value};
-    if (v == "8") return 8;
-    if (v == "16") return 16;
-    if (v == "0") return 0;
-  }
-  return std::is_same_v<T, float> && kPer == 4 && params.num_tokens >= kMultirowMinTokens ? 8 : 0;
-}
-
-/// Whether SGLANG_MOE_TOPK_MULTIROW forces the several-rows kernel ("8" or "16"): it then takes its
-/// shapes before the sorted kernels' default.
-inline bool topk_multirow_forced() {
-  const char* value = std::getenv("SGLANG_MOE_TOPK_MULTIROW");
-  return value != nullptr && (std::string_view{value} == "8" || std::string_view{value} == "16");
+bool multirow_applies(const TopkRowsParams& params) {
+  return std::is_same_v<T, float> && kPer == 4 && params.vec && params.num_groups <= 1 && params.topk <= 8 &&
+         params.num_experts == kPer * static_cast<int32_t>(device::kWarpThreads) &&
+         params.num_tokens >= kMultirowMinTokens;
 }
 
 /// The run length of engine v2 for a row of `num_experts` (0: engine v2 does not take it).
@@ -1350,51 +1292,10 @@ inline int32_t v2_run_length(const TopkRowsParams& params) {
   return per;
 }
 
-/// Which engine launch_topk_rows uses: SGLANG_MOE_ROUTING_ENGINE=1 the first (scores in slots
-/// across lanes, 64-bit codes), anything else (default) v2 where it applies.
-inline int routing_engine() {
-  const char* value = std::getenv("SGLANG_MOE_ROUTING_ENGINE");
-  return value != nullptr && value[0] == '1' && value[1] == '\0' ? 1 : 2;
-}
-
-/// The winner variant of engine v2 rows of <= 256 experts (kPer <= 8).
-enum class TopkWinners {
-  kLookahead,  // topk_rows_v2_lookahead_kernel: the default, a shorter chain per row
-  kRegs,       // topk_rows_v2_kernel<T, kPer, true>: register winners, the default before lookahead
-  kSmem,       // topk_rows_v2_kernel<T, kPer, false>: the shared-memory winners, the default before that
-};
-
-/// SGLANG_MOE_TOPK_WINNERS (read at each call, so at graph capture): exactly "regs" the register
-/// winners, exactly "smem" the shared-memory winners, anything else (or unset) the lookahead kernel,
-/// the default: it won every row of bench_moe on the H200 (2026-12-01, fourth session: topk_softmax
-/// 1 / 64 / 4096 tokens, 256 experts 1.98 / 2.10 / 6.87 us against 2.96 / 3.16 / 8.25 for the
-/// register winners; sigmoid and grouped alike). All three give the same bits.
-inline TopkWinners topk_winners() {
-  const char* value = std::getenv("SGLANG_MOE_TOPK_WINNERS");
-  if (value == nullptr) return TopkWinners::kLookahead;
-  const std::string_view v{value};
-  return v == "smem" ? TopkWinners::kSmem : v == "regs" ? TopkWinners::kRegs : TopkWinners::kLookahead;
-}
-
-/// Whether the environment variable `name` is anything but exactly "0" (unset included): the on-by-
-/// default switches below.
-inline bool env_not_zero(const char* name) {
-  const char* value = std::getenv(name);
-  return value == nullptr || !(value[0] == '0' && value[1] == '\0');
-}
-
-/// SGLANG_MOE_TOPK_SPECIALISED (read at each call, so at graph capture): the lookahead kernel's calls
-/// that match a specialised instantiation (special_kernel) run it, the default since bench_moe on the
-/// H200 (2026-12-01, fifth session: topk_softmax 128 experts 1 / 64 / 4096 tokens 1.23 / 1.31 / 4.95 us
-/// against 1.79 / 1.86 / 5.38 for the generic lookahead kernel; 256 experts 1.40 / 1.51 / 7.07 against
-/// 2.01 / 2.10 / 7.02); exactly "0" keeps the generic lookahead kernel. Same bits either way.
-inline bool topk_specialised() { return env_not_zero("SGLANG_MOE_TOPK_SPECIALISED"); }
-
-/// SGLANG_MOE_TOPK_GROUPED_SPECIALISED (read at each call): grouped routing at DeepSeek-V3's shape
-/// runs the grouped specialised kernels (the default; the generic kernel's bits, on the host
-/// emulation and the GPU); exactly "0" keeps the generic lookahead kernel, and
-/// SGLANG_MOE_TOPK_SPECIALISED=0 deselects them too.
-inline bool topk_grouped_specialised() { return env_not_zero("SGLANG_MOE_TOPK_GROUPED_SPECIALISED"); }
+/// The routing op a launcher serves. Each op's module instantiates only the kernels its calls can
+/// reach: the specialised kernels of its scoring (softmax: 8 option sets, sigmoid: 4) and, for
+/// grouped_topk, the grouped ones. grouped_topk with one group routes as topk_sigmoid with a scale.
+enum class RoutingOp { kSoftmax, kSigmoid, kGrouped };
 
 /// The specialised lookahead kernel `index` = renormalize | bias << 1 | softcap << 2 of kScoring
 /// (the softcap bit only for softmax: 8 softmax and 4 sigmoid kernels per T and kPer).
@@ -1413,11 +1314,11 @@ auto special_kernel_at(int index, std::integer_sequence<int, kIndex...>) {
 }
 
 /// The grouped specialised kernel `index` = renormalize | bias << 1.
-template <typename T, int kPer, bool kSorted, int... kIndex>
+template <typename T, int kPer, int... kIndex>
 auto grouped_special_kernel_at(int index, std::integer_sequence<int, kIndex...>) {
   using Kernel = void (*)(TopkRowsParams);
   static const Kernel kernels[] = {
-      topk_rows_v2_grouped_special_kernel<T, kPer, (kIndex & 1) != 0, (kIndex & 2) != 0, kSorted>...};
+      topk_rows_v2_grouped_special_kernel<T, kPer, (kIndex & 1) != 0, (kIndex & 2) != 0>...};
   return kernels[index];
 }
 
@@ -1428,60 +1329,55 @@ inline bool is_special_grouping(const TopkRowsParams& params) {
          params.num_experts == kSpecialNumGroups * kSpecialGroupSize;
 }
 
-/// The specialised lookahead kernel of `params`, or nullptr where none matches it (k != 8, scale
-/// != 1 without grouping; grouping other than is_special_grouping's, or
-/// SGLANG_MOE_TOPK_GROUPED_SPECIALISED=0): the caller then launches the generic kernel.
-template <typename T, int kPer, bool kSorted>
+/// The specialised lookahead kernel (kSorted: the sorted one) of `params` for op kOp, or nullptr
+/// where none matches (k != 8, scale != 1 without grouping; grouping other than
+/// is_special_grouping's): the caller then launches the generic kernel. The grouped specialised
+/// kernels exist on the sorted path only (runs of 8: DeepSeek-V3's 256 experts).
+template <typename T, RoutingOp kOp, int kPer, bool kSorted>
 void (*special_kernel_of(const TopkRowsParams& params))(TopkRowsParams) {
   const int index = (params.renormalize ? 1 : 0) | (params.bias != nullptr ? 2 : 0);
-  if (params.num_groups > 1) {
-    if constexpr (kPer * static_cast<int32_t>(device::kWarpThreads) == kSpecialNumGroups * kSpecialGroupSize) {
-      if (is_special_grouping(params) && topk_grouped_specialised()) {
-        return grouped_special_kernel_at<T, kPer, kSorted>(index, std::make_integer_sequence<int, 4>{});
+  if constexpr (kOp == RoutingOp::kGrouped) {
+    if (params.num_groups > 1) {
+      if constexpr (kSorted && kPer == 8) {
+        if (is_special_grouping(params)) {
+          return grouped_special_kernel_at<T, kPer>(index, std::make_integer_sequence<int, 4>{});
+        }
       }
+      return nullptr;
     }
-    return nullptr;
   }
   if (params.topk != kSpecialTopk || params.scale != 1.0f) return nullptr;
-  if (params.scoring == kSigmoid) {  // the kernels ignore the softcap of sigmoid rows
+  if constexpr (kOp == RoutingOp::kSoftmax) {
+    return special_kernel_at<T, kPer, kSoftmax, kSorted>(
+        index | (params.softcap > 0.0f ? 4 : 0), std::make_integer_sequence<int, 8>{});
+  } else {  // the kernels ignore the softcap of sigmoid rows
     return special_kernel_at<T, kPer, kSigmoid, kSorted>(index, std::make_integer_sequence<int, 4>{});
   }
-  return special_kernel_at<T, kPer, kSoftmax, kSorted>(
-      index | (params.softcap > 0.0f ? 4 : 0), std::make_integer_sequence<int, 8>{});
 }
 
-/// Rows from which ungrouped calls take the sorted specialised kernels by default (grouped calls at
-/// DeepSeek-V3's shape take them at any count). H200 (2026-12-03, bench_moe, fp32 top-8, one
-/// input, us, sorted against the lookahead / multirow default before): at 4096 tokens
-/// topk_softmax 128 / 256 experts 3.26 / 4.32 against 4.66 / 7.17, topk_sigmoid 256 4.00 against
-/// 6.76, grouped_topk 6.74 against 9.25, at 1 token grouped 2.06 against 2.28; ungrouped, the
-/// lookahead kernels won at 1, 64, 256 and 1024 tokens (1024 x 128: 1.66 against 1.96; the sorted
-/// chain per row is longer, which only a full GPU hides).
+/// Rows from which ungrouped calls take the sorted specialised kernels (grouped calls at
+/// DeepSeek-V3's shape take them at any count; below it the lookahead kernels' shorter chain per
+/// row wins, which only a full GPU hides: docs/perf_notes.md, topk routing).
 inline constexpr int64_t kSortedMinTokens = 2048;
 
-/// SGLANG_MOE_TOPK_SORTED (read at each call, so at graph capture): exactly "1" runs the sorted
-/// specialised kernels (kSorted) wherever they apply, exactly "0" never; anything else (or unset)
-/// the default: grouped calls always, ungrouped ones from kSortedMinTokens rows. The same bits
-/// either way.
-inline bool topk_sorted(const TopkRowsParams& params) {
-  const char* value = std::getenv("SGLANG_MOE_TOPK_SORTED");
-  if (value != nullptr && (value[0] == '0' || value[0] == '1') && value[1] == '\0') return value[0] == '1';
-  return params.num_groups > 1 || params.num_tokens >= kSortedMinTokens;
-}
-
-/// The sorted specialised kernel of `params` where one applies and topk_sorted() picks it: full rows
-/// of 128 or 256 experts (runs of 4 or 8) and a call a specialised kernel matches; else nullptr.
-template <typename T, int kPer>
+/// The sorted specialised kernel of `params`: full rows of 128 or 256 experts (runs of 4 or 8),
+/// grouped calls or ungrouped ones from kSortedMinTokens rows, and a call a specialised kernel
+/// matches; else nullptr.
+template <typename T, RoutingOp kOp, int kPer>
 void (*sorted_special_kernel(const TopkRowsParams& params))(TopkRowsParams) {
   if constexpr (kPer == 4 || kPer == 8) {
-    if (params.num_experts == kPer * static_cast<int32_t>(device::kWarpThreads) && topk_sorted(params)) {
-      return special_kernel_of<T, kPer, true>(params);
+    if (params.num_experts == kPer * static_cast<int32_t>(device::kWarpThreads) &&
+        (params.num_groups > 1 || params.num_tokens >= kSortedMinTokens)) {
+      return special_kernel_of<T, kOp, kPer, true>(params);
     }
   }
   return nullptr;
 }
 
-template <typename T, int kPer>
+/// Engine v2 for runs of kPer: rows of <= 256 experts take, in order, the sorted specialised kernel,
+/// the several-rows kernel, the specialised lookahead kernel, the generic lookahead kernel, the
+/// first that applies; rows of 257..1024 experts topk_rows_v2_kernel.
+template <typename T, RoutingOp kOp, int kPer>
 void launch_topk_rows_v2(TopkRowsParams params, DLDevice device) {
   using namespace host;
   constexpr int kVecBytes = run_vec_bytes<T, kPer>();
@@ -1489,73 +1385,46 @@ void launch_topk_rows_v2(TopkRowsParams params, DLDevice device) {
                (params.gating_stride * static_cast<int64_t>(sizeof(T))) % kVecBytes == 0;
   const int64_t blocks = div_ceil(params.num_tokens, int64_t{TopkRowsConfig::kWarps});
   const auto grid = static_cast<uint32_t>(std::min<int64_t>(blocks, TopkRowsConfig::kMaxBlocks));
+  const auto launch = [&](uint32_t g, void (*kernel)(TopkRowsParams)) {
+    LaunchKernel(g, TopkRowsConfig::kThreads, device).enable_pdl(true)(kernel, params);
+  };
   if constexpr (kPer <= 8) {
-    switch (topk_winners()) {
-      case TopkWinners::kRegs:
-        LaunchKernel(grid, TopkRowsConfig::kThreads, device)
-            .enable_pdl(true)(topk_rows_v2_kernel<T, kPer, true>, params);
-        return;
-      case TopkWinners::kLookahead: {
-        // the sorted kernels where they apply (unless the several-rows kernel is forced)
-        const auto sorted = sorted_special_kernel<T, kPer>(params);
-        if (sorted != nullptr && topk_specialised() && !topk_multirow_forced()) {
-          LaunchKernel(grid, TopkRowsConfig::kThreads, device).enable_pdl(true)(sorted, params);
-          return;
-        }
-        if constexpr (kPer >= 2) {
-          // several rows per warp (opt-in): full rows of 32 * kPer experts, k <= 8, no grouping
-          const bool multirow_shape = params.vec && params.num_groups <= 1 && params.topk <= 8 &&
-                                      params.num_experts == kPer * static_cast<int32_t>(device::kWarpThreads);
-          const int lanes = multirow_shape ? topk_multirow_lanes<T, kPer>(params) : 0;
-          if (lanes != 0) {
-            const int64_t rows_per_block = int64_t{TopkRowsConfig::kWarps} * (device::kWarpThreads / lanes);
-            const auto multirow_grid = static_cast<uint32_t>(
-                std::min<int64_t>(div_ceil(params.num_tokens, rows_per_block), TopkRowsConfig::kMaxBlocks));
-            const auto kernel =
-                lanes == 8 ? topk_rows_v2_multirow_kernel<T, kPer, 8> : topk_rows_v2_multirow_kernel<T, kPer, 16>;
-            LaunchKernel(multirow_grid, TopkRowsConfig::kThreads, device).enable_pdl(true)(kernel, params);
-            return;
-          }
-        }
-        const auto special = special_kernel_of<T, kPer, false>(params);  // the shape first: no getenv for others
-        if (special != nullptr && topk_specialised()) {
-          LaunchKernel(grid, TopkRowsConfig::kThreads, device).enable_pdl(true)(special, params);
-        } else {
-          LaunchKernel(grid, TopkRowsConfig::kThreads, device)
-              .enable_pdl(true)(topk_rows_v2_lookahead_kernel<T, kPer>, params);
-        }
-        return;
+    if (const auto sorted = sorted_special_kernel<T, kOp, kPer>(params)) return launch(grid, sorted);
+    if constexpr (std::is_same_v<T, float> && kPer == 4) {
+      if (multirow_applies<T, kPer>(params)) {
+        constexpr int64_t kRowsPerBlock = int64_t{TopkRowsConfig::kWarps} * (device::kWarpThreads / 8);
+        const auto multirow_grid = static_cast<uint32_t>(
+            std::min<int64_t>(div_ceil(params.num_tokens, kRowsPerBlock), TopkRowsConfig::kMaxBlocks));
+        return launch(multirow_grid, topk_rows_v2_multirow_kernel<T, kPer>);
       }
-      case TopkWinners::kSmem:
-        break;
     }
+    if (const auto special = special_kernel_of<T, kOp, kPer, false>(params)) return launch(grid, special);
+    return launch(grid, topk_rows_v2_lookahead_kernel<T, kPer>);
+  } else {
+    return launch(grid, topk_rows_v2_kernel<T, kPer>);
   }
-  LaunchKernel(grid, TopkRowsConfig::kThreads, device).enable_pdl(true)(topk_rows_v2_kernel<T, kPer>, params);
 }
 
-/// Launches engine v2 where it applies (and is not deselected), else topk_rows_kernel with the
-/// smallest register tier holding num_experts (or the recomputing one past 1024 experts).
-/// num_tokens > 0.
-template <typename T>
+/// Launches engine v2 where it applies, else topk_rows_kernel with the smallest register tier
+/// holding num_experts (or the recomputing one past 1024 experts). num_tokens > 0.
+template <typename T, RoutingOp kOp>
 void launch_topk_rows(const TopkRowsParams& params, DLDevice device) {
   using namespace host;
-  if (routing_engine() == 2) {
-    switch (v2_run_length(params)) {
-      case 1:
-        return launch_topk_rows_v2<T, 1>(params, device);
-      case 2:
-        return launch_topk_rows_v2<T, 2>(params, device);
-      case 4:
-        return launch_topk_rows_v2<T, 4>(params, device);
-      case 8:
-        return launch_topk_rows_v2<T, 8>(params, device);
-      case 16:
-        return launch_topk_rows_v2<T, 16>(params, device);
-      case 32:
-        return launch_topk_rows_v2<T, 32>(params, device);
-      default:
-        break;
-    }
+  switch (v2_run_length(params)) {
+    case 1:
+      return launch_topk_rows_v2<T, kOp, 1>(params, device);
+    case 2:
+      return launch_topk_rows_v2<T, kOp, 2>(params, device);
+    case 4:
+      return launch_topk_rows_v2<T, kOp, 4>(params, device);
+    case 8:
+      return launch_topk_rows_v2<T, kOp, 8>(params, device);
+    case 16:
+      return launch_topk_rows_v2<T, kOp, 16>(params, device);
+    case 32:
+      return launch_topk_rows_v2<T, kOp, 32>(params, device);
+    default:
+      break;
   }
   const int32_t e = params.num_experts;
   const auto kernel = e <= 64     ? topk_rows_kernel<T, 2>

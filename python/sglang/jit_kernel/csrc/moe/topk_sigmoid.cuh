@@ -29,7 +29,7 @@ void topk_sigmoid(
   params.renormalize = renormalize;
   params.renorm_eps = 1e-20f;
   // Launch
-  launch_topk_rows<T>(params, device);
+  launch_topk_rows<T, RoutingOp::kSigmoid>(params, device);
 }
 
 }  // namespace

@@ -31,7 +31,7 @@ void topk_softmax(
   params.softcap = static_cast<float>(moe_softcapping);
   params.renormalize = renormalize;
   // Launch
-  launch_topk_rows<T>(params, device);
+  launch_topk_rows<T, RoutingOp::kSoftmax>(params, device);
 }
 
 }  // namespace
