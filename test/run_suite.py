@@ -2,7 +2,7 @@
 """Run one CI suite of jit_kernel tests and benchmarks.
 
 Files declare their suites with module-level ``register_*_ci(...)`` calls
-(see ``python/sglang/test/ci/ci_register.py``); this script reads them from
+(see ``python/sglang/jit_kernel/ci_register.py``); this script reads them from
 each file's syntax tree, selects the files of one backend / suite / run kind,
 and runs every selected file as its own process.
 
@@ -42,7 +42,10 @@ DEFAULT_TIMEOUT_PER_FILE = 1200.0
 
 
 def _import_ci_register():
-    """Import ``sglang.test.ci.ci_register``, from this repo if not installed.
+    """Import the registry, ``sglang.jit_kernel.ci_register``, from this repo if not installed.
+
+    Not ``sglang.test.ci.ci_register``: beside the ``sglang`` distribution that name is
+    sglang's own module, which has the markers but not this registry's suite table.
 
     Returns
     -------
@@ -51,7 +54,7 @@ def _import_ci_register():
         ``sys.path`` (the children then get it on ``PYTHONPATH`` too).
     """
     try:
-        from sglang.test.ci import ci_register  # type: ignore
+        from sglang.jit_kernel import ci_register  # type: ignore
 
         return ci_register, False
     except ImportError:
@@ -60,7 +63,7 @@ def _import_ci_register():
     # A different ``sglang`` may have been partly imported; drop it.
     for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
         del sys.modules[name]
-    from sglang.test.ci import ci_register  # type: ignore
+    from sglang.jit_kernel import ci_register  # type: ignore
 
     return ci_register, True
 

@@ -7,11 +7,11 @@ import pytest
 
 _PYTHON_DIR = Path(__file__).resolve().parents[3]
 try:
-    import sglang.test.ci.ci_register  # noqa: F401
+    import sglang.jit_kernel.ci_register  # noqa: F401
 except ImportError:  # running from a checkout without installing the package
     sys.path.insert(0, str(_PYTHON_DIR))
 
-from sglang.test.ci.ci_register import (  # noqa: E402
+from sglang.jit_kernel.ci_register import (  # noqa: E402
     BACKENDS,
     SUITES,
     CIRegistration,
