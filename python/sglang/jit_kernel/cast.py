@@ -1,6 +1,8 @@
 """cast: ``downcast_fp8``, the fp8 (e4m3) KV-cache write with a per-tensor scale.
 
-Served by ``csrc/kvcache/downcast_fp8.cuh``, one module per source dtype (fp16, bf16; both prebuilt).
+Served by ``csrc/kvcache/downcast_fp8.cuh``, one module per source dtype (fp16, bf16; both prebuilt);
+the launcher picks its kernel from the shapes and addresses (lean for 16-element vectors, flat for
+narrower ones, legacy past 2^31 vectors).
 
 Bytes moved (for bandwidth figures): ``2 * S * H * D * (element_size + 1) + S * index size`` (read k
 and v, write one byte per element of each, read loc).
@@ -40,11 +42,11 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 @cache_once
-def _jit_cast_module(dtype: torch.dtype) -> Module:
-    """Compile (first use) and cache the downcast module for sources of ``dtype``."""
+def _jit_downcast_fp8_module(dtype: torch.dtype) -> Module:
+    """Compile (first use) and cache the downcast_fp8 module for sources of ``dtype``."""
     args = make_cpp_args(dtype)
     return load_jit(
-        "cast",
+        "downcast_fp8",
         *args,
         cuda_files=["kvcache/downcast_fp8.cuh"],
         cuda_wrappers=[("downcast_fp8", f"downcast_fp8<{args}>")],
@@ -58,7 +60,7 @@ _FNS: dict[torch.dtype, Callable[..., None]] = {}
 
 
 def _load(dtype: torch.dtype) -> Callable[..., None]:
-    fn = _jit_cast_module(dtype).downcast_fp8
+    fn = _jit_downcast_fp8_module(dtype).downcast_fp8
     _FNS[dtype] = fn
     return fn
 
@@ -113,34 +115,6 @@ def _check_destinations(loc: torch.Tensor, mult: int, offset: int, num_slots: in
     )
 
 
-#: Kernel variants of the launcher (A/B benches; each writes the same bytes): the flat kernel with the
-#: division's reciprocal done once per thread (the default before the lean kernel), the flat kernel with ``__fdiv_rn`` per
-#: element, the legacy kernel (up to 4 rows per thread, scale and loc loaded after each store), and
-#: the multi kernel (8-element vectors, one 16-byte load each, 1 / 2 / 4 per thread with every load
-#: issued first, a register cap for 8 / 6 / 4 blocks per SM; the flat kernel where the vector width
-#: is below 8), and the coalesced kernel (8-element vectors, lane l of a warp taking vectors l and
-#: l + 32 of the warp's 64, so that every load instruction reads 512 contiguous bytes; no register cap;
-#: the flat kernel where the vector width is below 8), and the lean kernel (the flat kernel's lane layout
-#: and load order in about two thirds of its instructions per vector: |x| clamped to 2^60 instead of
-#: tested, no sign OR, word-wise e4m3 packing, a host-computed loc range instead of the 128-bit slot
-#: test; 32 registers for 8 blocks per SM; the flat kernel where the vector width is below 16), the
-#: default since probe_downcast_floor on the H200 (2026-12-01, fifth session): [16384, 8, 128] bf16 at
-#: random slots 25.75 us (92.2 % of copy; the floor probe moving the same bytes 26.09) against 33.51
-#: for the flat kernel, [65536, 8, 128] 96.83 against 128.98, [64, 32, 128] 2.03 against 2.01.
-VARIANTS = {
-    "flat": 0,
-    "flat fdiv": 1,
-    "legacy": 2,
-    "vec8 x1": 3,
-    "vec8 x2": 4,
-    "vec8 x4": 5,
-    "coalesced": 6,
-    "lean": 7,
-}
-#: The variant every downcast_fp8 call runs (eager fast path, checked path, torch.library op).
-DEFAULT_VARIANT = VARIANTS["lean"]
-
-
 def _run(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -151,11 +125,10 @@ def _run(
     loc: torch.Tensor,
     mult: int,
     offset: int,
-    variant: int = DEFAULT_VARIANT,
 ) -> None:
     """The checked call: the optional host index check, then the launcher."""
     _check_destinations(loc, mult, offset, k_out.shape[0])
-    _load(k.dtype)(k, v, k_out, v_out, k_scale, v_scale, loc, mult, offset, variant)
+    _load(k.dtype)(k, v, k_out, v_out, k_scale, v_scale, loc, mult, offset)
 
 
 def _check_downcast(
@@ -204,30 +177,6 @@ def _check_downcast(
             check_no_partial_overlap(op, out_arg, out, t, arg, allow_same=False)
     check_no_partial_overlap(op, "v_out", v_out, k_out, "k_out", allow_same=False)
     return k, v, k_out, v_out
-
-
-def downcast_fp8_variant(
-    variant: str,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_out: torch.Tensor,
-    v_out: torch.Tensor,
-    k_scale: torch.Tensor,
-    v_scale: torch.Tensor,
-    loc: torch.Tensor,
-    mult: int = 1,
-    offset: int = 0,
-) -> None:
-    """:func:`downcast_fp8` through one kernel variant (a key of ``VARIANTS``), eager only: for A/B
-    benchmarks and tests. Arguments and errors as :func:`downcast_fp8` (the same checks, named for
-    ``downcast_fp8_variant``); ValueError for a ``variant`` that is not a key of ``VARIANTS``."""
-    op = "downcast_fp8_variant"
-    if type(variant) is not str or variant not in VARIANTS:
-        fail(ValueError, op, "variant", "value", f"one of {sorted(VARIANTS)}", repr(variant))
-    k, v, k_out, v_out = _check_downcast(op, k, v, k_out, v_out, k_scale, v_scale, loc, mult, offset)
-    if k.shape[0] == 0:
-        return
-    _run(k, v, k_out, v_out, k_scale.reshape(1), v_scale.reshape(1), loc, mult, offset, VARIANTS[variant])
 
 
 @torch.library.custom_op("sglang_jit_kernel::downcast_fp8", mutates_args=("k_out", "v_out"), device_types="cuda")
@@ -347,7 +296,7 @@ def downcast_fp8(
         if fn is not None and type(mult) is int and type(offset) is int:  # the FFI would take a bool
             try:
                 # the launcher checks everything
-                fn(k, v, k_out, v_out, k_scale, v_scale, loc, mult, offset, DEFAULT_VARIANT)
+                fn(k, v, k_out, v_out, k_scale, v_scale, loc, mult, offset)
                 return
             except (TypeError, RuntimeError, ValueError, OverflowError):  # before any launch: explain
                 pass
@@ -409,4 +358,6 @@ def _check_cases() -> list[CheckCase]:
     ]
 
 
-register_op("downcast_fp8", build=_jit_cast_module, variants=[(d,) for d in SOURCE_DTYPES], check_cases=_check_cases)
+register_op(
+    "downcast_fp8", build=_jit_downcast_fp8_module, variants=[(d,) for d in SOURCE_DTYPES], check_cases=_check_cases
+)

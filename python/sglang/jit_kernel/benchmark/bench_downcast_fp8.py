@@ -7,17 +7,9 @@ replay one set (the tutorial's method). GB/s from the bytes the op must move, % 
 measured in the same process:
   downcast_fp8   2*T*H*D*(2 + 1) + T*8   (read k and v in bf16, write one e4m3 byte each, read loc)
 Shapes: k, v [T, H, 128] bf16 into uint8 caches [4T + 1, H, 128] at distinct random rows; H = 8 for
-T in {1, 64, 2048, 16384} and the issue's decode case 64 x 32 x 128. Targets (issue 17): <= 1.5 us at
-64 x 32 x 128, >= 95 % of copy at 16384 x 8 x 128. A/B rows (the same bytes as "jit", the default
-lean kernel): "jit flat" (the default before it: the flat kernel with the division's reciprocal done
-once per thread), "jit flat fdiv" (flat kernel,
-__fdiv_rn per element), "jit legacy" (the previous kernel) and "jit vec8 x1 / x2 / x4" (the multi
-kernel: 8-element vectors, one fully used 16-byte load each, 1 / 2 / 4 per thread, registers capped
-for 8 / 6 / 4 blocks per SM) and "jit coalesced" (8-element vectors, lanes l and l + 32 of a warp's 64:
-every load instruction reads 512 contiguous bytes, where the default's two loads each use half of
-every sector they touch); the lean kernel is the flat kernel's layout in about two thirds of its
-instructions per vector, 32 registers: 8 blocks per SM; see downcast_fp8.cuh. The floors:
-benchmark/probe_downcast_floor.py.
+T in {1, 64, 2048, 16384} and the issue's decode case 64 x 32 x 128. At these shapes the launcher
+takes the lean kernel (16-element vectors; downcast_fp8.cuh). The floors:
+benchmark/probe_downcast_floor.py; the figures and the kernels tried: docs/perf_notes.md.
 """
 
 from __future__ import annotations
@@ -34,7 +26,7 @@ from sglang.jit_kernel.benchmark.utils import (
     get_benchmark_range,
     sweep_rows,
 )
-from sglang.jit_kernel.cast import downcast_fp8, downcast_fp8_variant
+from sglang.jit_kernel.cast import downcast_fp8
 from sglang.test.ci.ci_register import register_cuda_ci
 
 register_cuda_ci(est_time=90, suite="stage-b-kernel-benchmark-1-gpu-large")
@@ -71,13 +63,6 @@ def bytes_moved(case: tuple[int, int]) -> int:
 def rows() -> list[BenchRow]:
     providers = {
         "jit": downcast_fp8,
-        "jit flat": lambda *a: downcast_fp8_variant("flat", *a),
-        "jit flat fdiv": lambda *a: downcast_fp8_variant("flat fdiv", *a),
-        "jit legacy": lambda *a: downcast_fp8_variant("legacy", *a),
-        "jit vec8 x1": lambda *a: downcast_fp8_variant("vec8 x1", *a),
-        "jit vec8 x2": lambda *a: downcast_fp8_variant("vec8 x2", *a),
-        "jit vec8 x4": lambda *a: downcast_fp8_variant("vec8 x4", *a),
-        "jit coalesced": lambda *a: downcast_fp8_variant("coalesced", *a),
         "torch eager": torch_downcast,
         "torch.compile": lambda *a: compiled_once("downcast_fp8", torch_downcast)(*a),
     }

@@ -6,19 +6,12 @@ per element, read loc), so the % columns compare directly:
   sorted        the same slots, sorted ascending
   identity      slot i = i into a [T]-slot cache: the kernel's compute with contiguous writes
   identity 4T   slot i = i into the [4T + 1]-slot cache (random's footprint, written in order)
-  coalesced ... the opt-in variant "coalesced" (two fully used 16-byte loads per thread) on random /
-                identity slots
-  flat ...      the variant "flat" (the default before the lean kernel: the same layout and load
-                order in about 1.5x the lean kernel's instructions per vector, 44 registers: 5 blocks
-                per SM) on random / identity slots: against "random" / "identity" it is the cost of
-                that instruction count and occupancy; "random" against "floor flat layout ..." is
-                what remains of the compute
   floor <mode> <pattern>
                 probe_downcast_floor.cuh: the same reads and writes (one byte per element, the high byte
                 of each bf16: no scale, no division), on random or identity slots, in three lane layouts:
-                "flat layout" (the default kernel's: two 16-byte loads 16 bytes apart, each warp
+                "flat layout" (the lean kernel's: two 16-byte loads 16 bytes apart, each warp
                 instruction using half of every sector it touches, one 16-byte store), "coalesced x1"
-                (one 16-byte load, one 8-byte store), "coalesced x2" (the variant's: two 16-byte loads,
+                (one 16-byte load, one 8-byte store), "coalesced x2" (two 16-byte loads,
                 two 8-byte stores, every sector fully used)
   torch cast (same bytes)
                 one torch copy_ of a contiguous [2T, H, 128] bf16 tensor into a float8_e4m3fn tensor of
@@ -29,9 +22,8 @@ per element, read loc), so the % columns compare directly:
 
 What the rows tell: "floor flat layout random" against "floor coalesced x2 random" is the cost of the
 default's load layout alone; "floor ... random" against "floor ... identity" the cost of 1 KiB rows at
-random slots; "flat random" against "floor flat layout random" the cost of the flat kernel's compute
-(division, rounding, index checks) and of its registers (44: 5 blocks of 256 per SM, where the probe's
-22 allow 8, so the probe keeps 64 KiB of loads in flight per SM against the kernel's 40); "torch cast" the rate a one-launch contiguous pass of these bytes reaches.
+random slots; "random" against "floor flat layout random" the cost of the kernel's compute (division,
+rounding, index checks); "torch cast" the rate a one-launch contiguous pass of these bytes reaches.
 Sizes: [16384, 8, 128] (the bench's), [65536, 8, 128] (4x: the fixed launch / ramp / tail cost of a
 ~100 MB call against the rate) and [64, 32, 128] (decode). CUDA-graph median of one 20 ms capture per
 row (decode rows are therefore noisier than the benches' middle of five), inputs rotated past 4x the L2
@@ -55,7 +47,7 @@ from sglang.jit_kernel.benchmark.utils import (
     format_rows,
     num_rotating_sets,
 )
-from sglang.jit_kernel.cast import downcast_fp8, downcast_fp8_variant
+from sglang.jit_kernel.cast import downcast_fp8
 from sglang.jit_kernel.utils import load_jit
 
 DTYPE = torch.bfloat16
@@ -121,10 +113,6 @@ def size_rows(probe, t: int, h: int) -> list[BenchRow]:
         median, _, _ = bench_rotating(downcast_fp8, sets, REP_MS, CAPTURES)
         rows.append(BenchRow("downcast_fp8", case, pattern, median, nbytes))
         if pattern in ("random", "identity"):
-            median, _, _ = bench_rotating(lambda *a: downcast_fp8_variant("coalesced", *a), sets, REP_MS, CAPTURES)
-            rows.append(BenchRow("downcast_fp8", case, f"coalesced {pattern}", median, nbytes))
-            median, _, _ = bench_rotating(lambda *a: downcast_fp8_variant("flat", *a), sets, REP_MS, CAPTURES)
-            rows.append(BenchRow("downcast_fp8", case, f"flat {pattern}", median, nbytes))
             check_floor(probe, sets[0])
             for mode, label in FLOOR_MODES.items():
 

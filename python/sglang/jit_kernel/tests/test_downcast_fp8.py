@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sglang.jit_kernel._validate import CHECK_INDICES_ENV
-from sglang.jit_kernel.cast import VARIANTS, _loc_range, downcast_fp8, downcast_fp8_variant, reference_downcast_fp8
+from sglang.jit_kernel.cast import _loc_range, downcast_fp8, reference_downcast_fp8
 from sglang.jit_kernel.testing import (
     SENTINEL_BYTE,
     assert_bits_equal,
@@ -160,51 +160,23 @@ EXHAUSTIVE_SCALES = [
 
 @requires_cuda
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_downcast_fp8_every_source_value_bit_exact(dtype, variant):
+@pytest.mark.parametrize("dim", [16, 8])
+def test_downcast_fp8_every_source_value_bit_exact(dtype, dim):
     """Every 16-bit pattern of the source dtype (zeros, subnormals, inf, NaN, the largest values) in
-    16-element vectors, k and v with different scales, bit for bit against torch's cast, through each
-    kernel variant (the flat kernel's fast division takes only ordinary exponents; file comment of
+    rows of 16 elements (the lean kernel) and 8 (the flat kernel), k and v with different scales, bit
+    for bit against torch's cast (the fast division takes only ordinary exponents; file comment of
     downcast_fp8.cuh)."""
+    n = 2**16 // dim
     patterns = torch.arange(-(2**15), 2**15, dtype=torch.int32, device="cuda").to(torch.int16).view(dtype)
-    k = patterns.view(4096, 1, 16)
-    v = patterns.flip(0).contiguous().view(4096, 1, 16)
-    loc = torch.arange(4096, device="cuda")
+    k = patterns.view(n, 1, dim)
+    v = patterns.flip(0).contiguous().view(n, 1, dim)
+    loc = torch.arange(n, device="cuda")
     for i, scale in enumerate(EXHAUSTIVE_SCALES):
         v_scale = EXHAUSTIVE_SCALES[(i + 1) % len(EXHAUSTIVE_SCALES)]
-        out_k, out_v = sentinel_filled((4096, 1, 16), torch.uint8), sentinel_filled((4096, 1, 16), torch.uint8)
-        downcast_fp8_variant(variant, k, v, out_k, out_v, scale_of(scale), scale_of(v_scale), loc)
+        out_k, out_v = sentinel_filled((n, 1, dim), torch.uint8), sentinel_filled((n, 1, dim), torch.uint8)
+        downcast_fp8(k, v, out_k, out_v, scale_of(scale), scale_of(v_scale), loc)
         assert_bits_equal(out_k, reference_downcast_fp8(k, scale_of(scale)))
         assert_bits_equal(out_v, reference_downcast_fp8(v, scale_of(v_scale)))
-
-
-@requires_cuda
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_downcast_fp8_variants_write_the_same_bytes(dtype):
-    """The flat kernel (both divisions) and the legacy kernel: the same caches, bit for bit, on a
-    decode-like shape with mult / offset, -1 and out-of-range loc entries."""
-    k, v = source((300, 8, 128), dtype, spread=300.0), source((300, 8, 128), dtype, spread=300.0)
-    loc = torch.randperm(700, device="cuda")[:300]
-    loc[::7] = -1
-    loc[3] = 10**9
-    caches = {}
-    for variant in sorted(VARIANTS):
-        k_out, v_out = sentinel_filled((1402, 8, 128), torch.uint8), sentinel_filled((1402, 8, 128), torch.uint8)
-        downcast_fp8_variant(variant, k, v, k_out, v_out, scale_of(0.37), scale_of(1.7), loc, 2, 1)
-        caches[variant] = (k_out, v_out)
-    fresh = sentinel_filled((1402, 8, 128), torch.uint8)
-    assert_bits_equal(caches["flat"][0], expected_cache(fresh, k, scale_of(0.37), loc, 2, 1))
-    assert_bits_equal(caches["flat"][1], expected_cache(fresh, v, scale_of(1.7), loc, 2, 1))
-    for variant in VARIANTS:
-        assert_bits_equal(caches[variant][0], caches["legacy"][0])
-        assert_bits_equal(caches[variant][1], caches["legacy"][1])
-
-
-#: The variants of 8-element vectors (the flat kernel where the vector width is below 8).
-VEC8_VARIANTS = ("vec8 x1", "vec8 x2", "vec8 x4", "coalesced")
-#: The variants held bit for bit against the flat kernel (the default before the lean one): those and
-#: the lean kernel (the default: 16-element vectors; the flat kernel where the vector width is below 16).
-OPT_IN_VARIANTS = (*VEC8_VARIANTS, "lean")
 
 
 @requires_cuda
@@ -213,14 +185,11 @@ OPT_IN_VARIANTS = (*VEC8_VARIANTS, "lean")
     "heads,dim,view",
     [(8, 128, "plain"), (8, 128, "strided"), (3, 24, "plain"), (5, 6, "plain"), (8, 128, "shifted")],
 )
-def test_downcast_fp8_vec8_variants_write_the_same_bytes(dtype, heads, dim, view):
-    """The multi kernel (variants "vec8 x1 / x2 / x4"), the coalesced kernel ("coalesced") and the lean
-        kernel ("lean", the default) against the flat kernel, bit for bit: the bench's
-        16384 x 8 x 128 (thousands of blocks, the last one partial per kPer; the coalesced kernel's
-    last warp covers fewer than 64 vectors at 777 tokens x 3 x 24), padded token / head strides
-        with int32 loc and mult / offset, a head_dim of 24 (3 vectors per head), and the fallbacks to the
-        flat kernel (head_dim 6, a source shifted by one element: vectors below 8; the lean kernel also at
-        head_dim 24: vectors below 16)."""
+def test_downcast_fp8_kernel_shapes_against_reference(dtype, heads, dim, view):
+    """Each kernel the launcher picks, against the reference, bit for bit: the bench's 16384 x 8 x 128
+    (lean: thousands of blocks), padded token / head strides with int32 loc and mult / offset (lean),
+    a head_dim of 24 (flat: 8-element vectors, 3 per head), head_dim 6 (flat: 2-element vectors) and
+    a source shifted by one element (flat: 1-element vectors); -1 entries in loc."""
     t = 16384 if view == "plain" and dim == 128 else 777
     slots = 2 * t + 5
     if view == "strided":
@@ -237,21 +206,13 @@ def test_downcast_fp8_vec8_variants_write_the_same_bytes(dtype, heads, dim, view
     if view == "strided":
         loc = loc.to(torch.int32)
     out_slots = slots * mult + offset
-    caches = {}
-    for variant in ("flat", *OPT_IN_VARIANTS):
-        k_out = sentinel_filled((out_slots, heads, dim), torch.uint8)
-        v_out = sentinel_filled((out_slots, heads, dim), torch.uint8)
-        downcast_fp8_variant(variant, k, v, k_out, v_out, scale_of(0.37), scale_of(1.7), loc, mult, offset)
-        caches[variant] = (k_out, v_out)
-    fresh = sentinel_filled((out_slots, heads, dim), torch.uint8)
-    assert_bits_equal(caches["flat"][0], expected_cache(fresh, k, scale_of(0.37), loc, mult, offset))
-    assert_bits_equal(caches["flat"][1], expected_cache(fresh, v, scale_of(1.7), loc, mult, offset))
-    for variant in OPT_IN_VARIANTS:
-        assert_bits_equal(caches[variant][0], caches["flat"][0])
-        assert_bits_equal(caches[variant][1], caches["flat"][1])
+    k_out = sentinel_filled((out_slots, heads, dim), torch.uint8)
+    v_out = sentinel_filled((out_slots, heads, dim), torch.uint8)
+    run_and_check(k, v, k_out, v_out, scale_of(0.37), scale_of(1.7), loc, mult, offset)
 
 
 @requires_cuda
+@pytest.mark.parametrize("dim", [128, 8])
 @pytest.mark.parametrize("loc_dtype", [torch.int64, torch.int32])
 @pytest.mark.parametrize(
     "mult,offset,bad",
@@ -266,12 +227,13 @@ def test_downcast_fp8_vec8_variants_write_the_same_bytes(dtype, heads, dim, view
         (0, 1000, 3),  # offset outside the cache: nothing is written
     ],
 )
-def test_downcast_fp8_lean_destinations_match_the_default(loc_dtype, mult, offset, bad):
-    """The lean kernel's slot test (a loc range computed on the host in 128-bit arithmetic, then two
-    64-bit compares) against the flat kernel's 128-bit test, bit for bit: distinct loc values from 3
-    below to 3 above the valid range (out of range on both sides), a `bad` entry where loc * mult
-    wraps around in 64 bits or sits at the int64 limits, negative mult, mult 0, int32 loc."""
-    heads, dim, num_slots = 8, 128, 260
+def test_downcast_fp8_destinations_exact(dim, loc_dtype, mult, offset, bad):
+    """The slot test of the lean kernel (dim 128: a loc range computed on the host in 128-bit
+    arithmetic, then two 64-bit compares) and of the flat kernel (dim 8: a 128-bit test) against rows
+    computed in Python integers: distinct loc values from 3 below to 3 above the valid range, a `bad`
+    entry where loc * mult wraps around in 64 bits or sits at the int64 limits, negative mult,
+    mult 0, int32 loc."""
+    heads, num_slots = 8, 260
     bounds = _loc_range(mult, offset, num_slots)
     lo, hi = bounds if bounds is not None else (-20, 20)
     if mult == 0:
@@ -285,21 +247,20 @@ def test_downcast_fp8_lean_destinations_match_the_default(loc_dtype, mult, offse
         loc[t // 2] = bad
     loc = loc.to(loc_dtype)
     k, v = source((t, heads, dim), torch.bfloat16, spread=300.0), source((t, heads, dim), torch.bfloat16)
-    caches = {}
-    for variant in ("flat", "lean"):
-        k_out = sentinel_filled((num_slots, heads, dim), torch.uint8)
-        v_out = sentinel_filled((num_slots, heads, dim), torch.uint8)
-        downcast_fp8_variant(variant, k, v, k_out, v_out, scale_of(0.37), scale_of(1.7), loc, mult, offset)
-        caches[variant] = (k_out, v_out)
-    written = (caches["flat"][0] != SENTINEL_BYTE).any(dim=(1, 2)).sum().item()
+    k_out = sentinel_filled((num_slots, heads, dim), torch.uint8)
+    v_out = sentinel_filled((num_slots, heads, dim), torch.uint8)
+    expected_k, expected_v = k_out.clone(), v_out.clone()
+    qk, qv = reference_downcast_fp8(k, scale_of(0.37)), reference_downcast_fp8(v, scale_of(1.7))
+    written = 0
+    for i, x in enumerate(loc.tolist()):
+        row = x * mult + offset  # exact
+        if 0 <= row < num_slots:
+            expected_k[row], expected_v[row] = qk[i], qv[i]
+            written += 1
     assert written == sum(bounds is not None and bounds[0] <= x <= bounds[1] for x in loc.tolist())
-    assert_bits_equal(caches["lean"][0], caches["flat"][0])
-    assert_bits_equal(caches["lean"][1], caches["flat"][1])
-
-
-def test_downcast_fp8_variant_name_is_checked():
-    with pytest.raises(ValueError, match="^downcast_fp8_variant: variant value: expected one of"):
-        downcast_fp8_variant("fast", *([None] * 7))
+    downcast_fp8(k, v, k_out, v_out, scale_of(0.37), scale_of(1.7), loc, mult, offset)
+    assert_bits_equal(k_out, expected_k)
+    assert_bits_equal(v_out, expected_v)
 
 
 def original_path(x: torch.Tensor, scale: float) -> torch.Tensor:
@@ -626,43 +587,26 @@ def test_downcast_fp8_bad_scalars():
 def test_downcast_fp8_ffi_rejects_mismatch_from_cpp():
     """The launcher's TensorMatcher is the second line: bad tensors straight to the module raise a
     RuntimeError naming the tensor, never a CUDA fault."""
-    from sglang.jit_kernel.cast import _jit_cast_module
+    from sglang.jit_kernel.cast import _jit_downcast_fp8_module
 
-    module = _jit_cast_module(torch.bfloat16)
+    module = _jit_downcast_fp8_module(torch.bfloat16)
     k, v, k_out, v_out, ks, vs, loc = _args()
     with pytest.raises(RuntimeError, match="k_out"):
-        module.downcast_fp8(k, v, k_out.view(torch.int8), v_out, ks, vs, loc, 1, 0, 0)
+        module.downcast_fp8(k, v, k_out.view(torch.int8), v_out, ks, vs, loc, 1, 0)
     with pytest.raises(RuntimeError, match="k_scale"):
-        module.downcast_fp8(k, v, k_out, v_out, ks.half(), vs, loc, 1, 0, 0)
+        module.downcast_fp8(k, v, k_out, v_out, ks.half(), vs, loc, 1, 0)
     with pytest.raises(RuntimeError, match="loc"):
-        module.downcast_fp8(k, v, k_out, v_out, ks, vs, loc[:7], 1, 0, 0)
+        module.downcast_fp8(k, v, k_out, v_out, ks, vs, loc[:7], 1, 0)
     with pytest.raises(RuntimeError, match="overlaps"):
-        module.downcast_fp8(k, v, k_out, k_out, ks, vs, loc, 1, 0, 0)
+        module.downcast_fp8(k, v, k_out, k_out, ks, vs, loc, 1, 0)
     with pytest.raises(RuntimeError):
-        module.downcast_fp8(k.half(), v.half(), k_out, v_out, ks, vs, loc, 1, 0, 0)
+        module.downcast_fp8(k.half(), v.half(), k_out, v_out, ks, vs, loc, 1, 0)
 
 
 if __name__ == "__main__":
     import sys
 
     sys.exit(pytest.main([__file__, "-v", "-s"]))
-
-
-def test_every_call_path_passes_the_default_variant(monkeypatch):
-    """The eager fast path and the checked path hand the launcher DEFAULT_VARIANT (the lean kernel),
-    not a literal (a fast path once passed 0, the flat kernel, while the checked path passed the
-    default). No GPU: the dtype's exported function is replaced by a recorder, CPU tensors."""
-    from sglang.jit_kernel import cast
-
-    seen = []
-    monkeypatch.setitem(cast._FNS, torch.bfloat16, lambda *args: seen.append(args[-1]))
-    monkeypatch.setattr(cast, "_load", lambda dtype: cast._FNS[dtype])
-    k, v = torch.zeros(2, 1, 16, dtype=torch.bfloat16), torch.zeros(2, 1, 16, dtype=torch.bfloat16)
-    k_out, v_out = torch.zeros(5, 1, 16, dtype=torch.uint8), torch.zeros(5, 1, 16, dtype=torch.uint8)
-    scale, loc = torch.ones(1), torch.tensor([0, 3])
-    downcast_fp8(k, v, k_out, v_out, scale, scale, loc)  # the fast path (the recorder accepts anything)
-    cast._run(k, v, k_out, v_out, scale, scale, loc, 1, 0)  # what the checked path and the op call
-    assert seen == [cast.DEFAULT_VARIANT, cast.DEFAULT_VARIANT] and cast.DEFAULT_VARIANT == VARIANTS["lean"]
 
 
 def test_overlap_check_tells_same_view_from_other_width_views():

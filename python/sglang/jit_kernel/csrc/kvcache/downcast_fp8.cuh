@@ -1,43 +1,39 @@
 // downcast_fp8: k_out[loc[i] * mult + offset] = fp8_e4m3(clamp(k[i] / k_scale, -448, 448)), and the
 // same for v, for every token i.
 //
-// Rounding path (what the tests hold bit for bit against torch): x is widened to fp32 exactly, divided
-// by the fp32 scale with a correctly rounded division, and the quotient is rounded once to e4m3, to
+// Rounding (what the tests hold bit for bit against torch): x is widened to fp32 exactly, divided by
+// the fp32 scale with a correctly rounded division, and the quotient is rounded once to e4m3, to
 // nearest even, saturating at +-448 (cvt.rn.satfinite, which equals the clamp followed by the
-// rounding). +-inf -> +-448; NaN -> 0x7F whatever its sign.
-// The original rounds 1 / scale and the product to the input dtype first; the two agree bit for bit
-// when the scale is a power of two (both extra roundings are exact then), and otherwise can differ
-// by one e4m3 step near a rounding midpoint.
+// rounding). +-inf -> +-448; NaN -> 0x7F whatever its sign. The original rounds 1 / scale and the
+// product to the input dtype first; the two agree bit for bit when the scale is a power of two (both
+// extra roundings are exact then), and otherwise can differ by one e4m3 step near a rounding midpoint.
 //
-// The division (flat kernel, kFastDivide): the steps of the compiler's own div.rn.f32 fast path, with
+// The division (lean and flat kernels): the steps of the compiler's own div.rn.f32 fast path, with
 // the reciprocal part (rcp.approx, one Newton step), which depends on the scale only, done once per
-// thread instead of once per element: q0 = x * r, e = fma(-s, q0, x), q = fma(r, e, q0). The compiler
-// takes that path whenever its FCHK test allows (ordinary exponents) and calls a slow routine
-// otherwise; here the fast path is used only where the exponents are far from every limit: s in
-// [2^-40, 2^40] (positive; checked per thread) and every |x| of the vector at most 2^60 (checked per
-// vector), so q lies in [2^-100, 2^100] and the residual e is exact. Elements with |x| < 2^-60
-// (zeros, subnormals) give quotients below 2^-20, which round to a signed e4m3 zero whatever the
-// last fp32 bits, of the sign of x (the fast steps turn -0 / s into +0; the sign bit of x is ORed
-// back in, a no-op for every other element). Any other vector (an inf, |x| > 2^60) or scale
+// thread instead of once per element: q0 = x * r, e = fma(-s, q0, x), q = fma(r, e, q0). The
+// compiler takes that path whenever its FCHK test allows (ordinary exponents) and calls a slow
+// routine otherwise; here the fast path is used only where the exponents are far from every limit:
+// s in [2^-40, 2^40] (positive; checked per thread) and |x| at most 2^60, so q lies in [2^-100,
+// 2^100] and the residual e is exact. Elements with |x| < 2^-60 (zeros, subnormals) give quotients
+// below 2^-20, which round to a signed e4m3 zero whatever the last fp32 bits. Any other scale
 // (negative, 0, NaN, inf, below 2^-40, above 2^40) takes __fdiv_rn per element.
 //
-// Destination rows whose slot loc[i] * mult + offset (exact, 128-bit) lies outside [0, num_slots)
-// are skipped: nothing is written out of bounds and there is no device trap.
+// Kernels, chosen by the launcher from the shapes and addresses (one path per shape):
+//   - lean, for 16-element vectors (head_dim, addresses and strides allow them): thread g converts
+//     vector g of the rows laid end to end (row = (token, k or v), k and v of a token adjacent): two
+//     16-byte loads of bf16, one 16-byte store of e4m3 (see its comment);
+//   - flat, for narrower vectors (8, 4, 2 or 1 elements): the same layout, one load per vector;
+//   - legacy, past the 32-bit vector ids of the two (2^31 vectors or more): up to 4 rows of
+//     8-element vectors per thread, __fdiv_rn per element, 64-bit ids.
+// Lean and flat issue every load of a thread (its scale, loc, source vector) before any compute or
+// store, so a thread waits one memory latency; the row and head of g come from multiply-shifts
+// (RowDivider). Destination rows whose slot loc[i] * mult + offset (exact) lies outside
+// [0, num_slots) are skipped: nothing is written out of bounds and there is no device trap.
+// Moves num_tokens * H * D * 2 * (sizeof(T) + 1) bytes, plus loc.
 //
-// Flat kernel (the default): thread g converts vector g of the rows laid end to end (row = (token, k
-// or v), k and v of a token adjacent; vector = kVec elements of one head, up to 16: two 16-byte
-// loads of bf16 and one 16-byte store of e4m3). Every load of a thread (its scale, loc, source
-// vector) is issued before any compute or store, so a thread waits one memory latency; the row and
-// head of g come from multiply-shifts (RowDivider). The legacy kernel (up to 4 rows of 8-element
-// vectors per thread, __fdiv_rn per element, scale and loc loaded after the previous row's store)
-// stays selectable for A/B benches (variant 2); so do the multi kernel (variants 3-5) and the
-// coalesced kernel (variant 6: the default's loads rearranged so that every warp load instruction
-// uses whole sectors; see its comment for the cause it tests and the prediction) and the lean kernel
-// (variant 7: the default's layout with about half its instructions per vector and 8 blocks per SM;
-// see its comment). Moves num_tokens * H * D * 2 * (sizeof(T) + 1) bytes, plus loc.
-//
-// PDL (flat kernel): it waits for the previous kernel (griddepcontrol.wait) before its first global
-// load and then releases the next kernel at once (see rmsnorm.cuh's pdl_wait_then_release).
+// PDL (lean and flat): the kernel waits for the previous kernel (griddepcontrol.wait) before its
+// first global load (k, v and loc may be its output) and then releases the next kernel at once, so
+// the next launch overlaps this one.
 #pragma once
 
 #include <sgl_kernel/tensor.h>  // For TensorMatcher, Symbolic{Size,DType,Device}, verify_no_{partial,self}_overlap
@@ -90,7 +86,7 @@ struct DowncastFp8Params {
   bool int32_loc;
 };
 
-/// Launch facts of downcast_fp8.
+/// Launch facts of the legacy kernel.
 struct DowncastFp8Config {
   static constexpr uint32_t kThreads = 256;
   static constexpr uint32_t kMaxRowsPerThread = 4;   // vectors in flight per thread at large sizes
@@ -130,8 +126,9 @@ SGL_DEVICE device::AlignedVector<uint8_t, kVec> downcast(const device::AlignedVe
   return q;
 }
 
-/// Block b covers rows [(b / chunks_per_row) * rows_per_block, ...) and vectors [(b % chunks_per_row)
-/// * kThreads, ...) of each; thread t takes row t / span (+ u * rows_per_pass) and vector t % span.
+/// Legacy kernel (2^31 vectors or more). Block b covers rows [(b / chunks_per_row) * rows_per_block,
+/// ...) and vectors [(b % chunks_per_row) * kThreads, ...) of each; thread t takes row t / span
+/// (+ u * rows_per_pass) and vector t % span.
 template <typename T, int kVec>
 __global__ void __launch_bounds__(DowncastFp8Config::kThreads) downcast_fp8_kernel(const DowncastFp8Params p) {
   constexpr uint32_t kThreads = DowncastFp8Config::kThreads;
@@ -186,11 +183,6 @@ struct DowncastFp8FlatConfig {
   static constexpr uint32_t kThreads = 256;
   static constexpr int64_t kMaxBlocks = 1 << 20;         // grid cap; threads loop past it
   static constexpr int64_t kMaxVecs = int64_t{1} << 31;  // 32-bit vector ids (RowDivider)
-  /// Multi kernel: resident blocks per SM asked of ptxas (register cap 65536 / (256 * blocks)), so
-  /// that kPer vectors per thread raise the bytes in flight per SM (16 * kPer * 256 * blocks: 32,
-  /// 48, 64 KiB) instead of costing occupancy (unbounded: 40 / 57 / 80 registers, 6 / 4 / 3 blocks;
-  /// the flat kernel's 16-element vectors take 44 registers: 5 blocks, 40 KiB).
-  static constexpr int multi_min_blocks(int per) { return per == 1 ? 8 : (per == 2 ? 6 : 4); }
 };
 
 /// Division x / s by the fast path's steps with the reciprocal r of s done once (file comment).
@@ -240,15 +232,13 @@ SGL_DEVICE device::AlignedVector<uint8_t, kVec> pack_e4m3(const float (&y)[kVec]
   return q;
 }
 
-/// Flat kernel: thread g converts vector g (of kVec elements, one head) of the rows laid end to end;
-/// row = g / vecs_per_side = 2 * token + (0 for k, 1 for v). kFastDivide: the division with the
-/// reciprocal done once (file comment); otherwise __fdiv_rn per element.
-template <typename T, int kVec, bool kFastDivide>
+/// Flat kernel (vectors of kVec = 8, 4, 2 or 1 elements): thread g converts vector g (one head) of
+/// the rows laid end to end; row = g / vecs_per_side = 2 * token + (0 for k, 1 for v).
+template <typename T, int kVec>
 __global__ void __launch_bounds__(DowncastFp8FlatConfig::kThreads)
     downcast_fp8_flat_kernel(const DowncastFp8FlatParams fp) {
-  constexpr int kLoadElems = kVec < 8 ? kVec : 8;  // 16-byte loads at most
-  constexpr int kLoads = kVec / kLoadElems;
-  using load_vec = device::AlignedVector<T, kLoadElems>;
+  static_assert(kVec <= 8, "downcast_fp8_flat_kernel: one 16-byte load per vector at most");
+  using load_vec = device::AlignedVector<T, kVec>;
   const DowncastFp8Params& p = fp.base;
   device::pdl_wait_primary();  // before the first global load (see the file comment)
   device::pdl_launch_dependents();
@@ -272,38 +262,26 @@ __global__ void __launch_bounds__(DowncastFp8FlatConfig::kThreads)
     // Loads, all issued before any use: scale, loc, the source vector
     const float s = *scale_ptr;
     const int64_t slot = destination_row(p, token);
-    const auto* src = static_cast<const T*>(src_base) + token * src_ts + head * src_hs + int64_t{head_vec} * kVec;
-    load_vec x[kLoads];
-#pragma unroll
-    for (int l = 0; l < kLoads; ++l) {
-      x[l] = load_issued_here<load_vec>(src + l * kLoadElems, 0);
-    }
+    const auto* src = static_cast<const T*>(src_base) + token * src_ts + head * src_hs;
+    const load_vec x = load_issued_here<load_vec>(src, head_vec);
 
     // Convert
     float y[kVec];
 #pragma unroll
-    for (int l = 0; l < kLoads; ++l) {
+    for (int i = 0; i < kVec; ++i) y[i] = static_cast<float>(x[i]);
+    float largest = 0.0f;  // fmaxf skips a NaN element (whose quotient is NaN on either path)
 #pragma unroll
-      for (int i = 0; i < kLoadElems; ++i) y[l * kLoadElems + i] = static_cast<float>(x[l][i]);
-    }
-    bool fast = false;
-    if constexpr (kFastDivide) {
-      float largest = 0.0f;  // fmaxf skips a NaN element (whose quotient is NaN on either path)
+    for (int i = 0; i < kVec; ++i) largest = fmaxf(largest, fabsf(y[i]));
+    if (s >= 0x1p-40f && s <= 0x1p40f && largest <= 0x1p60f) {  // false for a NaN scale
+      const float r = division_reciprocal(s);
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) largest = fmaxf(largest, fabsf(y[i]));
-      fast = s >= 0x1p-40f && s <= 0x1p40f && largest <= 0x1p60f;  // false for a NaN scale
-      if (fast) {
-        const float r = division_reciprocal(s);
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) {
-          // q with the sign of x (s > 0): exact for every element the fast path takes (file comment);
-          // only a zero quotient can come out as +0 instead of -0, and the OR sets its sign back.
-          const float q = divide_by_reciprocal(y[i], s, r);
-          y[i] = __uint_as_float(__float_as_uint(q) | (__float_as_uint(y[i]) & 0x80000000u));
-        }
+      for (int i = 0; i < kVec; ++i) {
+        // q with the sign of x (s > 0): exact for every element the fast path takes (file comment);
+        // only a zero quotient can come out as +0 instead of -0, and the OR sets its sign back.
+        const float q = divide_by_reciprocal(y[i], s, r);
+        y[i] = __uint_as_float(__float_as_uint(q) | (__float_as_uint(y[i]) & 0x80000000u));
       }
-    }
-    if (!fast) {
+    } else {  // an inf or |x| > 2^60 in the vector, or a scale outside [2^-40, 2^40]
 #pragma unroll
       for (int i = 0; i < kVec; ++i) y[i] = __fdiv_rn(y[i], s);
     }
@@ -314,365 +292,27 @@ __global__ void __launch_bounds__(DowncastFp8FlatConfig::kThreads)
   }
 }
 
-/// The loc entry of `token` (int32 or int64), widened.
-SGL_DEVICE int64_t load_loc(const DowncastFp8Params& p, int64_t token) {
-  const int64_t i = token * p.loc_stride;
-  return p.int32_loc ? int64_t{static_cast<const int32_t*>(p.loc)[i]} : static_cast<const int64_t*>(p.loc)[i];
-}
-
-/// The destination row of `loc`, or -1 when loc * mult + offset is outside [0, num_slots).
-SGL_DEVICE int64_t slot_of_loc(const DowncastFp8Params& p, int64_t loc) {
-  const __int128 slot = static_cast<__int128>(loc) * p.mult + p.offset;  // exact: no wrap-around into range
-  return (slot >= 0 && slot < p.num_slots) ? static_cast<int64_t>(slot) : int64_t{-1};
-}
-
-/// 8 elements of T -> 8 e4m3 bytes of x / s: the flat kernel's kFastDivide conversion (the same
-/// bits: fast path where the exponents allow, __fdiv_rn per element otherwise; file comment).
-template <typename T>
-SGL_DEVICE device::AlignedVector<uint8_t, 8> downcast8_fast(const device::AlignedVector<T, 8>& x, float s) {
-  float y[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) y[i] = static_cast<float>(x[i]);
-  float largest = 0.0f;  // fmaxf skips a NaN element (whose quotient is NaN on either path)
-#pragma unroll
-  for (int i = 0; i < 8; ++i) largest = fmaxf(largest, fabsf(y[i]));
-  if (s >= 0x1p-40f && s <= 0x1p40f && largest <= 0x1p60f) {  // false for a NaN scale
-    const float r = division_reciprocal(s);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float q = divide_by_reciprocal(y[i], s, r);
-      y[i] = __uint_as_float(__float_as_uint(q) | (__float_as_uint(y[i]) & 0x80000000u));
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) y[i] = __fdiv_rn(y[i], s);
-  }
-  return pack_e4m3<8>(y);
-}
-
-/// Multi kernel (A/B variants 3-5): 8-element vectors (one 16-byte load: each warp load instruction
-/// covers 512 contiguous source bytes, where the flat kernel's two 16-byte loads per 16-element
-/// vector each cover every other 16 bytes of a 1 KiB span), kPer of them per thread and pass:
-/// vectors (block * kPer + u) * kThreads + thread, u < kPer, with every load (both scales once, loc
-/// and source of each vector) issued before any convert or store: kPer * 16 source bytes in flight
-/// per thread. The fast division of the flat kernel (bit for bit the same bytes).
-template <typename T, int kPer>
-__global__ void __launch_bounds__(DowncastFp8FlatConfig::kThreads, DowncastFp8FlatConfig::multi_min_blocks(kPer))
-    downcast_fp8_multi_kernel(const DowncastFp8FlatParams fp) {
-  constexpr uint32_t kThreads = DowncastFp8FlatConfig::kThreads;
-  constexpr uint32_t kBlockVecs = kPer * kThreads;
-  using load_vec = device::AlignedVector<T, 8>;
-  const DowncastFp8Params& p = fp.base;
-  device::pdl_wait_primary();  // before the first global load (see the file comment)
-  device::pdl_launch_dependents();
-  const float k_scale = *p.k.scale;
-  const float v_scale = *p.v.scale;
-  const uint32_t stride = gridDim.x * kBlockVecs;  // <= 2^30: first + stride < 2^32
-  for (uint32_t first = blockIdx.x * kBlockVecs + threadIdx.x; first < fp.total; first += stride) {
-    // Loads. Only x and loc stay live across them; row / head are recomputed for the stores (two
-    // multiply-shifts) to keep the registers under the cap of multi_min_blocks.
-    load_vec x[kPer];
-    int64_t loc[kPer];
-#pragma unroll
-    for (int u = 0; u < kPer; ++u) {
-      const uint32_t g = first + u * kThreads;
-      if (g < fp.total) {
-        const uint32_t row = fp.row_divider.divide(g);
-        const uint32_t col = g - row * fp.vecs_per_side;
-        const uint32_t head = fp.head_divider.divide(col);
-        const uint32_t head_vec = col - head * fp.vecs_per_head;
-        const int64_t token = row >> 1;
-        const bool is_v = row & 1;
-        const void* src_base = is_v ? p.v.src : p.k.src;
-        const int64_t src_ts = is_v ? p.v.src_token_stride : p.k.src_token_stride;
-        const int64_t src_hs = is_v ? p.v.src_head_stride : p.k.src_head_stride;
-        loc[u] = load_loc(p, token);
-        const auto* src = static_cast<const T*>(src_base) + token * src_ts + head * src_hs;
-        x[u] = load_issued_here<load_vec>(src, head_vec);
-      }
-    }
-    // Convert and store
-#pragma unroll
-    for (int u = 0; u < kPer; ++u) {
-      const uint32_t g = first + u * kThreads;
-      if (g < fp.total) {
-        const uint32_t row = fp.row_divider.divide(g);
-        const uint32_t col = g - row * fp.vecs_per_side;
-        const uint32_t head = fp.head_divider.divide(col);
-        const uint32_t head_vec = col - head * fp.vecs_per_head;
-        const bool is_v = row & 1;
-        const int64_t slot = slot_of_loc(p, loc[u]);
-        const auto q = downcast8_fast<T>(x[u], is_v ? v_scale : k_scale);
-        if (slot >= 0) {
-          void* dst_base = is_v ? p.v.dst : p.k.dst;
-          const int64_t dst_ts = is_v ? p.v.dst_token_stride : p.k.dst_token_stride;
-          const int64_t dst_hs = is_v ? p.v.dst_head_stride : p.k.dst_head_stride;
-          q.store(device::pointer::offset(dst_base, slot * dst_ts + head * dst_hs), head_vec);
-        }
-      }
-    }
-  }
-}
-
-/// Coalesced kernel (variant 6, opt-in A/B): the flat kernel's work in a lane layout whose every load
-/// instruction uses all of each 32-byte sector it touches. Why (SASS of the default, sm_90, bf16,
-/// 16-element vectors): lane l loads source bytes [32 l, 32 l + 16) and then [32 l + 16, 32 l + 32),
-/// so each of the two LDG.E.128.STRONG.GPU of a warp touches all 32 sectors of a 1 KiB span and uses
-/// half of each; the loads bypass L1 (ld.relaxed.gpu), so L2 returns every source sector twice:
-/// 134 MB of sectors for 67 MB of bf16 at [16384, 8, 128], with the 34 MB of stores ~168 MB through
-/// L2 in 33.6 us (~5.0 TB/s, near the L2's own rate) where a copy of the same bytes needs ~100 MB.
-/// Here warp w owns the 64 consecutive 8-element vectors [64 w, 64 w + 64) of the rows laid end to
-/// end and lane l takes vectors 64 w + l and 64 w + l + 32: each load instruction reads 512
-/// contiguous source bytes, each 8-byte store writes 256 contiguous destination bytes, every sector
-/// once. Two vectors per thread keep the default's 32 source bytes in flight per thread; scale, loc
-/// and source of both are loaded before any convert or store (no register cap: the multi kernel's
-/// caps spill the two scales right after their loads, STL waiting on the LDG, which puts a second
-/// memory latency in front of the source loads: a plausible cause of its 45-47 %). The conversion is
-/// downcast8_fast: the default's bytes, bit for bit. Prediction at [16384, 8, 128] on the H200: if
-/// the doubled L2 traffic is what holds the default at 71 %, ~27 us (~88 % of copy, near store_cache's
-/// 91 % at random slots); if this row stays at ~33 us, the L2 sector traffic is not the limit (see
-/// benchmark/probe_downcast_floor.py, whose "floor flat layout" / "floor coalesced x2" rows compare
-/// the two layouts without any compute).
-template <typename T>
-__global__ void __launch_bounds__(DowncastFp8FlatConfig::kThreads)
-    downcast_fp8_coalesced_kernel(const DowncastFp8FlatParams fp) {
-  constexpr uint32_t kThreads = DowncastFp8FlatConfig::kThreads;
-  constexpr uint32_t kWarpVecs = 2 * device::kWarpThreads;  // vectors per warp and pass
-  using load_vec = device::AlignedVector<T, 8>;
-  const DowncastFp8Params& p = fp.base;
-  device::pdl_wait_primary();  // before the first global load (see the file comment)
-  device::pdl_launch_dependents();
-  const uint32_t lane = threadIdx.x % device::kWarpThreads;
-  const uint32_t warp = (blockIdx.x * kThreads + threadIdx.x) / device::kWarpThreads;
-  const uint32_t stride = gridDim.x * (kThreads / device::kWarpThreads) * kWarpVecs;  // <= 2^29
-  for (uint32_t first = warp * kWarpVecs + lane; first < fp.total; first += stride) {
-    // Loads, all issued before any use: scale, loc, source of each of the two vectors
-    load_vec x[2];
-    int64_t loc[2];
-    float s[2];
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const uint32_t g = first + u * device::kWarpThreads;
-      if (g < fp.total) {
-        const uint32_t row = fp.row_divider.divide(g);
-        const uint32_t col = g - row * fp.vecs_per_side;
-        const uint32_t head = fp.head_divider.divide(col);
-        const uint32_t head_vec = col - head * fp.vecs_per_head;
-        const int64_t token = row >> 1;
-        const bool is_v = row & 1;
-        const void* src_base = is_v ? p.v.src : p.k.src;
-        const int64_t src_ts = is_v ? p.v.src_token_stride : p.k.src_token_stride;
-        const int64_t src_hs = is_v ? p.v.src_head_stride : p.k.src_head_stride;
-        s[u] = *(is_v ? p.v.scale : p.k.scale);
-        loc[u] = load_loc(p, token);
-        const auto* src = static_cast<const T*>(src_base) + token * src_ts + head * src_hs;
-        x[u] = load_issued_here<load_vec>(src, head_vec);
-      }
-    }
-    // Convert and store
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const uint32_t g = first + u * device::kWarpThreads;
-      if (g < fp.total) {
-        const uint32_t row = fp.row_divider.divide(g);
-        const uint32_t col = g - row * fp.vecs_per_side;
-        const uint32_t head = fp.head_divider.divide(col);
-        const uint32_t head_vec = col - head * fp.vecs_per_head;
-        const bool is_v = row & 1;
-        const int64_t slot = slot_of_loc(p, loc[u]);
-        const auto q = downcast8_fast<T>(x[u], s[u]);
-        if (slot >= 0) {
-          void* dst_base = is_v ? p.v.dst : p.k.dst;
-          const int64_t dst_ts = is_v ? p.v.dst_token_stride : p.k.dst_token_stride;
-          const int64_t dst_hs = is_v ? p.v.dst_head_stride : p.k.dst_head_stride;
-          q.store(device::pointer::offset(dst_base, slot * dst_ts + head * dst_hs), head_vec);
-        }
-      }
-    }
-  }
-}
-
-/// Widest vector (8, 4, 2 or 1 elements) that head_dim, every data pointer and every stride of a
-/// dim of more than one element is a multiple of (sources in elements of 2 bytes, outputs in bytes).
-inline int downcast_fp8_vector(const DowncastFp8Params& p, int64_t head_dim, int64_t num_heads) {
-  const auto address = [](const void* ptr, int64_t unit) {
-    return static_cast<uint64_t>(reinterpret_cast<std::uintptr_t>(ptr)) / static_cast<uint64_t>(unit);
-  };
-  uint64_t bits = 8 | static_cast<uint64_t>(head_dim);
-  for (const DowncastSide* s : {&p.k, &p.v}) {
-    bits |= address(s->src, 2) | address(s->dst, 1);
-    if (p.num_tokens > 1) bits |= static_cast<uint64_t>(s->src_token_stride);
-    if (p.num_slots > 1) bits |= static_cast<uint64_t>(s->dst_token_stride);
-    if (num_heads > 1) bits |= static_cast<uint64_t>(s->src_head_stride | s->dst_head_stride);
-  }
-  return static_cast<int>(bits & (~bits + 1));  // the lowest set bit: at most 8
-}
-
-/// Flat kernel's vector: the widest of 16, 8, 4, 2, 1 elements that head_dim, the output addresses
-/// and output strides (bytes) allow, and that the sources allow in 16-byte loads: sources aligned to
-/// 8 elements (16 bytes) take any width, narrower ones limit it to their own alignment.
-inline int downcast_fp8_flat_vector(const DowncastFp8Params& p, int64_t head_dim, int64_t num_heads) {
-  const auto address = [](const void* ptr, int64_t unit) {
-    return static_cast<uint64_t>(reinterpret_cast<std::uintptr_t>(ptr)) / static_cast<uint64_t>(unit);
-  };
-  uint64_t src_bits = 8, dst_bits = 16 | static_cast<uint64_t>(head_dim);
-  for (const DowncastSide* s : {&p.k, &p.v}) {
-    src_bits |= address(s->src, 2);
-    dst_bits |= address(s->dst, 1);
-    if (p.num_tokens > 1) src_bits |= static_cast<uint64_t>(s->src_token_stride);
-    if (p.num_slots > 1) dst_bits |= static_cast<uint64_t>(s->dst_token_stride);
-    if (num_heads > 1) {
-      src_bits |= static_cast<uint64_t>(s->src_head_stride);
-      dst_bits |= static_cast<uint64_t>(s->dst_head_stride);
-    }
-  }
-  const int src_vec = static_cast<int>(src_bits & (~src_bits + 1));  // at most 8
-  const int dst_vec = static_cast<int>(dst_bits & (~dst_bits + 1));  // at most 16
-  return src_vec < 8 ? std::min(src_vec, dst_vec) : dst_vec;
-}
-
-/// The flat-layout parameters of `p` for `vec`-element vectors (the flat, multi, coalesced and lean
-/// kernels): false when the 32-bit vector ids do not cover the rows (2^31 vectors or more).
-inline bool make_flat_params(
-    const DowncastFp8Params& p, int64_t head_dim, int64_t num_heads, int64_t vec, DowncastFp8FlatParams& fp) {
-  using Config = DowncastFp8FlatConfig;
-  const int64_t vecs_per_head = head_dim / vec;
-  const int64_t vecs_per_side = num_heads * vecs_per_head;
-  if (vecs_per_side >= Config::kMaxVecs || 2 * p.num_tokens >= Config::kMaxVecs / vecs_per_side) return false;
-  fp = DowncastFp8FlatParams{};
-  fp.base = p;
-  fp.vecs_per_head = static_cast<uint32_t>(vecs_per_head);
-  fp.vecs_per_side = static_cast<uint32_t>(vecs_per_side);
-  fp.total = static_cast<uint32_t>(2 * p.num_tokens * vecs_per_side);
-  fp.row_divider = RowDivider::make(fp.vecs_per_side);
-  fp.head_divider = RowDivider::make(fp.vecs_per_head);
-  return true;
-}
-
-/// Launches the flat kernel; false (nothing launched) when its 32-bit vector ids do not cover the
-/// rows (2^31 vectors or more), which the legacy kernel then takes.
-template <typename T>
-bool launch_downcast_fp8_flat(
-    const DowncastFp8Params& p, int64_t head_dim, int64_t num_heads, bool fast_divide, DLDevice device) {
-  using namespace host;
-  using Config = DowncastFp8FlatConfig;
-  const int vec = downcast_fp8_flat_vector(p, head_dim, num_heads);
-  DowncastFp8FlatParams fp;
-  if (!make_flat_params(p, head_dim, num_heads, vec, fp)) return false;
-  const int64_t blocks =
-      std::clamp<int64_t>(div_ceil(int64_t{fp.total}, int64_t{Config::kThreads}), 1, Config::kMaxBlocks);
-  const auto launch = [&](auto kernel) {
-    LaunchKernel(static_cast<uint32_t>(blocks), Config::kThreads, device).enable_pdl()(kernel, fp);
-  };
-  const auto dispatch = [&]<bool kFast>() {
-    switch (vec) {
-      case 16:
-        return launch(downcast_fp8_flat_kernel<T, 16, kFast>);
-      case 8:
-        return launch(downcast_fp8_flat_kernel<T, 8, kFast>);
-      case 4:
-        return launch(downcast_fp8_flat_kernel<T, 4, kFast>);
-      case 2:
-        return launch(downcast_fp8_flat_kernel<T, 2, kFast>);
-      default:
-        return launch(downcast_fp8_flat_kernel<T, 1, kFast>);
-    }
-  };
-  if (fast_divide) {
-    dispatch.template operator()<true>();
-  } else {
-    dispatch.template operator()<false>();
-  }
-  return true;
-}
-
-/// Launches the multi kernel with `per` (1, 2 or 4) 8-element vectors per thread; false (nothing
-/// launched) when the vector width is below 8 or the 32-bit vector ids do not cover the rows, for
-/// the caller to fall back to the default.
-template <typename T>
-bool launch_downcast_fp8_multi(
-    const DowncastFp8Params& p, int64_t head_dim, int64_t num_heads, int per, DLDevice device) {
-  using namespace host;
-  using Config = DowncastFp8FlatConfig;
-  if (downcast_fp8_flat_vector(p, head_dim, num_heads) < 8) return false;
-  DowncastFp8FlatParams fp;
-  if (!make_flat_params(p, head_dim, num_heads, 8, fp)) return false;
-  const auto launch = [&](auto kernel, int64_t per_thread) {
-    const int64_t blocks = std::clamp<int64_t>(
-        div_ceil(int64_t{fp.total}, int64_t{Config::kThreads} * per_thread), 1, Config::kMaxBlocks / per_thread);
-    LaunchKernel(static_cast<uint32_t>(blocks), Config::kThreads, device).enable_pdl()(kernel, fp);
-  };
-  if (per >= 4) {
-    launch(downcast_fp8_multi_kernel<T, 4>, 4);
-  } else if (per == 2) {
-    launch(downcast_fp8_multi_kernel<T, 2>, 2);
-  } else {
-    launch(downcast_fp8_multi_kernel<T, 1>, 1);
-  }
-  return true;
-}
-
-/// Launches the coalesced kernel; false (nothing launched) when the vector width is below 8 or the
-/// 32-bit vector ids do not cover the rows, for the caller to fall back to the default.
-template <typename T>
-bool launch_downcast_fp8_coalesced(const DowncastFp8Params& p, int64_t head_dim, int64_t num_heads, DLDevice device) {
-  using namespace host;
-  using Config = DowncastFp8FlatConfig;
-  if (downcast_fp8_flat_vector(p, head_dim, num_heads) < 8) return false;
-  DowncastFp8FlatParams fp;
-  if (!make_flat_params(p, head_dim, num_heads, 8, fp)) return false;
-  const int64_t blocks =
-      std::clamp<int64_t>(div_ceil(int64_t{fp.total}, int64_t{Config::kThreads} * 2), 1, Config::kMaxBlocks / 2);
-  LaunchKernel(static_cast<uint32_t>(blocks), Config::kThreads, device)
-      .enable_pdl()(downcast_fp8_coalesced_kernel<T>, fp);
-  return true;
-}
-
-/// Lean kernel (variant 7, the default the Python wrapper passes since the fifth session of 2026-12-01:
-/// 25.75 us at [16384, 8, 128] against 33.51 for the flat kernel, the floor probe 26.09): the flat kernel's lane layout, launch and load order (one
-/// 16-element vector per thread: two 16-byte loads, one 16-byte store; every load before any
-/// compute), in fewer instructions per vector and with a register bound for 8 resident blocks per SM.
-/// Why (cuobjdump -sass of the bf16 module, sm_90, nvcc 13.0; dynamic count of one thread's
-/// fast path, one loop pass): the default issues 320 instructions per 16-element vector (23 before
-/// the loop; 140 of index math, loads, widening and the |x| test; 68 of division; 85 of e4m3 packing
-/// and store) where the floor probe's same access pattern ("flat layout", 22 registers) issues ~60.
-/// At [16384, 8, 128] that is 65536 warps x 320 = 21 M warp instructions, 39.7 k issue cycles per SM
-/// sub-partition (132 SMs x 4): ~20 us of the 33.8 us at 1.98 GHz. The schedulers are busy ~60 % of
-/// the time, and a warp has no load in flight while it computes (~230 of its instructions come after
-/// the loads); with 44 registers only 5 blocks of 256 fit per SM (40 KiB of source loads in flight).
-/// Per vector the default spends 16 FMNMX + 2 FSETP + a branch on the |x| <= 2^60 test, 16 LOP3 on
-/// the sign OR, ~24 on the bf16 -> fp32 widening (PRMT + shift for the odd elements), ~45 on the
-/// e4m3 packing (the 16-byte store is rebuilt byte by byte: LOP3 0xffff / 0xff0000 / 0xff000000
-/// merges after the NaN fix-up) and ~20 on the 128-bit slot test. Here, bit for bit the default's
-/// bytes:
-///   - |x| is clamped to 2^60 (sign and NaN kept: min.NaN.xorsign.abs; bf16 sources as bf16x2, 8
-///     HMNMX2 per vector; fp16 ones on the fp32 values, 16 FMNMX) instead of tested: an element above
-///     2^60 (or an inf) has |x / s| > 2^20 for s <= 2^40, so its byte is +-448 (0x7E / 0xFE) on both
-///     the exact division and the clamped one; elements up to 2^60 are unchanged. Only the scale
-///     range (s in [2^-40, 2^40], once per thread) chooses between the paths.
+/// Lean kernel (16-element vectors): the flat layout, launch and load order (two 16-byte loads and
+/// one 16-byte store per thread; every load before any compute) in fewer instructions per vector,
+/// with a register bound for 8 resident blocks per SM (32 registers, no local memory: the e4m3
+/// words are packed before the slot test, so only four of them stay live across it). At this width
+/// the flat kernel's instruction issue, not memory, is what bounds it (docs/perf_notes.md,
+/// downcast_fp8). The bytes are bit for bit the flat kernel's conversion:
+///   - |x| is clamped to 2^60 (sign and NaN kept: min.NaN.xorsign.abs; bf16 sources as bf16x2, fp16
+///     ones on the fp32 values) instead of tested: an element above 2^60 (or an inf) has |x / s| >
+///     2^20 for s <= 2^40, so its byte is +-448 (0x7E / 0xFE) on both the exact division and the
+///     clamped one; elements up to 2^60 are unchanged. Only the scale range (s in [2^-40, 2^40],
+///     once per thread) chooses between the fast steps and __fdiv_rn.
 ///   - The residual is negated: ne = fma(s, q0, -x), q = fma(-r, ne, q0). RN is odd-symmetric, so ne
-///     = -e exactly and q is the default's q bit for bit wherever that is nonzero; for x = -0 the
-///     default's steps give +0 (its sign OR fixes that), these give -0 (s * -0 + +0 = +0, then
-///     -r * +0 + -0 = -0), for x = +0 +0, and a zero q0 (x r underflowed) gives q = RN(r x), signed
-///     as x on both. So no sign OR: three FP32 instructions per element.
+///     = -e exactly and q equals the flat kernel's q wherever that is nonzero; for x = -0 these
+///     steps give -0 (s * -0 + +0 = +0, then -r * +0 + -0 = -0), for x = +0 +0, and a zero q0 (x r
+///     underflowed) gives q = RN(r x), signed as x. So no sign OR: three FP32 instructions per
+///     element.
 ///   - bf16 widening by shift / mask (one instruction per element); the e4m3 words come from two
-///     cvt.rn.satfinite.e4m3x2 (ptxas merges them: F2FP ... MERGE_C), the NaN fix-up in three
-///     instructions per word, and one STG.128 of four words.
+///     cvt.rn.satfinite.e4m3x2, the NaN fix-up in three instructions per word, one 16-byte store.
 ///   - The slot test: loc against [loc_lo, loc_hi] computed on the host (exact, 128-bit), two 64-bit
 ///     compares; the row is then loc * mult + offset in wrapping 64-bit arithmetic (exact in range).
 ///     loc's dtype is a template parameter (no runtime select of the load).
-///   - Result (same SASS count): 209 instructions per vector (24 + 50 of index math and loads + 96 of
-///     clamp, widening, division and packing + 39 of slot test, address and store), 32 registers, no
-///     stack or local memory (ptxas; bf16 and fp16, both loc dtypes: the e4m3 words are packed before
-///     the slot test, so only 4 of them stay live; packing after it spilled 4 quotients to 16 bytes
-///     of stack), __launch_bounds__(256, 8): 8 blocks of 256 per SM, 64 KiB
-///     of source loads in flight per SM (the floor probe's occupancy) against the default's 40 KiB;
-///     13.1 us of issue per sub-partition at [16384, 8, 128] against ~20.
-/// Prediction (H200, bench "jit lean" / probe "lean random" against "jit" / "random"): [16384, 8,
-/// 128] ~29.5 us (~81 % of copy) against 33.8 (a line through the default, 33.8 us at 20 us of
-/// issue, and the floor, 26.05 us at ~3.8, gives 30.4 us at 13.1; the occupancy of 8 blocks is worth
-/// the rest); [64, 32, 128] (128 blocks: one partial wave, latency bound) ~1.60 us against 1.65. If
-/// it stays near 33.8 us, neither the issue load nor the occupancy is what holds the default.
 struct DowncastFp8LeanParams {
   DowncastFp8FlatParams flat;
   int64_t loc_lo;  // loc * mult + offset lies in [0, num_slots) exactly for loc in [loc_lo, loc_hi]
@@ -810,7 +450,7 @@ __global__ void __launch_bounds__(DowncastFp8LeanConfig::kThreads, DowncastFp8Le
       w[4 + i] = b[i];
     }
 
-    // Convert (the default's bits; kernel comment) into 4 words of e4m3 bytes, packed before the
+    // Convert (the documented bits; kernel comment) into 4 words of e4m3 bytes, packed before the
     // slot test so that only they stay live
     raw_vec q;
     if (s >= 0x1p-40f && s <= 0x1p40f) {  // false for a NaN scale
@@ -857,22 +497,97 @@ inline void downcast_fp8_loc_range(const DowncastFp8Params& p, int64_t& lo, int6
   lo = static_cast<int64_t>(l), hi = static_cast<int64_t>(h);
 }
 
-/// Launches the lean kernel; false (nothing launched) when the vector width is below 16 or the
-/// 32-bit vector ids do not cover the rows, for the caller to fall back to the default.
+/// Widest vector (8, 4, 2 or 1 elements) that head_dim, every data pointer and every stride of a
+/// dim of more than one element is a multiple of (sources in elements of 2 bytes, outputs in bytes).
+inline int downcast_fp8_vector(const DowncastFp8Params& p, int64_t head_dim, int64_t num_heads) {
+  const auto address = [](const void* ptr, int64_t unit) {
+    return static_cast<uint64_t>(reinterpret_cast<std::uintptr_t>(ptr)) / static_cast<uint64_t>(unit);
+  };
+  uint64_t bits = 8 | static_cast<uint64_t>(head_dim);
+  for (const DowncastSide* s : {&p.k, &p.v}) {
+    bits |= address(s->src, 2) | address(s->dst, 1);
+    if (p.num_tokens > 1) bits |= static_cast<uint64_t>(s->src_token_stride);
+    if (p.num_slots > 1) bits |= static_cast<uint64_t>(s->dst_token_stride);
+    if (num_heads > 1) bits |= static_cast<uint64_t>(s->src_head_stride | s->dst_head_stride);
+  }
+  return static_cast<int>(bits & (~bits + 1));  // the lowest set bit: at most 8
+}
+
+/// Flat kernel's vector: the widest of 16, 8, 4, 2, 1 elements that head_dim, the output addresses
+/// and output strides (bytes) allow, and that the sources allow in 16-byte loads: sources aligned to
+/// 8 elements (16 bytes) take any width, narrower ones limit it to their own alignment.
+inline int downcast_fp8_flat_vector(const DowncastFp8Params& p, int64_t head_dim, int64_t num_heads) {
+  const auto address = [](const void* ptr, int64_t unit) {
+    return static_cast<uint64_t>(reinterpret_cast<std::uintptr_t>(ptr)) / static_cast<uint64_t>(unit);
+  };
+  uint64_t src_bits = 8, dst_bits = 16 | static_cast<uint64_t>(head_dim);
+  for (const DowncastSide* s : {&p.k, &p.v}) {
+    src_bits |= address(s->src, 2);
+    dst_bits |= address(s->dst, 1);
+    if (p.num_tokens > 1) src_bits |= static_cast<uint64_t>(s->src_token_stride);
+    if (p.num_slots > 1) dst_bits |= static_cast<uint64_t>(s->dst_token_stride);
+    if (num_heads > 1) {
+      src_bits |= static_cast<uint64_t>(s->src_head_stride);
+      dst_bits |= static_cast<uint64_t>(s->dst_head_stride);
+    }
+  }
+  const int src_vec = static_cast<int>(src_bits & (~src_bits + 1));  // at most 8
+  const int dst_vec = static_cast<int>(dst_bits & (~dst_bits + 1));  // at most 16
+  return src_vec < 8 ? std::min(src_vec, dst_vec) : dst_vec;
+}
+
+/// The flat-layout parameters of `p` for `vec`-element vectors (the lean and flat kernels): false
+/// when the 32-bit vector ids do not cover the rows (2^31 vectors or more).
+inline bool make_flat_params(
+    const DowncastFp8Params& p, int64_t head_dim, int64_t num_heads, int64_t vec, DowncastFp8FlatParams& fp) {
+  using Config = DowncastFp8FlatConfig;
+  const int64_t vecs_per_head = head_dim / vec;
+  const int64_t vecs_per_side = num_heads * vecs_per_head;
+  if (vecs_per_side >= Config::kMaxVecs || 2 * p.num_tokens >= Config::kMaxVecs / vecs_per_side) return false;
+  fp = DowncastFp8FlatParams{};
+  fp.base = p;
+  fp.vecs_per_head = static_cast<uint32_t>(vecs_per_head);
+  fp.vecs_per_side = static_cast<uint32_t>(vecs_per_side);
+  fp.total = static_cast<uint32_t>(2 * p.num_tokens * vecs_per_side);
+  fp.row_divider = RowDivider::make(fp.vecs_per_side);
+  fp.head_divider = RowDivider::make(fp.vecs_per_head);
+  return true;
+}
+
+/// Launches the flat kernel for `fp`, built for `vec` (8, 4, 2 or 1) elements per vector.
 template <typename T>
-bool launch_downcast_fp8_lean(const DowncastFp8Params& p, int64_t head_dim, int64_t num_heads, DLDevice device) {
+void launch_downcast_fp8_flat(const DowncastFp8FlatParams& fp, int vec, DLDevice device) {
   using namespace host;
   using Config = DowncastFp8FlatConfig;
-  if (downcast_fp8_flat_vector(p, head_dim, num_heads) < 16) return false;
-  DowncastFp8LeanParams lp{};
-  DowncastFp8FlatParams& fp = lp.flat;
-  if (!make_flat_params(p, head_dim, num_heads, 16, fp)) return false;
-  downcast_fp8_loc_range(p, lp.loc_lo, lp.loc_hi);
   const int64_t blocks =
-      std::clamp<int64_t>(div_ceil(int64_t{fp.total}, int64_t{DowncastFp8LeanConfig::kThreads}), 1, Config::kMaxBlocks);
-  const auto kernel = p.int32_loc ? downcast_fp8_lean_kernel<T, true> : downcast_fp8_lean_kernel<T, false>;
-  LaunchKernel(static_cast<uint32_t>(blocks), DowncastFp8LeanConfig::kThreads, device).enable_pdl()(kernel, lp);
-  return true;
+      std::clamp<int64_t>(div_ceil(int64_t{fp.total}, int64_t{Config::kThreads}), 1, Config::kMaxBlocks);
+  const auto launch = [&](auto kernel) {
+    LaunchKernel(static_cast<uint32_t>(blocks), Config::kThreads, device).enable_pdl()(kernel, fp);
+  };
+  switch (vec) {
+    case 8:
+      return launch(downcast_fp8_flat_kernel<T, 8>);
+    case 4:
+      return launch(downcast_fp8_flat_kernel<T, 4>);
+    case 2:
+      return launch(downcast_fp8_flat_kernel<T, 2>);
+    default:
+      return launch(downcast_fp8_flat_kernel<T, 1>);
+  }
+}
+
+/// Launches the lean kernel for `fp`, built for 16-element vectors.
+template <typename T>
+void launch_downcast_fp8_lean(const DowncastFp8FlatParams& fp, DLDevice device) {
+  using namespace host;
+  using Config = DowncastFp8LeanConfig;
+  DowncastFp8LeanParams lp{};
+  lp.flat = fp;
+  downcast_fp8_loc_range(fp.base, lp.loc_lo, lp.loc_hi);
+  const int64_t blocks =
+      std::clamp<int64_t>(div_ceil(int64_t{fp.total}, int64_t{Config::kThreads}), 1, DowncastFp8FlatConfig::kMaxBlocks);
+  const auto kernel = fp.base.int32_loc ? downcast_fp8_lean_kernel<T, true> : downcast_fp8_lean_kernel<T, false>;
+  LaunchKernel(static_cast<uint32_t>(blocks), Config::kThreads, device).enable_pdl()(kernel, lp);
 }
 
 /// Verifies `t` as [rows, num_heads, head_dim] with the last stride 1 and the others free.
@@ -893,19 +608,14 @@ inline void verify_heads(
       .verify(t, name);
 }
 
-/// downcast_fp8(k, v, k_out, v_out, k_scale, v_scale, loc, mult, offset, variant).
+/// downcast_fp8(k, v, k_out, v_out, k_scale, v_scale, loc, mult, offset).
 ///
 /// T: fp16_t or bf16_t. k, v [num_tokens, num_heads, head_dim] of T; k_out, v_out [num_slots,
 /// num_heads, head_dim] uint8 or fp8 e4m3 (the bytes); token and head strides free, last stride 1.
 /// k_scale, v_scale [1] float32; loc [num_tokens] int32 or int64, any stride. One CUDA device; the
 /// outputs share no memory with any input. Throws PanicError (Python RuntimeError) before any launch
-/// on a mismatch; nothing is launched for 0 tokens, 0 slots or empty rows. variant (A/B benches;
-/// every variant writes the same bytes): 0 the flat kernel with the reciprocal done once per thread,
-/// 1 the flat kernel with __fdiv_rn per element, 2 the legacy kernel, 3 / 4 / 5 the multi kernel
-/// with 1 / 2 / 4 8-element vectors per thread, 6 the coalesced kernel (8-element vectors, lanes l
-/// and l + 32 of a warp's 64; variants 3-6 take the default where the vector width is below 8), 7
-/// the lean kernel (the default's layout in fewer instructions, 8 blocks per SM; the default where
-/// the vector width is below 16).
+/// on a mismatch; nothing is launched for 0 tokens, 0 slots or empty rows. The kernel: lean for
+/// 16-element vectors, flat for narrower ones, legacy for 2^31 vectors or more (file comment).
 template <typename T>
 void downcast_fp8(
     tvm::ffi::TensorView k,
@@ -916,8 +626,7 @@ void downcast_fp8(
     tvm::ffi::TensorView v_scale,
     tvm::ffi::TensorView loc,
     int64_t mult,
-    int64_t offset,
-    int64_t variant) {
+    int64_t offset) {
   using namespace host;
   using Config = DowncastFp8Config;
 
@@ -975,22 +684,15 @@ void downcast_fp8(
   p.int32_loc = loc_dtype.is_type<int32_t>();
   const int64_t heads = num_heads.unwrap(), dim = head_dim.unwrap();
   const DLDevice device = device_.unwrap();
-  RuntimeCheck(variant >= 0 && variant <= 7, "downcast_fp8: variant = ", variant, ": expected 0 to 7");
   if (p.num_tokens == 0 || p.num_slots == 0 || heads == 0 || dim == 0) return;
-  if (variant == 7) {
-    if (launch_downcast_fp8_lean<T>(p, dim, heads, device)) return;
-    variant = 0;  // vectors below 16 elements: the default
+
+  // Configure and launch: lean (16-element vectors) or flat while 32-bit vector ids cover the rows
+  const int flat_vec = downcast_fp8_flat_vector(p, dim, heads);
+  DowncastFp8FlatParams fp;
+  if (make_flat_params(p, dim, heads, flat_vec, fp)) {
+    if (flat_vec == 16) return launch_downcast_fp8_lean<T>(fp, device);
+    return launch_downcast_fp8_flat<T>(fp, flat_vec, device);
   }
-  if (variant == 6) {
-    if (launch_downcast_fp8_coalesced<T>(p, dim, heads, device)) return;
-    variant = 0;  // vectors below 8 elements: the default
-  }
-  if (variant >= 3) {
-    const int per = variant == 3 ? 1 : (variant == 4 ? 2 : 4);
-    if (launch_downcast_fp8_multi<T>(p, dim, heads, per, device)) return;
-    variant = 0;  // vectors below 8 elements: the default
-  }
-  if (variant != 2 && launch_downcast_fp8_flat<T>(p, dim, heads, /*fast_divide=*/variant == 0, device)) return;
 
   // Legacy kernel. Configure: the vector width; rows of a block; more rows per thread past one wave
   const int vec = downcast_fp8_vector(p, dim, heads);
