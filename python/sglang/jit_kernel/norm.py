@@ -2,9 +2,10 @@
 forms, per-head QK RMSNorm and QK RMSNorm across heads.
 
 Every op computes in fp32 and rounds once to the tensor dtype (float16, bfloat16 or float32);
-``rmsnorm_hf`` rounds twice, in Hugging Face's order. Kernels: ``csrc/elementwise/rmsnorm.cuh``
-(the shared row kernel), ``fused_add_rmsnorm.cuh``, ``qknorm.cuh`` and ``qknorm_across_heads.cuh``,
-compiled together into one module per dtype.
+``rmsnorm_hf`` rounds twice, in Hugging Face's order (also importable from
+``sglang.jit_kernel.rmsnorm_hf``). Kernels: the row engine ``csrc/elementwise/norm_rows.cuh`` and
+the launchers ``rmsnorm.cuh``, ``fused_add_rmsnorm.cuh``, ``qknorm.cuh`` and
+``qknorm_across_heads.cuh``; each op's module (one per dtype) compiles only its own kernels.
 
 Bytes moved (for bandwidth figures), with ``s = element_size``:
 rmsnorm / rmsnorm_hf ``2*N*H*s + H*s``; fused_add_rmsnorm ``4*N*H*s + H*s``;
@@ -33,7 +34,7 @@ from sglang.jit_kernel._validate import (
     fail,
     launcher_errors,
 )
-from sglang.jit_kernel.registry import CheckCase, register_module, register_op
+from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
 
 if TYPE_CHECKING:
@@ -58,36 +59,48 @@ _ZERO = 0  # fused_inplace_qknorm's default head_dim, for an identity test on it
 
 
 # ---------------------------------------------------------------------------------------------
-# Module: one per dtype, exporting every op (vector widths and vectors-per-thread buckets are
-# compiled inside; one translation unit compiles ~3x faster than three, the host side dominates).
+# Modules: one per op and dtype, each compiling only the kernels its op dispatches to (the vector
+# widths, vectors-per-thread buckets and L2-hint builds of its NormKind). gemma_rmsnorm and
+# rmsnorm_hf are runtime parameters of rmsnorm's kernels (weight offset, multiply order) and share
+# its module; gemma_fused_add_rmsnorm likewise shares fused_add_rmsnorm's. fused_inplace_qknorm and
+# fused_inplace_qknorm_across_heads launch the same kQKNorm builds and share one module.
 # ---------------------------------------------------------------------------------------------
 @cache_once
-def _jit_norm_module(dtype: torch.dtype) -> Module:
-    """Compile (first use) and cache the norm module for ``dtype``: ``rmsnorm`` (also gemma and
-    the Hugging Face order), ``fused_add_rmsnorm`` (also gemma), ``fused_inplace_qknorm`` and
-    ``fused_inplace_qknorm_across_heads`` (the kernel builds of qknorm, no builds of its own)."""
+def _jit_rmsnorm_module(dtype: torch.dtype) -> Module:
+    """Compile (first use) and cache rmsnorm's module for ``dtype`` (also gemma_rmsnorm and rmsnorm_hf)."""
     args = make_cpp_args(dtype)
     return load_jit(
-        "norm",
+        "rmsnorm",
         *args,
-        cuda_files=[
-            "elementwise/rmsnorm.cuh",
-            "elementwise/fused_add_rmsnorm.cuh",
-            "elementwise/qknorm.cuh",
-            "elementwise/qknorm_across_heads.cuh",
-        ],
+        cuda_files=["elementwise/rmsnorm.cuh"],
+        cuda_wrappers=[("rmsnorm", f"rmsnorm<{args}>")],
+    )
+
+
+@cache_once
+def _jit_fused_add_rmsnorm_module(dtype: torch.dtype) -> Module:
+    """Compile (first use) and cache fused_add_rmsnorm's module for ``dtype`` (also the gemma form)."""
+    args = make_cpp_args(dtype)
+    return load_jit(
+        "fused_add_rmsnorm",
+        *args,
+        cuda_files=["elementwise/fused_add_rmsnorm.cuh"],
+        cuda_wrappers=[("fused_add_rmsnorm", f"fused_add_rmsnorm<{args}>")],
+    )
+
+
+@cache_once
+def _jit_qknorm_module(dtype: torch.dtype) -> Module:
+    """Compile (first use) and cache the qk-norm module for ``dtype``: ``fused_inplace_qknorm`` and
+    ``fused_inplace_qknorm_across_heads``, two launchers over the same kernel builds."""
+    args = make_cpp_args(dtype)
+    return load_jit(
+        "fused_inplace_qknorm",
+        *args,
+        cuda_files=["elementwise/qknorm_across_heads.cuh"],  # includes qknorm.cuh
         cuda_wrappers=[
-            ("rmsnorm", f"rmsnorm<{args}>"),
-            ("fused_add_rmsnorm", f"fused_add_rmsnorm<{args}>"),
             ("fused_inplace_qknorm", f"fused_inplace_qknorm<{args}>"),
             ("fused_inplace_qknorm_across_heads", f"fused_inplace_qknorm_across_heads<{args}>"),
-            # benchmark sweeps only (bench_norm.py --sweep): force the launch geometry
-            ("_set_geometry_override", "set_norm_geometry_override"),
-            # tests and benchmarks only: force the L2 hint of in-place launches (-1 auto, 0, 1)
-            ("_set_l2_hint_override", "set_norm_l2_hint_override"),
-            # tests and benchmarks only: old vs new path of a choice (-1 auto, 0 old, 1 new):
-            # (packed_weight_mul of rmsnorm_hf, one_cta_per_token of qknorm across heads)
-            ("_set_path_override", "set_norm_path_override"),
         ],
     )
 
@@ -100,11 +113,21 @@ _QKNORM_FNS: dict[torch.dtype, Callable[..., None]] = {}
 _QKNORM_ACROSS_HEADS_FNS: dict[torch.dtype, Callable[..., None]] = {}
 
 
-def _load(dtype: torch.dtype) -> Module:
-    """The norm module of ``dtype`` (compiled on first use), its functions registered above."""
-    module = _jit_norm_module(dtype)
-    _RMSNORM_FNS[dtype] = module.rmsnorm
-    _FUSED_ADD_RMSNORM_FNS[dtype] = module.fused_add_rmsnorm
+def _load_rmsnorm(dtype: torch.dtype) -> Callable[..., None]:
+    """rmsnorm's launcher for ``dtype`` (its module compiled on first use), registered above."""
+    fn = _RMSNORM_FNS[dtype] = _jit_rmsnorm_module(dtype).rmsnorm
+    return fn
+
+
+def _load_fused_add_rmsnorm(dtype: torch.dtype) -> Callable[..., None]:
+    """fused_add_rmsnorm's launcher for ``dtype`` (compiled on first use), registered above."""
+    fn = _FUSED_ADD_RMSNORM_FNS[dtype] = _jit_fused_add_rmsnorm_module(dtype).fused_add_rmsnorm
+    return fn
+
+
+def _load_qknorm(dtype: torch.dtype) -> Module:
+    """The qk-norm module of ``dtype`` (compiled on first use), both its launchers registered above."""
+    module = _jit_qknorm_module(dtype)
     _QKNORM_FNS[dtype] = module.fused_inplace_qknorm
     _QKNORM_ACROSS_HEADS_FNS[dtype] = module.fused_inplace_qknorm_across_heads
     return module
@@ -166,7 +189,7 @@ def _rmsnorm_out_op(
     cast_x_before_out_mul: bool,
     enable_pdl: int,
 ) -> None:
-    _load(input.dtype).rmsnorm(
+    _load_rmsnorm(input.dtype)(
         _as_rows("rmsnorm", "out", out),
         _as_rows("rmsnorm", "input", input, copy_ok=True),
         weight,
@@ -201,7 +224,7 @@ def _fused_add_rmsnorm_op(
     weight_offset: float,
     enable_pdl: int,
 ) -> None:
-    _load(input.dtype).fused_add_rmsnorm(
+    _load_fused_add_rmsnorm(input.dtype)(
         _as_rows("fused_add_rmsnorm", "input", input),
         _as_rows("fused_add_rmsnorm", "residual", residual),
         weight,
@@ -229,7 +252,7 @@ def _qknorm_op(
     across_heads: bool,
 ) -> None:
     """fused_inplace_qknorm, or with across_heads fused_inplace_qknorm_across_heads."""
-    module = _load(q.dtype)
+    module = _load_qknorm(q.dtype)
     fn = module.fused_inplace_qknorm_across_heads if across_heads else module.fused_inplace_qknorm
     fn(q, k, q_weight, k_weight, eps, enable_pdl)
 
@@ -287,7 +310,7 @@ def _rmsnorm_checked(
         torch.ops.sglang_jit_kernel.rmsnorm_out(out, input, weight, eps, weight_offset, cast_x_before_out_mul, pdl)
     else:
         with launcher_errors(op):  # the exact overlap and aliasing checks are the launcher's
-            _load(input.dtype).rmsnorm(
+            _load_rmsnorm(input.dtype)(
                 _as_rows(op, "out", out),
                 _as_rows(op, "input", input, copy_ok=True),
                 weight,
@@ -557,7 +580,7 @@ def _fused_add_rmsnorm(
         torch.ops.sglang_jit_kernel.fused_add_rmsnorm_inplace(input, residual, weight, eps, weight_offset, pdl)
     else:
         with launcher_errors(op):
-            _load(input.dtype).fused_add_rmsnorm(
+            _load_fused_add_rmsnorm(input.dtype)(
                 _as_rows(op, "input", input), _as_rows(op, "residual", residual), weight, eps, weight_offset, pdl
             )
 
@@ -752,7 +775,7 @@ def fused_inplace_qknorm(
         torch.ops.sglang_jit_kernel.qknorm_inplace(q, k, q_weight, k_weight, eps, pdl, False)
     else:
         with launcher_errors(op):
-            _load(q.dtype).fused_inplace_qknorm(q, k, q_weight, k_weight, eps, pdl)
+            _load_qknorm(q.dtype).fused_inplace_qknorm(q, k, q_weight, k_weight, eps, pdl)
 
 
 def can_use_fused_inplace_qknorm(head_dim: int, dtype: torch.dtype) -> bool:
@@ -861,11 +884,11 @@ def fused_inplace_qknorm_across_heads(
         torch.ops.sglang_jit_kernel.qknorm_inplace(q, k, q_weight, k_weight, eps, pdl, True)
     else:
         with launcher_errors(op):
-            _load(q.dtype).fused_inplace_qknorm_across_heads(q, k, q_weight, k_weight, eps, pdl)
+            _load_qknorm(q.dtype).fused_inplace_qknorm_across_heads(q, k, q_weight, k_weight, eps, pdl)
 
 
 # ---------------------------------------------------------------------------------------------
-# Registration: one module per dtype serves every norm op; `check` runs each op on its own rows.
+# Registration: each op with its module; `check` runs each op on its own rows.
 # ---------------------------------------------------------------------------------------------
 def _rms_reference(x: torch.Tensor, w: torch.Tensor, eps: float, offset: float) -> torch.Tensor:
     """fp32 RMSNorm of the same low-precision rows, rounded once to the dtype."""
@@ -903,19 +926,6 @@ def _plain_cases(fn: Callable[..., torch.Tensor], offset: float) -> Callable[[],
         ]
 
     return cases
-
-
-def _hf_cases() -> list[CheckCase]:
-    # Two stages. Rounding x * rstd flips on near-ties wherever rstd differs from torch's in its last
-    # bits (another summation order, rsqrtf): some thousand elements of 2^26 here, two ulps off after
-    # the weight multiply, past check's one-ulp tolerance (test_norm.py's HF test nudges rstd
-    # instead). So the reference takes x * rstd, rounded, from rmsnorm with a unit weight (checked
-    # against fp32 by its own rows; the same launch geometry and reduction, hence the same rstd) and
-    # multiplies by w in fp32 here.
-    def reference(x: torch.Tensor, w: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
-        return (rmsnorm(x, torch.ones_like(w), 1e-6).float() * w.float()).to(x.dtype)
-
-    return [_rows_case(16384, 4096, lambda x, w, o: rmsnorm_hf(x, w, 1e-6, out=o), reference)]
 
 
 def _fused_cases(fn: Callable[..., None], offset: float) -> Callable[[], list[CheckCase]]:
@@ -1020,11 +1030,20 @@ def _across_heads_cases() -> list[CheckCase]:
     ]
 
 
-_NORM_MODULE = register_module("norm", _jit_norm_module, [(d,) for d in FLOAT_DTYPES])
-register_op("rmsnorm", module=_NORM_MODULE, check_cases=_plain_cases(rmsnorm, 0.0))
-register_op("rmsnorm_hf", module=_NORM_MODULE, check_cases=_hf_cases)
-register_op("fused_add_rmsnorm", module=_NORM_MODULE, check_cases=_fused_cases(fused_add_rmsnorm, 0.0))
-register_op("gemma_rmsnorm", module=_NORM_MODULE, check_cases=_plain_cases(gemma_rmsnorm, 1.0))
-register_op("gemma_fused_add_rmsnorm", module=_NORM_MODULE, check_cases=_fused_cases(gemma_fused_add_rmsnorm, 1.0))
-register_op("fused_inplace_qknorm", module=_NORM_MODULE, check_cases=_qknorm_cases)
-register_op("fused_inplace_qknorm_across_heads", module=_NORM_MODULE, check_cases=_across_heads_cases)
+_RMSNORM = register_op(
+    "rmsnorm", build=_jit_rmsnorm_module, variants=[(d,) for d in FLOAT_DTYPES], check_cases=_plain_cases(rmsnorm, 0.0)
+)
+#: rmsnorm's module, which also serves rmsnorm_hf (registered by sglang.jit_kernel.rmsnorm_hf).
+RMSNORM_MODULE = _RMSNORM.module
+register_op("gemma_rmsnorm", module=RMSNORM_MODULE, check_cases=_plain_cases(gemma_rmsnorm, 1.0))
+_FUSED_ADD = register_op(
+    "fused_add_rmsnorm",
+    build=_jit_fused_add_rmsnorm_module,
+    variants=[(d,) for d in FLOAT_DTYPES],
+    check_cases=_fused_cases(fused_add_rmsnorm, 0.0),
+)
+register_op("gemma_fused_add_rmsnorm", module=_FUSED_ADD.module, check_cases=_fused_cases(gemma_fused_add_rmsnorm, 1.0))
+_QKNORM = register_op(
+    "fused_inplace_qknorm", build=_jit_qknorm_module, variants=[(d,) for d in FLOAT_DTYPES], check_cases=_qknorm_cases
+)
+register_op("fused_inplace_qknorm_across_heads", module=_QKNORM.module, check_cases=_across_heads_cases)

@@ -10,18 +10,13 @@ from the bytes each op must move, and % of a device copy measured in the same pr
   qknorm_across_heads   2*N*(HQ+HK)*s + (HQ+HK)*s (the same, whole rows: HQ = Hq*D, HK = Hk*D)
 The decode rows (1, 8, 64 tokens) of every op stand next to rmsnorm's at [N, 4096]: one launch each
 (qknorm_across_heads normalises q and k in one grid; its "jit 2x rmsnorm" row is the two-launch
-alternative). Older paths timed next to the automatic one (_set_path_override): rmsnorm_hf "jit fp32
-mul" (the weight multiply in fp32, against the packed fp16 / bf16 multiply), qknorm_across_heads
-"jit one CTA per token" (one token's q and k per CTA, against q's and k's rows in CTAs of their own,
-the automatic layout: 97.9 % vs 94.1 % of copy at [16384, 4096 + 1024] bf16 on the H200).
+alternative).
 Then: eager wall time per rmsnorm call at [1, 4096] (10k calls, one sync) vs F.rms_norm, and
 whether each op leaves the L2 fair to the next kernel (l2_after_table: the large in-place launches
-load with an evict_last L2 hint, see RowAccess in csrc/elementwise/rmsnorm.cuh).
+load with an evict_last L2 hint, see RowAccess in csrc/elementwise/norm_rows.cuh).
 
-``python bench_norm.py --decode-sweep`` times forced geometries at decode sizes.
-``python bench_norm.py --sweep`` instead times the automatic launch geometry against forced
-alternatives (threads per row x vectors per thread, resident CTAs per SM, persistent or not) at
-the large sizes, and PDL on/off at decode sizes.
+``python bench_norm.py --pdl`` instead times rmsnorm and fused_add_rmsnorm at decode sizes with PDL
+on and off.
 """
 
 from __future__ import annotations
@@ -176,29 +171,9 @@ def qk_rows(roof: float) -> list[BenchRow]:
     return rows
 
 
-def with_path(call: Callable, packed_weight_mul: int = -1, one_cta_per_token: int = -1) -> Callable:
-    """``call`` launched with a path of the norm module forced (_set_path_override: -1 automatic, 0
-    the older path, 1 the newer), reset after each call; the choice is made on the host at launch,
-    so a captured graph keeps it."""
-    from sglang.jit_kernel.norm import _jit_norm_module
-
-    module = _jit_norm_module(DTYPE)
-
-    def forced(*args: object) -> object:
-        module._set_path_override(packed_weight_mul, one_cta_per_token)
-        try:
-            return call(*args)
-        finally:
-            module._set_path_override(-1, -1)
-
-    return forced
-
-
 def hf_rows(roof: float) -> list[BenchRow]:
     providers: dict[str, Callable] = {
         "jit": lambda x, w, o: rmsnorm_hf(x, w, EPS, out=o),
-        # the older weight multiply (fp32, two scalar conversions per element) against "jit" (packed)
-        "jit fp32 mul": with_path(lambda x, w, o: rmsnorm_hf(x, w, EPS, out=o), packed_weight_mul=0),
         "torch": lambda x, w, o: torch_rmsnorm_hf(x, w),
         "torch.compile": lambda x, w, o: compiled("hf", torch_rmsnorm_hf)(x, w),
     }
@@ -215,11 +190,6 @@ def across_heads_rows(roof: float) -> list[BenchRow]:
 
     providers: dict[str, Callable] = {
         "jit": lambda q, k, qw, kw: fused_inplace_qknorm_across_heads(q, k, qw, kw, EPS),
-        # the one-token-per-CTA layout (a token's q and k rows in one CTA) against "jit" (q's rows
-        # and k's rows in CTAs of their own, the automatic layout)
-        "jit one CTA per token": with_path(
-            lambda q, k, qw, kw: fused_inplace_qknorm_across_heads(q, k, qw, kw, EPS), one_cta_per_token=1
-        ),
         "jit 2x rmsnorm": two_launches,
         "torch": torch_qknorm,
         "torch.compile": lambda q, k, qw, kw: compiled("across", torch_qknorm)(q, k, qw, kw),
@@ -357,88 +327,8 @@ def l2_after_table(victim_mb: int = 32, reps: int = 20) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Geometry sweep (--sweep): the automatic choice against forced alternatives, one table
+# PDL on / off (--pdl)
 # ---------------------------------------------------------------------------------------------
-# (threads_per_row, vecs_per_thread) alternatives per case; blocks_per_sm: 0 = one CTA per group
-# of rows (the default), k > 0 = a persistent grid of at most k resident CTAs per SM.
-SWEEP_GEOMETRIES = {
-    4096: [(512, 1), (256, 2), (128, 4)],
-    8192: [(1024, 1), (512, 2), (256, 4)],
-    HEAD_DIM: [(16, 1), (8, 2), (4, 4)],
-}
-SWEEP_BLOCKS_PER_SM = [0, 2, 4, 6]
-
-
-def sweep_rows() -> list[BenchRow]:
-    from sglang.jit_kernel.norm import _jit_norm_module
-
-    module = _jit_norm_module(DTYPE)
-    hq, hk, d = NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM
-    cases = []
-    for n, h in [(16384, 4096), (16384, 8192)]:
-        rms_sets = [(torch.randn(n, h, dtype=DTYPE, device="cuda"),) for _ in range(num_rotating_sets(4 * n * h))]
-        w = torch.rand(h, dtype=DTYPE, device="cuda") + 0.5
-        out = torch.empty(n, h, dtype=DTYPE, device="cuda")
-        cases.append(
-            (
-                "rmsnorm",
-                f"[{n}, {h}]",
-                h,
-                lambda x, w=w, out=out: rmsnorm(x, w, EPS, out=out),
-                rms_sets,
-                2 * n * h * 2 + h * 2,
-            )
-        )
-        fused_sets = [
-            (torch.randn(n, h, dtype=DTYPE, device="cuda"), torch.randn(n, h, dtype=DTYPE, device="cuda"))
-            for _ in range(num_rotating_sets(8 * n * h))
-        ]
-        cases.append(
-            (
-                "fused_add_rmsnorm",
-                f"[{n}, {h}]",
-                h,
-                lambda x, r, w=w: fused_add_rmsnorm(x, r, w, EPS),
-                fused_sets,
-                4 * n * h * 2 + h * 2,
-            )
-        )
-    n = 16384
-    qk_sets = []
-    for _ in range(num_rotating_sets(4 * n * (hq + hk) * d)):
-        qkv = torch.randn(n, (hq + 2 * hk) * d, dtype=DTYPE, device="cuda")
-        qk_sets.append((qkv[:, : hq * d].view(n, hq, d), qkv[:, hq * d : (hq + hk) * d].view(n, hk, d)))
-    qw = torch.rand(d, dtype=DTYPE, device="cuda") + 0.5
-    cases.append(
-        (
-            "qknorm",
-            f"[{n}, {hq}+{hk}, {d}]",
-            d,
-            lambda q, k: fused_inplace_qknorm(q, k, qw, qw, EPS),
-            qk_sets,
-            2 * n * (hq + hk) * d * 2 + 2 * d * 2,
-        )
-    )
-
-    rows = []
-    try:
-        for op, case, size, call, sets, nbytes in cases:
-            for tpr, k in [(0, 0)] + SWEEP_GEOMETRIES[size]:
-                for blocks in SWEEP_BLOCKS_PER_SM:
-                    label = "auto" if tpr == 0 else f"{tpr}x{k}"
-                    label += "" if blocks == 0 else f" {blocks}cta/sm"
-                    module._set_geometry_override(tpr, k, blocks)
-                    try:
-                        median, _, _ = bench_rotating(call, sets)
-                    except Exception as exc:  # noqa: BLE001 - an invalid forced geometry
-                        print(f"# sweep {op} {case} {label}: skipped ({str(exc).splitlines()[0][:100]})")
-                        continue
-                    rows.append(BenchRow(op, case, label, median, nbytes))
-    finally:
-        module._set_geometry_override(0, 0, 0)
-    return rows
-
-
 def pdl_rows() -> list[BenchRow]:
     """Decode sizes with PDL on and off (the automatic geometry)."""
     rows = []
@@ -461,61 +351,13 @@ def pdl_rows() -> list[BenchRow]:
     return rows
 
 
-DECODE_GEOMETRIES = {4096: [(0, 0), (512, 1), (256, 2), (128, 4)], HEAD_DIM: [(0, 0), (16, 1), (8, 2), (4, 4)]}
-
-
-def decode_sweep_rows() -> list[BenchRow]:
-    """Decode sizes (hot L2, graph of back-to-back calls): automatic geometry vs forced ones."""
-    from sglang.jit_kernel.norm import _jit_norm_module
-
-    module = _jit_norm_module(DTYPE)
-    w = torch.rand(HIDDEN, dtype=DTYPE, device="cuda") + 0.5
-    qw = torch.rand(HEAD_DIM, dtype=DTYPE, device="cuda") + 0.5
-    cases = []
-    for n in (1, 8, 64):
-        x = [torch.randn(n, HIDDEN, dtype=DTYPE, device="cuda") for _ in range(64)]
-        r = [torch.randn(n, HIDDEN, dtype=DTYPE, device="cuda") for _ in range(64)]
-        out = torch.empty(n, HIDDEN, dtype=DTYPE, device="cuda")
-        cases.append(
-            ("rmsnorm", f"[{n}, {HIDDEN}]", HIDDEN, lambda a, out=out: rmsnorm(a, w, EPS, out=out), [(a,) for a in x])
-        )
-        cases.append(
-            (
-                "fused_add_rmsnorm",
-                f"[{n}, {HIDDEN}]",
-                HIDDEN,
-                lambda a, b: fused_add_rmsnorm(a, b, w, EPS),
-                list(zip(x, r)),
-            )
-        )
-    hq, hk, d = NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM
-    qk = []
-    for _ in range(64):
-        qkv = torch.randn(1, (hq + 2 * hk) * d, dtype=DTYPE, device="cuda")
-        qk.append((qkv[:, : hq * d].view(1, hq, d), qkv[:, hq * d : (hq + hk) * d].view(1, hk, d)))
-    cases.append(("qknorm", "[1, 32+8, 128]", HEAD_DIM, lambda q, k: fused_inplace_qknorm(q, k, qw, qw, EPS), qk))
-    rows = []
-    try:
-        for op, case, size, call, sets in cases:
-            for tpr, k in DECODE_GEOMETRIES[size]:
-                module._set_geometry_override(tpr, k, 0)
-                median, _, _ = bench_rotating(call, sets)
-                rows.append(BenchRow(op, case, "auto" if tpr == 0 else f"{tpr}x{k}", median, 0))
-    finally:
-        module._set_geometry_override(0, 0, 0)
-    return rows
-
-
 def main() -> None:
     import sys
 
     exit_unless_gpu("bench_norm.py")
     roof = copy_roof_gbps()
-    if "--decode-sweep" in sys.argv:
-        print(format_rows(decode_sweep_rows(), roof))
-        return
-    if "--sweep" in sys.argv:
-        print(format_rows(pdl_rows() + sweep_rows(), roof))
+    if "--pdl" in sys.argv:
+        print(format_rows(pdl_rows(), roof))
         return
     rows = rms_rows(roof) + hf_rows(roof) + fused_rows(roof) + qk_rows(roof) + across_heads_rows(roof)
     eager = eager_table()

@@ -3,7 +3,7 @@ process and about a minute on an H200 (each bench script takes 30-90 s; this is 
 device call that must also run the tests).
 
 Sections (pick with arguments; default all): ``norm`` (rmsnorm / rmsnorm_hf / qknorm across heads at
-1, 8, 64 and 16384 tokens, with the paths of ``_set_path_override``), ``act`` (silu_and_mul at 1, 64,
+1, 8, 64 and 16384 tokens), ``act`` (silu_and_mul at 1, 64,
 2048, 16384 tokens; gelu / gelu_tanh), ``quant``
 (per_token_group_quant_8bit [T, 7168] group 128), ``kv`` (store_cache,
 set_mla_kv_buffer, concat_mla_k / concat_mla_absorb_q under the launcher variants).
@@ -50,19 +50,7 @@ which = sys.argv[1:] or ["norm", "act", "quant", "kv"]
 
 if "norm" in which:
     section("norm")
-    from sglang.jit_kernel.norm import _jit_norm_module, fused_inplace_qknorm_across_heads, rmsnorm, rmsnorm_hf
-
-    mod = _jit_norm_module(BF16)
-
-    def forced(call, a, b):
-        def f(*args):
-            mod._set_path_override(a, b)
-            try:
-                return call(*args)
-            finally:
-                mod._set_path_override(-1, -1)
-
-        return f
+    from sglang.jit_kernel.norm import fused_inplace_qknorm_across_heads, rmsnorm, rmsnorm_hf
 
     for t in (1, 8, 64, 16384):
         h = 4096
@@ -74,15 +62,6 @@ if "norm" in which:
         nb = 2 * t * h * 2 + h * 2
         row("rmsnorm", f"[{t}, {h}]", "jit", lambda x, w, o: rmsnorm(x, w, 1e-6, out=o), mk, nb, cold=t == 16384)
         row("rmsnorm_hf", f"[{t}, {h}]", "jit", lambda x, w, o: rmsnorm_hf(x, w, 1e-6, out=o), mk, nb, cold=t == 16384)
-        row(
-            "rmsnorm_hf",
-            f"[{t}, {h}]",
-            "jit old fp32 mul",
-            forced(lambda x, w, o: rmsnorm_hf(x, w, 1e-6, out=o), 0, -1),
-            mk,
-            nb,
-            cold=t == 16384,
-        )
         mkq = lambda: (
             torch.randn(t, 4096 + 1024, dtype=BF16, device="cuda"),
             torch.randn(4096, dtype=BF16, device="cuda"),
@@ -105,7 +84,6 @@ if "norm" in which:
         )
         aq = lambda qk, wq, wk: fused_inplace_qknorm_across_heads(qk[:, :4096], qk[:, 4096:], wq, wk, 1e-6)
         row("across_heads", f"[{t}, 4096+1024]", "jit", aq, mkq, nbq, cold=t == 16384)
-        row("across_heads", f"[{t}, 4096+1024]", "jit old CTA per tensor", forced(aq, -1, 0), mkq, nbq, cold=t == 16384)
 
 if "act" in which:
     section("activation")

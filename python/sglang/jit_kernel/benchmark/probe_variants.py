@@ -51,16 +51,17 @@ NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128
 NORM_FILES = ("rmsnorm", "fused_add_rmsnorm", "qknorm")
 
 
-def _has_l2_hint_override(root: str) -> bool:
-    """Whether the kernels under ``root`` (or the package's, when empty) export the L2-hint override
-    (kernels older than it do not)."""
-    path = (
-        f"{root}elementwise/rmsnorm.cuh"
-        if root
-        else os.path.join(os.path.dirname(N.__file__), "csrc", "elementwise", "rmsnorm.cuh")
-    )
-    with open(path) as f:
-        return "set_norm_l2_hint_override" in f.read()
+def _has_export(root: str, symbol: str) -> bool:
+    """Whether the kernels under ``root`` (or the package's, when empty) define ``symbol``: the
+    override hooks exist only in older copies of the kernels (the package ships none)."""
+    folder = f"{root}elementwise" if root else os.path.join(os.path.dirname(N.__file__), "csrc", "elementwise")
+    for name in ("rmsnorm.cuh", "norm_rows.cuh"):
+        path = os.path.join(folder, name)
+        if os.path.exists(path):
+            with open(path) as f:
+                if symbol in f.read():
+                    return True
+    return False
 
 
 def build(spec: str):
@@ -73,9 +74,10 @@ def build(spec: str):
         ("rmsnorm", f"rmsnorm<{args}>"),
         ("fused_add_rmsnorm", f"fused_add_rmsnorm<{args}>"),
         ("fused_inplace_qknorm", f"fused_inplace_qknorm<{args}>"),
-        ("_set_geometry_override", "set_norm_geometry_override"),
     ]
-    if _has_l2_hint_override(root):
+    if _has_export(root, "set_norm_geometry_override"):
+        wrappers.append(("_set_geometry_override", "set_norm_geometry_override"))
+    if _has_export(root, "set_norm_l2_hint_override"):
         wrappers.append(("_set_l2_hint_override", "set_norm_l2_hint_override"))
     return load_jit(
         "normvariant",
@@ -98,8 +100,9 @@ def use(module) -> None:
         N._QKNORM_FNS[dtype] = module.fused_inplace_qknorm
         return module
 
-    N._jit_norm_module = lambda dtype: module
-    N._load = load
+    N._load_rmsnorm = lambda dtype: load(dtype).rmsnorm
+    N._load_fused_add_rmsnorm = lambda dtype: load(dtype).fused_add_rmsnorm
+    N._load_qknorm = load
     load(DTYPE)
 
 
@@ -128,6 +131,8 @@ class Table:
         self.rows.append(BenchRow(op, case, label, bench_rotating(call, sets)[0], nbytes))
 
     def forced(self, geometries, op: str, case: str, call: Callable, sets: list, nbytes: int) -> None:
+        if not hasattr(self.module, "_set_geometry_override"):  # kernels without the hook
+            return
         for tpr, k, bps in geometries:
             self.module._set_geometry_override(tpr, k, bps)
             try:
@@ -219,7 +224,8 @@ def main() -> None:
     decode_only = "--decode-only" in sys.argv
     roof = copy_roof_gbps()
     if not specs:
-        module = N._load(DTYPE)
+        module = build("package:")
+        use(module)
         print(f"== package build: max |err| rmsnorm / fused add vs fp32 ref: {max_errors()}", flush=True)
         print(format_rows(measure(module, sweep=False, decode_only=decode_only), roof), flush=True)
         return

@@ -120,14 +120,15 @@ def test_prebuild_for_another_arch(tmp_path: Path):
 
 
 def test_ops_sharing_a_module_build_its_variants_once():
-    """`build fused_add_rmsnorm` (an op served by the norm module) builds the norm module's variants;
-    ops named twice through one module build it once; every registered op has a module with variants."""
+    """`build gemma_fused_add_rmsnorm` (an op served by fused_add_rmsnorm's module) builds that module's
+    variants; ops named twice through one module build it once; every registered op has a module with
+    variants."""
     from sglang.jit_kernel.registry import all_modules
 
     names = lambda ops: [module.name for module in all_modules(ops)]  # noqa: E731
-    assert names(["fused_add_rmsnorm"]) == ["norm"]
-    assert names(["fused_inplace_qknorm", "gemma_rmsnorm", "rmsnorm"]) == ["norm"]
-    assert names(["scale", "gemma_fused_add_rmsnorm"]) == ["scale", "norm"]
+    assert names(["gemma_fused_add_rmsnorm"]) == ["fused_add_rmsnorm"]
+    assert names(["rmsnorm_hf", "gemma_rmsnorm", "rmsnorm"]) == ["rmsnorm"]
+    assert names(["scale", "fused_inplace_qknorm_across_heads"]) == ["scale", "fused_inplace_qknorm"]
     every = all_modules()
     assert len({id(m) for m in every}) == len(every) and all(m.variants for m in every)
     registry = all_ops()
@@ -136,7 +137,7 @@ def test_ops_sharing_a_module_build_its_variants_once():
 
 
 def test_build_cli_shows_each_module_with_the_ops_it_serves(monkeypatch, capsys):
-    """`build fused_inplace_qknorm scale` lists the norm module with every op it serves, then scale;
+    """`build fused_inplace_qknorm scale` lists the qk-norm module with every op it serves, then scale;
     the compile itself is stubbed out."""
     import sglang.jit_kernel.cache as cache
     from sglang.jit_kernel.__main__ import build_variants
@@ -145,7 +146,11 @@ def test_build_cli_shows_each_module_with_the_ops_it_serves(monkeypatch, capsys)
     monkeypatch.setattr(cache, "build_variants", lambda names, **kwargs: calls.append(names) or [])
     assert build_variants(["fused_inplace_qknorm", "scale"], jobs=1) == 0
     out = capsys.readouterr().out
-    assert re.search(r"^norm: 3 variant\(s\), serves rmsnorm, .*fused_inplace_qknorm", out, re.M), out
+    assert re.search(
+        r"^fused_inplace_qknorm: 3 variant\(s\), serves fused_inplace_qknorm, fused_inplace_qknorm_across_heads$",
+        out,
+        re.M,
+    ), out
     assert re.search(r"^scale: 3 variant\(s\), serves scale$", out, re.M), out
     assert calls == [["fused_inplace_qknorm", "scale"]]
 

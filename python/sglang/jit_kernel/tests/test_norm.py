@@ -509,137 +509,54 @@ def check_qknorm_in_qkv(num_tokens: int, dtype: torch.dtype, offset: int) -> tor
 
 @requires_cuda
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("blocks_per_sm", [1, 2])
-def test_norm_ctas_with_several_groups(dtype, blocks_per_sm):
-    """The launchers give every group of rows its own CTA; a capped grid (the benchmark override's
-    persistent mode, and launches past 2^30 groups) makes CTAs loop over groups, alternating the
-    shared-memory partial buffers. Same values as the references, every op."""
-    from sglang.jit_kernel.norm import _jit_norm_module
-
-    module = _jit_norm_module(dtype)
-    module._set_geometry_override(0, 0, blocks_per_sm)
-    try:
-        # 4096: one row per CTA, LDS.128 partials; 2048: two rows of 4 warps (LDS.128, slot > 0);
-        # 1024: four rows of 2 warps (shuffled partials); 128: 32 rows of 8 lanes (no barrier);
-        # 16384: 1024-thread rows (fp32: two passes); 769, 1537, 2049: unaligned rows with narrow
-        # vectors (the fused add keeps the weight in registers at 1537 and 2049: 4 / 8 vectors).
-        for n, h in [
-            (4097, 4096),
-            (4097, 2048),
-            (4097, 1024),
-            (4097, 128),
-            (1031, 16384),
-            (2053, 769),
-            (1031, 1537),
-            (1031, 2049),
-        ]:
-            x, w = make_rows(n, h, dtype), make_weight(h, dtype)
-            assert_within_ulps(rmsnorm(x, w, 1e-6), ref_rmsnorm(x, w, 1e-6))
-            r = make_rows(n, h, dtype)
-            expected, expected_residual = ref_fused(x, r, w, 1e-6)
-            fused_add_rmsnorm(x, r, w, 1e-6)
-            assert torch.equal(r, expected_residual)
-            assert_within_ulps(x, expected)
-        check_qknorm_in_qkv(4097, dtype, offset=1)
-        for hq, hk in [(4096, 1024), (1536, 256), (129, 7), (16384, 1024)]:
-            q, k, v, _ = across_views(1031, hq, hk, dtype)
-            check_across_heads(q, k, v)
-    finally:
-        module._set_geometry_override(0, 0, 0)
-
-
-@requires_cuda
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_norm_l2_hint_builds(dtype):
+def test_norm_in_place_launches_above_and_below_the_l2_hint_threshold(dtype):
     """In-place launches with 16-byte vectors whose input rows hold at least 1 MiB take the
-    L2-hint builds (loads evict_last, stores evict_normal); other launches the plain builds. The
-    override forces the hint on every such in-place launch whatever its size (1) or on none (0):
-    both within ULPS of the reference and bit-identical to each other, for every vector width (16
-    / 8 / 4 / 2 bytes via storage offsets: the narrow ones stay plain), the two-pass rows and
-    qknorm heads in a fused qkv buffer whose v part stays untouched."""
-    from sglang.jit_kernel.norm import _jit_norm_module
-
-    module = _jit_norm_module(dtype)
-
-    def run_all(mode: int) -> list[torch.Tensor]:
-        torch.manual_seed(0)
-        module._set_l2_hint_override(mode)
-        try:
-            results = []
-            for n, h, offset in [
-                (129, 4096, 0),
-                (129, 4096, 1),
-                (67, 770, 2),
-                (33, 1538, 4),
-                (5, 16384, 0),
-                (3, 65536, 0),
-                (7, 1, 0),
-            ]:
-                x = make_rows(n * h + offset, 1, dtype).view(-1)[offset:].view(n, h)
-                w = make_weight(h, dtype)
-                expected = ref_rmsnorm(x, w, 1e-6)
-                assert rmsnorm(x, w, 1e-6, out=x) is x
-                assert_within_ulps(x, expected)
-                r = make_rows(n, h, dtype)
-                expected, expected_residual = ref_fused(x, r, w, 1e-6)
-                fused_add_rmsnorm(x, r, w, 1e-6)
-                assert torch.equal(r, expected_residual)
-                assert_within_ulps(x, expected)
-                results += [x, r]
-            for offset in (0, 1):
-                results.append(check_qknorm_in_qkv(257, dtype, offset=offset))
-                q, k, v, qkv = across_views(257, 4096, 1024, dtype, offset=offset)
-                check_across_heads(q, k, v)
-                results.append(qkv)
-            return results
-        finally:
-            module._set_l2_hint_override(-1)
-
-    hinted, plain = run_all(1), run_all(0)
-    for a, b in zip(hinted, plain):
-        assert torch.equal(a, b)
-    with pytest.raises(RuntimeError, match="mode must be -1, 0 or 1, got 2"):
-        module._set_l2_hint_override(2)
+    L2-hint builds (loads evict_last, stores evict_normal), smaller ones and narrower vectors the
+    plain builds: every one within ULPS of the fp32 reference, for every vector width (16 / 8 / 4 /
+    2 bytes via storage offsets), the two-pass rows, and qknorm heads in a fused qkv buffer whose v
+    part stays untouched."""
+    for n, h, offset in [
+        (129, 4096, 0),  # 1 MiB in bf16 / fp16: hinted
+        (127, 4096, 0),  # just below: plain
+        (129, 4096, 1),
+        (67, 770, 2),
+        (33, 1538, 4),
+        (5, 16384, 0),
+        (3, 65536, 0),
+        (7, 1, 0),
+    ]:
+        x = make_rows(n * h + offset, 1, dtype).view(-1)[offset:].view(n, h)
+        w = make_weight(h, dtype)
+        expected = ref_rmsnorm(x, w, 1e-6)
+        assert rmsnorm(x, w, 1e-6, out=x) is x
+        assert_within_ulps(x, expected)
+        r = make_rows(n, h, dtype)
+        expected, expected_residual = ref_fused(x, r, w, 1e-6)
+        fused_add_rmsnorm(x, r, w, 1e-6)
+        assert torch.equal(r, expected_residual)
+        assert_within_ulps(x, expected)
+    for tokens in (257, 4097):
+        for offset in (0, 1):
+            check_qknorm_in_qkv(tokens, dtype, offset=offset)
+            q, k, v, _ = across_views(tokens, 4096, 1024, dtype, offset=offset)
+            check_across_heads(q, k, v)
 
 
 @requires_cuda
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_norm_path_override_old_and_new_agree(dtype):
-    """Both paths of each choice _set_path_override exposes are right: rmsnorm_hf's packed fp16 /
-    bf16 weight multiply gives the bits of the fp32 one (one correctly rounded product of two dtype
-    values either way); fused_inplace_qknorm_across_heads with one token's q and k rows per CTA and
-    with CTAs of their own per tensor both match the reference (rows whose threads per row the
-    one-CTA layout raises sum in another order: not bit-equal), for every ACROSS_SIZES pair (CTAs of
-    64 to 512 threads, shapes the one-CTA layout does not take), decode and many-wave token counts,
-    fused qkv views (v untouched) and unaligned storage (narrow vectors)."""
-    from sglang.jit_kernel.norm import _jit_norm_module
-
-    module = _jit_norm_module(dtype)
-
-    def run(packed: int, one_cta: int) -> list[torch.Tensor]:
-        torch.manual_seed(0)
-        module._set_path_override(packed, one_cta)
-        try:
-            results = []
-            for n, h in [(1, 4096), (64, 4096), (300, 5120), (17, 129), (4, 7)]:
-                x = make_rows(n, h, dtype)
-                w = make_weight(h, dtype)
-                out = rmsnorm_hf(x, w, 1e-6)
-                assert_hf_matches(out, x, w, 1e-6)
-                results.append(out)
-            for i, (hq, hk) in enumerate(ACROSS_SIZES):
-                for n, offset in ((1, 0), (3, 0), (300, i % 2)):
-                    q, k, v, _ = across_views(n, hq, hk, dtype, offset=offset)
-                    check_across_heads(q, k, v)
-            return results
-        finally:
-            module._set_path_override(-1, -1)
-
-    new, old = run(1, 1), run(0, 0)
-    for a, b in zip(new, old):
-        assert torch.equal(a, b)
-    with pytest.raises(RuntimeError, match="each mode must be -1, 0 or 1, got 2 and 0"):
-        module._set_path_override(2, 0)
+def test_rmsnorm_hf_and_across_heads_shapes(dtype):
+    """rmsnorm_hf (fp16 / bf16: the weight multiply as one packed multiply, which gives the bits of
+    the fp32 order) against the fp32 reference at decode and odd sizes; across heads for every
+    ACROSS_SIZES pair (CTAs of 64 to 512 threads) at decode and many-wave token counts, fused qkv
+    views (v untouched) and unaligned storage (narrow vectors)."""
+    for n, h in [(1, 4096), (64, 4096), (300, 5120), (17, 129), (4, 7)]:
+        x = make_rows(n, h, dtype)
+        w = make_weight(h, dtype)
+        assert_hf_matches(rmsnorm_hf(x, w, 1e-6), x, w, 1e-6)
+    for i, (hq, hk) in enumerate(ACROSS_SIZES):
+        for n, offset in ((1, 0), (3, 0), (300, i % 2)):
+            q, k, v, _ = across_views(n, hq, hk, dtype, offset=offset)
+            check_across_heads(q, k, v)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1189,6 +1106,20 @@ def test_norm_bad_flags_named():
         fused_inplace_qknorm_across_heads(x, x.clone(), w, w, enable_pdl=1)
 
 
+def test_rmsnorm_hf_module_path():
+    """sglang.jit_kernel.rmsnorm_hf, the original package's module path, exports the op and its
+    support query (the same functions as norm's), and registers rmsnorm_hf on rmsnorm's module."""
+    import sglang.jit_kernel.rmsnorm_hf as hf_module
+    from sglang.jit_kernel.registry import all_ops
+
+    assert hf_module.rmsnorm_hf is rmsnorm_hf
+    assert hf_module.is_supported_rmsnorm_hf_hidden_size is is_supported_rmsnorm_hf_hidden_size
+    assert hf_module.is_supported_rmsnorm_hf_hidden_size(4096) and not hf_module.is_supported_rmsnorm_hf_hidden_size(0)
+    ops = all_ops()
+    assert ops["rmsnorm_hf"].source == "sglang.jit_kernel.rmsnorm_hf"
+    assert ops["rmsnorm_hf"].module is ops["rmsnorm"].module
+
+
 def test_norm_support_queries():
     """can_use_fused_inplace_qknorm / is_supported_rmsnorm_hf_hidden_size: every size the kernels
     take, for every dtype they take; nothing else (runs without a GPU)."""
@@ -1439,17 +1370,19 @@ def test_qknorm_bad_arguments(loaded, monkeypatch):
 def test_norm_launchers_reject_mismatch_from_cpp():
     """The C++ TensorMatcher is the second line: the module called directly with bad tensors
     raises RuntimeError naming the tensor, never a CUDA fault."""
-    from sglang.jit_kernel.norm import _jit_norm_module
+    from sglang.jit_kernel.norm import _jit_fused_add_rmsnorm_module, _jit_qknorm_module, _jit_rmsnorm_module
 
-    module = _jit_norm_module(torch.bfloat16)
+    rms = _jit_rmsnorm_module(torch.bfloat16)
+    fused = _jit_fused_add_rmsnorm_module(torch.bfloat16)
+    module = _jit_qknorm_module(torch.bfloat16)
     x = make_rows(4, 64, torch.bfloat16)
     w = make_weight(64, torch.bfloat16)
     with pytest.raises(RuntimeError, match="weight"):
-        module.rmsnorm(torch.empty_like(x), x, w[:32], 1e-6, 0.0, False, -1)
+        rms.rmsnorm(torch.empty_like(x), x, w[:32], 1e-6, 0.0, False, -1)
     with pytest.raises(RuntimeError, match="out"):
-        module.rmsnorm(torch.empty(4, 64, device="cuda"), x, w, 1e-6, 0.0, False, -1)
+        rms.rmsnorm(torch.empty(4, 64, device="cuda"), x, w, 1e-6, 0.0, False, -1)
     with pytest.raises(RuntimeError, match="residual"):
-        module.fused_add_rmsnorm(x, x[:3].clone(), w, 1e-6, 0.0, -1)
+        fused.fused_add_rmsnorm(x, x[:3].clone(), w, 1e-6, 0.0, -1)
     q = torch.randn(4, 8, 64, device="cuda").to(torch.bfloat16)
     with pytest.raises(RuntimeError, match="num_tokens"):
         module.fused_inplace_qknorm(q, q[:3, :2].clone(), w, w, 1e-6, -1)

@@ -227,7 +227,7 @@ def test_registration_errors_name_the_problem():
         all_ops()
         register_op("scale", build=lambda: None)
     with pytest.raises(ValueError, match="already registered by sglang.jit_kernel.norm"):
-        register_module("norm", lambda dtype: None, [])
+        register_module("rmsnorm", lambda dtype: None, [])
 
 
 def test_every_shipped_op_is_registered_by_its_own_wrapper():

@@ -5,9 +5,10 @@
 //
 // The variance is computed from the rounded sum, i.e. from exactly the values stored in the
 // residual stream, so the normalised output is consistent with what the next layer adds to.
-// weight_offset = 1 gives Gemma's (1 + w). The kernel is norm_rows_kernel<T, kVecN,
-// NormKind::kFusedAddRMSNorm> (rmsnorm.cuh): each thread reads its input and residual vectors once,
-// stores the rounded sum to the residual before the reduction and keeps it in registers.
+// weight_offset = 1 gives Gemma's (1 + w) (gemma_fused_add_rmsnorm, a runtime parameter of the same
+// kernels). The kernel is norm_rows_kernel<T, kVecN, NormKind::kFusedAddRMSNorm> (norm_rows.cuh):
+// each thread reads its input and residual vectors once, stores the rounded sum to the residual
+// before the reduction and keeps it in registers.
 // Bytes moved: 4 * num_tokens * hidden_size * sizeof(T) + hidden_size * sizeof(T).
 #pragma once
 
@@ -18,7 +19,7 @@
 #include <dlpack/dlpack.h>
 #include <tvm/ffi/container/tensor.h>
 
-#include "rmsnorm.cuh"  // For norm_rows_kernel, NormParams, launch_norm_rows_any_width
+#include "norm_rows.cuh"  // For NormParams, NormRows, launch_norm_rows_any_width, widest_vector_bytes
 
 namespace {
 

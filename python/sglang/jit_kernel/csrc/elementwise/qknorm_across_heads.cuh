@@ -3,18 +3,12 @@
 //   q[t, :] <- round(q[t, :] * rsqrt(mean(q[t, :]^2) + eps) * q_weight)     q: [num_tokens, hidden_q]
 //   k[t, :] <- round(k[t, :] * rsqrt(mean(k[t, :]^2) + eps) * k_weight)     k: [num_tokens, hidden_k]
 //
-// fp32 arithmetic, one rounding. The row kernel of rmsnorm.cuh, NormKind::kQKNorm, with one head
-// per token; q and k may have different hidden sizes: each tensor has its own row length and
-// threads per row, and they share the vectors per thread, chosen for the longer rows
-// (set_row_geometry). Two layouts of the grid (launch_norm_rows):
-//   one token per CTA (default where it applies, set_split_layout; 16-byte vectors): CTA t
-//     normalises q[t] with its first threads and k[t] with the rest (bf16 4096 + 1024: 256 + 64
-//     threads x 2 vectors), the kQKNorm kWide builds (norm_rows_split). Every CTA reads one
-//     contiguous q + k span of a fused qkv row and does the same work;
-//   CTAs of their own per tensor (fused_inplace_qknorm's launch; otherwise, or
-//     _set_path_override(-1, 0)): q's rows and k's rows in separate CTAs of one grid, interleaved in
-//     launch order (cta_share), k's short rows several per CTA. Measured 96.2-96.3 % of a device copy
-//     at [16384, 4096 + 1024] bf16 on an H200 (rmsnorm [16384, 4096] 97.6 %, in place 100 %).
+// fp32 arithmetic, one rounding. The kernels of fused_inplace_qknorm (norm_rows_kernel,
+// NormKind::kQKNorm, the same builds), with one head per token; q and k may have different hidden
+// sizes: each tensor has its own row length and threads per row, and they share the vectors per
+// thread, chosen for the longer rows (set_row_geometry). The grid is fused_inplace_qknorm's: q's
+// rows and k's rows in CTAs of their own, interleaved in launch order (cta_share), k's shorter
+// rows several per CTA (bf16 4096 + 1024: 256 x 2 for q, 64 x 2 for k, four k rows per CTA).
 // Bytes moved: 2 * num_tokens * (hidden_q + hidden_k) * sizeof(T) + (hidden_q + hidden_k) * sizeof(T).
 #pragma once
 
@@ -25,8 +19,7 @@
 #include <dlpack/dlpack.h>
 #include <tvm/ffi/container/tensor.h>
 
-#include "qknorm.cuh"   // For verify_qk_in_place, in_place_rows
-#include "rmsnorm.cuh"  // For NormParams, launch_norm_rows_any_width, widest_vector_bytes, check_norm_scalars
+#include "qknorm.cuh"  // For verify_qk_in_place, in_place_rows; norm_rows.cuh's launch_norm_rows_any_width
 
 namespace {
 
