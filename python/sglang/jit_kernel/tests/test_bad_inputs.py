@@ -2153,7 +2153,9 @@ def route_result_case(op: str, name: str, e: int, k: int, make=None, bias: bool 
             call = lambda: topk_sigmoid(w, ids, gating, True, b)  # noqa: E731
         expect_result(
             call,
-            lambda: assert_routing_matches(w, ids, keys, wall, ref_ids, True, eps=0.0 if op == "topk_softmax" else 1e-20),
+            lambda: assert_routing_matches(
+                w, ids, keys, wall, ref_ids, True, eps=0.0 if op == "topk_softmax" else 1e-20
+            ),
             keep={"gating_output": gating},
         )
         assert torch.isnan(w_buf[:, 0]).all() and (ids_buf[:, :2] == -7).all(), "wrote before the outputs"
