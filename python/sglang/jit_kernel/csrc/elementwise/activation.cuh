@@ -248,10 +248,11 @@ SGL_DEVICE void activate_vector(const float (&g)[N], float (&act)[N]) {
 }
 
 /// out[i] = round(float(round(act(float(gate[i])))) * float(up[i])) for the N elements of one vector.
-/// 16-bit types convert pairs (one packed conversion instruction per two elements); their 16-byte
-/// vectors take the branch-free approximations (activate_silu_branch_free, activate_logistic), every
-/// other vector the formulas (activate_vector).
-template <GatedActivation kAct, typename T, std::size_t N>
+/// 16-bit types convert pairs (one packed conversion instruction per two elements); with kBranchFree
+/// (by default: their 16-byte vectors) they take the branch-free approximations
+/// (activate_silu_branch_free, activate_logistic), every other vector the formulas (activate_vector).
+/// per_token_group_quant.cuh passes kBranchFree explicitly to reproduce this op's choice.
+template <GatedActivation kAct, typename T, std::size_t N, bool kBranchFree = N * sizeof(T) == 16>
 SGL_DEVICE device::AlignedVector<T, N> act_and_mul(
     const device::AlignedVector<T, N>& gate, const device::AlignedVector<T, N>& up) {
   device::AlignedVector<T, N> out;
@@ -275,7 +276,7 @@ SGL_DEVICE device::AlignedVector<T, N> act_and_mul(
       g[i] = pair.x;
       g[i + 1] = pair.y;
     }
-    if constexpr (N * sizeof(T) != 16) {
+    if constexpr (!kBranchFree) {
       activate_vector<kAct>(g, act);
     } else if constexpr (kAct == GatedActivation::kSilu) {
 #pragma unroll
@@ -411,6 +412,40 @@ int64_t gated_act_vector_bytes(std::initializer_list<uint64_t> values) {
   return std::max<int64_t>(bytes, sizeof(T));
 }
 
+/// The vector width (bytes) of a launch: the widest vector that every row start of input (both
+/// halves) and out allows, narrowed at decode sizes. per_token_group_quant.cuh evaluates it too (its
+/// legacy mode reproduces the activation math this width selects in act_and_mul).
+template <typename T>
+int64_t gated_act_launch_vector_bytes(
+    const void* input,
+    const void* out,
+    int64_t hidden_size,
+    int64_t input_stride,
+    int64_t out_stride,
+    int64_t num_tokens,
+    int device_id) {
+  const bool many_rows = num_tokens > 1;
+  int64_t vec_bytes = gated_act_vector_bytes<T>({
+      reinterpret_cast<uint64_t>(input),
+      reinterpret_cast<uint64_t>(out),
+      static_cast<uint64_t>(hidden_size) * sizeof(T),
+      many_rows ? static_cast<uint64_t>(input_stride) * sizeof(T) : 0,
+      many_rows ? static_cast<uint64_t>(out_stride) * sizeof(T) : 0,
+  });
+  // Decode sizes: narrower vectors (down to kMinDecodeVecBytes) while the whole launch would have
+  // fewer threads than kMinCtasPerSm CTAs of kMinThreads on every SM. A thread's activations are one
+  // dependent chain each (expf / erff / tanhf and a division), so fewer elements per thread on more
+  // SMs finish sooner; large launches keep 16 bytes (fewest instructions per byte).
+  const int64_t wanted_threads =
+      GatedActConfig::kMinCtasPerSm * GatedActConfig::kMinThreads * host::runtime::get_sm_count(device_id);
+  const int64_t row_bytes = hidden_size * static_cast<int64_t>(sizeof(T));
+  while (vec_bytes > std::max<int64_t>(GatedActConfig::kMinDecodeVecBytes, sizeof(T)) &&
+         num_tokens * (row_bytes / vec_bytes) < wanted_threads) {
+    vec_bytes /= 2;
+  }
+  return vec_bytes;
+}
+
 /// Last dim of a [rows, width] view contiguous (stride 1; any stride when width <= 1).
 inline void check_gated_act_last_dim(const tvm::ffi::TensorView& view, const char* name) {
   host::RuntimeCheck(
@@ -494,26 +529,15 @@ void gated_act_and_mul(
   const DLDevice device = device_.unwrap();
   if (params.num_tokens == 0 || params.hidden_size == 0) return;
 
-  // Configure: the widest vector that every row start of input (both halves) and out allows
-  const bool many_rows = params.num_tokens > 1;
-  int64_t vec_bytes = gated_act_vector_bytes<T>({
-      reinterpret_cast<uint64_t>(params.input),
-      reinterpret_cast<uint64_t>(params.out),
-      static_cast<uint64_t>(params.hidden_size) * sizeof(T),
-      many_rows ? static_cast<uint64_t>(params.input_stride) * sizeof(T) : 0,
-      many_rows ? static_cast<uint64_t>(params.out_stride) * sizeof(T) : 0,
-  });
-  // Decode sizes: narrower vectors (down to kMinDecodeVecBytes) while the whole launch would have
-  // fewer threads than kMinCtasPerSm CTAs of kMinThreads on every SM. A thread's activations are one
-  // dependent chain each (expf / erff / tanhf and a division), so fewer elements per thread on more
-  // SMs finish sooner; large launches keep 16 bytes (fewest instructions per byte).
-  const int64_t wanted_threads =
-      GatedActConfig::kMinCtasPerSm * GatedActConfig::kMinThreads * runtime::get_sm_count(device.device_id);
-  const int64_t row_bytes = params.hidden_size * static_cast<int64_t>(sizeof(T));
-  while (vec_bytes > std::max<int64_t>(GatedActConfig::kMinDecodeVecBytes, sizeof(T)) &&
-         params.num_tokens * (row_bytes / vec_bytes) < wanted_threads) {
-    vec_bytes /= 2;
-  }
+  // Configure
+  const int64_t vec_bytes = gated_act_launch_vector_bytes<T>(
+      params.input,
+      params.out,
+      params.hidden_size,
+      params.input_stride,
+      params.out_stride,
+      params.num_tokens,
+      device.device_id);
   const bool pdl = enable_pdl >= 0 ? enable_pdl != 0 : runtime::get_cc_major(device.device_id) >= 9;
 
   // Launch
