@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sglang.jit_kernel._quant_8bit import TYPE_MAX, as_rows
+from sglang.jit_kernel._quant_8bit import as_rows
 from sglang.jit_kernel._validate import (
     check_cuda,
     check_dtype,
@@ -28,7 +28,6 @@ from sglang.jit_kernel._validate import (
     check_same_device,
     check_scalar,
     check_shape,
-    dtype_name,
     fail,
     launcher_errors,
 )
@@ -393,20 +392,6 @@ def _prepare(
             )
         _check_rows_layout(op, "output_normed", output_normed)
 
-    # Devices
-    check_cuda(op, "input", input)
-    for arg, t in (
-        ("weight", weight),
-        ("residual", residual),
-        ("output_q", output_q),
-        ("output_s", output_s),
-        ("scale", scale),
-        ("output_normed", output_normed),
-    ):
-        if t is not None:
-            check_cuda(op, arg, t)
-            check_same_device(op, arg, t, input, "input")
-
     # Aliasing (dense views here; strided ones by the launcher's exact test)
     if not torch.compiler.is_compiling():
         if residual is not None:
@@ -435,6 +420,20 @@ def _prepare(
                     check_no_partial_overlap(
                         op, "output_normed", output_normed, ref, ref_arg, allow_same=False, dense_only=True
                     )
+
+    # Devices
+    check_cuda(op, "input", input)
+    for arg, t in (
+        ("weight", weight),
+        ("residual", residual),
+        ("output_q", output_q),
+        ("output_s", output_s),
+        ("scale", scale),
+        ("output_normed", output_normed),
+    ):
+        if t is not None:
+            check_cuda(op, arg, t)
+            check_same_device(op, arg, t, input, "input")
 
     # Outputs not given
     device = input.device
