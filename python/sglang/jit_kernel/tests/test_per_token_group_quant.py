@@ -326,7 +326,8 @@ def test_zero_huge_inf_and_nan(in_dtype, out_dtype, mode):
     else:
         assert_same(q, s, *quant_reference(dense_reference("silu", x), 128, out_dtype))
     type_max = 448.0 if out_dtype == FP8 else 127.0
-    assert torch.equal(s[0], torch.full_like(s[0], EPS) / type_max)
+    # a tensor divisor: torch divides by a Python scalar as a product with its reciprocal
+    assert torch.equal(s[0], torch.full_like(s[0], EPS) / torch.full_like(s[0], type_max))
 
 
 # ---------------------------------------------------------------------------------------------
