@@ -48,6 +48,8 @@ GROUP_SIZES = (16, 32, 64, 128)
 Q_BOUNDS = {torch.float8_e4m3fn: (-448.0, 448.0), torch.int8: (-128.0, 127.0)}
 #: The longest row (bytes) the kernel holds in registers (2048 vectors of 16 bytes).
 MAX_ROW_BYTES = 32768
+#: The norm_rows kind each op's module instantiates.
+_KINDS = {"rmsnorm_quant": "kRMSNorm", "fused_add_rmsnorm_quant": "kFusedAddRMSNorm"}
 #: Quant modes as the launcher takes them.
 _GROUP, _TOKEN, _STATIC = 0, 1, 2
 
@@ -59,7 +61,7 @@ def _load(op: str, in_dtype: torch.dtype, out_dtype: torch.dtype) -> Module:
         op,
         *args,
         cuda_files=["elementwise/norm_quant.cuh"],
-        cuda_wrappers=[(op, f"{op}<{args}>")],
+        cuda_wrappers=[(op, f"norm_quant<{args}, NormKind::{_KINDS[op]}>")],
     )
 
 
@@ -163,10 +165,7 @@ def _launch(
         return
     build = _jit_rmsnorm_quant_module if residual is None else _jit_fused_add_rmsnorm_quant_module
     fn = getattr(build(input.dtype, output_q.dtype), op)
-    if residual is None:
-        fn(rows, weight, q, s, y, eps, quant_eps, mode, group_size, scale_ue8m0, enable_pdl)
-    else:
-        fn(rows, res, weight, q, s, y, eps, quant_eps, mode, group_size, scale_ue8m0, enable_pdl)
+    fn(rows, res, weight, q, s, y, eps, quant_eps, mode, group_size, scale_ue8m0, enable_pdl)
 
 
 def _token_scales(op: str, output_s: torch.Tensor, num_tokens: int) -> torch.Tensor:

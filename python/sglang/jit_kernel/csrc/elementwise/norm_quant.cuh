@@ -186,6 +186,8 @@ SGL_DEVICE void norm_quant_group(
       if (valid[j]) x[j].store(ptrs.residual, lane + j * tpr);
     }
   }
+  // norm_group_in_registers' reduction, statement for statement (the same rstd bits). Not shared
+  // through a helper: moving it into one changed the SASS of a fused_add_rmsnorm build.
   float sum = 0.0f;
   if constexpr (kStraight) {
     sum = sum_squares_all(x);
@@ -276,10 +278,10 @@ inline constexpr int kNormQuantThreadBytes = kVecs * 16;
 
 /// Minimum resident CTAs of a narrow build (__launch_bounds__): norm_rows_kernel's, capped so that
 /// the quant epilogue (the rounded row in fp32, the block maxima) fits without spills: 4 CTAs of
-/// 256 threads (64 registers) up to two vectors per thread, 3 (80) for four.
+/// 256 threads (64 registers) up to two vectors per thread, 2 (128) for four (fp16 spilled at 80).
 template <NormKind kKind, int kVecs, bool kWide>
 inline constexpr int kNormQuantMinBlocks =
-    std::min(NormConfig::bound_blocks(kKind, kVecs * 16, false, kWide, kVecs), kWide ? 1 : (kVecs >= 4 ? 3 : 4));
+    std::min(NormConfig::bound_blocks(kKind, kVecs * 16, false, kWide, kVecs), kWide ? 1 : (kVecs >= 4 ? 2 : 4));
 
 /// Normalises and quantizes every row of params.norm.rows[0]. Block: rows_per_cta * threads_per_row
 /// threads (choose_geometry of kKind with 16-byte vectors), grid: any size, CTAs stride over groups of
@@ -321,11 +323,19 @@ void launch_norm_quant_bucket(const NormQuantParams& params, const NormGeometry&
   launch(norm_quant_kernel<T, TOut, kKind, kVecs, false>);
 }
 
-/// Validates the tensors common to both ops, fills `params` and launches. `residual`: the fused
-/// add's (kFusedAddRMSNorm), else absent.
+/// The launcher of both ops, exported per kKind: kRMSNorm is rmsnorm_quant (residual absent),
+/// kFusedAddRMSNorm fused_add_rmsnorm_quant (residual <- round(input + residual) in place, then as
+/// rmsnorm_quant on the rounded sum; input is read only unless normed is input).
+/// input: [num_tokens, hidden_size] of T, last dim contiguous, any row stride (16-byte aligned
+/// rows); residual: the same shape and dtype, its own row stride, disjoint from every other tensor;
+/// weight: [hidden_size]; output_q: [num_tokens, hidden_size] of TOut, any row stride; output_s:
+/// mode 0 (group) fp32 [num_tokens, hidden_size / group_size] (ue8m0: int32 [num_tokens,
+/// ceil(num_groups / 4)]), any strides; mode 1 (token) fp32 [num_tokens]; mode 2 (static) the
+/// scale, fp32 [1], read. normed: optional [num_tokens, hidden_size] of T (may be input). T = fp16_t
+/// | bf16_t; TOut = fp8_e4m3_t | int8_t. Empty inputs return without a launch. Throws PanicError
+/// (Python RuntimeError) naming the tensor on any mismatch.
 template <typename T, typename TOut, NormKind kKind>
 void norm_quant(
-    const char* op,
     tvm::ffi::TensorView input,
     tvm::ffi::Optional<tvm::ffi::TensorView> residual,
     tvm::ffi::TensorView weight,
@@ -343,7 +353,14 @@ void norm_quant(
   static_assert(
       std::is_same_v<TOut, fp8_e4m3_t> || std::is_same_v<TOut, int8_t>,
       "norm_quant: TOut must be fp8_e4m3_t or int8_t");
+  static_assert(kKind == NormKind::kRMSNorm || kKind == NormKind::kFusedAddRMSNorm, "norm_quant: a row kind");
   constexpr int64_t kVecN = 16 / sizeof(T);
+  const char* const op = kKind == NormKind::kRMSNorm ? "rmsnorm_quant" : "fused_add_rmsnorm_quant";
+  RuntimeCheck(
+      residual.has_value() == (kKind == NormKind::kFusedAddRMSNorm),
+      op,
+      ": residual: expected ",
+      kKind == NormKind::kRMSNorm ? "none" : "a tensor");
 
   // Validate
   SymbolicSize num_tokens{"num_tokens"};
@@ -529,75 +546,6 @@ void norm_quant(
     default:
       Panic(op, ": unexpected vectors per thread ", geometry.vecs_per_thread);
   }
-}
-
-/// rmsnorm_quant: y = rmsnorm(input, weight, eps), then q, s = quantize(y) (see the file comment).
-/// input: [num_tokens, hidden_size] of T, last dim contiguous, any row stride (16-byte aligned
-/// rows); weight: [hidden_size]; output_q: [num_tokens, hidden_size] of TOut, any row stride;
-/// output_s: mode 0 (group) fp32 [num_tokens, hidden_size / group_size] (ue8m0: int32 [num_tokens,
-/// ceil(num_groups / 4)]), any strides; mode 1 (token) fp32 [num_tokens]; mode 2 (static) the scale,
-/// fp32 [1], read. normed: optional [num_tokens, hidden_size] of T (may be input). T = fp16_t |
-/// bf16_t; TOut = fp8_e4m3_t | int8_t. Throws PanicError (Python RuntimeError) naming the tensor.
-template <typename T, typename TOut>
-void rmsnorm_quant(
-    tvm::ffi::TensorView input,
-    tvm::ffi::TensorView weight,
-    tvm::ffi::TensorView output_q,
-    tvm::ffi::TensorView output_s,
-    tvm::ffi::Optional<tvm::ffi::TensorView> normed,
-    double eps,
-    double quant_eps,
-    int64_t mode,
-    int64_t group_size,
-    bool scale_ue8m0,
-    int64_t enable_pdl) {
-  norm_quant<T, TOut, NormKind::kRMSNorm>(
-      "rmsnorm_quant",
-      input,
-      tvm::ffi::Optional<tvm::ffi::TensorView>(),
-      weight,
-      output_q,
-      output_s,
-      normed,
-      eps,
-      quant_eps,
-      mode,
-      group_size,
-      scale_ue8m0,
-      enable_pdl);
-}
-
-/// fused_add_rmsnorm_quant: residual <- round(input + residual) in place, then as rmsnorm_quant on
-/// the rounded sum. input is read only (unless normed is input); residual: [num_tokens,
-/// hidden_size] of T, its own row stride, disjoint from every other tensor.
-template <typename T, typename TOut>
-void fused_add_rmsnorm_quant(
-    tvm::ffi::TensorView input,
-    tvm::ffi::TensorView residual,
-    tvm::ffi::TensorView weight,
-    tvm::ffi::TensorView output_q,
-    tvm::ffi::TensorView output_s,
-    tvm::ffi::Optional<tvm::ffi::TensorView> normed,
-    double eps,
-    double quant_eps,
-    int64_t mode,
-    int64_t group_size,
-    bool scale_ue8m0,
-    int64_t enable_pdl) {
-  norm_quant<T, TOut, NormKind::kFusedAddRMSNorm>(
-      "fused_add_rmsnorm_quant",
-      input,
-      residual,
-      weight,
-      output_q,
-      output_s,
-      normed,
-      eps,
-      quant_eps,
-      mode,
-      group_size,
-      scale_ue8m0,
-      enable_pdl);
 }
 
 }  // namespace
