@@ -473,6 +473,45 @@ void dispatch_per_token_group_quant_8bit(
   }
 }
 
+/// The size checks of a group quantizer's launcher (this op's and per_token_group_quant.cuh's):
+/// group_size a power of two in [16, max_group_size], scale_ue8m0 only for fp8 output (not
+/// int8_out), hidden_size a multiple of group_size. Returns the groups per row; throws PanicError
+/// (Python RuntimeError) starting with `op`.
+inline int64_t check_group_quant_sizes(
+    const char* op, int64_t group_size, int64_t max_group_size, bool int8_out, bool scale_ue8m0, int64_t hidden_size) {
+  using host::RuntimeCheck;
+  RuntimeCheck(
+      group_size >= 16 && group_size <= max_group_size && (group_size & (group_size - 1)) == 0,
+      op,
+      ": group_size must be a power of two in [16, ",
+      max_group_size,
+      "], got ",
+      group_size);
+  RuntimeCheck(
+      !(int8_out && scale_ue8m0), op, ": output_q dtype: expected float8_e4m3fn (scale_ue8m0 is for fp8), got int8");
+  RuntimeCheck(
+      hidden_size % group_size == 0,
+      op,
+      ": hidden_size (",
+      hidden_size,
+      ") must be a multiple of group_size (",
+      group_size,
+      ")");
+  return hidden_size / group_size;
+}
+
+/// output_q and output_s: each element at an address of its own, disjoint from input and from each
+/// other (PanicError naming the tensors otherwise).
+inline void verify_group_quant_outputs_disjoint(
+    const tvm::ffi::TensorView& input, const tvm::ffi::TensorView& output_q, const tvm::ffi::TensorView& output_s) {
+  using namespace host;
+  verify_no_self_overlap(output_q, "output_q");
+  verify_no_self_overlap(output_s, "output_s");
+  verify_no_partial_overlap(output_q, "output_q", input, "input", /*allow_same=*/false);
+  verify_no_partial_overlap(output_s, "output_s", input, "input", /*allow_same=*/false);
+  verify_no_partial_overlap(output_s, "output_s", output_q, "output_q", /*allow_same=*/false);
+}
+
 /// Quantizes input [num_tokens, hidden_size] (TIn = fp16_t | bf16_t | fp32_t, last dim contiguous,
 /// any row stride) into output_q (TOut = fp8_e4m3_t | int8_t, same shape, last dim contiguous, any
 /// row stride)
@@ -516,23 +555,8 @@ void per_token_group_quant_8bit(
       .with_dtype<TOut>()
       .with_device<kDLCUDA>(device_)
       .verify(output_q, "output_q");
-  RuntimeCheck(
-      group_size >= 16 && group_size <= kMaxGroupSize && (group_size & (group_size - 1)) == 0,
-      "per_token_group_quant_8bit: group_size must be a power of two in [16, ",
-      kMaxGroupSize,
-      "], got ",
-      group_size);
-  RuntimeCheck(
-      !(kInt8 && scale_ue8m0),
-      "per_token_group_quant_8bit: output_q dtype: expected float8_e4m3fn (scale_ue8m0 is for fp8), got int8");
-  RuntimeCheck(
-      hidden_size.unwrap() % group_size == 0,
-      "per_token_group_quant_8bit: hidden_size (",
-      hidden_size.unwrap(),
-      ") must be a multiple of group_size (",
-      group_size,
-      ")");
-  const int64_t num_groups = hidden_size.unwrap() / group_size;
+  const int64_t num_groups = check_group_quant_sizes(
+      "per_token_group_quant_8bit", group_size, kMaxGroupSize, kInt8, scale_ue8m0, hidden_size.unwrap());
   SymbolicSize scale_cols{"scale_cols"};
   scale_cols.set_value(scale_ue8m0 ? div_ceil(num_groups, int64_t{4}) : num_groups);
   auto scale_matcher = TensorMatcher({num_tokens, scale_cols}).with_strides({kAnySize, kAnySize});
@@ -541,11 +565,7 @@ void per_token_group_quant_8bit(
   } else {
     scale_matcher.with_dtype<float>().with_device<kDLCUDA>(device_).verify(output_s, "output_s");
   }
-  verify_no_self_overlap(output_q, "output_q");
-  verify_no_self_overlap(output_s, "output_s");
-  verify_no_partial_overlap(output_q, "output_q", input, "input", /*allow_same=*/false);
-  verify_no_partial_overlap(output_s, "output_s", input, "input", /*allow_same=*/false);
-  verify_no_partial_overlap(output_s, "output_s", output_q, "output_q", /*allow_same=*/false);
+  verify_group_quant_outputs_disjoint(input, output_q, output_s);
   RuntimeCheck(q_min < q_max, "per_token_group_quant_8bit: fp8_min must be < fp8_max, got ", q_min, " and ", q_max);
 
   // Unwrap
