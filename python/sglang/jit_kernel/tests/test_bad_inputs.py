@@ -2360,6 +2360,9 @@ def _catalogue() -> dict[str, tuple[Callable[..., Any], Callable[[Any], tuple[tu
             "input",
         ),
         "per_token_quant_fp8": (lambda d: ((t(4, 64)(d), t(4, 64, dtype=FP8)(d), t(4, 1, dtype=FP32)(d)), {}), "input"),
+        "per_token_group_quant": (lambda d: ((t(4, 512)(d),), {"fuse_silu_and_mul": True}), "input"),
+        "rmsnorm_quant": (lambda d: ((t(4, 256)(d), t(256)(d), 1e-6), {}), "input"),
+        "fused_add_rmsnorm_quant": (lambda d: ((t(4, 256)(d), t(4, 256)(d), t(256)(d), 1e-6), {}), "input"),
         "apply_rope_inplace": (
             lambda d: (
                 (t(4, 8, 128)(d), t(4, 2, 128)(d), t(64, 128, dtype=FP32)(d), t(4, dtype=i64)(d)),
