@@ -94,18 +94,10 @@ def _check_parts(
         check_no_partial_overlap(op, out_arg, o, y, b_arg, allow_same=False)
 
 
-#: From this many tokens on, the launcher's token-major block order (variant 2: one sweep over the
-#: tensors instead of one per head block). H200, bf16, cold L2: concat_mla_k [16384, 128, 192]
-#: 332.96 us (95.1 % of copy) vs 352.22 us (89.9 %); concat_mla_absorb_q [4096, 128, 512 + 64]
-#: 283.80 us (100.2 %) vs 315.41 us (90.2 %). Decode sizes keep the head-block order they were
-#: measured with (0.91 us at 1 token, 1.94 us at 64).
-TOKEN_MAJOR_MIN_TOKENS = 1024
-
-
 def _call(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     key = (_row_bytes(a), _row_bytes(b))
     fn = _FNS.get(key) or _load(*key)
-    fn(out, a, b, 2 if out.shape[0] >= TOKEN_MAJOR_MIN_TOKENS else 0)
+    fn(out, a, b)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,7 +156,7 @@ def concat_mla_k(k: torch.Tensor, k_nope: torch.Tensor, k_rope: torch.Tensor) ->
             fn = None
         if fn is not None:
             try:
-                fn(k, k_nope, k_rope, 2 if k.shape[0] >= TOKEN_MAJOR_MIN_TOKENS else 0)  # the launcher checks
+                fn(k, k_nope, k_rope)  # the launcher checks
                 return
             except (
                 AttributeError,
@@ -240,7 +232,7 @@ def concat_mla_absorb_q(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         if fn is not None and a.dim() == 3:
             out = a.new_empty(a.shape[0], a.shape[1], a.shape[2] + b.shape[-1])
             try:
-                fn(out, a, b, 2 if out.shape[0] >= TOKEN_MAJOR_MIN_TOKENS else 0)  # the launcher checks
+                fn(out, a, b)  # the launcher checks
                 return out
             except (TypeError, ValueError, RuntimeError):  # raised before any launch: the checked path explains
                 pass

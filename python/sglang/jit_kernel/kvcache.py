@@ -145,7 +145,7 @@ def _run_store_cache(
 ) -> None:
     """The checked call on 2-D views: the optional host index check, then the launcher."""
     check_indices("store_cache", "indices", indices, k_cache.shape[0], dim_name="num_slots")
-    _load().store_cache(k, v, k_cache, v_cache, indices, 0, num_split, 0)
+    _load().store_cache(k, v, k_cache, v_cache, indices, 0, num_split)
 
 
 @torch.library.custom_op("sglang_jit_kernel::store_cache", mutates_args=("k_cache", "v_cache"), device_types="cuda")
@@ -248,7 +248,7 @@ def store_cache(
         # exact ints only: the FFI would pass a bool as 0 / 1 (the checked path raises TypeError)
         if fn is not None and type(row_bytes) is int and type(num_split) is int:
             try:
-                fn(k, v, k_cache, v_cache, indices, row_bytes, num_split, 0)  # the launcher checks everything
+                fn(k, v, k_cache, v_cache, indices, row_bytes, num_split)  # the launcher checks everything
                 return
             except (TypeError, ValueError, RuntimeError):  # raised before any launch: the checked path explains
                 pass
@@ -343,7 +343,7 @@ def _head_rows(op: str, arg: str, tensor: torch.Tensor, dim_name: str, row_name:
 
 def _run_set_mla_kv_buffer(kv: torch.Tensor, loc: torch.Tensor, nope: torch.Tensor, rope: torch.Tensor) -> None:
     check_indices("set_mla_kv_buffer", "loc", loc, kv.shape[0], dim_name="num_slots")
-    _load().set_mla_kv_buffer(kv, loc, nope, rope, 0)
+    _load().set_mla_kv_buffer(kv, loc, nope, rope)
 
 
 def _mla_views(
@@ -412,7 +412,7 @@ def set_mla_kv_buffer(
         fn = _fast_fn("set_mla_kv_buffer")
         if fn is not None:
             try:
-                fn(kv_buffer, loc, cache_k_nope, cache_k_rope, 0)  # the launcher checks everything
+                fn(kv_buffer, loc, cache_k_nope, cache_k_rope)  # the launcher checks everything
                 return
             except (TypeError, ValueError, RuntimeError):  # raised before any launch: the checked path explains
                 pass

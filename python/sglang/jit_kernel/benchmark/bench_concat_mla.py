@@ -7,9 +7,7 @@ GB/s from the bytes each op must move, % of a 1 GiB device copy measured in the 
   concat_mla_k         T*H*(nope + rope)*s + T*H*nope*s + T*rope*s   (write k, read k_nope, read k_rope once)
   concat_mla_absorb_q  2*T*H*(A + B)*s                              (read a and b, write out)
 DeepSeek shapes: k [T, 128, 128 + 64] from k_nope [T, 128, 128] and k_rope [T, 1, 64]; q [T, 128, 512 + 64].
-A/B rows (the launcher's variants, the same bytes as "jit"; see concat_mla.cuh): "jit evict_last"
-(1: loads a and b with an L2 evict_last policy), "jit token-major" (2: 1-D grid, the blocks of a token
-consecutive) and "jit tm+evict_last" (3: both).
+"jit" takes the token-major block order from 1024 tokens on (concat_mla.cuh).
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ from sglang.jit_kernel.benchmark.utils import (
     get_benchmark_range,
     sweep_rows,
 )
-from sglang.jit_kernel.concat_mla import _load, concat_mla_absorb_q, concat_mla_k
+from sglang.jit_kernel.concat_mla import concat_mla_absorb_q, concat_mla_k
 from sglang.test.ci.ci_register import register_cuda_ci
 
 register_cuda_ci(est_time=120, suite="stage-b-kernel-benchmark-1-gpu-large")
@@ -43,25 +41,6 @@ def torch_absorb_q(a, b) -> torch.Tensor:
     return torch.cat([a, b], dim=-1)
 
 
-def variant_k(variant: int):
-    def call(k, k_nope, k_rope) -> None:
-        _load(NOPE * 2, ROPE * 2)(k, k_nope, k_rope, variant)
-
-    return call
-
-
-def variant_q(variant: int):
-    def call(a, b) -> torch.Tensor:
-        out = torch.empty(*a.shape[:2], Q_NOPE + ROPE, dtype=a.dtype, device=a.device)
-        _load(Q_NOPE * 2, ROPE * 2)(out, a, b, variant)
-        return out
-
-    return call
-
-
-VARIANT_ROWS = {"jit evict_last": 1, "jit token-major": 2, "jit tm+evict_last": 3}
-
-
 def k_set(t: int) -> tuple:
     k = torch.empty(t, HEADS, NOPE + ROPE, dtype=DTYPE, device="cuda")
     k_nope = torch.randn(t, HEADS, NOPE, dtype=DTYPE, device="cuda")
@@ -78,13 +57,11 @@ def main() -> None:
     roof = copy_roof_gbps()
     k_providers = {
         "jit": concat_mla_k,
-        **{name: variant_k(v) for name, v in VARIANT_ROWS.items()},
         "torch two copies": torch_concat_k,
         "torch.compile": lambda *a: compiled_once("k", torch_concat_k)(*a),
     }
     q_providers = {
         "jit": concat_mla_absorb_q,
-        **{name: variant_q(v) for name, v in VARIANT_ROWS.items()},
         "torch.cat": torch_absorb_q,
         "torch.compile": lambda *a: compiled_once("q", torch_absorb_q)(*a),
     }

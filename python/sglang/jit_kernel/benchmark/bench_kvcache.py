@@ -8,11 +8,9 @@ GB/s from the bytes each op must move, % of a 1 GiB device copy measured in the 
   set_mla_kv_buffer  2*T*(nope + rope)*s + T*8     (read k_nope and k_rope, write the slots, read loc)
 with s = 2 (bf16), int64 indices. Shapes: store_cache k, v [T, 8 x 128] into [4T + 1, 1024]
 (the issue's table); set_mla_kv_buffer DeepSeek [T, 1, 512 + 64] into [4T + 1, 1, 576]. Slots are
-distinct and random. A/B rows: "jit evict_last" is the launchers' variant 1 (source loads with an
-L2 evict_last policy; see row_scatter.cuh), the same bytes as "jit"; "jit x2" / "jit x4" are
-variants 2 / 3 (the flat kernel with 2 / 4 16-byte vectors per thread, every load issued before the
-stores, one pass), "jit x4 persistent" variant 4 (4 per thread, grid = the blocks resident at once).
-store_cache's default ("jit") is variant 2's kernel from 32 MiB of k + v rows on (16384 tokens here).
+distinct and random. store_cache's "jit" moves two 16-byte vectors a thread from 32 MiB of k + v
+rows on (16384 tokens here), one below (store_cache.cuh); "jit num_split=1" is the warp kernel that
+an explicit num_split selects (row_scatter.cuh).
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ from sglang.jit_kernel.benchmark.utils import (
     get_benchmark_range,
     sweep_rows,
 )
-from sglang.jit_kernel.kvcache import _load, set_mla_kv_buffer, store_cache
+from sglang.jit_kernel.kvcache import set_mla_kv_buffer, store_cache
 from sglang.test.ci.ci_register import register_cuda_ci
 
 register_cuda_ci(est_time=120, suite="stage-b-kernel-benchmark-1-gpu-large")
@@ -47,32 +45,6 @@ def torch_store(k, v, k_cache, v_cache, indices) -> None:
 
 def torch_set_mla(kv, loc, k_nope, k_rope) -> None:
     kv.index_copy_(0, loc, torch.cat([k_nope, k_rope], dim=-1))
-
-
-def evict_last_store(k, v, k_cache, v_cache, indices) -> None:
-    _load().store_cache(k, v, k_cache, v_cache, indices, 0, 0, 1)  # 2-D rows, as store_set makes them
-
-
-def evict_last_set_mla(kv, loc, k_nope, k_rope) -> None:
-    _load().set_mla_kv_buffer(kv, loc, k_nope, k_rope, 1)
-
-
-#: Launcher variants 2-4 (row_scatter.cuh's vecs_per_thread / persistent A/B knobs; 16-byte vectors).
-MULTI_VARIANTS = {"jit x2": 2, "jit x4": 3, "jit x4 persistent": 4}
-
-
-def store_variant(variant: int):
-    def call(k, v, k_cache, v_cache, indices) -> None:
-        _load().store_cache(k, v, k_cache, v_cache, indices, 0, 0, variant)
-
-    return call
-
-
-def set_mla_variant(variant: int):
-    def call(kv, loc, k_nope, k_rope) -> None:
-        _load().set_mla_kv_buffer(kv, loc, k_nope, k_rope, variant)
-
-    return call
 
 
 def store_set(t: int) -> tuple:
@@ -95,10 +67,7 @@ def mla_set(t: int) -> tuple:
 def store_cache_rows() -> list[BenchRow]:
     providers = {
         "jit": store_cache,
-        "jit evict_last": evict_last_store,
-        **{name: store_variant(variant) for name, variant in MULTI_VARIANTS.items()},
-        # The warp kernel, up to 4 vectors per lane (the auto choice before the flat kernel): an A/B row.
-        "jit num_split=1": lambda *a: store_cache(*a, num_split=1),
+        "jit num_split=1": lambda *a: store_cache(*a, num_split=1),  # the warp kernel
         "torch index_copy_": torch_store,
         "torch.compile": lambda *a: compiled_once("store", torch_store)(*a),
     }
@@ -115,8 +84,6 @@ def store_cache_rows() -> list[BenchRow]:
 def set_mla_rows() -> list[BenchRow]:
     providers = {
         "jit": set_mla_kv_buffer,
-        "jit evict_last": evict_last_set_mla,
-        **{name: set_mla_variant(variant) for name, variant in MULTI_VARIANTS.items()},
         "torch index_copy_": torch_set_mla,
         "torch.compile": lambda *a: compiled_once("mla", torch_set_mla)(*a),
     }

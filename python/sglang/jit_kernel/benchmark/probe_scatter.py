@@ -6,12 +6,10 @@ bytes) with different slot maps, so that only the destination pattern changes:
   identity    slot i = i into a [T]-slot cache: a contiguous copy of the same bytes through the kernel
   identity 4T slot i = i into the [4T + 1]-slot cache (the same footprint as random, written in order)
 
-each through the launchers' variants (0 default, 1 source loads L2 evict_last, 2 / 3 the flat kernel
-with 2 / 4 16-byte vectors per thread, 4 the same 4 on a persistent grid), at the bench's sizes and
-at 4x the tokens (to separate the fixed launch / ramp / tail cost of a ~40 MB call from the rate).
-Each size also gets a "torch copy" row: one torch copy_ of a contiguous tensor holding the op's
-source bytes into a contiguous destination of the same size (reads and writes what the op does,
-less the indices, in one launch): the roof for a call of that size, against which the "identity"
+at the bench's sizes and at 4x the tokens (to separate the fixed launch / ramp / tail cost of a
+~40 MB call from the rate). Each size also gets a "torch copy" row: one torch copy_ of a contiguous
+tensor holding the op's source bytes into a contiguous destination of the same size (reads and
+writes what the op does, less the indices, in one launch): the roof for a call of that size, against which the "identity"
 (our kernel, contiguous slots) and "random" rows are read. Every row of one op and size has the
 same bytes (the op's formula), so the % columns compare directly.
 CUDA-graph median, inputs rotated past 4x the L2 (benchmark.utils.bench_rotating); % of the copy roof
@@ -40,8 +38,6 @@ DTYPE = torch.bfloat16
 ROW = 8 * 128
 NOPE, ROPE = 512, 64
 PATTERNS = ("random", "sorted", "identity", "identity 4T")
-#: Launcher variant -> row label suffix (row_scatter.cuh).
-VARIANTS = {0: "", 1: " evict_last", 2: " x2", 3: " x4", 4: " x4 persistent"}
 
 
 def torch_copy_row(op: str, case: str, src_bytes: int, nbytes: int) -> BenchRow:
@@ -80,13 +76,8 @@ def store_rows(t: int) -> list[BenchRow]:
             k, v = (torch.randn(t, ROW, dtype=DTYPE, device="cuda") for _ in range(2))
             k_cache, v_cache = (torch.zeros(slots, ROW, dtype=DTYPE, device="cuda") for _ in range(2))
             sets.append((k, v, k_cache, v_cache, idx))
-        for variant, label in VARIANTS.items():
-
-            def call(k, v, kc, vc, idx, variant=variant) -> None:
-                module.store_cache(k, v, kc, vc, idx, 0, 0, variant)
-
-            median, _, _ = bench_rotating(call, sets)
-            rows.append(BenchRow("store_cache", f"[{t}, {ROW}]", pattern + label, median, nbytes))
+        median, _, _ = bench_rotating(lambda k, v, kc, vc, idx: module.store_cache(k, v, kc, vc, idx, 0, 0), sets)
+        rows.append(BenchRow("store_cache", f"[{t}, {ROW}]", pattern, median, nbytes))
         del sets
         torch.cuda.empty_cache()
     rows.append(torch_copy_row("store_cache", f"[{t}, {ROW}]", 2 * t * ROW * 2, nbytes))
@@ -105,13 +96,8 @@ def mla_rows(t: int) -> list[BenchRow]:
             k_nope = torch.randn(t, 1, NOPE, dtype=DTYPE, device="cuda")
             k_rope = torch.randn(t, 1, ROPE, dtype=DTYPE, device="cuda")
             sets.append((kv, loc, k_nope, k_rope))
-        for variant, label in VARIANTS.items():
-
-            def call(kv, loc, k_nope, k_rope, variant=variant) -> None:
-                module.set_mla_kv_buffer(kv, loc, k_nope, k_rope, variant)
-
-            median, _, _ = bench_rotating(call, sets)
-            rows.append(BenchRow("set_mla_kv_buffer", f"[{t}, {NOPE}+{ROPE}]", pattern + label, median, nbytes))
+        median, _, _ = bench_rotating(module.set_mla_kv_buffer, sets)
+        rows.append(BenchRow("set_mla_kv_buffer", f"[{t}, {NOPE}+{ROPE}]", pattern, median, nbytes))
         del sets
         torch.cuda.empty_cache()
     rows.append(torch_copy_row("set_mla_kv_buffer", f"[{t}, {NOPE}+{ROPE}]", t * (NOPE + ROPE) * 2, nbytes))

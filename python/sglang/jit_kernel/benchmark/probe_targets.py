@@ -1,12 +1,12 @@
-"""Probe: the rows the open performance targets need, default and A/B paths side by side, in one
-process and about a minute on an H200 (each bench script takes 30-90 s; this is the short list for a
-device call that must also run the tests).
+"""Probe: the rows the open performance targets need, in one process and about a minute on an H200
+(each bench script takes 30-90 s; this is the short list for a device call that must also run the
+tests).
 
 Sections (pick with arguments; default all): ``norm`` (rmsnorm / rmsnorm_hf / qknorm across heads at
 1, 8, 64 and 16384 tokens), ``act`` (silu_and_mul at 1, 64,
 2048, 16384 tokens; gelu / gelu_tanh), ``quant``
 (per_token_group_quant_8bit [T, 7168] group 128), ``kv`` (store_cache,
-set_mla_kv_buffer, concat_mla_k / concat_mla_absorb_q under the launcher variants).
+set_mla_kv_buffer, concat_mla_k / concat_mla_absorb_q).
 
 Each row: CUDA-graph median per call, "cold" = inputs rotated past the L2 (benchmark.utils.
 bench_rotating), "one" = one input set replayed (the tutorial's run_benchmark); % of the 1 GiB device
@@ -130,7 +130,7 @@ if "quant" in which:
 
 if "kv" in which:
     section("kv")
-    from sglang.jit_kernel.concat_mla import _load, concat_mla_absorb_q, concat_mla_k
+    from sglang.jit_kernel.concat_mla import concat_mla_absorb_q, concat_mla_k
     from sglang.jit_kernel.kvcache import set_mla_kv_buffer, store_cache
 
     for t in (1, 16384):
@@ -174,34 +174,13 @@ if "kv" in which:
     )
     nbk = t * 128 * 192 * 2 + t * 128 * 128 * 2 + t * 64 * 2
     row("concat_mla_k", f"[{t}, 128, 192]", "jit", lambda k, n, r: concat_mla_k(k, n, r), mkk, nbk, one=False)
-    for v in (1, 2, 3):
-        row(
-            "concat_mla_k",
-            f"[{t}, 128, 192]",
-            f"jit variant {v}",
-            lambda k, n, r, v=v: _load(256, 128)(k, n, r, v),
-            mkk,
-            nbk,
-            one=False,
-        )
     t = 4096
     mka = lambda: (
         torch.randn(t, 128, 512, dtype=BF16, device="cuda"),
         torch.randn(t, 128, 64, dtype=BF16, device="cuda"),
     )
     nba = 2 * t * 128 * 576 * 2
-
-    def absorb_variant(v):
-        def call(a, b):
-            out = torch.empty(*a.shape[:2], 576, dtype=a.dtype, device=a.device)
-            _load(1024, 128)(out, a, b, v)
-            return out
-
-        return call
-
     row(
         "concat_mla_absorb_q", f"[{t}, 128, 512+64]", "jit", lambda a, b: concat_mla_absorb_q(a, b), mka, nba, one=False
     )
-    for v in (1, 2, 3):
-        row("concat_mla_absorb_q", f"[{t}, 128, 512+64]", f"jit variant {v}", absorb_variant(v), mka, nba, one=False)
 section("end")

@@ -186,6 +186,44 @@ def test_concat_mla_absorb_q_empty_graph_and_compile():
     assert_bits_equal(compiled(a, b), cat_bytes(a + 1, b).float() * 2)
 
 
+# ---- both block orders ----
+# concat_mla.cuh's ConcatMlaConfig::kTokenMajorMinTokens: a 2-D grid (token x head block) below this
+# many tokens, the token-major 1-D grid from here on.
+TOKEN_MAJOR_MIN_TOKENS = 1024
+SWITCH_TOKENS = [TOKEN_MAJOR_MIN_TOKENS - 1, TOKEN_MAJOR_MIN_TOKENS, 2 * TOKEN_MAJOR_MIN_TOKENS + 3]
+
+
+@requires_cuda
+@pytest.mark.parametrize("offset", [0, 1])
+@pytest.mark.parametrize("num_tokens", SWITCH_TOKENS)
+def test_concat_mla_k_both_sides_of_the_token_major_switch(num_tokens, offset):
+    """Just below, at and above the switch, k_rope broadcast and per head, k 16-byte aligned and
+    (offset 1) off by one element (2-byte vectors): torch.cat's bytes, the poison before k intact.
+    16 heads: two blocks a token at 16-byte vectors, the second partly idle."""
+    heads = 16
+    big = sentinel_filled((offset + num_tokens * heads * 192,), torch.bfloat16)
+    k = big[offset:].view(num_tokens, heads, 192)
+    k_nope = random_of((num_tokens, heads, 128), torch.bfloat16)
+    for rope_heads in (1, heads):
+        k_rope = random_of((num_tokens, rope_heads, 64), torch.bfloat16)
+        big.view(torch.uint8).fill_(SENTINEL_BYTE)
+        expected = big.clone()
+        expected[offset:] = cat_bytes(k_nope, k_rope).reshape(-1)
+        concat_mla_k(k, k_nope, k_rope)
+        assert_bits_equal(big, expected)
+
+
+@requires_cuda
+@pytest.mark.parametrize("offset", [0, 1])
+@pytest.mark.parametrize("num_tokens", SWITCH_TOKENS)
+def test_concat_mla_absorb_q_both_sides_of_the_token_major_switch(num_tokens, offset):
+    """The same for absorb_q [T, 16, 512 + 64] (4.5 blocks a token), a 16-byte aligned or (offset 1)
+    not."""
+    a = random_of((num_tokens, 16, offset + 512), torch.bfloat16)[:, :, offset:]
+    b = random_of((num_tokens, 16, 64), torch.bfloat16)
+    assert_bits_equal(concat_mla_absorb_q(a, b), cat_bytes(a, b))
+
+
 # ---- errors (raised before any launch) ----
 def test_concat_mla_cpu_and_non_tensors():
     with pytest.raises(RuntimeError, match=r"^concat_mla_k: k device: expected a CUDA device, got cpu$"):
@@ -284,40 +322,11 @@ def test_concat_mla_ffi_rejects_mismatch_from_cpp():
         random_of((4, 1, 64), torch.bfloat16),
     )
     with pytest.raises(RuntimeError, match="built for 256 \\+ 128"):
-        module.concat_mla(k[:, :, :160], k_nope, k_rope[:, :, :32], 0)
+        module.concat_mla(k[:, :, :160], k_nope, k_rope[:, :, :32])
     with pytest.raises(RuntimeError, match="k_nope|a"):
-        module.concat_mla(k, k_nope.half(), k_rope, 0)
+        module.concat_mla(k, k_nope.half(), k_rope)
     with pytest.raises(RuntimeError, match="overlaps|share memory"):  # refused either as shared or as undecidable
-        module.concat_mla(k, k[:, :, :128], k_rope, 0)
-
-
-@requires_cuda
-@pytest.mark.parametrize("a_dim,b_dim", [(128, 64), (512, 64)])
-@pytest.mark.parametrize("variant", [1, 2, 3])
-def test_concat_mla_variants_write_the_same_bytes(a_dim, b_dim, variant):
-    """The launcher's variants (A/B knobs of bench_concat_mla: 1 L2 evict_last loads, 2 token-major
-    blocks, 3 both): the same output as the default, broadcast and per-head b, one token and many,
-    and an unaligned view (narrower vectors, no hint)."""
-    from sglang.jit_kernel.concat_mla import _load
-
-    fn = _load(a_dim * 2, b_dim * 2)
-    for tokens in (1, 37):
-        for b_heads in (1, 16):
-            a = random_of((tokens, 16, a_dim), torch.bfloat16)
-            b = random_of((tokens, b_heads, b_dim), torch.bfloat16)
-            out = sentinel_filled((tokens, 16, a_dim + b_dim), torch.bfloat16)
-            expected = out.clone()
-            fn(expected, a, b, 0)
-            fn(out, a, b, variant)
-            assert_bits_equal(out, expected)
-    storage = sentinel_filled((37 * 16 * (a_dim + b_dim) + 1,), torch.bfloat16)
-    out = storage[1:].view(37, 16, a_dim + b_dim)
-    expected = out.clone()
-    fn(expected, a, b, 0)
-    fn(out, a, b, variant)
-    assert_bits_equal(out, expected)
-    with pytest.raises(RuntimeError, match="variant"):
-        fn(out, a, b, 4)
+        module.concat_mla(k, k[:, :, :128], k_rope)
 
 
 if __name__ == "__main__":

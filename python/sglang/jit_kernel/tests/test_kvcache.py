@@ -156,6 +156,23 @@ def test_store_cache_num_split(num_split):
     store_and_check(*tensors, slot_map("padded", 257, 600), num_split=num_split, row_bytes=2048)
 
 
+# Indices whose k + v rows (bf16 1024 + 1024: 4 KiB) make 32 MiB, store_cache.cuh's
+# kStoreCacheWideMinBytes: from here on the flat kernel moves two 16-byte vectors a thread, one below.
+WIDE_MIN_INDICES = (32 << 20) // (2 * 1024 * 2)
+
+
+@requires_cuda
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("num_indices", [WIDE_MIN_INDICES - 1, WIDE_MIN_INDICES, 2 * WIDE_MIN_INDICES + 1])
+def test_store_cache_both_sides_of_the_wide_switch(num_indices, index_dtype):
+    """Just below, at and above 32 MiB of k + v rows (one and two vectors a thread): the reference's
+    bytes, padding (-1) and out-of-range slots skipped."""
+    num_slots = 2 * num_indices + 1
+    indices = slot_map("padded", num_indices, num_slots, index_dtype)
+    indices[[1, num_indices - 1]] = num_slots
+    store_and_check(*make_store(num_indices, num_slots, 1024), indices)
+
+
 @requires_cuda
 @pytest.mark.parametrize("offset", [0, 1, 2, 3, 5])
 @pytest.mark.parametrize("row", [64, 98, 1024])
@@ -395,68 +412,6 @@ def test_store_cache_cpu_and_non_tensors():
         store_cache([1.0], k, k, k, k)
 
 
-@requires_cuda
-@pytest.mark.parametrize("k_row,v_row", [(1024, 1024), (64, 96), (98, 100), (4096, 576)])
-def test_store_cache_evict_last_variant_writes_the_same_bytes(k_row, v_row):
-    """The launchers' variants 1-4 (source loads L2 evict_last; 2 / 4 vectors per thread, one pass or
-    persistent: A/B knobs of bench_kvcache) write what the default does: padded slot maps, 16-, 8-
-    and narrower vectors (the hint applies to 8/16 only, the multi kernel to 16 only)."""
-    from sglang.jit_kernel.kvcache import _load
-
-    module = _load()
-    k, v, k_cache, v_cache = make_store(300, 700, k_row, v_row)
-    indices = slot_map("padded", 300, 700)
-    expected_k, expected_v = k_cache.clone(), v_cache.clone()
-    module.store_cache(k, v, expected_k, expected_v, indices, 0, 0, 0)
-    kv0 = sentinel_filled((700, 1, 576), torch.bfloat16)
-    expected_kv = kv0.clone()
-    nope, rope = random_of((300, 1, 512), torch.bfloat16), random_of((300, 1, 64), torch.bfloat16)
-    module.set_mla_kv_buffer(expected_kv, indices, nope, rope, 0)
-    for variant in (1, 2, 3, 4):  # evict_last; 2 / 4 vectors per thread; 4 on a persistent grid
-        kc, vc = k_cache.clone(), v_cache.clone()
-        module.store_cache(k, v, kc, vc, indices, 0, 0, variant)
-        assert_bits_equal(kc, expected_k)
-        assert_bits_equal(vc, expected_v)
-        kv = kv0.clone()
-        module.set_mla_kv_buffer(kv, indices, nope, rope, variant)
-        assert_bits_equal(kv, expected_kv)
-    with pytest.raises(RuntimeError, match="variant"):
-        module.store_cache(k, v, k_cache, v_cache, indices, 0, 0, 5)
-    with pytest.raises(RuntimeError, match="variant"):
-        module.set_mla_kv_buffer(kv0, indices, nope, rope, -1)
-
-
-@requires_cuda
-@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
-def test_row_scatter_multi_variants_large(index_dtype):
-    """Variants 2-4 (2 / 4 vectors per thread; 4 on a persistent grid, whose threads loop several
-    passes here) on the bench's store_cache [16384, 1024] bf16 into [65537] and set_mla_kv_buffer
-    [16384, 512 + 64]: the same bytes as the default, -1 and out-of-range slots skipped."""
-    from sglang.jit_kernel.kvcache import _load
-
-    module = _load()
-    t, slots = 16384, 4 * 16384 + 1
-    k, v = random_of((t, 1024), torch.bfloat16), random_of((t, 1024), torch.bfloat16)
-    indices = torch.randperm(slots, device="cuda")[:t].to(index_dtype)
-    indices[::13] = -1
-    indices[5] = slots
-    k_cache, v_cache = sentinel_filled((slots, 1024), torch.bfloat16), sentinel_filled((slots, 1024), torch.bfloat16)
-    expected_k, expected_v = k_cache.clone(), v_cache.clone()
-    module.store_cache(k, v, expected_k, expected_v, indices, 0, 0, 0)
-    nope, rope = random_of((t, 512), torch.bfloat16), random_of((t, 64), torch.bfloat16)
-    kv0 = sentinel_filled((slots, 576), torch.bfloat16)
-    expected_kv = kv0.clone()
-    module.set_mla_kv_buffer(expected_kv, indices, nope, rope, 0)
-    for variant in (2, 3, 4):
-        kc, vc = k_cache.clone(), v_cache.clone()
-        module.store_cache(k, v, kc, vc, indices, 0, 0, variant)
-        assert_bits_equal(kc, expected_k)
-        assert_bits_equal(vc, expected_v)
-        kv = kv0.clone()
-        module.set_mla_kv_buffer(kv, indices, nope, rope, variant)
-        assert_bits_equal(kv, expected_kv)
-
-
 def _store_args() -> list[torch.Tensor]:
     return [*make_store(8, 16, 64), slot_map("random", 8, 16)]
 
@@ -563,15 +518,15 @@ def test_store_cache_ffi_rejects_mismatch_from_cpp():
     module = _jit_kvcache_module()
     k, v, k_cache, v_cache, indices = _store_args()
     with pytest.raises(RuntimeError, match="k_cache"):
-        module.store_cache(k, v, k_cache.half(), v_cache, indices, 0, 0, 0)
+        module.store_cache(k, v, k_cache.half(), v_cache, indices, 0, 0)
     with pytest.raises(RuntimeError, match="indices"):
-        module.store_cache(k, v, k_cache, v_cache, indices.float(), 0, 0, 0)
+        module.store_cache(k, v, k_cache, v_cache, indices.float(), 0, 0)
     with pytest.raises(RuntimeError, match="at most num_tokens"):
-        module.store_cache(k, v, k_cache, v_cache, torch.zeros(9, dtype=torch.int64, device="cuda"), 0, 0, 0)
+        module.store_cache(k, v, k_cache, v_cache, torch.zeros(9, dtype=torch.int64, device="cuda"), 0, 0)
     with pytest.raises(RuntimeError, match="row_bytes"):
-        module.store_cache(k, v, k_cache, v_cache, indices, 7, 0, 0)
+        module.store_cache(k, v, k_cache, v_cache, indices, 7, 0)
     with pytest.raises(RuntimeError, match="overlaps"):
-        module.store_cache(k, v, k, v_cache[:8], indices, 0, 0, 0)
+        module.store_cache(k, v, k, v_cache[:8], indices, 0, 0)
 
 
 # ---- set_mla_kv_buffer ----

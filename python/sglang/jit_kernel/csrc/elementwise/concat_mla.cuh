@@ -4,25 +4,23 @@
 //
 // The row sizes kABytes / kBBytes are compile-time knobs (the module is built per pair; DeepSeek's
 // are 256 + 128 for k and 1024 + 128 for q, bf16), so a thread's vector -> (head, part, offset) map
-// is a division by a constant. One thread moves one vector of kVecBytes: block (x, y) covers token x
-// and the y-th kThreads vectors of its heads * row vectors, so even one token spreads over
-// heads * row / (kThreads * kVecBytes) blocks (128 heads x 384 bytes: 12 blocks). The b row of a
-// broadcast (head stride 0) is read by every head and comes from L1/L2 after the first.
+// is a division by a constant. One thread moves one vector of kVecBytes. The b row of a broadcast
+// (head stride 0) is read by every head and comes from L1/L2 after the first.
 // Moves num_tokens * heads * (2 * (kABytes + kBBytes)) bytes (b once per token when broadcast).
 //
-// variant (A/B knobs, bits; the same bytes either way). Bit 1 (8- and 16-byte vectors): loads a and
-// b with an L2 evict_last policy. docs/perf_notes.md session 6: a copy whose loads are evict_last has the L2
-// write its dirty lines back first and ran at the copy roof (plain loads: 95 %); the lines read stay
-// evict_last after the kernel, which pushes the next kernel's data out of L2 first, so it is off by
-// default. Bit 2: a 1-D grid in token-major order (block u: token u / head_blocks, chunk u %
-// head_blocks). The default 2-D grid dispatches blockIdx.x (the token) fastest, so the blocks
-// resident together take one 4 KiB chunk from each of ~1000 tokens (48 KiB apart for DeepSeek k)
-// and the grid sweeps the tensor head_blocks times (12 for k, 36 for q), re-reading a broadcast b
-// each sweep; token-major, they cover consecutive bytes in one sweep.
+// Block order, by token count. Below kTokenMajorMinTokens a 2-D grid: block (x, y) covers token x
+// and the y-th kThreads vectors of its heads * row vectors, so even one token spreads over
+// heads * row / (kThreads * kVecBytes) blocks (128 heads x 384 bytes: 12 blocks). From
+// kTokenMajorMinTokens on a 1-D grid in token-major order (block u: token u / head_blocks, chunk
+// u % head_blocks): the 2-D grid dispatches blockIdx.x (the token) fastest, so on a large grid the
+// blocks resident together take one 4 KiB chunk from each of ~1000 tokens (48 KiB apart for
+// DeepSeek k) and the grid sweeps the tensor head_blocks times (12 for k, 36 for q), re-reading a
+// broadcast b each sweep; token-major, they cover consecutive bytes in one sweep. The threshold is
+// where token-major measured faster (docs/perf_notes.md, concat_mla).
 //
 // PDL: the kernel waits for the previous kernel (griddepcontrol.wait) before its first global load
 // (a and b may be its output; out may be what it reads) and then releases the next kernel at once,
-// so the next launch overlaps this one (rmsnorm.cuh's pdl_wait_then_release says why in that order).
+// so the next launch overlaps this one (norm_rows.cuh's pdl_wait_then_release says why in that order).
 #pragma once
 
 #include <sgl_kernel/tensor.h>  // For TensorMatcher, Symbolic{Size,DType,Device}, verify_no_partial_overlap, verify_no_self_overlap
@@ -50,8 +48,9 @@ struct ConcatMlaParams {
   int64_t b_token_stride, b_head_stride;
   int64_t num_tokens;
   uint32_t num_heads;
-  // Token-major block order (variant 2 / 3): 1-D grid, block u -> (token u / head_blocks, chunk u %
-  // head_blocks), u < num_units = num_tokens * head_blocks < 2^31; 0 units: the 2-D grid.
+  // Token-major block order (from kTokenMajorMinTokens tokens): 1-D grid, block u -> (token u /
+  // head_blocks, chunk u % head_blocks), u < num_units = num_tokens * head_blocks < 2^31; 0 units:
+  // the 2-D grid.
   uint32_t head_blocks;
   uint32_t num_units;
   RowDivider unit_divider;  // divides by head_blocks
@@ -63,12 +62,12 @@ struct ConcatMlaConfig {
   static constexpr int64_t kMaxTokenBlocks = (1u << 31) - 1;  // grid.x cap; blocks loop over tokens
   static constexpr int64_t kMaxHeadBlocks = 65535;            // grid.y cap; blocks loop over vectors
   static constexpr int64_t kMaxUnitBlocks = 1 << 20;          // token-major grid cap; blocks loop
+  static constexpr int64_t kTokenMajorMinTokens = 1024;       // token-major block order from here on
 };
 
-template <int64_t kABytes, int64_t kBBytes, int kVecBytes, bool kEvictLast = false>
+template <int64_t kABytes, int64_t kBBytes, int kVecBytes>
 __global__ void __launch_bounds__(ConcatMlaConfig::kThreads) concat_mla_kernel(const ConcatMlaParams params) {
   using vec_t = device::AlignedVector<uint8_t, kVecBytes>;
-  static_assert(!kEvictLast || kVecBytes >= 8, "concat_mla: the L2 hint takes 8- and 16-byte vectors");
   constexpr uint32_t kAVecs = kABytes / kVecBytes;
   constexpr uint32_t kRowVecs = (kABytes + kBBytes) / kVecBytes;
   const uint32_t token_vecs = params.num_heads * kRowVecs;  // < 2^32, checked by the launcher
@@ -84,11 +83,7 @@ __global__ void __launch_bounds__(ConcatMlaConfig::kThreads) concat_mla_kernel(c
                           : device::pointer::offset(params.b, n * params.b_token_stride, head * params.b_head_stride);
     void* dst = device::pointer::offset(params.out, n * params.out_token_stride, head * params.out_head_stride);
     vec_t v;
-    if constexpr (kEvictLast) {
-      v.load(src, from_a ? col : col - kAVecs, device::l2_evict_last_policy());
-    } else {
-      v.load(src, from_a ? col : col - kAVecs);
-    }
+    v.load(src, from_a ? col : col - kAVecs);
     v.store(dst, col);
   };
 
@@ -108,9 +103,10 @@ __global__ void __launch_bounds__(ConcatMlaConfig::kThreads) concat_mla_kernel(c
   }
 }
 
-/// token_major: the 1-D token-major grid when its units fit 31 bits (else the 2-D grid).
+/// From kTokenMajorMinTokens tokens on, the 1-D token-major grid when its units fit 31 bits (else,
+/// and below, the 2-D grid).
 template <int64_t kABytes, int64_t kBBytes, int kVecBytes>
-void launch_concat_mla(ConcatMlaParams params, bool evict_last, bool token_major, DLDevice device) {
+void launch_concat_mla(ConcatMlaParams params, DLDevice device) {
   using namespace host;
   using Config = ConcatMlaConfig;
   constexpr int64_t kRowVecs = (kABytes + kBBytes) / kVecBytes;
@@ -118,23 +114,18 @@ void launch_concat_mla(ConcatMlaParams params, bool evict_last, bool token_major
   dim3 grid(
       static_cast<uint32_t>(std::min(params.num_tokens, Config::kMaxTokenBlocks)),
       static_cast<uint32_t>(std::min(head_blocks, Config::kMaxHeadBlocks)));
+  const bool token_major = params.num_tokens >= Config::kTokenMajorMinTokens;
   if (token_major && head_blocks < (int64_t{1} << 31) / params.num_tokens) {
     params.head_blocks = static_cast<uint32_t>(head_blocks);
     params.num_units = static_cast<uint32_t>(params.num_tokens * head_blocks);
     params.unit_divider = RowDivider::make(params.head_blocks);
     grid = dim3(static_cast<uint32_t>(std::min<int64_t>(params.num_units, Config::kMaxUnitBlocks)));
   }
-  LaunchKernel launch(grid, Config::kThreads, device);
-  launch.enable_pdl();
-  if constexpr (kVecBytes >= 8) {
-    if (evict_last) return launch(concat_mla_kernel<kABytes, kBBytes, kVecBytes, true>, params);
-  }
-  launch(concat_mla_kernel<kABytes, kBBytes, kVecBytes>, params);
+  LaunchKernel(grid, Config::kThreads, device).enable_pdl()(concat_mla_kernel<kABytes, kBBytes, kVecBytes>, params);
 }
 
-/// concat_mla<kABytes, kBBytes>(out, a, b, variant): out[n, h] = cat(a[n, h], b[n, h]) (b[n, 0]
-/// when b has one head: a broadcast). variant (bits; file comment): 1 L2 evict_last loads, 2 the
-/// token-major block order; 0 the default (plain loads, 2-D grid).
+/// concat_mla<kABytes, kBBytes>(out, a, b): out[n, h] = cat(a[n, h], b[n, h]) (b[n, 0] when b has
+/// one head: a broadcast); the block order follows the token count (file comment).
 ///
 /// out [num_tokens, num_heads, out_dim], a [num_tokens, num_heads, a_dim], b [num_tokens, num_heads
 /// or 1, b_dim]: one dtype of whole bytes, token and head strides free, last stride 1; a_dim and
@@ -142,7 +133,7 @@ void launch_concat_mla(ConcatMlaParams params, bool evict_last, bool token_major
 /// element with a or b. Throws PanicError (Python RuntimeError) before any launch on a mismatch;
 /// nothing is launched for 0 tokens or 0 heads.
 template <int64_t kABytes, int64_t kBBytes>
-void concat_mla(tvm::ffi::TensorView out, tvm::ffi::TensorView a, tvm::ffi::TensorView b, int64_t variant) {
+void concat_mla(tvm::ffi::TensorView out, tvm::ffi::TensorView a, tvm::ffi::TensorView b) {
   using namespace host;
   static_assert(kABytes > 0 && kBBytes > 0, "concat_mla: both parts need at least one byte");
 
@@ -203,8 +194,6 @@ void concat_mla(tvm::ffi::TensorView out, tvm::ffi::TensorView a, tvm::ffi::Tens
   verify_no_partial_overlap(out, "out", a, "a", /*allow_same=*/false);
   verify_no_partial_overlap(out, "out", b, "b", /*allow_same=*/false);
   verify_no_self_overlap(out, "out");
-  RuntimeCheck(variant >= 0 && variant <= 3, "concat_mla: variant = ", variant, ": expected 0 to 3");
-  const bool evict_last = (variant & 1) != 0, token_major = (variant & 2) != 0;
 
   // Unwrap
   const bool broadcast = b_heads.unwrap() == 1;
@@ -238,15 +227,15 @@ void concat_mla(tvm::ffi::TensorView out, tvm::ffi::TensorView a, tvm::ffi::Tens
   // Launch
   switch (vec_bytes) {
     case 16:
-      return launch_concat_mla<kABytes, kBBytes, 16>(params, evict_last, token_major, device);
+      return launch_concat_mla<kABytes, kBBytes, 16>(params, device);
     case 8:
-      return launch_concat_mla<kABytes, kBBytes, 8>(params, evict_last, token_major, device);
+      return launch_concat_mla<kABytes, kBBytes, 8>(params, device);
     case 4:
-      return launch_concat_mla<kABytes, kBBytes, 4>(params, evict_last, token_major, device);
+      return launch_concat_mla<kABytes, kBBytes, 4>(params, device);
     case 2:
-      return launch_concat_mla<kABytes, kBBytes, 2>(params, evict_last, token_major, device);
+      return launch_concat_mla<kABytes, kBBytes, 2>(params, device);
     default:
-      return launch_concat_mla<kABytes, kBBytes, 1>(params, evict_last, token_major, device);
+      return launch_concat_mla<kABytes, kBBytes, 1>(params, device);
   }
 }
 

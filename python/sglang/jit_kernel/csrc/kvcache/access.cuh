@@ -3,7 +3,7 @@
 #pragma once
 
 #include <sgl_kernel/utils.cuh>  // For SGL_DEVICE
-#include <sgl_kernel/vec.cuh>    // For AlignedVector, L2Policy
+#include <sgl_kernel/vec.cuh>    // For AlignedVector
 
 #include <cstdint>
 
@@ -34,25 +34,13 @@ struct RowDivider {
 /// the index load: two memory latencies instead of one (seen in row_scatter's flat kernel SASS; an
 /// empty volatile asm, a "memory" clobber and .nc/.cg/.cs/L1::no_allocate/L2::cache_hint loads were
 /// all sunk). The data is read once, so skipping L1 (strong loads are served by L2) costs nothing.
-/// kEvictLast (8- and 16-byte vectors): the load also carries `policy` (L2::cache_hint), meant for
-/// an evict_last policy (docs/perf_notes.md session 6: a copy whose loads are evict_last has the L2
-/// write dirty lines back first and ran at the copy roof).
-template <typename Vec, bool kEvictLast = false>
-SGL_DEVICE Vec load_issued_here(const void* src, uint32_t i, device::L2Policy policy = {0}) {
+template <typename Vec>
+SGL_DEVICE Vec load_issued_here(const void* src, uint32_t i) {
   using storage_t = typename Vec::storage_type;
   constexpr int kBytes = sizeof(storage_t);
-  static_assert(!kEvictLast || kBytes >= 8, "load_issued_here: the L2 hint takes 8- and 16-byte vectors");
   const storage_t* p = static_cast<const storage_t*>(src) + i;
   storage_t raw;
-  if constexpr (kEvictLast && kBytes == 16) {
-    asm volatile("ld.relaxed.gpu.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                 : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
-                 : "l"(p), "l"(policy.bits));
-  } else if constexpr (kEvictLast && kBytes == 8) {
-    asm volatile("ld.relaxed.gpu.global.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
-                 : "=r"(raw.x), "=r"(raw.y)
-                 : "l"(p), "l"(policy.bits));
-  } else if constexpr (kBytes == 16) {
+  if constexpr (kBytes == 16) {
     asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
                  : "l"(p));

@@ -8,19 +8,20 @@
 // Indices outside [0, num_slots) (the -1 of CUDA-graph padding rows, any other stray value) copy
 // nothing: no write lands outside the destination or in another slot, and there is no device trap.
 //
-// Two kernels. The default (auto) one is flat: thread g moves vector g of the rows laid end to end,
-// each row being part 0's vectors followed by part 1's, so no lane idles on a short part (a 128-byte
-// rope beside a 1024-byte nope kept 3 of 4 lanes of its warp idle in the per-part warps) and
+// Three kernels. The default (auto) one is flat: thread g moves vector g of the rows laid end to end,
+// each row being part 0's vectors followed by part 1's, so no lane idles on a short part (per-part
+// warps would leave 3 of 4 lanes of a warp idle on a 128-byte rope beside a 1024-byte nope) and
 // consecutive threads touch consecutive bytes; the row of g comes from a multiply-shift (RowDivider)
-// instead of a 64-bit division. The warp kernel (an explicit num_split) has one warp copy one chunk
-// of one part of one row, up to kUnroll vectors per lane in flight. Both issue the source loads
-// before they know the slot (the source address does not depend on it), so the index load and the
-// data loads are in flight together: a decode step pays one memory latency, not two. Offsets are
-// 64-bit (row * stride may exceed 2^32 bytes).
+// instead of a 64-bit division. A wide copy (the launcher's `wide`, 16-byte vectors) takes its form
+// with two vectors per thread, both loads issued before either store. The warp kernel (an
+// explicit num_split) has one warp copy one chunk of one part of one row, up to kUnroll vectors per
+// lane in flight. All issue the source loads before they know the slot (the source address does not
+// depend on it), so the index load and the data loads are in flight together: a decode step pays one
+// memory latency, not two. Offsets are 64-bit (row * stride may exceed 2^32 bytes).
 //
-// PDL: both kernels wait for the previous kernel (griddepcontrol.wait) before their first global
-// load (indices and sources may be its output; the slots written may be what it reads) and then
-// release the next kernel at once, so its launch overlaps this one (see rmsnorm.cuh's
+// PDL: every kernel waits for the previous kernel (griddepcontrol.wait) before its first global load
+// (indices and sources may be its output; the slots written may be what it reads) and then releases
+// the next kernel at once, so the next launch overlaps this one (see norm_rows.cuh's
 // pdl_wait_then_release for why the release follows the wait).
 #pragma once
 
@@ -69,6 +70,7 @@ struct RowScatterConfig {
   static constexpr int64_t kMaxBlocks = 1 << 20;                       // grid cap; warps loop
   static constexpr int64_t kFullWarps = 64;                            // resident warps per SM (H100/H200)
   static constexpr int64_t kMaxFlatVecs = int64_t{1} << 31;            // flat kernel: 32-bit vector ids
+  static constexpr int kWideVecsPerThread = 2;                         // flat kernel, wide copies
 };
 
 /// Copies vectors [begin, end) of one row part from `src` to `dst` (both already at the row) with
@@ -97,13 +99,11 @@ SGL_DEVICE void copy_row_chunk(const void* src, void* dst, int64_t begin, int64_
 /// Flat kernel: thread g of the grid moves vectors g, g + num_threads, ... of the rows laid end to end
 /// (row = g / row_vecs; within a row part 0's vectors come first). One vector per thread and pass:
 /// the index and source loads are issued together, then the store.
-/// kEvictLast (8- and 16-byte vectors): the source loads are L2 evict_last (load_issued_here).
-template <typename IndexT, int kVecBytes, bool kEvictLast = false>
+template <typename IndexT, int kVecBytes>
 __global__ void __launch_bounds__(RowScatterConfig::kThreads) row_scatter_flat_kernel(const RowScatterParams params) {
   using vec_t = device::AlignedVector<uint8_t, kVecBytes>;
   device::pdl_wait_primary();  // before the first global load (see the file comment)
   device::pdl_launch_dependents();
-  const device::L2Policy policy = kEvictLast ? device::l2_evict_last_policy() : device::L2Policy{0};
   const auto* indices = static_cast<const IndexT*>(params.indices);
   const uint32_t part0_vecs = static_cast<uint32_t>(params.part0.num_vecs);
   const uint32_t row_vecs = params.row_vecs;
@@ -120,21 +120,20 @@ __global__ void __launch_bounds__(RowScatterConfig::kThreads) row_scatter_flat_k
     const int64_t dst_stride = second ? params.part1.dst_stride : params.part0.dst_stride;
     const uint32_t vec = second ? col - part0_vecs : col;
     const int64_t slot = static_cast<int64_t>(indices[int64_t{row} * params.index_stride]);
-    const vec_t v =
-        load_issued_here<vec_t, kEvictLast>(device::pointer::offset(src, int64_t{row} * src_stride), vec, policy);
+    const vec_t v = load_issued_here<vec_t>(device::pointer::offset(src, int64_t{row} * src_stride), vec);
     if (slot >= 0 && slot < params.num_slots) v.store(device::pointer::offset(dst, slot * dst_stride), vec);
   }
 }
 
-/// Flat kernel with kPer vectors per thread and pass (an A/B variant; 16-byte vectors): thread g
-/// moves vectors g + u * step (u < kPer, step = the grid's threads) of the rows laid end to end, then
-/// g + kPer * step, ...: every index and source load of a pass is issued before its first store, so
-/// a thread has kPer * 16 bytes in flight (the default kernel: 16). Each warp instruction still
-/// covers 512 contiguous source bytes. The launcher sizes the grid for one pass (div_ceil(vectors,
-/// kThreads * kPer) blocks) or, persistent, to the blocks resident at once (threads then loop).
-template <typename IndexT, int kPer>
+/// Flat kernel of a wide copy (16-byte vectors): thread g moves vectors g + u * step (u < kPer =
+/// kWideVecsPerThread, step = the grid's threads) of the rows laid end to end, then g + kPer * step,
+/// ...: every index and source load of a pass is issued before its first store, so a thread has
+/// kPer * 16 bytes in flight. Each warp instruction still covers 512 contiguous source bytes. The
+/// launcher sizes the grid for one pass (div_ceil(vectors, kThreads * kPer) blocks).
+template <typename IndexT>
 __global__ void __launch_bounds__(RowScatterConfig::kThreads)
-    row_scatter_flat_multi_kernel(const RowScatterParams params) {
+    row_scatter_flat_wide_kernel(const RowScatterParams params) {
+  constexpr int kPer = RowScatterConfig::kWideVecsPerThread;
   using vec_t = device::AlignedVector<uint8_t, 16>;
   device::pdl_wait_primary();  // before the first global load (see the file comment)
   device::pdl_launch_dependents();
@@ -142,7 +141,7 @@ __global__ void __launch_bounds__(RowScatterConfig::kThreads)
   const uint32_t part0_vecs = static_cast<uint32_t>(params.part0.num_vecs);
   const uint32_t row_vecs = params.row_vecs;
   const uint32_t total = static_cast<uint32_t>(params.num_rows) * row_vecs;  // < 2^31 (launcher)
-  const uint32_t step = gridDim.x * blockDim.x;  // kPer * step <= 2^30: no 32-bit wrap below 2^32
+  const uint32_t step = gridDim.x * blockDim.x;  // kPer * step <= 2^28: no 32-bit wrap below 2^32
   for (uint32_t base = blockIdx.x * blockDim.x + threadIdx.x; base < total; base += kPer * step) {
     vec_t v[kPer];
     int64_t slot[kPer];
@@ -170,14 +169,6 @@ __global__ void __launch_bounds__(RowScatterConfig::kThreads)
       if (slot[u] >= 0 && slot[u] < params.num_slots) v[u].store(dst[u], vec[u]);
     }
   }
-}
-
-/// Resident blocks per SM of row_scatter_flat_multi_kernel<IndexT, kPer> (at least 1; queried once).
-template <typename IndexT, int kPer>
-uint32_t multi_blocks_per_sm() {
-  static const uint32_t blocks = std::max<uint32_t>(
-      host::runtime::get_blocks_per_sm(row_scatter_flat_multi_kernel<IndexT, kPer>, RowScatterConfig::kThreads), 1u);
-  return blocks;
 }
 
 /// Warp kernel: warp w of the grid takes units w, w + num_warps, ...; unit = (row, part, chunk),
@@ -238,61 +229,29 @@ inline int64_t row_scatter_element_bytes(DLDataType dtype, const char* name) {
 /// here. `params.num_rows` > 0.
 ///
 /// Auto (`requested` 0): the flat kernel whenever its 32-bit vector ids cover the copy (below 2^31
-/// vectors, 32 GiB at 16-byte vectors), one thread per vector (cf. docs/perf_notes.md session 6: a
-/// flat copy with one 16-byte vector per thread measured 99.4 % of the copy roof, four per thread
-/// 96.1 %). Beyond that, and for an explicit num_split, the warp kernel: in auto, while the whole
-/// copy, one vector per lane, fits in one wave of resident warps, each lane moves one vector;
-/// beyond that up to kUnroll vectors per chunk.
-///
-/// evict_last_loads (an A/B knob, flat kernel with 8- or 16-byte vectors only): source loads L2
-/// evict_last. Those lines then outlive the kernel at that priority (docs/perf_notes.md session 6:
-/// the next kernel's data is pushed out of L2 first), so it is off by default.
-///
-/// vecs_per_thread 2 or 4 (an A/B knob; auto split, 16-byte vectors only, ignored otherwise): the
-/// flat kernel with that many vectors per thread and pass; persistent: its grid is the blocks
-/// resident at once (occupancy query), threads looping, instead of one pass.
+/// vectors, 32 GiB at 16-byte vectors), one thread per vector, or with `wide` and 16-byte vectors
+/// kWideVecsPerThread per thread (row_scatter_flat_wide_kernel; other widths ignore `wide`). Beyond
+/// that, and for an explicit num_split, the warp kernel: in auto, while the whole copy, one vector
+/// per lane, fits in one wave of resident warps, each lane moves one vector; beyond that up to
+/// kUnroll vectors per chunk.
 template <typename IndexT, int kVecBytes>
-void launch_row_scatter(
-    RowScatterParams params,
-    int64_t requested_split,
-    bool evict_last_loads,
-    DLDevice device,
-    int vecs_per_thread = 1,
-    bool persistent = false) {
+void launch_row_scatter(RowScatterParams params, int64_t requested_split, bool wide, DLDevice device) {
   using namespace host;
   using Config = RowScatterConfig;
   const int64_t row_vecs = params.part0.num_vecs + params.part1.num_vecs;
-  if constexpr (kVecBytes == 16) {
-    if (vecs_per_thread > 1 && requested_split <= 0 && row_vecs > 0 &&
-        params.num_rows < Config::kMaxFlatVecs / row_vecs) {
-      params.row_vecs = static_cast<uint32_t>(row_vecs);
-      params.row_divider = RowDivider::make(params.row_vecs);
-      const auto launch_multi = [&](auto kernel, int64_t per, uint32_t per_sm) {
-        int64_t blocks = div_ceil(params.num_rows * row_vecs, int64_t{Config::kThreads} * per);
-        if (persistent) {
-          const int64_t resident = int64_t{runtime::get_sm_count(device.device_id)} * per_sm;
-          blocks = std::min(blocks, resident);
-        }
-        blocks = std::clamp<int64_t>(blocks, 1, Config::kMaxBlocks / per);
-        LaunchKernel(static_cast<uint32_t>(blocks), Config::kThreads, device).enable_pdl()(kernel, params);
-      };
-      if (vecs_per_thread >= 4) {
-        return launch_multi(
-            row_scatter_flat_multi_kernel<IndexT, 4>, 4, persistent ? multi_blocks_per_sm<IndexT, 4>() : 0);
-      }
-      return launch_multi(
-          row_scatter_flat_multi_kernel<IndexT, 2>, 2, persistent ? multi_blocks_per_sm<IndexT, 2>() : 0);
-    }
-  }
   if (requested_split <= 0 && row_vecs > 0 && params.num_rows < Config::kMaxFlatVecs / row_vecs) {
     params.row_vecs = static_cast<uint32_t>(row_vecs);
     params.row_divider = RowDivider::make(params.row_vecs);
-    const int64_t blocks =
-        std::clamp<int64_t>(div_ceil(params.num_rows * row_vecs, int64_t{Config::kThreads}), 1, Config::kMaxBlocks);
+    const bool wide_kernel = kVecBytes == 16 && wide;
+    const int64_t per_thread = wide_kernel ? Config::kWideVecsPerThread : 1;
+    const int64_t blocks = std::clamp<int64_t>(
+        div_ceil(params.num_rows * row_vecs, int64_t{Config::kThreads} * per_thread),
+        1,
+        Config::kMaxBlocks / per_thread);
     LaunchKernel launch(static_cast<uint32_t>(blocks), Config::kThreads, device);
     launch.enable_pdl();
-    if constexpr (kVecBytes >= 8) {
-      if (evict_last_loads) return launch(row_scatter_flat_kernel<IndexT, kVecBytes, true>, params);
+    if constexpr (kVecBytes == 16) {
+      if (wide_kernel) return launch(row_scatter_flat_wide_kernel<IndexT>, params);
     }
     launch(row_scatter_flat_kernel<IndexT, kVecBytes>, params);
     return;
@@ -315,8 +274,8 @@ void launch_row_scatter(
 }
 
 /// Launches row_scatter for int32 (`int32_indices`) or int64 indices and `vec_bytes` (from
-/// row_scatter_vector_bytes); num_vecs of both parts are derived from `part*_bytes` here.
-/// vecs_per_thread / persistent: launch_row_scatter's A/B knobs (16-byte vectors only).
+/// row_scatter_vector_bytes); num_vecs of both parts are derived from `part*_bytes` here. `wide`:
+/// launch_row_scatter's two vectors per thread (16-byte vectors, auto split).
 inline void dispatch_row_scatter(
     RowScatterParams params,
     int64_t part0_bytes,
@@ -324,25 +283,22 @@ inline void dispatch_row_scatter(
     int vec_bytes,
     bool int32_indices,
     int64_t requested_split,
-    DLDevice device,
-    bool evict_last_loads = false,
-    int vecs_per_thread = 1,
-    bool persistent = false) {
+    bool wide,
+    DLDevice device) {
   params.part0.num_vecs = part0_bytes / vec_bytes;
   params.part1.num_vecs = part1_bytes / vec_bytes;
   const auto launch = [&]<typename IndexT>() {
     switch (vec_bytes) {
       case 16:
-        return launch_row_scatter<IndexT, 16>(
-            params, requested_split, evict_last_loads, device, vecs_per_thread, persistent);
+        return launch_row_scatter<IndexT, 16>(params, requested_split, wide, device);
       case 8:
-        return launch_row_scatter<IndexT, 8>(params, requested_split, evict_last_loads, device);
+        return launch_row_scatter<IndexT, 8>(params, requested_split, wide, device);
       case 4:
-        return launch_row_scatter<IndexT, 4>(params, requested_split, evict_last_loads, device);
+        return launch_row_scatter<IndexT, 4>(params, requested_split, wide, device);
       case 2:
-        return launch_row_scatter<IndexT, 2>(params, requested_split, evict_last_loads, device);
+        return launch_row_scatter<IndexT, 2>(params, requested_split, wide, device);
       default:
-        return launch_row_scatter<IndexT, 1>(params, requested_split, evict_last_loads, device);
+        return launch_row_scatter<IndexT, 1>(params, requested_split, wide, device);
     }
   };
   if (int32_indices) return launch.template operator()<int32_t>();

@@ -37,22 +37,18 @@ inline void verify_mla_rows(
   }
 }
 
-/// set_mla_kv_buffer(kv_buffer, loc, k_nope, k_rope, variant).
+/// set_mla_kv_buffer(kv_buffer, loc, k_nope, k_rope).
 ///
 /// kv_buffer [num_slots, nope + rope], k_nope [num_tokens, nope], k_rope [num_tokens, rope] (each
 /// also with a head dim of 1 before the row): one dtype, row strides free, last stride 1. loc
 /// [num_tokens] int32 or int64, any stride. One CUDA device; kv_buffer shares no memory with the
-/// sources or loc. variant (an A/B knob; the same bytes either way): 0 plain loads, 1 source loads
-/// L2 evict_last (8- or 16-byte vectors); 2 / 3 the flat kernel with 2 / 4
-/// vectors per thread, one pass; 4 with 4 per thread on a persistent grid (16-byte vectors; other
-/// widths take the default kernel; launch_row_scatter). Throws PanicError (Python RuntimeError) before any launch
-/// on a mismatch; nothing is launched for 0 tokens or 0 slots.
+/// sources or loc. Throws PanicError (Python RuntimeError) before any launch on a mismatch; nothing
+/// is launched for 0 tokens or 0 slots.
 void set_mla_kv_buffer(
     tvm::ffi::TensorView kv_buffer,
     tvm::ffi::TensorView loc,
     tvm::ffi::TensorView k_nope,
-    tvm::ffi::TensorView k_rope,
-    int64_t variant) {
+    tvm::ffi::TensorView k_rope) {
   using namespace host;
 
   // Validate
@@ -84,7 +80,6 @@ void set_mla_kv_buffer(
   verify_no_partial_overlap(kv_buffer, "kv_buffer", k_rope, "cache_k_rope", /*allow_same=*/false);
   verify_no_partial_overlap(kv_buffer, "kv_buffer", loc, "loc", /*allow_same=*/false);
   verify_no_self_overlap(kv_buffer, "kv_buffer");  // slot rows of their own
-  RuntimeCheck(variant >= 0 && variant <= 4, "set_mla_kv_buffer: variant = ", variant, ": expected 0 to 4");
 
   // Unwrap
   const int64_t elem = row_scatter_element_bytes(dtype.unwrap(), "kv_buffer");
@@ -112,7 +107,7 @@ void set_mla_kv_buffer(
   // Configure: the widest vector every address, row stride and row size allows
   const int vec_bytes = row_scatter_vector_bytes(params, nope_bytes, rope_bytes);
 
-  // Launch (auto split)
+  // Launch (auto split, one vector per thread)
   const bool int32_indices = index_dtype.is_type<int32_t>();
   dispatch_row_scatter(
       params,
@@ -121,10 +116,8 @@ void set_mla_kv_buffer(
       vec_bytes,
       int32_indices,
       /*requested_split=*/0,
-      device,
-      /*evict_last_loads=*/variant == 1,
-      /*vecs_per_thread=*/variant == 2 ? 2 : (variant >= 3 ? 4 : 1),
-      /*persistent=*/variant == 4);
+      /*wide=*/false,
+      device);
 }
 
 }  // namespace

@@ -16,25 +16,22 @@
 
 namespace {
 
-/// The default store_cache launch takes the flat kernel with 2 vectors per thread (variant 2) from
-/// this many source bytes (k and v rows together) on, one per thread below. H200, k, v [T, 1024]
-/// bf16, random slots, cold: T = 16384 (64 MiB) 34.06 us (93.5 % of copy) against 35.05 (90.8 %);
-/// T = 2048 (8 MiB, one input) 3.57 against 3.33, T = 64 1.31 against 0.89 (2026-12-02).
+/// From this many source bytes (k and v rows together) on, store_cache is a wide copy: the flat
+/// kernel moves two 16-byte vectors per thread (launch_row_scatter's `wide`), more bytes in flight per
+/// thread, which is faster on a copy this long; on shorter copies one vector per thread is faster
+/// (docs/perf_notes.md, store_cache).
 inline constexpr int64_t kStoreCacheWideMinBytes = int64_t{32} << 20;
 
-/// store_cache(k, v, k_cache, v_cache, indices, row_bytes, num_split, variant).
+/// store_cache(k, v, k_cache, v_cache, indices, row_bytes, num_split).
 ///
 /// k [num_tokens, k_row], v [num_tokens, v_row]: rows of one dtype each, row strides free, last
 /// stride 1. k_cache [num_slots, k_row] of k's dtype, v_cache [num_slots, v_row] of v's dtype, row
 /// strides free, last stride 1. indices [num_indices] int32 or int64, any stride, num_indices <=
 /// num_tokens (the rows after num_indices are not read). All on one CUDA device; the caches share
 /// no memory with k, v or indices. row_bytes: 0, or k_row * element size (checked). num_split: 0
-/// (auto) or the warps per row part. variant (an A/B knob; the same bytes either way): 0 plain
-/// loads (2 vectors per thread from kStoreCacheWideMinBytes on), 1 source loads L2 evict_last (flat kernel, 8- or 16-byte vectors); 2 / 3 the flat kernel with 2 / 4
-/// vectors per thread, one pass; 4 with 4 per thread on a persistent grid (16-byte vectors; other
-/// widths take the default kernel; launch_row_scatter). Throws PanicError
-/// (Python RuntimeError) before any launch on a mismatch; nothing is launched when num_indices or
-/// num_slots is 0.
+/// (auto: the flat kernel, a wide copy from kStoreCacheWideMinBytes on) or the warps per row part.
+/// Throws PanicError (Python RuntimeError) before any launch on a mismatch; nothing is launched
+/// when num_indices or num_slots is 0.
 void store_cache(
     tvm::ffi::TensorView k,
     tvm::ffi::TensorView v,
@@ -42,8 +39,7 @@ void store_cache(
     tvm::ffi::TensorView v_cache,
     tvm::ffi::TensorView indices,
     int64_t row_bytes,
-    int64_t num_split,
-    int64_t variant) {
+    int64_t num_split) {
   using namespace host;
 
   // Validate
@@ -110,7 +106,6 @@ void store_cache(
       ": expected 0 or k_row * element size = ",
       k_bytes);
   RuntimeCheck(num_split >= 0, "store_cache: num_split = ", num_split, ": expected >= 0 (0 = auto)");
-  RuntimeCheck(variant >= 0 && variant <= 4, "store_cache: variant = ", variant, ": expected 0 to 4");
   const int64_t rows = num_indices.unwrap();
   RowScatterParams params{};
   params.part0 = RowPart{
@@ -130,23 +125,13 @@ void store_cache(
   const DLDevice device = device_.unwrap();
   if (rows == 0 || params.num_slots == 0 || (k_bytes == 0 && v_bytes == 0)) return;
 
-  // Configure: the widest vector every address, row stride and row size allows; the default takes
-  // two vectors per thread from kStoreCacheWideMinBytes of sources on
+  // Configure: the widest vector every address, row stride and row size allows; two vectors per
+  // thread from kStoreCacheWideMinBytes of sources on
   const int vec_bytes = row_scatter_vector_bytes(params, k_bytes, v_bytes);
   const bool wide = rows * (k_bytes + v_bytes) >= kStoreCacheWideMinBytes;
 
   // Launch
-  dispatch_row_scatter(
-      params,
-      k_bytes,
-      v_bytes,
-      vec_bytes,
-      index_dtype.is_type<int32_t>(),
-      num_split,
-      device,
-      /*evict_last_loads=*/variant == 1,
-      /*vecs_per_thread=*/variant == 2 ? 2 : (variant >= 3 ? 4 : (variant == 0 && wide ? 2 : 1)),
-      /*persistent=*/variant == 4);
+  dispatch_row_scatter(params, k_bytes, v_bytes, vec_bytes, index_dtype.is_type<int32_t>(), num_split, wide, device);
 }
 
 }  // namespace
