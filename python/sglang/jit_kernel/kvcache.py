@@ -32,7 +32,7 @@ from sglang.jit_kernel._validate import (
     check_tensor,
     fail,
 )
-from sglang.jit_kernel.registry import CheckCase, register_module, register_op
+from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit
 
 if TYPE_CHECKING:
@@ -42,26 +42,38 @@ __all__ = ["can_use_store_cache", "set_mla_kv_buffer", "store_cache"]
 
 
 @cache_once
-def _jit_kvcache_module() -> Module:
-    """Compile (first use) and cache the kvcache module: ``store_cache`` and ``set_mla_kv_buffer``."""
+def _jit_store_cache_module() -> Module:
+    """Compile (first use) and cache ``store_cache``'s module."""
     return load_jit(
-        "kvcache",
-        cuda_files=["kvcache/store_cache.cuh", "kvcache/set_mla_kv_buffer.cuh"],
-        cuda_wrappers=[("store_cache", "store_cache"), ("set_mla_kv_buffer", "set_mla_kv_buffer")],
+        "store_cache", cuda_files=["kvcache/store_cache.cuh"], cuda_wrappers=[("store_cache", "store_cache")]
     )
 
 
-# The exported functions, filled when the module is loaded: the eager fast path is a dict lookup
+@cache_once
+def _jit_set_mla_kv_buffer_module() -> Module:
+    """Compile (first use) and cache ``set_mla_kv_buffer``'s module."""
+    return load_jit(
+        "set_mla_kv_buffer",
+        cuda_files=["kvcache/set_mla_kv_buffer.cuh"],
+        cuda_wrappers=[("set_mla_kv_buffer", "set_mla_kv_buffer")],
+    )
+
+
+_BUILDERS: dict[str, Callable[[], Module]] = {
+    "store_cache": _jit_store_cache_module,
+    "set_mla_kv_buffer": _jit_set_mla_kv_buffer_module,
+}
+
+# The exported functions, filled when a module is loaded: the eager fast path is a dict lookup
 # and the FFI call, whose launcher validates everything it needs (falling back to the checked path,
 # which explains a refusal).
 _FNS: dict[str, Callable[..., None]] = {}
 
 
-def _load() -> Module:
-    module = _jit_kvcache_module()
-    _FNS["store_cache"] = module.store_cache
-    _FNS["set_mla_kv_buffer"] = module.set_mla_kv_buffer
-    return module
+def _load(name: str) -> Callable[..., None]:
+    """The launcher ``name`` ("store_cache" or "set_mla_kv_buffer"), its module compiled on first use."""
+    fn = _FNS[name] = getattr(_BUILDERS[name](), name)
+    return fn
 
 
 def _fast_fn(name: str) -> Callable[..., None] | None:
@@ -145,7 +157,7 @@ def _run_store_cache(
 ) -> None:
     """The checked call on 2-D views: the optional host index check, then the launcher."""
     check_indices("store_cache", "indices", indices, k_cache.shape[0], dim_name="num_slots")
-    _load().store_cache(k, v, k_cache, v_cache, indices, 0, num_split)
+    _load("store_cache")(k, v, k_cache, v_cache, indices, 0, num_split)
 
 
 @torch.library.custom_op("sglang_jit_kernel::store_cache", mutates_args=("k_cache", "v_cache"), device_types="cuda")
@@ -318,7 +330,7 @@ def can_use_store_cache(size: int) -> bool:
     check_scalar("can_use_store_cache", "size", size, int)
     if size < 1:
         return False
-    _load()
+    _load("store_cache")
     return True
 
 
@@ -343,7 +355,7 @@ def _head_rows(op: str, arg: str, tensor: torch.Tensor, dim_name: str, row_name:
 
 def _run_set_mla_kv_buffer(kv: torch.Tensor, loc: torch.Tensor, nope: torch.Tensor, rope: torch.Tensor) -> None:
     check_indices("set_mla_kv_buffer", "loc", loc, kv.shape[0], dim_name="num_slots")
-    _load().set_mla_kv_buffer(kv, loc, nope, rope)
+    _load("set_mla_kv_buffer")(kv, loc, nope, rope)
 
 
 def _mla_views(
@@ -514,6 +526,7 @@ def _set_mla_kv_buffer_cases() -> list[CheckCase]:
     ]
 
 
-_KVCACHE_MODULE = register_module("kvcache", _jit_kvcache_module, [()])
-register_op("store_cache", module=_KVCACHE_MODULE, check_cases=_store_cache_cases)
-register_op("set_mla_kv_buffer", module=_KVCACHE_MODULE, check_cases=_set_mla_kv_buffer_cases)
+register_op("store_cache", build=_jit_store_cache_module, variants=[()], check_cases=_store_cache_cases)
+register_op(
+    "set_mla_kv_buffer", build=_jit_set_mla_kv_buffer_module, variants=[()], check_cases=_set_mla_kv_buffer_cases
+)

@@ -66,7 +66,7 @@ def slot_map(pattern: str, t: int) -> tuple[int, torch.Tensor]:
 
 
 def store_rows(t: int) -> list[BenchRow]:
-    module = _load()
+    launch = _load("store_cache")
     nbytes = 2 * t * (ROW + ROW) * 2 + t * 8
     rows = []
     for pattern in PATTERNS:
@@ -76,7 +76,7 @@ def store_rows(t: int) -> list[BenchRow]:
             k, v = (torch.randn(t, ROW, dtype=DTYPE, device="cuda") for _ in range(2))
             k_cache, v_cache = (torch.zeros(slots, ROW, dtype=DTYPE, device="cuda") for _ in range(2))
             sets.append((k, v, k_cache, v_cache, idx))
-        median, _, _ = bench_rotating(lambda k, v, kc, vc, idx: module.store_cache(k, v, kc, vc, idx, 0, 0), sets)
+        median, _, _ = bench_rotating(lambda k, v, kc, vc, idx: launch(k, v, kc, vc, idx, 0, 0), sets)
         rows.append(BenchRow("store_cache", f"[{t}, {ROW}]", pattern, median, nbytes))
         del sets
         torch.cuda.empty_cache()
@@ -85,7 +85,7 @@ def store_rows(t: int) -> list[BenchRow]:
 
 
 def mla_rows(t: int) -> list[BenchRow]:
-    module = _load()
+    launch = _load("set_mla_kv_buffer")
     nbytes = 2 * t * (NOPE + ROPE) * 2 + t * 8
     rows = []
     for pattern in PATTERNS:
@@ -96,7 +96,7 @@ def mla_rows(t: int) -> list[BenchRow]:
             k_nope = torch.randn(t, 1, NOPE, dtype=DTYPE, device="cuda")
             k_rope = torch.randn(t, 1, ROPE, dtype=DTYPE, device="cuda")
             sets.append((kv, loc, k_nope, k_rope))
-        median, _, _ = bench_rotating(module.set_mla_kv_buffer, sets)
+        median, _, _ = bench_rotating(launch, sets)
         rows.append(BenchRow("set_mla_kv_buffer", f"[{t}, {NOPE}+{ROPE}]", pattern, median, nbytes))
         del sets
         torch.cuda.empty_cache()

@@ -513,9 +513,9 @@ def test_store_cache_cache_sharing_memory_with_a_source():
 def test_store_cache_ffi_rejects_mismatch_from_cpp():
     """The launcher's TensorMatcher is the second line: bad tensors straight to the module raise a
     RuntimeError naming the tensor, never a CUDA fault."""
-    from sglang.jit_kernel.kvcache import _jit_kvcache_module
+    from sglang.jit_kernel.kvcache import _jit_store_cache_module
 
-    module = _jit_kvcache_module()
+    module = _jit_store_cache_module()
     k, v, k_cache, v_cache, indices = _store_args()
     with pytest.raises(RuntimeError, match="k_cache"):
         module.store_cache(k, v, k_cache.half(), v_cache, indices, 0, 0)
