@@ -42,7 +42,7 @@ __all__ = [
 TORCH_LIBRARY = "sglang_jit_kernel"
 
 # Top-level modules of the package that are not op wrappers.
-INFRASTRUCTURE = frozenset({"registry", "utils", "cache", "testing"})
+INFRASTRUCTURE = frozenset({"registry", "utils", "cache", "testing", "ci_register"})
 
 HOW_TO_REGISTER = (
     "an op registers itself in its wrapper module python/sglang/jit_kernel/<op>.py with "

@@ -397,7 +397,7 @@ def should_run_full_tests() -> bool:
     Returns
     -------
     bool
-        True when ``SGLANG_JIT_KERNEL_RUN_FULL_TESTS`` is 1/true/yes (any case), else False.
+        True when ``SGLANG_JIT_KERNEL_RUN_FULL_TESTS`` is 1/true/yes/on (any case), else False.
     """
     return env_flag("SGLANG_JIT_KERNEL_RUN_FULL_TESTS")
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from sglang.jit_kernel._build import env_flag
 from sglang.jit_kernel.utils import cache_once
 
 DEFAULT_DEVICE = "cuda"
@@ -25,8 +26,8 @@ DEFAULT_QUANTILES = (0.5, 0.2, 0.8)
 
 
 def is_in_ci() -> bool:
-    """True when running under CI (``CI`` or ``SGLANG_IS_IN_CI`` set to 1/true/yes)."""
-    return any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("CI", "SGLANG_IS_IN_CI"))
+    """True when running under CI (``CI`` or ``SGLANG_IS_IN_CI`` set to 1/true/yes/on, any case)."""
+    return env_flag("CI") or env_flag("SGLANG_IS_IN_CI")
 
 
 def get_benchmark_range(full_range: Sequence[Any], ci_range: Sequence[Any]) -> list[Any]:

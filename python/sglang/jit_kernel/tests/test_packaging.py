@@ -111,7 +111,7 @@ def _make_standin_wheel(out: Path) -> Path:
     """A wheel of a distribution named sglang that owns the paths real sglang owns."""
     files = {
         "sglang/__init__.py": '"""Stand-in for the sglang distribution: a package init with content."""\n\nSTANDIN = True\n',
-        "sglang/test/__init__.py": "",
+        "sglang/test/__init__.py": '"""Stand-in: sglang.test, with content for the hash check."""\n',
         "sglang/test/ci/__init__.py": '"""CI utilities of the stand-in."""\n',
         "sglang/test/ci/ci_register.py": (
             "STANDIN = True\n\n\n"
@@ -284,6 +284,9 @@ def _expected_wheel_files(src: Path) -> set[str]:
     files = {p for p in jk.rglob("*.py") if "__pycache__" not in p.parts}
     files |= {p for p in (jk / "include" / "sgl_kernel").iterdir() if p.is_file()}
     files |= set((jk / "csrc").rglob("*.cuh"))
+    # C++ files the shipped tests and probes compile by path.
+    files |= {p for suffix in ("cuh", "cu", "cc", "h") for p in (jk / "tests").rglob(f"*.{suffix}")}
+    files |= set((jk / "benchmark").glob("*.cuh"))
     expected = {p.relative_to(src / "python").as_posix() for p in files}
     expected |= {f"{COMPAT}.pth", f"{COMPAT}/sglang/test/ci/ci_register.py"}
     info = f"{DIST}-0.1.0.dist-info"
