@@ -307,10 +307,19 @@ def test_wheel_and_sdist_contents(built, tmp_path):
     sdist = _build_with_backend(src, "build_sdist", tmp_path)
     with tarfile.open(sdist) as tf:
         names = {n.split("/", 1)[1] for n in tf.getnames() if "/" in n}
+        files = {m.name.split("/", 1)[1] for m in tf.getmembers() if m.isfile() and "/" in m.name}
         tf.extractall(tmp_path, filter="data") if sys.version_info >= (3, 12) else tf.extractall(tmp_path)  # noqa: S202
     for needed in ("setup.py", "pyproject.toml", "README.md", "PKG-INFO", "python/sglang/test/ci/ci_register.py"):
         assert needed in names, needed
     assert "python/sglang/__init__.py" not in names
+    # Nothing else: the package's own tree, the compat module's source, the project files and
+    # setuptools' metadata.
+    top = {"setup.py", "setup.cfg", "pyproject.toml", "README.md", "PKG-INFO"}
+    allowed = ("python/sglang/jit_kernel/", "sglang_jit_kernel.egg-info/")
+    stray = sorted(
+        n for n in files if n not in top and not n.startswith(allowed) and n != "python/sglang/test/ci/ci_register.py"
+    )
+    assert not stray, f"sdist files outside the package: {stray}"
     # The sdist is complete: a wheel built from it lists the same files as one built from the tree.
     unpacked = tmp_path / sdist.name.removesuffix(".tar.gz")
     out = tmp_path / "from_sdist"
