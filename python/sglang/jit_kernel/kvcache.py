@@ -1,9 +1,12 @@
-"""KV-cache writes: ``store_cache`` (k and v rows into their caches by slot) and ``set_mla_kv_buffer``
-(the MLA latent and rotary parts into one cache row), with ``can_use_store_cache``.
+"""KV-cache writes: ``store_cache`` (k and v rows into their caches by slot), ``store_cache_quant``
+(the same rows quantized to fp8 e4m3 with per-tensor scales) and ``set_mla_kv_buffer`` (the MLA
+latent and rotary parts into one cache row), with ``can_use_store_cache``.
 
-Both ops are bit copies of any dtype, served by one module (``csrc/kvcache/row_scatter.cuh``, the
-byte-copy engine, with the launchers ``store_cache.cuh`` and ``set_mla_kv_buffer.cuh``); it has no
-dtype templates, so one build serves every dtype and row size.
+One module per op. store_cache and set_mla_kv_buffer are bit copies of any dtype, served by the
+byte-copy engine (``csrc/kvcache/row_scatter.cuh``, with the launchers ``store_cache.cuh`` and
+``set_mla_kv_buffer.cuh``); their modules have no dtype templates, so one build serves every dtype
+and row size. store_cache_quant (``csrc/kvcache/store_cache_quant.cuh``) converts as it scatters
+(row_scatter's flat layout, the quantizers' e4m3 conversion) and is built per source dtype.
 
 Slot indices outside ``[0, num_slots)`` (``-1`` marks the padding rows of a CUDA-graph batch) copy
 nothing for their row: the kernels never write out of bounds or into another slot, and the CUDA
@@ -12,7 +15,8 @@ the first index outside the cache other than ``-1`` (a host read: it synchronise
 left out while a CUDA graph is being captured).
 
 Bytes moved (for bandwidth figures): store_cache ``2 * n * (k_row_bytes + v_row_bytes) + n * index
-size`` for ``n`` indices; set_mla_kv_buffer ``2 * n * (nope + rope) * element_size + n * index size``.
+size`` for ``n`` indices; store_cache_quant ``n * (k_row + v_row) * (element_size + 1) + n * index
+size``; set_mla_kv_buffer ``2 * n * (nope + rope) * element_size + n * index size``.
 """
 
 from __future__ import annotations
@@ -33,12 +37,12 @@ from sglang.jit_kernel._validate import (
     fail,
 )
 from sglang.jit_kernel.registry import CheckCase, register_op
-from sglang.jit_kernel.utils import cache_once, load_jit
+from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
 
 if TYPE_CHECKING:
     from tvm_ffi.module import Module
 
-__all__ = ["can_use_store_cache", "set_mla_kv_buffer", "store_cache"]
+__all__ = ["can_use_store_cache", "set_mla_kv_buffer", "store_cache", "store_cache_quant"]
 
 
 @cache_once
@@ -59,27 +63,48 @@ def _jit_set_mla_kv_buffer_module() -> Module:
     )
 
 
-_BUILDERS: dict[str, Callable[[], Module]] = {
+#: Source dtypes of store_cache_quant (one module each).
+QUANT_SOURCE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: The largest finite e4m3 value; store_cache_quant clamps the scaled values to [-FP8_MAX, FP8_MAX].
+FP8_MAX = 448.0
+
+
+@cache_once
+def _jit_store_cache_quant_module(dtype: torch.dtype) -> Module:
+    """Compile (first use) and cache ``store_cache_quant``'s module for sources of ``dtype``."""
+    args = make_cpp_args(dtype)
+    return load_jit(
+        "store_cache_quant",
+        *args,
+        cuda_files=["kvcache/store_cache_quant.cuh"],
+        cuda_wrappers=[("store_cache_quant", f"store_cache_quant<{args}>")],
+    )
+
+
+_BUILDERS: dict[str, Callable[..., Module]] = {
     "store_cache": _jit_store_cache_module,
     "set_mla_kv_buffer": _jit_set_mla_kv_buffer_module,
+    "store_cache_quant": _jit_store_cache_quant_module,
 }
 
-# The exported functions, filled when a module is loaded: the eager fast path is a dict lookup
-# and the FFI call, whose launcher validates everything it needs (falling back to the checked path,
-# which explains a refusal).
-_FNS: dict[str, Callable[..., None]] = {}
+# The exported functions by (name, build arguments), filled when a module is loaded: the eager fast
+# path is a dict lookup and the FFI call, whose launcher validates everything it needs (falling back
+# to the checked path, which explains a refusal).
+_FNS: dict[tuple, Callable[..., None]] = {}
 
 
-def _load(name: str) -> Callable[..., None]:
-    """The launcher ``name`` ("store_cache" or "set_mla_kv_buffer"), its module compiled on first use."""
-    fn = _FNS[name] = getattr(_BUILDERS[name](), name)
+def _load(name: str, *args: object) -> Callable[..., None]:
+    """The launcher ``name`` (a key of ``_BUILDERS``) built for ``args`` (store_cache_quant: the source
+    dtype), its module compiled on first use."""
+    fn = _FNS[(name, *args)] = getattr(_BUILDERS[name](*args), name)
     return fn
 
 
-def _fast_fn(name: str) -> Callable[..., None] | None:
-    """The loaded FFI function of ``name`` for the eager fast path, or None (module not loaded yet,
-    or ``SGLANG_JIT_CHECK_INDICES=1``, which needs the checked path's host read of the indices)."""
-    fn = _FNS.get(name)
+def _fast_fn(name: str, *args: object) -> Callable[..., None] | None:
+    """The loaded FFI function of ``name`` (built for ``args``) for the eager fast path, or None (module
+    not loaded yet, or ``SGLANG_JIT_CHECK_INDICES=1``, which needs the checked path's host read of the
+    indices)."""
+    fn = _FNS.get((name, *args))
     if fn is None or check_indices_enabled():
         return None
     return fn
@@ -120,16 +145,44 @@ def _row_bytes(t: torch.Tensor) -> int:
     return t.shape[1] * t.element_size()
 
 
-def _check_row(op: str, arg: str, tensor: torch.Tensor, ref: torch.Tensor, ref_arg: str) -> None:
-    if _row_bytes(tensor) != _row_bytes(ref):
+def _check_row(
+    op: str, arg: str, tensor: torch.Tensor, ref: torch.Tensor, ref_arg: str, *, elements: bool = False
+) -> None:
+    """RuntimeError unless the 2-D row views ``tensor`` and ``ref`` have rows of one size: in bytes, or
+    in elements with ``elements`` (a cache of another dtype than its source)."""
+    size, unit = (lambda t: t.shape[1], "elements") if elements else (_row_bytes, "bytes")
+    if size(tensor) != size(ref):
         fail(
             RuntimeError,
             op,
             arg,
             "row size",
-            f"{_row_bytes(ref)} bytes (the row of {ref_arg})",
-            f"{_row_bytes(tensor)} bytes (shape {tuple(tensor.shape)})",
+            f"{size(ref)} {unit} (the row of {ref_arg})",
+            f"{size(tensor)} {unit} (shape {tuple(tensor.shape)})",
         )
+
+
+def _kv_rows(
+    op: str, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, indices: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The 2-D row views of k, v and their caches (store_cache, store_cache_quant), with the counts
+    checked: as many tokens in v as in k, at most that many indices, as many slots in both caches."""
+    k2, v2 = _rows(op, "k", k, "num_tokens"), _rows(op, "v", v, "num_tokens")
+    k_cache2, v_cache2 = _rows(op, "k_cache", k_cache, "num_slots"), _rows(op, "v_cache", v_cache, "num_slots")
+    if v2.shape[0] != k2.shape[0]:
+        fail(RuntimeError, op, "v", "shape", f"{k2.shape[0]} tokens (the rows of k)", f"{v2.shape[0]}")
+    if indices.shape[0] > k2.shape[0]:
+        fail(RuntimeError, op, "indices", "shape", f"at most {k2.shape[0]} entries (the rows of k)", indices.shape[0])
+    if v_cache2.shape[0] != k_cache2.shape[0]:
+        fail(
+            RuntimeError,
+            op,
+            "v_cache",
+            "shape",
+            f"{k_cache2.shape[0]} slots (the slots of k_cache)",
+            f"{v_cache2.shape[0]}",
+        )
+    return k2, v2, k_cache2, v_cache2
 
 
 def _check_disjoint(op: str, cache_args: dict[str, torch.Tensor], source_args: dict[str, torch.Tensor]) -> None:
@@ -272,28 +325,7 @@ def store_cache(
     check_tensor(op, "indices", indices, dtypes=INDEX_DTYPES, device_as=(k, "k"), dims=[("num_indices", None)])
     check_scalar(op, "row_bytes", row_bytes, int, minimum=0)
     check_scalar(op, "num_split", num_split, int, minimum=0)
-    k2, v2 = _rows(op, "k", k, "num_tokens"), _rows(op, "v", v, "num_tokens")
-    k_cache2, v_cache2 = _rows(op, "k_cache", k_cache, "num_slots"), _rows(op, "v_cache", v_cache, "num_slots")
-    if v2.shape[0] != k2.shape[0]:
-        fail(RuntimeError, op, "v", "shape", f"{k2.shape[0]} tokens (the rows of k)", f"{v2.shape[0]}")
-    if indices.shape[0] > k2.shape[0]:
-        fail(
-            RuntimeError,
-            op,
-            "indices",
-            "shape",
-            f"at most {k2.shape[0]} entries (the rows of k)",
-            f"{indices.shape[0]}",
-        )
-    if v_cache2.shape[0] != k_cache2.shape[0]:
-        fail(
-            RuntimeError,
-            op,
-            "v_cache",
-            "shape",
-            f"{k_cache2.shape[0]} slots (the slots of k_cache)",
-            f"{v_cache2.shape[0]}",
-        )
+    k2, v2, k_cache2, v_cache2 = _kv_rows(op, k, v, k_cache, v_cache, indices)
     _check_row(op, "k_cache", k_cache2, k2, "k")
     _check_row(op, "v_cache", v_cache2, v2, "v")
     if row_bytes not in (0, _row_bytes(k2)):
@@ -332,6 +364,194 @@ def can_use_store_cache(size: int) -> bool:
         return False
     _load("store_cache")
     return True
+
+
+# ---------------------------------------------------------------------------------------------
+# store_cache_quant
+# ---------------------------------------------------------------------------------------------
+def _launch_store_cache_quant(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    indices: torch.Tensor,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    k_inv_scale: float,
+    v_inv_scale: float,
+    size_limit: int,
+) -> None:
+    """The checked call (and the torch.library op's body): 2-D views and ``[1]`` scales, the optional
+    host index check, then the launcher."""
+    op = "store_cache_quant"
+    k_cache2 = _rows(op, "k_cache", k_cache, "num_slots")
+    check_indices(op, "indices", indices, k_cache2.shape[0], dim_name="num_slots")
+    scales = [None if s is None else s.reshape(1) for s in (k_scale, v_scale)]
+    _load(op, k.dtype)(
+        _rows(op, "k", k, "num_tokens"),
+        _rows(op, "v", v, "num_tokens"),
+        k_cache2,
+        _rows(op, "v_cache", v_cache, "num_slots"),
+        indices,
+        *scales,
+        float(k_inv_scale),
+        float(v_inv_scale),
+        size_limit,
+    )
+
+
+# The op that torch.compile traces (the mutations declared); its fake does nothing (no outputs).
+_store_cache_quant_op = torch.library.custom_op(
+    "sglang_jit_kernel::store_cache_quant", mutates_args=("k_cache", "v_cache"), device_types="cuda"
+)(_launch_store_cache_quant)
+
+
+@_store_cache_quant_op.register_fake
+def _(*args: object) -> None:
+    return None
+
+
+def _check_scale(op: str, arg: str, scale: object, inv_arg: str, inv_scale: object, k: torch.Tensor) -> None:
+    """A scale tensor of one float32 on ``k``'s device, or None; the inverse scale a real number, and
+    1.0 when the tensor is given."""
+    check_scalar(op, inv_arg, inv_scale, float)
+    if scale is None:
+        return
+    check_tensor(op, arg, scale, dtypes=(torch.float32,), device_as=(k, "k"))
+    assert isinstance(scale, torch.Tensor)
+    if scale.numel() != 1 or scale.dim() > 1:
+        fail(RuntimeError, op, arg, "shape", "[1] or [] (one float32 on the device)", tuple(scale.shape))
+    if inv_scale != 1.0:
+        fail(ValueError, op, inv_arg, "value", f"1.0 (the default) when {arg} is given", inv_scale)
+
+
+def store_cache_quant(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    indices: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    *,
+    k_inv_scale: float = 1.0,
+    v_inv_scale: float = 1.0,
+    size_limit: int = 0,
+) -> None:
+    """Quantize k and v rows to fp8 e4m3 and write them into their caches by slot:
+    ``k_cache[indices[i]] = e4m3(clamp(k[i] * k_inv, -448, 448))``, the same for ``v`` with
+    ``v_inv``, for ``i < num_indices``.
+
+    ``k_inv`` is ``1 / k_scale[0]`` when ``k_scale`` is given (read on the device by the kernel, so a
+    captured CUDA graph uses the scale's value at each replay), and ``k_inv_scale`` otherwise; the
+    same for v. ``k_scale`` is the dequantisation scale: ``k ~= k_cache.float() * k_scale``.
+
+    Rounding, in this order: each element is widened to fp32 (exact); ``k_inv`` is the correctly
+    rounded fp32 reciprocal of the scale (or ``k_inv_scale`` rounded to fp32); the product is rounded
+    once to fp32, clamped to ``[-448, 448]`` and rounded once to e4m3, to nearest with ties to even.
+    The bytes equal ``(k.float() * k_inv).clamp(-448, 448).to(torch.float8_e4m3fn)`` with ``k_inv =
+    1.0 / k_scale`` (fp32 tensors) or ``torch.tensor(k_inv_scale, dtype=torch.float32)``, except
+    that NaN always gives the byte ``0x7F`` (torch keeps a NaN's sign bit). ``+-inf`` gives
+    ``+-448``; a scale of 0 (``k_inv = inf``) gives ``+-448`` for nonzero elements and NaN for zeros.
+
+    Slots: an index outside ``[0, num_slots)`` writes nothing for its row (``-1``: a padding row of a
+    CUDA-graph batch), as in :func:`store_cache`. ``size_limit > 0`` narrows the valid slots to
+    ``[0, min(num_slots, size_limit))``: rows whose index is ``>= size_limit`` are skipped the same
+    way (slots from ``size_limit`` on are never written). With ``SGLANG_JIT_CHECK_INDICES=1`` an
+    index outside the cache other than ``-1`` raises instead; one in ``[size_limit, num_slots)`` is
+    skipped without an error.
+
+    Parameters
+    ----------
+    k : torch.Tensor
+        ``[num_tokens, k_row]`` (or ``[num_tokens, ...]`` whose trailing dims form one contiguous row,
+        e.g. ``[num_tokens, num_kv_heads, head_dim]``), float16, bfloat16 or float32, on a CUDA
+        device; the token stride is free. Not modified.
+    v : torch.Tensor
+        ``[num_tokens, v_row]`` the same way, the dtype of ``k``; its row may differ in width
+        (``v_head_dim != head_dim``). Not modified.
+    k_cache : torch.Tensor
+        ``[num_slots, k_row]`` (or ``[num_slots, ...]``) float8_e4m3fn, as many elements per row as
+        ``k``; the slot stride is free. Written in the addressed slots only.
+    v_cache : torch.Tensor
+        ``[num_slots, v_row]`` float8_e4m3fn, as many elements per row as ``v``, as many slots as
+        ``k_cache``.
+    indices : torch.Tensor
+        ``[num_indices]`` int32 or int64, any stride, ``num_indices <= num_tokens``: rows of ``k``
+        and ``v`` after ``num_indices`` are not read.
+    k_scale, v_scale : torch.Tensor, optional
+        ``[1]`` (or 0-d) float32 on the device of ``k``, any stride: the dequantisation scales. Not
+        modified. When given, the matching ``*_inv_scale`` must stay 1.0.
+    k_inv_scale, v_inv_scale : float, optional
+        The multipliers (``1 / scale``) used when the scale tensor is not given; rounded to fp32.
+        Default 1.0.
+    size_limit : int, optional
+        0 (default): every slot of the caches is valid; ``> 0``: only slots below ``size_limit``.
+
+    Returns
+    -------
+    None
+        ``k_cache`` and ``v_cache`` are written in place; with 0 indices nothing is launched.
+
+    Raises
+    ------
+    TypeError
+        A tensor argument that is not a tensor; a scale that is neither a tensor nor None;
+        ``k_inv_scale`` / ``v_inv_scale`` not a real number; ``size_limit`` not an int.
+    ValueError
+        ``size_limit`` negative; ``k_inv_scale`` (``v_inv_scale``) other than 1.0 with ``k_scale``
+        (``v_scale``) given.
+    RuntimeError
+        A tensor not on ``k``'s CUDA device; ``k`` not float16/bfloat16/float32 or ``v`` of another
+        dtype; a cache not float8_e4m3fn, or with another row size (in elements) than its source;
+        a scale not float32 or not one element; ``indices`` not int32/int64 or not 1-D, or longer
+        than ``k``; ``k`` and ``v`` with different token counts, or the caches with different slot
+        counts; rows that are not contiguous; a cache sharing memory with an input or the other
+        cache; a cache whose slot rows overlap. Raised before any launch, as
+        ``store_cache_quant: <arg> <what>: expected X, got Y``.
+    IndexError
+        With ``SGLANG_JIT_CHECK_INDICES=1``: an index outside ``[0, num_slots)`` other than ``-1``.
+    """
+    if not torch.compiler.is_compiling():
+        fn = _fast_fn("store_cache_quant", getattr(k, "dtype", None))
+        # exact types only: the FFI would pass a bool as a number (the checked path raises TypeError)
+        if fn is not None and type(k_inv_scale) is float and type(v_inv_scale) is float and type(size_limit) is int:
+            try:
+                # the launcher checks everything
+                fn(k, v, k_cache, v_cache, indices, k_scale, v_scale, k_inv_scale, v_inv_scale, size_limit)
+                return
+            except (TypeError, ValueError, RuntimeError):  # raised before any launch: the checked path explains
+                pass
+    op = "store_cache_quant"
+    check_tensor(op, "k", k, dtypes=QUANT_SOURCE_DTYPES)
+    check_tensor(op, "v", v, dtype_as=(k, "k"))
+    check_tensor(op, "k_cache", k_cache, dtypes=(torch.float8_e4m3fn,), device_as=(k, "k"))
+    check_tensor(op, "v_cache", v_cache, dtypes=(torch.float8_e4m3fn,), device_as=(k, "k"))
+    check_tensor(op, "indices", indices, dtypes=INDEX_DTYPES, device_as=(k, "k"), dims=[("num_indices", None)])
+    _check_scale(op, "k_scale", k_scale, "k_inv_scale", k_inv_scale, k)
+    _check_scale(op, "v_scale", v_scale, "v_inv_scale", v_inv_scale, k)
+    check_scalar(op, "size_limit", size_limit, int, minimum=0)
+    k2, v2, k_cache2, v_cache2 = _kv_rows(op, k, v, k_cache, v_cache, indices)
+    _check_row(op, "k_cache", k_cache2, k2, "k", elements=True)
+    _check_row(op, "v_cache", v_cache2, v2, "v", elements=True)
+    sources = {"k": k, "v": v, "indices": indices}
+    sources.update({arg: s for arg, s in (("k_scale", k_scale), ("v_scale", v_scale)) if s is not None})
+    _check_disjoint(op, {"k_cache": k_cache, "v_cache": v_cache}, sources)
+    if indices.shape[0] == 0:
+        return
+    args = (k, v, k_cache, v_cache, indices, k_scale, v_scale, float(k_inv_scale), float(v_inv_scale), size_limit)
+    if torch.compiler.is_compiling():
+        torch.ops.sglang_jit_kernel.store_cache_quant(*args)
+    else:
+        _launch_store_cache_quant(*args)
+
+
+def reference_store_cache_quant(x: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
+    """The documented formula in torch, as e4m3 bytes (uint8): ``e4m3(clamp(x.float() * inv, -448,
+    448))`` with ``inv`` an fp32 tensor (``1.0 / scale`` or the inverse scale); NaN -> 0x7F."""
+    y = (x.float() * inv.float().reshape(())).clamp(-FP8_MAX, FP8_MAX)
+    q = y.to(torch.float8_e4m3fn).view(torch.uint8)
+    return torch.where(torch.isnan(y), torch.full_like(q, 0x7F), q)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -529,4 +749,52 @@ def _set_mla_kv_buffer_cases() -> list[CheckCase]:
 register_op("store_cache", build=_jit_store_cache_module, variants=[()], check_cases=_store_cache_cases)
 register_op(
     "set_mla_kv_buffer", build=_jit_set_mla_kv_buffer_module, variants=[()], check_cases=_set_mla_kv_buffer_cases
+)
+
+
+def _store_cache_quant_cases() -> list[CheckCase]:
+    """``check``: k, v ``[16384, 8 x 128]`` bf16 into fp8 caches of ``4 * 16384 + 1`` slots at random
+    distinct slots, k with a device scale, v with an inverse scale; both caches are views of one
+    buffer so that one tensor shows both writes."""
+    t, row, slots = 16384, 1024, 4 * 16384 + 1
+    v_inv = 1 / 1.7
+
+    def make() -> tuple:
+        k = torch.randn(t, row, device="cuda").mul_(40).to(torch.bfloat16)
+        v = torch.randn(t, row, device="cuda").mul_(40).to(torch.bfloat16)
+        caches = torch.zeros(2, slots, row, dtype=torch.float8_e4m3fn, device="cuda")
+        k_scale = torch.tensor([0.37], device="cuda")
+        return k, v, caches, k_scale, torch.randperm(slots, device="cuda")[:t]
+
+    def call(
+        k: torch.Tensor, v: torch.Tensor, caches: torch.Tensor, k_scale: torch.Tensor, indices: torch.Tensor
+    ) -> torch.Tensor:
+        store_cache_quant(k, v, caches[0], caches[1], indices, k_scale, v_inv_scale=v_inv)
+        return caches.view(torch.uint8)
+
+    def reference(
+        k: torch.Tensor, v: torch.Tensor, caches: torch.Tensor, k_scale: torch.Tensor, indices: torch.Tensor
+    ) -> torch.Tensor:
+        expected = caches.view(torch.uint8).clone()
+        expected[0, indices] = reference_store_cache_quant(k, 1.0 / k_scale)
+        expected[1, indices] = reference_store_cache_quant(v, torch.tensor(v_inv, device="cuda"))
+        return expected
+
+    return [
+        CheckCase(
+            f"[{t}, {row}] bf16 -> [{slots}, {row}] e4m3",
+            make,
+            call,
+            reference,
+            bytes_moved=2 * t * row * (2 + 1) + t * 8,
+            dtype=torch.uint8,
+        )
+    ]
+
+
+register_op(
+    "store_cache_quant",
+    build=_jit_store_cache_quant_module,
+    variants=[(d,) for d in QUANT_SOURCE_DTYPES],
+    check_cases=_store_cache_quant_cases,
 )

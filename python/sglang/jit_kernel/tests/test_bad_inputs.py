@@ -2322,6 +2322,21 @@ def _catalogue() -> dict[str, tuple[Callable[..., Any], Callable[[Any], tuple[tu
             lambda d: ((t(4, 128)(d), t(4, 128)(d), t(16, 128)(d), t(16, 128)(d), t(4, dtype=i64)(d)), {}),
             "k",
         ),
+        "store_cache_quant": (
+            lambda d: (
+                (
+                    t(4, 128)(d),
+                    t(4, 128)(d),
+                    t(16, 128, dtype=FP8)(d),
+                    t(16, 128, dtype=FP8)(d),
+                    t(4, dtype=i64)(d),
+                    t(1, dtype=FP32)(d),
+                    t(1, dtype=FP32)(d),
+                ),
+                {},
+            ),
+            "k",
+        ),
         "set_mla_kv_buffer": (
             lambda d: ((t(16, 1, 576)(d), t(4, dtype=i64)(d), t(4, 1, 512)(d), t(4, 1, 64)(d)), {}),
             "kv_buffer",

@@ -1,13 +1,41 @@
-// Shared device helpers of the KV-cache kernels (row_scatter, downcast_fp8): a multiply-shift
-// divider for 32-bit ids and a source load that ptxas cannot sink below a later condition.
+// Shared pieces of the KV-cache kernels (row_scatter, store_cache_quant, downcast_fp8): the row part,
+// launch facts and flat layout of the row scatter, a multiply-shift divider for 32-bit ids, a source
+// load that ptxas cannot sink below a later condition, and the caches' aliasing check. No kernels: a
+// launcher that includes this file compiles only its own.
 #pragma once
 
-#include <sgl_kernel/utils.cuh>  // For SGL_DEVICE
+#include <sgl_kernel/tensor.h>  // For verify_no_partial_overlap, verify_no_self_overlap
+
+#include <sgl_kernel/utils.cuh>  // For SGL_DEVICE, device::kWarpThreads, device::pointer::offset
 #include <sgl_kernel/vec.cuh>    // For AlignedVector
 
 #include <cstdint>
+#include <initializer_list>
+#include <tvm/ffi/container/tensor.h>
+#include <utility>
 
 namespace {
+
+/// One part of every row: where the source rows are and where their bytes go in a slot row.
+struct RowPart {
+  const void* src;     // [num_rows, bytes], rows src_stride bytes apart
+  void* dst;           // [num_slots, >= bytes]: this part's first byte in slot 0, rows dst_stride apart
+  int64_t src_stride;  // bytes between source rows
+  int64_t dst_stride;  // bytes between slot rows
+  int64_t num_vecs;    // vectors (of the launch's vector width) per row of this part
+  int64_t chunk_vecs;  // vectors per warp chunk: div_ceil(num_vecs, num_split)
+};
+
+/// Launch facts of row_scatter.
+struct RowScatterConfig {
+  static constexpr uint32_t kThreads = 256;                            // threads per block
+  static constexpr uint32_t kWarps = kThreads / device::kWarpThreads;  // warps per block
+  static constexpr int kUnroll = 4;                                    // vectors in flight per lane
+  static constexpr int64_t kMaxBlocks = 1 << 20;                       // grid cap; warps loop
+  static constexpr int64_t kFullWarps = 64;                            // resident warps per SM (H100/H200)
+  static constexpr int64_t kMaxFlatVecs = int64_t{1} << 31;            // flat kernel: 32-bit vector ids
+  static constexpr int kWideVecsPerThread = 2;                         // flat kernel, wide copies
+};
 
 /// The quotient n / d of 0 <= n < 2^31 by a divisor 1 <= d < 2^31 fixed at launch, as one 64-bit
 /// multiply and a shift: multiplier = floor(2^shift / d) + 1 with shift = 31 + ceil(log2 d). Exact:
@@ -27,6 +55,37 @@ struct RowDivider {
 
   SGL_DEVICE uint32_t divide(uint32_t n) const { return static_cast<uint32_t>((uint64_t{n} * multiplier) >> shift); }
 };
+
+/// Vector g of the rows laid end to end (the flat layout of row_scatter and store_cache_quant: each
+/// row is part 0's vectors, then part 1's): its source row, where its part's slot rows are, and
+/// which vector of the part's row it is.
+struct FlatVector {
+  const void* src;     // the source row of the vector's part (vector `vec` of it)
+  void* dst;           // the part's first byte in slot 0
+  int64_t dst_stride;  // bytes between the part's slot rows
+  uint32_t row;        // the row: entry `row` of the indices
+  uint32_t vec;        // the vector within the part's row
+  bool second;         // in part 1
+};
+
+/// Locates vector g (< 2^31) of rows of `row_vecs` vectors, part 0 holding part0.num_vecs of them;
+/// `divider` divides by row_vecs.
+SGL_DEVICE FlatVector locate_flat_vector(
+    uint32_t g, const RowPart& part0, const RowPart& part1, uint32_t row_vecs, const RowDivider& divider) {
+  const uint32_t row = divider.divide(g);
+  const uint32_t col = g - row * row_vecs;
+  const uint32_t part0_vecs = static_cast<uint32_t>(part0.num_vecs);
+  const bool second = col >= part0_vecs;
+  // Field by field (not a reference to one of the two parts): keeps kernel params in constant space.
+  const int64_t src_stride = second ? part1.src_stride : part0.src_stride;
+  return FlatVector{
+      .src = device::pointer::offset(second ? part1.src : part0.src, int64_t{row} * src_stride),
+      .dst = second ? part1.dst : part0.dst,
+      .dst_stride = second ? part1.dst_stride : part0.dst_stride,
+      .row = row,
+      .vec = second ? col - part0_vecs : col,
+      .second = second};
+}
 
 /// Loads vector `i` of `src` (a Vec = AlignedVector of 1 to 16 bytes, aligned) with ld.relaxed.gpu:
 /// a strong load, which the compiler issues where the code has it. A plain (weak) load whose value
@@ -60,6 +119,23 @@ SGL_DEVICE Vec load_issued_here(const void* src, uint32_t i) {
   Vec v;
   *reinterpret_cast<storage_t*>(&v) = raw;
   return v;
+}
+
+/// Refuses (host::PanicError, before any launch) KV-cache destinations that could corrupt their
+/// inputs or each other: a cache sharing memory with any of `sources` (name, tensor), caches whose
+/// own slot rows overlap (expanded, row stride 0), or two caches sharing memory.
+inline void verify_kv_caches_disjoint(
+    const tvm::ffi::TensorView& k_cache,
+    const tvm::ffi::TensorView& v_cache,
+    std::initializer_list<std::pair<const char*, const tvm::ffi::TensorView*>> sources) {
+  for (const auto& [cache_name, cache] : {std::pair{"k_cache", &k_cache}, std::pair{"v_cache", &v_cache}}) {
+    for (const auto& [name, source] : sources) {
+      host::verify_no_partial_overlap(*cache, cache_name, *source, name, /*allow_same=*/false);
+    }
+  }
+  host::verify_no_self_overlap(k_cache, "k_cache");
+  host::verify_no_self_overlap(v_cache, "v_cache");
+  host::verify_no_partial_overlap(k_cache, "k_cache", v_cache, "v_cache", /*allow_same=*/false);
 }
 
 }  // namespace

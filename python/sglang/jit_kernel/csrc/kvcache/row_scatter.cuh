@@ -35,19 +35,9 @@
 #include <cstdint>
 #include <dlpack/dlpack.h>
 
-#include "access.cuh"  // For RowDivider, load_issued_here
+#include "access.cuh"  // For RowPart, RowScatterConfig, RowDivider, locate_flat_vector, load_issued_here
 
 namespace {
-
-/// One part of every row: where the source rows are and where their bytes go in a slot row.
-struct RowPart {
-  const void* src;     // [num_rows, bytes], rows src_stride bytes apart
-  void* dst;           // [num_slots, >= bytes]: this part's first byte in slot 0, rows dst_stride apart
-  int64_t src_stride;  // bytes between source rows
-  int64_t dst_stride;  // bytes between slot rows
-  int64_t num_vecs;    // vectors (of the launch's vector width) per row of this part
-  int64_t chunk_vecs;  // vectors per warp chunk: div_ceil(num_vecs, num_split)
-};
 
 /// Kernel arguments of row_scatter.
 struct RowScatterParams {
@@ -60,17 +50,6 @@ struct RowScatterParams {
   int64_t num_split;       // warp kernel: chunks (warps) per row part, >= 1
   uint32_t row_vecs;       // flat kernel: part0.num_vecs + part1.num_vecs; num_rows * row_vecs < 2^31
   RowDivider row_divider;  // flat kernel: divides by row_vecs
-};
-
-/// Launch facts of row_scatter.
-struct RowScatterConfig {
-  static constexpr uint32_t kThreads = 256;                            // threads per block
-  static constexpr uint32_t kWarps = kThreads / device::kWarpThreads;  // warps per block
-  static constexpr int kUnroll = 4;                                    // vectors in flight per lane
-  static constexpr int64_t kMaxBlocks = 1 << 20;                       // grid cap; warps loop
-  static constexpr int64_t kFullWarps = 64;                            // resident warps per SM (H100/H200)
-  static constexpr int64_t kMaxFlatVecs = int64_t{1} << 31;            // flat kernel: 32-bit vector ids
-  static constexpr int kWideVecsPerThread = 2;                         // flat kernel, wide copies
 };
 
 /// Copies vectors [begin, end) of one row part from `src` to `dst` (both already at the row) with
@@ -105,23 +84,14 @@ __global__ void __launch_bounds__(RowScatterConfig::kThreads) row_scatter_flat_k
   device::pdl_wait_primary();  // before the first global load (see the file comment)
   device::pdl_launch_dependents();
   const auto* indices = static_cast<const IndexT*>(params.indices);
-  const uint32_t part0_vecs = static_cast<uint32_t>(params.part0.num_vecs);
   const uint32_t row_vecs = params.row_vecs;
   const uint32_t total = static_cast<uint32_t>(params.num_rows) * row_vecs;  // < 2^31 (launcher)
   const uint32_t step = gridDim.x * blockDim.x;                              // <= 2^28: g + step < 2^32
   for (uint32_t g = blockIdx.x * blockDim.x + threadIdx.x; g < total; g += step) {
-    const uint32_t row = params.row_divider.divide(g);
-    const uint32_t col = g - row * row_vecs;
-    const bool second = col >= part0_vecs;
-    // Field by field (not a reference to one of the two parts): keeps the params in constant space.
-    const void* src = second ? params.part1.src : params.part0.src;
-    void* dst = second ? params.part1.dst : params.part0.dst;
-    const int64_t src_stride = second ? params.part1.src_stride : params.part0.src_stride;
-    const int64_t dst_stride = second ? params.part1.dst_stride : params.part0.dst_stride;
-    const uint32_t vec = second ? col - part0_vecs : col;
-    const int64_t slot = static_cast<int64_t>(indices[int64_t{row} * params.index_stride]);
-    const vec_t v = load_issued_here<vec_t>(device::pointer::offset(src, int64_t{row} * src_stride), vec);
-    if (slot >= 0 && slot < params.num_slots) v.store(device::pointer::offset(dst, slot * dst_stride), vec);
+    const FlatVector at = locate_flat_vector(g, params.part0, params.part1, row_vecs, params.row_divider);
+    const int64_t slot = static_cast<int64_t>(indices[int64_t{at.row} * params.index_stride]);
+    const vec_t v = load_issued_here<vec_t>(at.src, at.vec);
+    if (slot >= 0 && slot < params.num_slots) v.store(device::pointer::offset(at.dst, slot * at.dst_stride), at.vec);
   }
 }
 
@@ -138,7 +108,6 @@ __global__ void __launch_bounds__(RowScatterConfig::kThreads)
   device::pdl_wait_primary();  // before the first global load (see the file comment)
   device::pdl_launch_dependents();
   const auto* indices = static_cast<const IndexT*>(params.indices);
-  const uint32_t part0_vecs = static_cast<uint32_t>(params.part0.num_vecs);
   const uint32_t row_vecs = params.row_vecs;
   const uint32_t total = static_cast<uint32_t>(params.num_rows) * row_vecs;  // < 2^31 (launcher)
   const uint32_t step = gridDim.x * blockDim.x;  // kPer * step <= 2^28: no 32-bit wrap below 2^32
@@ -152,16 +121,11 @@ __global__ void __launch_bounds__(RowScatterConfig::kThreads)
       const uint32_t g = base + u * step;
       slot[u] = -1;
       if (g < total) {
-        const uint32_t row = params.row_divider.divide(g);
-        const uint32_t col = g - row * row_vecs;
-        const bool second = col >= part0_vecs;
-        const void* src = second ? params.part1.src : params.part0.src;
-        const int64_t src_stride = second ? params.part1.src_stride : params.part0.src_stride;
-        const int64_t dst_stride = second ? params.part1.dst_stride : params.part0.dst_stride;
-        vec[u] = second ? col - part0_vecs : col;
-        slot[u] = static_cast<int64_t>(indices[int64_t{row} * params.index_stride]);
-        v[u] = load_issued_here<vec_t>(device::pointer::offset(src, int64_t{row} * src_stride), vec[u]);
-        dst[u] = device::pointer::offset(second ? params.part1.dst : params.part0.dst, slot[u] * dst_stride);
+        const FlatVector at = locate_flat_vector(g, params.part0, params.part1, row_vecs, params.row_divider);
+        vec[u] = at.vec;
+        slot[u] = static_cast<int64_t>(indices[int64_t{at.row} * params.index_stride]);
+        v[u] = load_issued_here<vec_t>(at.src, vec[u]);
+        dst[u] = device::pointer::offset(at.dst, slot[u] * at.dst_stride);
       }
     }
 #pragma unroll

@@ -5,14 +5,15 @@
 // Moves 2 * num_indices * (k_row_bytes + v_row_bytes) bytes, plus the indices.
 #pragma once
 
-#include <sgl_kernel/tensor.h>  // For TensorMatcher, Symbolic{Size,DType,Device}, verify_no_partial_overlap, verify_no_self_overlap
-#include <sgl_kernel/utils.h>  // For RuntimeCheck
+#include <sgl_kernel/tensor.h>  // For TensorMatcher, Symbolic{Size,DType,Device}
+#include <sgl_kernel/utils.h>   // For RuntimeCheck
 
 #include <cstdint>
 #include <dlpack/dlpack.h>
 #include <tvm/ffi/container/tensor.h>
 
-#include "row_scatter.cuh"
+#include "access.cuh"  // For verify_kv_caches_disjoint
+#include "row_scatter.cuh"  // For RowScatterParams, RowPart, row_scatter_element_bytes, row_scatter_vector_bytes, dispatch_row_scatter
 
 namespace {
 
@@ -83,16 +84,7 @@ void store_cache(
       " entries: expected at most num_tokens = ",
       num_tokens.unwrap(),
       " (the rows of k)");
-  verify_no_partial_overlap(k_cache, "k_cache", k, "k", /*allow_same=*/false);
-  verify_no_partial_overlap(k_cache, "k_cache", v, "v", /*allow_same=*/false);
-  verify_no_partial_overlap(k_cache, "k_cache", indices, "indices", /*allow_same=*/false);
-  verify_no_partial_overlap(v_cache, "v_cache", k, "k", /*allow_same=*/false);
-  verify_no_partial_overlap(v_cache, "v_cache", v, "v", /*allow_same=*/false);
-  verify_no_partial_overlap(v_cache, "v_cache", indices, "indices", /*allow_same=*/false);
-  // Slots of their own (no stride-0 or overlapping slot rows), and two caches that do not share memory
-  verify_no_self_overlap(k_cache, "k_cache");
-  verify_no_self_overlap(v_cache, "v_cache");
-  verify_no_partial_overlap(k_cache, "k_cache", v_cache, "v_cache", /*allow_same=*/false);
+  verify_kv_caches_disjoint(k_cache, v_cache, {{"k", &k}, {"v", &v}, {"indices", &indices}});
 
   // Unwrap
   const int64_t k_elem = row_scatter_element_bytes(k_dtype.unwrap(), "k");
