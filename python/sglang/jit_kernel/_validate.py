@@ -346,6 +346,33 @@ def check_scalar(
         fail(ValueError, op, arg, "value", " and ".join(parts), value)
 
 
+def check_static_scale(
+    op: str, arg: str, scale: object, inv_arg: str, inv_scale: object, device_as: tuple[torch.Tensor, str]
+) -> None:
+    """The two forms of a static per-tensor quantization scale (store_cache_quant, the fp8 KV store of
+    apply_rope_inplace_with_kvcache): ``scale`` None or one float32 on the device of ``device_as``
+    (``[1]`` or 0-d), and ``inv_scale`` a real number, 1.0 when ``scale`` is given (one of the two).
+
+    Raises
+    ------
+    TypeError
+        ``scale`` neither None nor a tensor; ``inv_scale`` not a real number.
+    ValueError
+        ``inv_scale`` other than 1.0 with ``scale`` given.
+    RuntimeError
+        ``scale`` not float32, not on that device, or not one element.
+    """
+    check_scalar(op, inv_arg, inv_scale, float)
+    if scale is None:
+        return
+    check_tensor(op, arg, scale, dtypes=(torch.float32,), device_as=device_as)
+    assert isinstance(scale, torch.Tensor)
+    if scale.numel() != 1 or scale.dim() > 1:
+        fail(RuntimeError, op, arg, "shape", "[1] or [] (one float32 on the device)", tuple(scale.shape))
+    if inv_scale != 1.0:
+        fail(ValueError, op, inv_arg, "value", f"1.0 (the default) when {arg} is given", inv_scale)
+
+
 def prepare_elementwise_out(
     op: str, src: torch.Tensor, out: torch.Tensor | None, src_arg: str = "src"
 ) -> tuple[torch.Tensor, torch.Tensor]:

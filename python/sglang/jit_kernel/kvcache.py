@@ -33,6 +33,7 @@ from sglang.jit_kernel._validate import (
     check_no_partial_overlap,
     check_no_self_overlap,
     check_scalar,
+    check_static_scale,
     check_tensor,
     fail,
 )
@@ -411,20 +412,6 @@ def _(*args: object) -> None:
     return None
 
 
-def _check_scale(op: str, arg: str, scale: object, inv_arg: str, inv_scale: object, k: torch.Tensor) -> None:
-    """A scale tensor of one float32 on ``k``'s device, or None; the inverse scale a real number, and
-    1.0 when the tensor is given."""
-    check_scalar(op, inv_arg, inv_scale, float)
-    if scale is None:
-        return
-    check_tensor(op, arg, scale, dtypes=(torch.float32,), device_as=(k, "k"))
-    assert isinstance(scale, torch.Tensor)
-    if scale.numel() != 1 or scale.dim() > 1:
-        fail(RuntimeError, op, arg, "shape", "[1] or [] (one float32 on the device)", tuple(scale.shape))
-    if inv_scale != 1.0:
-        fail(ValueError, op, inv_arg, "value", f"1.0 (the default) when {arg} is given", inv_scale)
-
-
 def store_cache_quant(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -528,8 +515,8 @@ def store_cache_quant(
     check_tensor(op, "k_cache", k_cache, dtypes=(torch.float8_e4m3fn,), device_as=(k, "k"))
     check_tensor(op, "v_cache", v_cache, dtypes=(torch.float8_e4m3fn,), device_as=(k, "k"))
     check_tensor(op, "indices", indices, dtypes=INDEX_DTYPES, device_as=(k, "k"), dims=[("num_indices", None)])
-    _check_scale(op, "k_scale", k_scale, "k_inv_scale", k_inv_scale, k)
-    _check_scale(op, "v_scale", v_scale, "v_inv_scale", v_inv_scale, k)
+    check_static_scale(op, "k_scale", k_scale, "k_inv_scale", k_inv_scale, (k, "k"))
+    check_static_scale(op, "v_scale", v_scale, "v_inv_scale", v_inv_scale, (k, "k"))
     check_scalar(op, "size_limit", size_limit, int, minimum=0)
     k2, v2, k_cache2, v_cache2 = _kv_rows(op, k, v, k_cache, v_cache, indices)
     _check_row(op, "k_cache", k_cache2, k2, "k", elements=True)

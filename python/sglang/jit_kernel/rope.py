@@ -6,6 +6,9 @@ sin_{R/2-1}]``, each pair of a head becomes ``(x*c - y*s, x*s + y*c)`` in fp32, 
 tensor dtype: the NeoX pairs ``(x[i], x[i + R/2])`` or the GPT-J pairs ``(x[2i], x[2i + 1])``.
 Elements ``[R, head_dim)`` of each head are untouched. Kernels: ``csrc/elementwise/rope.cuh``; each op
 has a module of its own per dtype (the first call compiles only the kernels that op dispatches to).
+``apply_rope_inplace_with_kvcache`` into float8_e4m3fn caches (quantized with per-tensor scales as
+``store_cache_quant`` does) is served by ``csrc/elementwise/rope_fp8_kvcache.cuh``, a module of its
+own per q dtype, chosen by the caches' dtype, so that caches of the model dtype never compile it.
 
 Bytes moved (the benchmark's count), ``s`` the element size, ``N`` tokens, ``Hq``/``Hk`` heads:
 ``apply_rope_inplace`` ``2*N*(Hq+Hk)*R*s + N*R*4 + N*p`` (``p`` the position size: read + write of
@@ -37,7 +40,9 @@ from sglang.jit_kernel._validate import (
     check_indices_enabled,
     check_no_self_overlap,
     check_scalar,
+    check_static_scale,
     check_tensor,
+    dtype_name,
     fail,
 )
 from sglang.jit_kernel.registry import CheckCase, register_op
@@ -71,10 +76,25 @@ def _jit_apply_rope_inplace_module(dtype: torch.dtype) -> Module:
 
 
 @cache_once
-def _jit_apply_rope_inplace_with_kvcache_module(dtype: torch.dtype) -> Module:
-    """Compile (first use) and cache the ``apply_rope_inplace_with_kvcache`` module for ``dtype`` (it
-    also holds the rotation-only kernels, for a store with no slots or no kv heads)."""
-    return _build("apply_rope_inplace_with_kvcache", dtype)
+def _jit_apply_rope_inplace_with_kvcache_module(dtype: torch.dtype, cache_dtype: torch.dtype | None = None) -> Module:
+    """Compile (first use) and cache the ``apply_rope_inplace_with_kvcache`` module for q of ``dtype``
+    and caches of ``dtype`` (``cache_dtype`` None or ``dtype``: bit copies; it also holds the
+    rotation-only kernels, for a store with no slots or no kv heads) or float8_e4m3fn (the quantizing
+    store of ``rope_fp8_kvcache.cuh``, a module of its own so that a first call with caches of the
+    model dtype compiles no fp8 kernel)."""
+    if cache_dtype is None or cache_dtype == dtype:
+        return _build("apply_rope_inplace_with_kvcache", dtype)
+    if cache_dtype != FP8_CACHE_DTYPE:
+        raise ValueError(
+            f"apply_rope_inplace_with_kvcache: cache dtype {cache_dtype}: expected {dtype} or {FP8_CACHE_DTYPE}"
+        )
+    args = make_cpp_args(dtype)
+    return load_jit(
+        "apply_rope_inplace_with_kvcache_fp8",
+        *args,
+        cuda_files=["elementwise/rope_fp8_kvcache.cuh"],
+        cuda_wrappers=[("apply_rope_inplace_with_kvcache", f"apply_rope_inplace_with_kvcache_fp8<{args}>")],
+    )
 
 
 @cache_once
@@ -83,9 +103,13 @@ def _jit_rotary_embedding_module(dtype: torch.dtype) -> Module:
     return _build("rotary_embedding", dtype)
 
 
-# The eager fast paths: dtype -> launcher, filled once a module is loaded.
+#: The cache dtype of the quantizing KV store (besides caches of q's dtype).
+FP8_CACHE_DTYPE = torch.float8_e4m3fn
+
+# The eager fast paths: dtype (apply_rope_inplace) or (q dtype, cache dtype) -> launcher, filled once a
+# module is loaded.
 _ROPE_FNS: dict[torch.dtype, Callable[..., None]] = {}
-_ROPE_KV_FNS: dict[torch.dtype, Callable[..., None]] = {}
+_ROPE_KV_FNS: dict[tuple[torch.dtype, torch.dtype], Callable[..., None]] = {}
 
 
 def _rope_fn(dtype: torch.dtype) -> Callable[..., None]:
@@ -96,12 +120,42 @@ def _rope_fn(dtype: torch.dtype) -> Callable[..., None]:
     return fn
 
 
-def _rope_kv_fn(dtype: torch.dtype) -> Callable[..., None]:
-    """``apply_rope_inplace_with_kvcache``'s launcher for ``dtype`` (compiled on first use)."""
-    fn = _ROPE_KV_FNS.get(dtype)
+def _rope_kv_fn(dtype: torch.dtype, cache_dtype: torch.dtype) -> Callable[..., None]:
+    """``apply_rope_inplace_with_kvcache``'s launcher for q of ``dtype`` and caches of ``cache_dtype``
+    (``dtype`` or float8_e4m3fn; compiled on first use). The fp8 launcher takes four more arguments:
+    k_scale, v_scale, k_inv_scale, v_inv_scale."""
+    fn = _ROPE_KV_FNS.get((dtype, cache_dtype))
     if fn is None:
-        fn = _ROPE_KV_FNS[dtype] = _jit_apply_rope_inplace_with_kvcache_module(dtype).apply_rope_inplace_with_kvcache
+        module = _jit_apply_rope_inplace_with_kvcache_module(dtype, cache_dtype)
+        fn = _ROPE_KV_FNS[(dtype, cache_dtype)] = module.apply_rope_inplace_with_kvcache
     return fn
+
+
+def _rope_kv_launch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor,
+    out_loc: torch.Tensor,
+    is_neox: bool,
+    rope_dim: int,
+    enable_pdl: int,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    k_inv_scale: float,
+    v_inv_scale: float,
+) -> None:
+    """The launch of the checked path (and the torch.library op's body): caches of q's dtype take the
+    bit-copy launcher (the scales are then None and 1.0), fp8 caches the quantizing one."""
+    args = (q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox, rope_dim, enable_pdl)
+    if k_cache.dtype != FP8_CACHE_DTYPE:
+        _rope_kv_fn(q.dtype, k_cache.dtype)(*args)
+        return
+    scales = [None if s is None else s.reshape(1) for s in (k_scale, v_scale)]
+    _rope_kv_fn(q.dtype, FP8_CACHE_DTYPE)(*args, *scales, float(k_inv_scale), float(v_inv_scale))
 
 
 def _pdl_flag(enable_pdl: bool | None) -> int:
@@ -142,41 +196,16 @@ def _(
     return None
 
 
-@torch.library.custom_op(
+# The KV op that torch.compile traces (the mutations declared); its fake does nothing (no outputs).
+_rope_kv_op = torch.library.custom_op(
     "sglang_jit_kernel::apply_rope_inplace_with_kvcache",
     mutates_args=("q", "k", "k_cache", "v_cache"),
     device_types="cuda",
-)
-def _rope_kv_op(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    positions: torch.Tensor,
-    out_loc: torch.Tensor,
-    is_neox: bool,
-    rope_dim: int,
-    enable_pdl: int,
-) -> None:
-    _rope_kv_fn(q.dtype)(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox, rope_dim, enable_pdl)
+)(_rope_kv_launch)
 
 
 @_rope_kv_op.register_fake
-def _(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    positions: torch.Tensor,
-    out_loc: torch.Tensor,
-    is_neox: bool,
-    rope_dim: int,
-    enable_pdl: int,
-) -> None:
+def _(*args: object) -> None:
     return None
 
 
@@ -380,11 +409,21 @@ def apply_rope_inplace_with_kvcache(
     is_neox: bool,
     rope_dim: int = 0,
     enable_pdl: bool | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    k_inv_scale: float = 1.0,
+    v_inv_scale: float = 1.0,
 ) -> None:
     """:func:`apply_rope_inplace`, then store the rotated k and the untouched v by slot, in one launch.
 
     After the rotation (same formula and roundings), ``k_cache[out_loc[t]] = k[t]`` (rotated, all
-    ``head_dim`` elements of every kv head) and ``v_cache[out_loc[t]] = v[t]`` bit for bit.
+    ``head_dim`` elements of every kv head) and ``v_cache[out_loc[t]] = v[t]``: bit for bit when the
+    caches have q's dtype; with float8_e4m3fn caches quantized as
+    :func:`~sglang.jit_kernel.kvcache.store_cache_quant` does, from the rotated k as rounded to q's
+    dtype: ``e4m3(clamp(float(k[t]) * k_inv, -448, 448))`` (one fp32 product, round to nearest even,
+    NaN -> 0x7F), ``k_inv = 1 / k_scale[0]`` (a correctly rounded fp32 reciprocal, read on the device
+    by the kernel) when ``k_scale`` is given, else ``k_inv_scale``; the same for v. The result is bit
+    for bit that of :func:`apply_rope_inplace` followed by ``store_cache_quant``.
 
     Parameters
     ----------
@@ -395,14 +434,20 @@ def apply_rope_inplace_with_kvcache(
         contiguous. Not modified.
     k_cache, v_cache : torch.Tensor
         ``[cache_size, num_kv_heads * head_dim]`` (or ``[cache_size, num_kv_heads, head_dim]`` with
-        contiguous rows), the dtype of q, row stride free; must not share memory with any other
-        argument. Written in the rows ``out_loc`` names only.
+        contiguous rows), both of q's dtype or both float8_e4m3fn, row stride free; must not share
+        memory with any other argument. Written in the rows ``out_loc`` names only.
     out_loc : torch.Tensor
         ``[num_tokens]`` int32 or int64, any stride (copied if strided): the cache row of each
         token. An entry outside
         ``[0, cache_size)`` stores nothing for its token (q and k are still rotated); with
         ``SGLANG_JIT_CHECK_INDICES=1`` it raises instead. Two tokens with one row: the row holds 16-byte
         pieces of either token's k (and v), in no defined mix (as with concurrent plain stores).
+    k_scale, v_scale : torch.Tensor, optional
+        fp8 caches only: ``[1]`` (or 0-d) float32 dequantisation scales on q's device (``k ~=
+        k_cache.float() * k_scale``). Not modified. Given with the matching ``*_inv_scale`` at 1.0.
+    k_inv_scale, v_inv_scale : float, optional
+        fp8 caches only: the multipliers used when the scale tensors are not given, rounded to fp32.
+        Default 1.0.
 
     Returns
     -------
@@ -412,15 +457,19 @@ def apply_rope_inplace_with_kvcache(
     Raises
     ------
     TypeError, ValueError, IndexError
-        As :func:`apply_rope_inplace` (IndexError also for ``out_loc``).
+        As :func:`apply_rope_inplace` (IndexError also for ``out_loc``); a scale neither None nor a
+        tensor or an inverse scale not a real number (TypeError); an inverse scale other than 1.0
+        with its scale tensor given, or any scale argument with caches of q's dtype (ValueError).
     RuntimeError
-        As :func:`apply_rope_inplace`, and: v not of k's shape or dtype, a cache of another dtype, row
-        size or slot count, out_loc not int32/int64 or not ``[num_tokens]``; from the launcher, a
-        cache sharing memory with another argument, or with overlapping slot rows (expanded).
+        As :func:`apply_rope_inplace`, and: v not of k's shape or dtype, a cache of neither q's dtype
+        nor float8_e4m3fn (or the two caches of different dtypes), of another row size or slot
+        count, a scale tensor not float32 with one element on q's device, out_loc not int32/int64 or
+        not ``[num_tokens]``; from the launcher, a cache sharing memory with another argument, or
+        with overlapping slot rows (expanded).
     """
     if not torch.compiler.is_compiling():
         try:
-            fn = _ROPE_KV_FNS.get(q.dtype) if k_cache.dim() == 2 and v_cache.dim() == 2 else None
+            fn = _ROPE_KV_FNS.get((q.dtype, k_cache.dtype)) if k_cache.dim() == 2 and v_cache.dim() == 2 else None
         except AttributeError:
             fn = None
         if (
@@ -430,21 +479,31 @@ def apply_rope_inplace_with_kvcache(
             and (enable_pdl is None or enable_pdl is True or enable_pdl is False)
             and not _indices_checked()
         ):
+            pdl = -1 if enable_pdl is None else enable_pdl
             try:
-                fn(
-                    q,
-                    k,
-                    v,
-                    k_cache,
-                    v_cache,
-                    cos_sin_cache,
-                    positions,
-                    out_loc,
-                    is_neox,
-                    rope_dim,
-                    -1 if enable_pdl is None else enable_pdl,
-                )
-                return
+                if k_cache.dtype != FP8_CACHE_DTYPE:
+                    if k_scale is None and v_scale is None and k_inv_scale == 1.0 and v_inv_scale == 1.0:
+                        fn(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox, rope_dim, pdl)
+                        return
+                elif type(k_inv_scale) is float and type(v_inv_scale) is float:
+                    fn(
+                        q,
+                        k,
+                        v,
+                        k_cache,
+                        v_cache,
+                        cos_sin_cache,
+                        positions,
+                        out_loc,
+                        is_neox,
+                        rope_dim,
+                        pdl,
+                        k_scale,
+                        v_scale,
+                        k_inv_scale,
+                        v_inv_scale,
+                    )
+                    return
             except (TypeError, ValueError, RuntimeError):
                 pass
     op = "apply_rope_inplace_with_kvcache"
@@ -459,8 +518,23 @@ def apply_rope_inplace_with_kvcache(
         dims=[("num_tokens", num_tokens), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)],
         last_dim_contiguous=True,
     )
-    check_tensor(op, "k_cache", k_cache, dtype_as=(q, "q"))
-    check_tensor(op, "v_cache", v_cache, dtype_as=(q, "q"))
+    check_tensor(op, "k_cache", k_cache, dtypes=(q.dtype, FP8_CACHE_DTYPE), device_as=(q, "q"))
+    check_tensor(op, "v_cache", v_cache, dtype_as=(k_cache, "k_cache"), device_as=(q, "q"))
+    for arg, scale, inv_arg, inv in (
+        ("k_scale", k_scale, "k_inv_scale", k_inv_scale),
+        ("v_scale", v_scale, "v_inv_scale", v_inv_scale),
+    ):
+        check_static_scale(op, arg, scale, inv_arg, inv, (q, "q"))
+        if k_cache.dtype != FP8_CACHE_DTYPE and (scale is not None or inv != 1.0):
+            fail(
+                ValueError,
+                op,
+                arg if scale is not None else inv_arg,
+                "value",
+                f"{'None' if scale is not None else '1.0'} for caches of {dtype_name(k_cache.dtype)} (scales apply to "
+                f"{dtype_name(FP8_CACHE_DTYPE)} caches)",
+                "a tensor" if scale is not None else inv,
+            )
     k_cache = _cache_rows(op, "k_cache", k_cache, num_kv_heads * head_dim)
     v_cache = _cache_rows(op, "v_cache", v_cache, num_kv_heads * head_dim)
     if v_cache.shape[0] != k_cache.shape[0]:
@@ -476,13 +550,12 @@ def apply_rope_inplace_with_kvcache(
     check_tensor(op, "out_loc", out_loc, dtypes=INDEX_DTYPES, device_as=(q, "q"), dims=[("num_tokens", num_tokens)])
     check_indices(op, "out_loc", out_loc, k_cache.shape[0], skip_value=None, dim_name="cache_size")
     positions, out_loc = positions.contiguous(), out_loc.contiguous()  # read only: strided indices are copied
-    pdl = _pdl_flag(enable_pdl)
+    args = (q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox, rope_dim, _pdl_flag(enable_pdl))
+    scales = (k_scale, v_scale, float(k_inv_scale), float(v_inv_scale))
     if torch.compiler.is_compiling():
-        torch.ops.sglang_jit_kernel.apply_rope_inplace_with_kvcache(
-            q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox, rope_dim, pdl
-        )
+        torch.ops.sglang_jit_kernel.apply_rope_inplace_with_kvcache(*args, *scales)
     else:
-        _rope_kv_fn(q.dtype)(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox, rope_dim, pdl)
+        _rope_kv_launch(*args, *scales)
 
 
 @dataclass
@@ -497,12 +570,21 @@ class FusedSetKVBufferArg:
         The caches, ``[cache_size, num_kv_heads * head_dim]`` (or 3-D with contiguous rows).
     cache_loc : torch.Tensor
         ``[num_tokens]`` int32 / int64 cache rows.
+    k_scale, v_scale : torch.Tensor, optional
+        float8_e4m3fn buffers only: ``[1]`` float32 dequantisation scales on the device (default None).
+    k_inv_scale, v_inv_scale : float, optional
+        float8_e4m3fn buffers only: the multipliers used without scale tensors (default 1.0). See
+        :func:`apply_rope_inplace_with_kvcache`.
     """
 
     value: torch.Tensor
     k_buffer: torch.Tensor
     v_buffer: torch.Tensor
     cache_loc: torch.Tensor
+    k_scale: torch.Tensor | None = None
+    v_scale: torch.Tensor | None = None
+    k_inv_scale: float = 1.0
+    v_inv_scale: float = 1.0
 
 
 def apply_rope_with_cos_sin_cache_inplace(
@@ -519,7 +601,8 @@ def apply_rope_with_cos_sin_cache_inplace(
     """RoPE in place, and with ``fused_args`` the KV store in the same launch.
 
     :func:`apply_rope_inplace` when ``fused_args`` is None, else :func:`apply_rope_inplace_with_kvcache`
-    with ``v = value``, ``k_cache = k_buffer``, ``v_cache = v_buffer``, ``out_loc = cache_loc`` (a 2-D
+    with ``v = value``, ``k_cache = k_buffer``, ``v_cache = v_buffer``, ``out_loc = cache_loc`` and the
+    scale fields as its keyword arguments (float8_e4m3fn buffers: the quantizing store) (a 2-D
     value ``[num_tokens, num_kv_heads * head_dim]`` is viewed as k's shape). Same formula and
     roundings: each pair ``(x, y)`` becomes ``(x*c - y*s, x*s + y*c)`` in fp32, rounded once.
 
@@ -575,6 +658,10 @@ def apply_rope_with_cos_sin_cache_inplace(
         is_neox=is_neox,
         rope_dim=rope_dim,
         enable_pdl=enable_pdl,
+        k_scale=fused_args.k_scale,
+        v_scale=fused_args.v_scale,
+        k_inv_scale=fused_args.k_inv_scale,
+        v_inv_scale=fused_args.v_inv_scale,
     )
 
 
@@ -831,7 +918,47 @@ def _rope_kv_cases() -> list[CheckCase]:
 
     label = f"[{n}, {hq}+{hk}, {d}] bf16 neox"
     nbytes = _rope_bytes(n, hq, hk, d, kv_d=d)
-    return [CheckCase(label, make, call, reference, nbytes, torch.bfloat16, output=output)]
+    return [CheckCase(label, make, call, reference, nbytes, torch.bfloat16, output=output), _rope_fp8_kv_case()]
+
+
+def _rope_fp8_kv_case() -> CheckCase:
+    """The same shape into float8_e4m3fn caches, k with a device scale, v with an inverse scale; the
+    caches are compared dequantized, within one e4m3 step of the fp32 reference (the rotated k of the
+    reference may sit one bf16 ulp from the kernel's, across an e4m3 rounding boundary)."""
+    n, hq, hk, d = _CHECK_N, _CHECK_HQ, _CHECK_HK, _CHECK_D
+    slots, k_scale, v_inv = 2 * n, 0.05, 10.0
+
+    def make() -> tuple:
+        q, k = _qk_inputs(n, hq, hk, d)
+        v = torch.randn(n, hk, d, dtype=torch.bfloat16, device="cuda")
+        cache = make_cos_sin_cache(8192, d)
+        positions = torch.randint(0, 8192, (n,), device="cuda")
+        loc = torch.randperm(slots, device="cuda")[:n]
+        kv = torch.zeros(2, slots, hk * d, dtype=FP8_CACHE_DTYPE, device="cuda")
+        return q, k, v, kv, cache, positions, loc, torch.tensor([k_scale], device="cuda")
+
+    def call(*inputs: torch.Tensor) -> None:
+        q, k, v, kv, cache, positions, loc, ks = inputs
+        apply_rope_inplace_with_kvcache(
+            q, k, v, kv[0], kv[1], cache, positions, loc, is_neox=True, k_scale=ks, v_inv_scale=v_inv
+        )
+
+    def output(_: None, *inputs: torch.Tensor) -> torch.Tensor:
+        kv = inputs[3].float()
+        return torch.cat([(kv[0] * k_scale).view(-1), (kv[1] / v_inv).view(-1)])
+
+    def reference(*inputs: torch.Tensor) -> torch.Tensor:
+        _, k, v, kv, cache, positions, loc, _ = inputs
+        expected = kv.float().clone()
+        k_rot = rope_reference(k, cache, positions, True).float().view(n, -1)
+        expected[0, loc] = (k_rot / k_scale).clamp(-448, 448).to(FP8_CACHE_DTYPE).float()
+        expected[1, loc] = (v.float().view(n, -1) * v_inv).clamp(-448, 448).to(FP8_CACHE_DTYPE).float()
+        return torch.cat([(expected[0] * k_scale).view(-1), (expected[1] / v_inv).view(-1)])
+
+    label = f"[{n}, {hq}+{hk}, {d}] bf16 neox -> e4m3"
+    nbytes = _rope_bytes(n, hq, hk, d, kv_d=d) - 2 * n * hk * d  # one byte per cache element, not two
+    # one e4m3 step: 2^-3 relative for normal values, 2^-9 (times the scale) absolute for subnormal ones
+    return CheckCase(label, make, call, reference, nbytes, torch.float32, tolerance=(0.13, 2**-9), output=output)
 
 
 def _rotary_embedding_cases() -> list[CheckCase]:
@@ -869,7 +996,7 @@ register_op("apply_rope_inplace", build=_jit_apply_rope_inplace_module, variants
 register_op(
     "apply_rope_inplace_with_kvcache",
     build=_jit_apply_rope_inplace_with_kvcache_module,
-    variants=_DTYPES,
+    variants=_DTYPES + [(d, FP8_CACHE_DTYPE) for d in FLOAT_DTYPES],
     check_cases=_rope_kv_cases,
 )
 register_op(

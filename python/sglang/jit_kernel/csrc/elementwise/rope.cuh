@@ -892,14 +892,12 @@ void rotary_embedding(
   rope_dispatch<T, T, false>(p, is_neox, device, enable_pdl);
 }
 
-/// apply_rope_inplace, then k (rotated) -> k_cache[out_loc[t]] and v -> v_cache[out_loc[t]], bit for bit.
-/// v: [num_tokens, num_kv_heads, head_dim] (own strides, last dim contiguous); k_cache, v_cache:
-/// [cache_size, num_kv_heads * head_dim] of T, row stride free, rows contiguous, disjoint from
-/// every other tensor; out_loc: [num_tokens] int32/int64 (entries outside [0, cache_size) skip
-/// that token's store). With nothing to store (no slots or no kv heads) it is apply_rope_inplace's
-/// launch (this module compiles those kernels too).
-template <typename T>
-void apply_rope_inplace_with_kvcache(
+/// Validates the tensors of apply_rope_inplace_with_kvcache (rope_bind's, v, the caches of KvT and
+/// out_loc, and that the caches share no memory with anything else) and fills `p` but for the
+/// dispatch. KvT: T (bit copies) or fp8_e4m3_t (rope_fp8_kvcache.cuh's quantizing store).
+template <typename T, typename KvT>
+void rope_bind_kv(
+    const char* op,
     tvm::ffi::TensorView q,
     tvm::ffi::TensorView k,
     tvm::ffi::TensorView v,
@@ -908,14 +906,11 @@ void apply_rope_inplace_with_kvcache(
     tvm::ffi::TensorView cos_sin_cache,
     tvm::ffi::TensorView positions,
     tvm::ffi::TensorView out_loc,
-    bool is_neox,
     int64_t rope_dim,
-    int64_t enable_pdl) {
+    RopeParams& p,
+    DLDevice& device) {
   using namespace host;
-  constexpr const char* kOp = "apply_rope_inplace_with_kvcache";
-  RopeParams p{};
-  DLDevice device{};
-  rope_bind<T, fp32_t>(kOp, q, k, cos_sin_cache, positions, rope_dim, p, device);
+  rope_bind<T, fp32_t>(op, q, k, cos_sin_cache, positions, rope_dim, p, device);
 
   SymbolicSize num_tokens{"num_tokens"};
   SymbolicSize num_kv_heads{"num_kv_heads"};
@@ -936,7 +931,7 @@ void apply_rope_inplace_with_kvcache(
       .verify(v, "v");
   TensorMatcher({cache_size, row})  //
       .with_strides({kAnySize, 1})
-      .with_dtype<T>()
+      .with_dtype<KvT>()
       .with_device<kDLCUDA>(device_)
       .verify(k_cache, "k_cache")
       .verify(v_cache, "v_cache");
@@ -945,10 +940,7 @@ void apply_rope_inplace_with_kvcache(
       .with_device<kDLCUDA>(device_)
       .verify(out_loc, "out_loc");
   RuntimeCheck(
-      v.size(2) <= 1 || v.stride(2) == 1,
-      kOp,
-      ": v must be contiguous in its last dimension, got stride ",
-      v.stride(2));
+      v.size(2) <= 1 || v.stride(2) == 1, op, ": v must be contiguous in its last dimension, got stride ", v.stride(2));
   // The caches are written while q, k, v, the cos/sin cache and the indices are read.
   const std::pair<const tvm::ffi::TensorView*, const char*> read[] = {
       {&q, "q"},
@@ -977,6 +969,42 @@ void apply_rope_inplace_with_kvcache(
   p.out_loc = data_ptr<const void>(out_loc);
   p.out_loc_int64 = out_loc.dtype().bits == 64;
   p.cache_size = cache_size.unwrap();
+}
+
+/// apply_rope_inplace, then k (rotated) -> k_cache[out_loc[t]] and v -> v_cache[out_loc[t]], bit for bit.
+/// v: [num_tokens, num_kv_heads, head_dim] (own strides, last dim contiguous); k_cache, v_cache:
+/// [cache_size, num_kv_heads * head_dim] of T, row stride free, rows contiguous, disjoint from
+/// every other tensor; out_loc: [num_tokens] int32/int64 (entries outside [0, cache_size) skip
+/// that token's store). With nothing to store (no slots or no kv heads) it is apply_rope_inplace's
+/// launch (this module compiles those kernels too).
+template <typename T>
+void apply_rope_inplace_with_kvcache(
+    tvm::ffi::TensorView q,
+    tvm::ffi::TensorView k,
+    tvm::ffi::TensorView v,
+    tvm::ffi::TensorView k_cache,
+    tvm::ffi::TensorView v_cache,
+    tvm::ffi::TensorView cos_sin_cache,
+    tvm::ffi::TensorView positions,
+    tvm::ffi::TensorView out_loc,
+    bool is_neox,
+    int64_t rope_dim,
+    int64_t enable_pdl) {
+  RopeParams p{};
+  DLDevice device{};
+  rope_bind_kv<T, T>(
+      "apply_rope_inplace_with_kvcache",
+      q,
+      k,
+      v,
+      k_cache,
+      v_cache,
+      cos_sin_cache,
+      positions,
+      out_loc,
+      rope_dim,
+      p,
+      device);
   if (p.cache_size == 0 || p.k.num_heads == 0) {
     p.k_cache = nullptr;  // nothing can be stored: a plain rotation
     rope_dispatch<T, fp32_t, false>(p, is_neox, device, enable_pdl);

@@ -1,17 +1,20 @@
 // Shared pieces of the KV-cache kernels (row_scatter, store_cache_quant, downcast_fp8): the row part,
 // launch facts and flat layout of the row scatter, a multiply-shift divider for 32-bit ids, a source
-// load that ptxas cannot sink below a later condition, and the caches' aliasing check. No kernels: a
+// load that ptxas cannot sink below a later condition, and the caches' aliasing and scale checks. No kernels: a
 // launcher that includes this file compiles only its own.
 #pragma once
 
-#include <sgl_kernel/tensor.h>  // For verify_no_partial_overlap, verify_no_self_overlap
+#include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicDevice, kAnySize, verify_no_partial_overlap, verify_no_self_overlap
+#include <sgl_kernel/utils.h>  // For RuntimeCheck
 
 #include <sgl_kernel/utils.cuh>  // For SGL_DEVICE, device::kWarpThreads, device::pointer::offset
 #include <sgl_kernel/vec.cuh>    // For AlignedVector
 
 #include <cstdint>
+#include <dlpack/dlpack.h>
 #include <initializer_list>
 #include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/optional.h>
 #include <utility>
 
 namespace {
@@ -136,6 +139,45 @@ inline void verify_kv_caches_disjoint(
   host::verify_no_self_overlap(k_cache, "k_cache");
   host::verify_no_self_overlap(v_cache, "v_cache");
   host::verify_no_partial_overlap(k_cache, "k_cache", v_cache, "v_cache", /*allow_same=*/false);
+}
+
+/// The static scales of a quantizing KV-cache write (store_cache_quant, rope_fp8_kvcache): each of
+/// `k_scale` / `v_scale` none or one fp32 on `device` ([1], any stride), given only with its inverse
+/// scale at 1 (one of the two), sharing no memory with the caches. Returns the device pointers
+/// (nullptr where none is given); refuses anything else with host::PanicError naming `op`.
+inline std::pair<const float*, const float*> bind_kv_scales(
+    const char* op,
+    const tvm::ffi::TensorView& k_cache,
+    const tvm::ffi::TensorView& v_cache,
+    const tvm::ffi::Optional<tvm::ffi::TensorView>& k_scale,
+    const tvm::ffi::Optional<tvm::ffi::TensorView>& v_scale,
+    double k_inv_scale,
+    double v_inv_scale,
+    DLDevice device) {
+  using namespace host;
+  SymbolicDevice device_;
+  device_.set_options<kDLCUDA>();
+  device_.set_value(device);
+  const float* pointers[2] = {nullptr, nullptr};
+  const tvm::ffi::Optional<tvm::ffi::TensorView>* scales[2] = {&k_scale, &v_scale};
+  const double inv_scales[2] = {k_inv_scale, v_inv_scale};
+  const char* names[2] = {"k_scale", "v_scale"};
+  for (int side = 0; side < 2; ++side) {
+    if (!scales[side]->has_value()) continue;
+    const tvm::ffi::TensorView scale = scales[side]->value();
+    TensorMatcher({1}).with_strides({kAnySize}).with_dtype<float>().with_device(device_).verify(scale, names[side]);
+    RuntimeCheck(
+        inv_scales[side] == 1.0,
+        op,
+        ": ",
+        names[side],
+        " and its inv_scale = ",
+        inv_scales[side],
+        " both given: expected one of the two");
+    verify_kv_caches_disjoint(k_cache, v_cache, {{names[side], &scale}});
+    pointers[side] = static_cast<const float*>(scale.data_ptr());
+  }
+  return {pointers[0], pointers[1]};
 }
 
 }  // namespace

@@ -31,8 +31,8 @@
 #include <tvm/ffi/optional.h>
 #include <type_traits>
 
-#include "../quantization/quantize_8bit.cuh"  // For quant::Chunk, chunk_to_float, quantize_values, kTypeMax
-#include "access.cuh"                         // For RowPart, RowScatterConfig, RowDivider, load_issued_here
+#include "../quantization/quantize_8bit.cuh"  // For quant::Chunk, chunk_to_float, quantize_values, kTypeMax, static_inverse_scale
+#include "access.cuh"  // For RowPart, RowScatterConfig, RowDivider, locate_flat_vector, load_issued_here, verify_kv_caches_disjoint, bind_kv_scales
 
 namespace {
 
@@ -53,11 +53,6 @@ struct StoreCacheQuantParams {
   RowDivider row_divider;  // divides by row_vecs
 };
 
-/// The inverse scale of one side: 1 / scale[0] (correctly rounded) when the scale is on the device.
-SGL_DEVICE float inverse_scale(const float* scale, float inv_scale) {
-  return scale != nullptr ? __frcp_rn(*scale) : inv_scale;
-}
-
 /// Thread g converts and stores vectors g, g + num_threads, ... of the rows laid end to end (kN
 /// source elements each; see the file comment).
 template <typename T, typename IndexT, int kN>
@@ -69,8 +64,8 @@ __global__ void __launch_bounds__(RowScatterConfig::kThreads)
   constexpr bool kClamp = kN % 4 != 0;
   device::pdl_wait_primary();  // before the first global load (row_scatter.cuh's PDL note)
   device::pdl_launch_dependents();
-  const float k_inv = inverse_scale(params.k_scale, params.k_inv_scale);
-  const float v_inv = inverse_scale(params.v_scale, params.v_inv_scale);
+  const float k_inv = device::quant::static_inverse_scale(params.k_scale, params.k_inv_scale);
+  const float v_inv = device::quant::static_inverse_scale(params.v_scale, params.v_inv_scale);
   const auto* indices = static_cast<const IndexT*>(params.indices);
   const uint32_t row_vecs = params.row_vecs;
   const uint32_t total = static_cast<uint32_t>(params.num_rows) * row_vecs;  // < 2^31 (launcher)
@@ -180,28 +175,8 @@ void store_cache_quant(
       .with_dtype(index_dtype)
       .with_device(device_)
       .verify(indices, "indices");
-  const float* scales[2] = {nullptr, nullptr};
-  const tvm::ffi::Optional<tvm::ffi::TensorView>* scale_args[2] = {&k_scale, &v_scale};
-  const double inv_scales[2] = {k_inv_scale, v_inv_scale};
-  const char* scale_names[2] = {"k_scale", "v_scale"};
-  for (int side = 0; side < 2; ++side) {
-    if (!scale_args[side]->has_value()) continue;
-    const tvm::ffi::TensorView scale = scale_args[side]->value();
-    TensorMatcher({1})
-        .with_strides({kAnySize})
-        .with_dtype<fp32_t>()
-        .with_device(device_)
-        .verify(scale, scale_names[side]);
-    RuntimeCheck(
-        inv_scales[side] == 1.0,
-        "store_cache_quant: ",
-        scale_names[side],
-        " and its inv_scale = ",
-        inv_scales[side],
-        " both given: expected one of the two");
-    verify_kv_caches_disjoint(k_cache, v_cache, {{scale_names[side], &scale}});
-    scales[side] = static_cast<const float*>(scale.data_ptr());
-  }
+  const auto [k_scale_ptr, v_scale_ptr] = bind_kv_scales(
+      "store_cache_quant", k_cache, v_cache, k_scale, v_scale, k_inv_scale, v_inv_scale, device_.unwrap());
   RuntimeCheck(
       num_indices.unwrap() <= num_tokens.unwrap(),
       "store_cache_quant: indices has ",
@@ -225,8 +200,8 @@ void store_cache_quant(
       .dst = v_cache.data_ptr(),
       .src_stride = v_stride.unwrap() * kElem,
       .dst_stride = v_cache_stride.unwrap()};
-  params.k_scale = scales[0];
-  params.v_scale = scales[1];
+  params.k_scale = k_scale_ptr;
+  params.v_scale = v_scale_ptr;
   params.k_inv_scale = static_cast<float>(k_inv_scale);
   params.v_inv_scale = static_cast<float>(v_inv_scale);
   params.indices = indices.data_ptr();

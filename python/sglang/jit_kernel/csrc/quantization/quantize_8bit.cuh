@@ -44,6 +44,13 @@ SGL_DEVICE float block_scale(float amax, float eps, float type_max, bool ue8m0) 
 /// The exponent byte (ue8m0) of a power-of-two scale from block_scale(..., ue8m0 = true).
 SGL_DEVICE uint8_t scale_exponent(float s) { return static_cast<uint8_t>(__float_as_uint(s) >> 23); }
 
+/// The multiplier of a static per-tensor scale: 1 / scale[0] (the correctly rounded fp32 reciprocal)
+/// when the scale is given on the device, else `inv_scale` (the caller's own multiplier). Reading the
+/// scale in the kernel keeps a captured CUDA graph correct when the scale changes between replays.
+SGL_DEVICE float static_inverse_scale(const float* scale, float inv_scale) {
+  return scale != nullptr ? __frcp_rn(*scale) : inv_scale;
+}
+
 /// Quantizes one fp32 value: clamp(x * inv_scale, q_min, q_max) rounded to TOut (fp8_e4m3_t or
 /// int8_t). NaN stays NaN for fp8 (e4m3 has a NaN) and becomes 0 for int8.
 template <typename TOut>
