@@ -7,6 +7,7 @@ Qwen3 shape (32 + 8 + 8 heads x 128); rotary_embedding (bf16 cache).
 Bytes moved per call (the formulas of rope.py / fused_qknorm_rope.py), N tokens, s = 2 (bf16):
   apply_rope_inplace               2*N*(Hq+Hk)*R*s + N*R*4 + N*8
   apply_rope_inplace_with_kvcache  the above + N*Hk*(2*D-R)*s (rest of k, v read) + 2*N*Hk*D*s (caches) + N*8
+    into float8_e4m3fn caches      the same with 2*N*Hk*D (one byte per cache element)
   fused_qk_norm_rope               2*N*(Hq+Hk)*D*s + 2*D*s + N*8
   rotary_embedding                 2*N*(Hq+Hk)*R*s + N*R*s + N*8
 """
@@ -45,6 +46,7 @@ TOKENS = get_benchmark_range(full_range=[1, 64, 2048, 16384], ci_range=[1, 16384
 HQ, HK, HV, D = 32, 8, 8, 128
 MAX_POS = 8192
 DTYPE = torch.bfloat16
+V_INV_SCALE = 1 / 1.7  # the fp8 KV rows: v quantized with an inverse scale, k with a device scale
 
 
 # ---- torch baselines (the same math, written with torch ops) ----
@@ -63,6 +65,14 @@ def torch_rope_kv(q, k, v, k_cache, v_cache, cache, positions, loc) -> None:
     v_cache[loc] = v.view(v.shape[0], -1)
 
 
+def torch_rope_kv_fp8(q, k, v, k_cache, v_cache, cache, positions, loc, k_scale) -> None:
+    """torch_rope_kv into float8_e4m3fn caches: k with a device scale, v with the inverse scale V_INV_SCALE."""
+    torch_rope(q, k, cache, positions)
+    for x, out, inv in ((k, k_cache, 1.0 / k_scale), (v, v_cache, V_INV_SCALE)):
+        q8 = (x.view(x.shape[0], -1).float() * inv).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        out.view(torch.uint8).index_copy_(0, loc, q8.view(torch.uint8))
+
+
 def torch_qk_norm_rope(qkv, qw, kw, positions, inv_freq) -> None:
     n = qkv.shape[0]
     theta = positions.float()[:, None] * inv_freq[None, :]
@@ -79,8 +89,8 @@ def rope_bytes(n: int) -> int:
     return 2 * n * (HQ + HK) * D * 2 + n * D * 4 + n * 8
 
 
-def rope_kv_bytes(n: int) -> int:
-    return rope_bytes(n) + n * HK * D * 2 + 2 * n * HK * D * 2 + n * 8
+def rope_kv_bytes(n: int, cache_element: int = 2) -> int:
+    return rope_bytes(n) + n * HK * D * 2 + 2 * n * HK * D * cache_element + n * 8
 
 
 def qknorm_rope_bytes(n: int) -> int:
@@ -126,21 +136,26 @@ def rope_rows(cache: torch.Tensor) -> list[BenchRow]:
     return rows
 
 
-def rope_kv_rows(cache: torch.Tensor) -> list[BenchRow]:
-    compiled = torch.compile(torch_rope_kv)
+def rope_kv_rows(cache: torch.Tensor, fp8: bool = False) -> list[BenchRow]:
+    """The KV store into caches of the model dtype, or with ``fp8`` into float8_e4m3fn caches (k with a
+    device scale, v with an inverse scale; one byte per cache element)."""
+    op = "rope_with_kvcache_fp8" if fp8 else "rope_with_kvcache"
     slots = 2 * max(TOKENS)
-    k_cache = torch.zeros(slots, HK * D, dtype=DTYPE, device="cuda")
+    k_cache = torch.zeros(slots, HK * D, dtype=torch.float8_e4m3fn if fp8 else DTYPE, device="cuda")
     v_cache = torch.zeros_like(k_cache)
+    scales = {"k_scale": torch.tensor([0.37], device="cuda"), "v_inv_scale": V_INV_SCALE} if fp8 else {}
+    reference = (lambda *a: torch_rope_kv_fp8(*a, scales["k_scale"])) if fp8 else torch_rope_kv
+    compiled = torch.compile(reference)
     providers = {
         "jit": lambda q, k, v, pos, loc: apply_rope_inplace_with_kvcache(
-            q, k, v, k_cache, v_cache, cache, pos, loc, is_neox=True
+            q, k, v, k_cache, v_cache, cache, pos, loc, is_neox=True, **scales
         ),
-        "torch": lambda q, k, v, pos, loc: torch_rope_kv(q, k, v, k_cache, v_cache, cache, pos, loc),
+        "torch": lambda q, k, v, pos, loc: reference(q, k, v, k_cache, v_cache, cache, pos, loc),
         "torch.compile": lambda q, k, v, pos, loc: compiled(q, k, v, k_cache, v_cache, cache, pos, loc),
     }
     rows = []
     for n in TOKENS:
-        nbytes = rope_kv_bytes(n)
+        nbytes = rope_kv_bytes(n, 1 if fp8 else 2)
         sets = [
             (
                 torch.randn(n, HQ, D, dtype=DTYPE, device="cuda"),
@@ -151,12 +166,12 @@ def rope_kv_rows(cache: torch.Tensor) -> list[BenchRow]:
             )
             for _ in range(num_rotating_sets(nbytes))
         ]
-        case = f"[{n}, {HQ}+{HK}, {D}] +kv"
+        case = f"[{n}, {HQ}+{HK}, {D}] +kv{' e4m3' if fp8 else ''}"
         for name, call in providers.items():
-            rows.append(BenchRow("rope_with_kvcache", case, name, bench_rotating(call, sets)[0], nbytes))
+            rows.append(BenchRow(op, case, name, bench_rotating(call, sets)[0], nbytes))
         rows.append(
             BenchRow(
-                "rope_with_kvcache",
+                op,
                 case,
                 "jit one input",
                 run_benchmark(lambda first=sets[0]: providers["jit"](*first))[0],
@@ -166,11 +181,7 @@ def rope_kv_rows(cache: torch.Tensor) -> list[BenchRow]:
         # the same bytes with the cache rows written in order (slot i for token i): what the random
         # slot map costs (the scatter pattern's share of the gap to the copy roof)
         ordered = [(*s[:4], torch.arange(n, device="cuda")) for s in sets]
-        rows.append(
-            BenchRow(
-                "rope_with_kvcache", case, "jit ordered slots", bench_rotating(providers["jit"], ordered)[0], nbytes
-            )
-        )
+        rows.append(BenchRow(op, case, "jit ordered slots", bench_rotating(providers["jit"], ordered)[0], nbytes))
         del ordered
         del sets
         torch.cuda.empty_cache()
@@ -258,7 +269,9 @@ def eager_rows(cache: torch.Tensor) -> str:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ops", default="rope,kv,qknorm,rotary", help="comma list of: rope, kv, qknorm, rotary")
+    parser.add_argument(
+        "--ops", default="rope,kv,kv8,qknorm,rotary", help="comma list of: rope, kv, kv8 (fp8 caches), qknorm, rotary"
+    )
     ops = set(parser.parse_args().ops.split(","))
     exit_unless_gpu("bench_rope.py")
     cos_sin_cache = make_cos_sin_cache(MAX_POS, D)
@@ -268,6 +281,8 @@ if __name__ == "__main__":
         all_rows += rope_rows(cos_sin_cache)
     if "kv" in ops:
         all_rows += rope_kv_rows(cos_sin_cache)
+    if "kv8" in ops:
+        all_rows += rope_kv_rows(cos_sin_cache, fp8=True)
     if "qknorm" in ops:
         all_rows += qknorm_rope_rows()
     if "rotary" in ops:
