@@ -35,7 +35,8 @@ DTYPES = get_ci_test_range(
 )
 # (head_dim, rope_dim): full, partial (an unrotated rest of k), R/2 not a multiple of 8 (one-element path)
 DIMS = get_ci_test_range(
-    full_range=[(64, 64), (128, 128), (128, 64), (256, 80), (96, 96)], ci_range=[(128, 128), (128, 64), (256, 80)]
+    full_range=[(64, 64), (128, 128), (128, 64), (256, 80), (96, 96), (128, 36)],
+    ci_range=[(128, 128), (128, 64), (256, 80), (128, 36)],
 )
 HEADS = [(32, 8), (8, 1)]
 TOKENS = get_ci_test_range(full_range=[1, 7, 129, 2048], ci_range=[1, 7, 129])

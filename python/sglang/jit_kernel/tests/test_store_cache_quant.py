@@ -376,7 +376,11 @@ def _args() -> list:
         (4, lambda a: a[4].float(), r"^store_cache_quant: indices dtype: expected one of int32, int64, got float32$"),
         (4, lambda a: a[4].view(2, 4), r"^store_cache_quant: indices shape: expected \[num_indices\], got \(2, 4\)$"),
         (4, lambda a: torch.arange(9, device="cuda"), r"^store_cache_quant: indices shape: expected at most 8 entries"),
-        (0, lambda a: source((8, 2, 32), torch.bfloat16)[:, :, ::2], r"^store_cache_quant: k layout: expected rows"),
+        (
+            0,
+            lambda a: source((8, 2, 32), torch.bfloat16)[:, :, ::2],
+            r"^store_cache_quant: k last-dim stride: expected 1",
+        ),
         (
             2,
             lambda a: a[0].view(torch.uint8).view(FP8).view(16, 2, 16),

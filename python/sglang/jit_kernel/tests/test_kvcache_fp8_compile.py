@@ -1,0 +1,77 @@
+"""The fp8 KV-cache writes (store_cache_quant; apply_rope_inplace_with_kvcache into float8_e4m3fn caches)
+compile for sm_90 without a GPU, no kernel uses local memory (stack or spills), and each module holds
+only its own four kernels (two vector widths x two index types / two pair layouts): none of the
+row_scatter kernels of store_cache, none of rope.cuh's kernels of the bf16-cache module.
+
+Runs on the CPU CI machine (nvcc and a host compiler, no GPU): SGLANG_JIT_CUDA_ARCH=9.0, a fresh cache
+directory, then the ptxas report of each build log is read. CI builds the bf16 module of each op;
+SGLANG_JIT_KERNEL_RUN_FULL_TESTS=1 builds all six shipped variants.
+"""
+
+from __future__ import annotations
+
+import re
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from sglang.jit_kernel.testing import requires_nvcc
+from sglang.jit_kernel.utils import get_ci_test_range
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=60, suite="stage-a-kernel-cpu")
+
+FP8 = torch.float8_e4m3fn
+_LOCAL_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_KERNEL_RE = re.compile(r"Function properties for (\S+)")
+# module directory prefix -> the one kernel template it may instantiate
+_KERNEL_OF = {
+    "store_cache_quant": "store_cache_quant_kernel",
+    "apply_rope_inplace_with_kvcache_fp8": "rope_fp8_kvcache_kernel",
+}
+
+
+def _jobs() -> list[tuple]:
+    """(builder, build arguments, export) of each module built."""
+    from sglang.jit_kernel import kvcache, rope  # noqa: PLC0415
+
+    full = [(kvcache._jit_store_cache_quant_module, (d,), "store_cache_quant") for d in kvcache.QUANT_SOURCE_DTYPES]
+    full += [
+        (rope._jit_apply_rope_inplace_with_kvcache_module, (d, FP8), "apply_rope_inplace_with_kvcache")
+        for d in kvcache.QUANT_SOURCE_DTYPES
+    ]
+    return get_ci_test_range(full_range=full, ci_range=[job for job in full if job[1][0] == torch.bfloat16])
+
+
+@requires_nvcc
+def test_fp8_kv_modules_compile_without_local_memory(monkeypatch, tmp_path):
+    monkeypatch.setenv("SGLANG_JIT_CUDA_ARCH", "9.0")
+    monkeypatch.setenv("SGLANG_JIT_LOG_RESOURCE_USAGE", "1")
+    monkeypatch.setenv("SGLANG_JIT_CACHE_DIR", str(tmp_path))
+    jobs = _jobs()
+    # __wrapped__ skips the builders' per-process memo, which may hold this process's earlier loads
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        modules = list(pool.map(lambda job: getattr(job[0], "__wrapped__", job[0])(*job[1]), jobs))
+    for module, (_, args, export) in zip(modules, jobs):
+        assert callable(getattr(module, export, None)), (export, args)
+
+    logs = sorted(Path(tmp_path).glob("*/build.log"))
+    assert len(logs) == len(jobs), [str(p) for p in logs]
+    for log in logs:
+        prefix = next(p for p in sorted(_KERNEL_OF, key=len, reverse=True) if log.parent.name.startswith(p))
+        text = log.read_text()
+        kernels, reports = _KERNEL_RE.findall(text), _LOCAL_RE.findall(text)
+        assert len(kernels) == 4 and len(reports) == 4, f"expected 4 kernels with ptxas reports in {log}: {kernels}"
+        for kernel, (stack, stores, loads) in zip(kernels, reports):
+            assert _KERNEL_OF[prefix] in kernel, f"{kernel} in the {prefix} module ({log})"
+            assert (int(stack), int(stores), int(loads)) == (0, 0, 0), (
+                f"{kernel} uses local memory ({stack} B stack, {stores} B spill stores, {loads} B loads); see {log}"
+            )
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(pytest.main([__file__, "-v", "-s"]))
