@@ -126,7 +126,9 @@ def _rope_kv_fn(dtype: torch.dtype, cache_dtype: torch.dtype) -> Callable[..., N
     k_scale, v_scale, k_inv_scale, v_inv_scale."""
     fn = _ROPE_KV_FNS.get((dtype, cache_dtype))
     if fn is None:
-        module = _jit_apply_rope_inplace_with_kvcache_module(dtype, cache_dtype)
+        # caches of q's dtype: the builder's one-argument form, the key prebuild and check use too
+        build_args = (dtype,) if cache_dtype == dtype else (dtype, cache_dtype)
+        module = _jit_apply_rope_inplace_with_kvcache_module(*build_args)
         fn = _ROPE_KV_FNS[(dtype, cache_dtype)] = module.apply_rope_inplace_with_kvcache
     return fn
 
