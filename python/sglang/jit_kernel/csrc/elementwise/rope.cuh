@@ -990,21 +990,10 @@ void apply_rope_inplace_with_kvcache(
     bool is_neox,
     int64_t rope_dim,
     int64_t enable_pdl) {
+  constexpr const char* kOp = "apply_rope_inplace_with_kvcache";
   RopeParams p{};
   DLDevice device{};
-  rope_bind_kv<T, T>(
-      "apply_rope_inplace_with_kvcache",
-      q,
-      k,
-      v,
-      k_cache,
-      v_cache,
-      cos_sin_cache,
-      positions,
-      out_loc,
-      rope_dim,
-      p,
-      device);
+  rope_bind_kv<T, T>(kOp, q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, rope_dim, p, device);
   if (p.cache_size == 0 || p.k.num_heads == 0) {
     p.k_cache = nullptr;  // nothing can be stored: a plain rotation
     rope_dispatch<T, fp32_t, false>(p, is_neox, device, enable_pdl);
