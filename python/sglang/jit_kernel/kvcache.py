@@ -734,9 +734,8 @@ def _set_mla_kv_buffer_cases() -> list[CheckCase]:
 
 
 register_op("store_cache", build=_jit_store_cache_module, variants=[()], check_cases=_store_cache_cases)
-register_op(
-    "set_mla_kv_buffer", build=_jit_set_mla_kv_buffer_module, variants=[()], check_cases=_set_mla_kv_buffer_cases
-)
+# set_mla_kv_buffer registers in its own module, sglang.jit_kernel.set_mla_kv_buffer (the original
+# package's path for it), which re-exports it from here.
 
 
 def _store_cache_quant_cases() -> list[CheckCase]:

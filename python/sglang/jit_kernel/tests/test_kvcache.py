@@ -674,3 +674,14 @@ if __name__ == "__main__":
     import sys
 
     sys.exit(pytest.main([__file__, "-v", "-s"]))
+
+
+def test_set_mla_kv_buffer_at_the_original_module_path():
+    """``sglang.jit_kernel.set_mla_kv_buffer`` (the original package's path) serves the same op as
+    ``kvcache.set_mla_kv_buffer`` and registers it (no GPU needed)."""
+    from sglang.jit_kernel import kvcache
+    from sglang.jit_kernel import set_mla_kv_buffer as module
+    from sglang.jit_kernel.registry import all_ops
+
+    assert module.set_mla_kv_buffer is kvcache.set_mla_kv_buffer
+    assert all_ops()["set_mla_kv_buffer"].source == "sglang.jit_kernel.set_mla_kv_buffer"
