@@ -6,7 +6,9 @@ Used by ``tests/test_*.py``; importable without a GPU.
 from __future__ import annotations
 
 import os
+import re
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -35,6 +37,25 @@ def _has_nvcc() -> bool:
 HAS_NVCC = _has_nvcc()
 #: Compile-only tests: need nvcc and a host compiler, not a GPU.
 requires_nvcc = pytest.mark.skipif(not HAS_NVCC, reason="needs the CUDA toolkit (nvcc) and a C++ compiler")
+
+_PTXAS_KERNEL_RE = re.compile(r"Function properties for (\S+)")
+_PTXAS_LOCAL_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+def kernels_without_local_memory(log: Path) -> list[str]:
+    """The kernels of one JIT build log (``<cache>/<module>/build.log``, written with ptxas'
+    ``--resource-usage``), in report order, after asserting that each has a resource report and uses
+    no local memory (0 bytes of stack frame, spill stores and spill loads)."""
+    text = Path(log).read_text()
+    kernels = _PTXAS_KERNEL_RE.findall(text)
+    reports = _PTXAS_LOCAL_RE.findall(text)
+    assert kernels and len(kernels) == len(reports), f"no ptxas resource report per kernel in {log}"
+    for kernel, (stack, stores, loads) in zip(kernels, reports):
+        assert (int(stack), int(stores), int(loads)) == (0, 0, 0), (
+            f"{kernel} uses local memory ({stack} B stack, {stores} B spill stores, {loads} B loads); see {log}"
+        )
+    return kernels
+
 
 #: (rtol, atol) for comparing an op's output with an fp32 reference rounded to the output dtype:
 #: about one unit in the last place of the dtype (fp16 2^-10, bf16 2^-7), fp32 a few ulps.
