@@ -266,17 +266,22 @@ def _prepare(
     check_scalar(op, "scale_ue8m0", scale_ue8m0, bool)
     check_scalar(op, "return_normed", return_normed, bool)
     check_scalar(op, "enable_pdl", enable_pdl, bool, optional=True)
+    check_scalar(op, "group_size", group_size, int, optional=True)  # its type even where it is ignored
     if scale is not None:
         mode = _STATIC
     elif group_size is None or group_size == -1:
         mode = _TOKEN
     else:
         mode = _GROUP
-        check_scalar(op, "group_size", group_size, int)
         if group_size not in GROUP_SIZES:
             fail(ValueError, op, "group_size", "value", f"one of {GROUP_SIZES}, None or -1 (per token)", group_size)
-    if out_dtype is None:
-        out_dtype = output_q.dtype if isinstance(output_q, torch.Tensor) else torch.float8_e4m3fn
+    if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
+        fail(TypeError, op, "out_dtype", "type", "a torch.dtype or None", type(out_dtype).__name__)
+    if out_dtype is None and isinstance(output_q, torch.Tensor):
+        check_dtype(op, "output_q", output_q, OUT_DTYPES)
+        out_dtype = output_q.dtype
+    elif out_dtype is None:
+        out_dtype = torch.float8_e4m3fn
     if out_dtype not in OUT_DTYPES:
         fail(ValueError, op, "out_dtype", "value", "torch.float8_e4m3fn or torch.int8", out_dtype)
     if mode != _GROUP and (column_major_scales or scale_ue8m0):
@@ -338,7 +343,7 @@ def _prepare(
     if mode == _STATIC:
         scale = _check_tensor_type(op, "scale", scale)
         check_dtype(op, "scale", scale, (torch.float32,))
-        if scale.numel() != 1:
+        if scale.numel() != 1 or scale.dim() > 1:
             fail(RuntimeError, op, "scale", "shape", "one element ([1] or [])", tuple(scale.shape))
         if output_s is not None:
             fail(ValueError, op, "output_s", "value", "None with a static scale (the scale is read)", "a tensor")
@@ -494,9 +499,10 @@ def _run(
 # The keyword-only parameters, returns and errors both ops share, appended to their docstrings.
 _DOC_COMMON = """group_size : int or None
         Values per scale along the row: 16, 32, 64 or 128 (default 128; ``hidden_size`` must be a
-        multiple). ``None`` or ``-1``: one scale per token. Ignored when ``scale`` is given.
+        multiple). ``None`` or ``-1``: one scale per token. Ignored when ``scale`` is given (its type
+        is still checked).
     scale : torch.Tensor, optional
-        A static per-tensor scale, ``float32`` with one element, read (not written): ``q =
+        A static per-tensor scale, ``float32`` ``[1]`` or 0-d, read (not written): ``q =
         round(clamp(y * (1 / clamp(scale, FLT_MIN, FLT_MAX)), -448, 448))``. fp8 only.
     out_dtype : torch.dtype, optional
         ``torch.float8_e4m3fn`` (default) or ``torch.int8`` (per group only); default ``output_q``'s
@@ -535,7 +541,8 @@ _DOC_COMMON = """group_size : int or None
     Raises
     ------
     TypeError
-        A tensor argument that is not a tensor, a scalar of the wrong type.
+        A tensor argument that is not a tensor, a scalar of the wrong type (``group_size`` not an int
+        or None even with ``scale``), an ``out_dtype`` that is not a ``torch.dtype``.
     ValueError
         ``eps`` or ``quant_eps`` negative or NaN, ``group_size`` not one of 16 / 32 / 64 / 128 / None /
         -1, ``out_dtype`` not fp8 e4m3 / int8 (or int8 without groups), ``column_major_scales`` or

@@ -10,6 +10,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -423,6 +424,47 @@ def test_bad_input_raises_before_launch(op, name, exc, message, args, kwargs):
         fn(*args, **kwargs)
     for t, b in zip(tensors, before):
         assert_bits_equal(t, b)
+
+
+# Hostile inputs that were accepted silently or raised an internal error (no GPU needed).
+def hostile_cases(op: str) -> list[tuple[str, type, str, tuple, dict]]:
+    return [
+        # -1.0 == -1 made a float group_size mean "per token"
+        ("group_size_minus_one_float", TypeError, "group_size type", *cpu_args(op, group_size=-1.0)),
+        # group_size was not looked at with a static scale: any object passed
+        (
+            "group_size_str_with_scale",
+            TypeError,
+            "group_size type",
+            *cpu_args(op, group_size="128", scale=torch.ones(1)),
+        ),
+        (
+            "group_size_bool_with_scale",
+            TypeError,
+            "group_size type",
+            *cpu_args(op, group_size=True, scale=torch.ones(1)),
+        ),
+        # `group_size == -1` on an array / a tensor of 2 elements: numpy's / torch's ambiguous-truth error
+        ("group_size_ndarray", TypeError, "group_size type", *cpu_args(op, group_size=np.array([128, 128]))),
+        ("group_size_tensor", TypeError, "group_size type", *cpu_args(op, group_size=torch.tensor([128, 128]))),
+        # `out_dtype not in OUT_DTYPES` on an array: numpy's ambiguous-truth ValueError, no op named
+        ("out_dtype_ndarray", TypeError, "out_dtype type", *cpu_args(op, out_dtype=np.array([1, 2]))),
+        ("out_dtype_str", TypeError, "out_dtype type", *cpu_args(op, out_dtype="float8_e4m3fn")),
+        # output_q of a non-8-bit dtype and no out_dtype blamed out_dtype, which was not passed
+        ("output_q_fp16", RuntimeError, "output_q dtype", *cpu_args(op, output_q=torch.empty(4, 256, dtype=FP16))),
+        # a [1, 1] scale passed though the message (and check_static_scale) say [1] or []
+        ("scale_2d", RuntimeError, "scale shape", *cpu_args(op, scale=torch.ones(1, 1))),
+    ]
+
+
+HOSTILE_CASES = [(op, *case) for op in OPS for case in hostile_cases(op)]
+
+
+@pytest.mark.parametrize(
+    "op,name,exc,message,args,kwargs", HOSTILE_CASES, ids=[f"{c[0]}-{c[1]}" for c in HOSTILE_CASES]
+)
+def test_hostile_input_raises_before_launch(op, name, exc, message, args, kwargs):
+    test_bad_input_raises_before_launch(op, name, exc, message, args, kwargs)
 
 
 def test_torch_library_op_declares_its_mutations():
