@@ -274,7 +274,8 @@ def per_token_group_quant(
     Raises
     ------
     TypeError
-        A tensor argument that is not a tensor, or a scalar of the wrong type.
+        A tensor argument that is not a tensor, a scalar of the wrong type, or an ``out_dtype`` that
+        is not a ``torch.dtype``.
     ValueError
         ``group_size`` not a power of two in range; ``eps`` negative or NaN; ``expected_m`` negative;
         ``out_dtype`` not fp8 e4m3 / int8; ``activation`` / ``silu_and_mul_mode`` not one of the names;
@@ -303,6 +304,8 @@ def per_token_group_quant(
     check_scalar(op, "eps", eps, float, minimum=0.0)
     _check_choice("activation", activation, ACTIVATIONS)
     _check_choice("silu_and_mul_mode", silu_and_mul_mode, MODES)
+    if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
+        fail(TypeError, op, "out_dtype", "type", "a torch.dtype or None", type(out_dtype).__name__)
     if out_dtype is not None and out_dtype not in _OUT_DTYPES:
         fail(ValueError, op, "out_dtype", "value", "float8_e4m3fn or int8", out_dtype)
     if not fuse_silu_and_mul and activation != "silu":

@@ -6,6 +6,7 @@ other devices; the unfused path; every error (the metadata ones run without a GP
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -424,6 +425,19 @@ def test_bad_scalars(change, error, pattern):
     kwargs.update(change)
     with pytest.raises(error, match=OP + pattern):
         per_token_group_quant(x, q, s, **kwargs)
+    assert_untouched(q, s)
+
+
+@pytest.mark.parametrize(
+    "out_dtype",
+    [np.array([1, 2]), "float8_e4m3fn", torch.tensor(1), 8],
+    ids=["ndarray", "str", "tensor", "int"],
+)
+def test_out_dtype_not_a_dtype(out_dtype):
+    """A non-dtype out_dtype is a TypeError naming out_dtype (an array raised numpy's own ValueError)."""
+    x, q, s = cpu_args()
+    with pytest.raises(TypeError, match=OP + r"out_dtype type: expected a torch.dtype or None, got "):
+        per_token_group_quant(x, q, s, group_size=128, fuse_silu_and_mul=True, out_dtype=out_dtype)
     assert_untouched(q, s)
 
 
