@@ -2,7 +2,7 @@
 (YaRN optional), in place on a packed qkv buffer, in one launch.
 
 Kernel: ``csrc/elementwise/fused_qknorm_rope.cuh`` (with rope.cuh's rotation math), a module of its
-own per dtype. Bytes moved (for bandwidth figures): ``2*N*(Hq+Hk)*D*s + 2*D*s + N*p`` (``s`` the
+own per dtype; :func:`can_use_fused_qk_norm_rope` says which configurations it takes. Bytes moved (for bandwidth figures): ``2*N*(Hq+Hk)*D*s + 2*D*s + N*p`` (``s`` the
 element size, ``p`` the position size); v is neither read nor written.
 """
 
@@ -28,7 +28,7 @@ from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
 if TYPE_CHECKING:
     from tvm_ffi.module import Module
 
-__all__ = ["fused_qk_norm_rope", "fused_qk_norm_rope_reference"]
+__all__ = ["can_use_fused_qk_norm_rope", "fused_qk_norm_rope", "fused_qk_norm_rope_reference"]
 
 
 @cache_once
@@ -249,6 +249,59 @@ def fused_qk_norm_rope(
         torch.ops.sglang_jit_kernel.fused_qk_norm_rope(*args)
     else:
         _jit_fused_qk_norm_rope_module(qkv.dtype).fused_qk_norm_rope(*args)
+
+
+#: Heads the launcher takes at any alignment: 64 units of two one-element vectors (R = head_dim).
+_MAX_HEAD_DIM_ANY_LAYOUT = 128
+
+
+def can_use_fused_qk_norm_rope(head_dim: int, is_neox: bool, dtype: torch.dtype, yarn: bool = False) -> bool:
+    """Whether :func:`fused_qk_norm_rope` takes heads of ``head_dim`` elements of ``dtype`` with the
+    default ``rotary_dim`` (= ``head_dim``), NeoX or GPT-J style, with or without YaRN.
+
+    The kernel runs 64 units of two vectors per head at most: one-element vectors take any even
+    ``head_dim <= 128``; 16-byte vectors (``v = 16 / element_size`` elements: 8 for float16 /
+    bfloat16, 4 for float32) take ``head_dim`` a multiple of ``2 * v`` up to ``128 * v`` (1024 / 512)
+    when qkv's address and token stride and the weights' addresses are 16-byte aligned too, as
+    contiguous tensors from the allocator are (a qkv view at an odd element offset is not; the
+    launcher then raises RuntimeError for ``head_dim > 128``). Both styles and YaRN (any ``factor``,
+    ``low``, ``high``, ``attention_factor``) run for every such ``head_dim``, so ``is_neox`` and
+    ``yarn`` do not change the answer.
+
+    Parameters
+    ----------
+    head_dim : int
+        Elements per head.
+    is_neox : bool
+        NeoX (halves) or GPT-J (interleaved pairs) style.
+    dtype : torch.dtype
+        The dtype of qkv and the weights.
+    yarn : bool
+        YaRN scaling (``factor != 1``). Default False.
+
+    Returns
+    -------
+    bool
+        True for float16 / bfloat16 / float32 and an even ``head_dim`` with ``2 <= head_dim <= 128``,
+        or a multiple of ``2 * v`` up to ``128 * v`` (16-byte-aligned qkv rows and weights); False
+        for other dtypes, odd, non-positive or larger head dims. Loads nothing.
+
+    Raises
+    ------
+    TypeError
+        ``head_dim`` not an int, ``is_neox`` or ``yarn`` not a bool, ``dtype`` not a ``torch.dtype``
+        (``can_use_fused_qk_norm_rope: head_dim type: expected an int, got float``).
+    """
+    op = "can_use_fused_qk_norm_rope"
+    check_scalar(op, "head_dim", head_dim, int)
+    check_scalar(op, "is_neox", is_neox, bool)
+    if not isinstance(dtype, torch.dtype):
+        fail(TypeError, op, "dtype", "type", "a torch.dtype", type(dtype).__name__)
+    check_scalar(op, "yarn", yarn, bool)
+    if dtype not in FLOAT_DTYPES or head_dim < 2 or head_dim % 2 != 0:
+        return False
+    vec = 16 // dtype.itemsize
+    return head_dim <= _MAX_HEAD_DIM_ANY_LAYOUT or (head_dim % (2 * vec) == 0 and head_dim <= 128 * vec)
 
 
 def fused_qk_norm_rope_reference(

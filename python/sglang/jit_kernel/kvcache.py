@@ -1,6 +1,7 @@
 """KV-cache writes: ``store_cache`` (k and v rows into their caches by slot), ``store_cache_quant``
 (the same rows quantized to fp8 e4m3 with per-tensor scales) and ``set_mla_kv_buffer`` (the MLA
-latent and rotary parts into one cache row), with ``can_use_store_cache``.
+latent and rotary parts into one cache row), with ``can_use_store_cache`` and
+``can_use_set_mla_kv_buffer``.
 
 One module per op. store_cache and set_mla_kv_buffer are bit copies of any dtype, served by the
 byte-copy engine (``csrc/kvcache/row_scatter.cuh``, with the launchers ``store_cache.cuh`` and
@@ -43,7 +44,7 @@ from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
 if TYPE_CHECKING:
     from tvm_ffi.module import Module
 
-__all__ = ["can_use_store_cache", "set_mla_kv_buffer", "store_cache", "store_cache_quant"]
+__all__ = ["can_use_set_mla_kv_buffer", "can_use_store_cache", "set_mla_kv_buffer", "store_cache", "store_cache_quant"]
 
 
 @cache_once
@@ -662,6 +663,37 @@ def set_mla_kv_buffer(
         torch.ops.sglang_jit_kernel.set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope)
     else:
         _run_set_mla_kv_buffer(kv, loc, nope, rope)
+
+
+def can_use_set_mla_kv_buffer(nope_bytes: int, rope_bytes: int) -> bool:
+    """Whether :func:`set_mla_kv_buffer` takes rows of ``cache_k_nope`` of ``nope_bytes`` bytes and of
+    ``cache_k_rope`` of ``rope_bytes`` bytes: True when both are ``>= 1``, of any size (not only
+    multiples of 16 or 4 bytes: each launch copies with the widest vector, 16 bytes down to 1, that
+    the sizes, addresses and strides allow), False otherwise. A part of 0 bytes is answered False:
+    the op's checks let one through (that part copies nothing), but no MLA layout has one and no
+    test covers it. Pure arithmetic: it loads nothing (the module compiles on the op's first call).
+
+    Parameters
+    ----------
+    nope_bytes : int
+        Bytes of a ``cache_k_nope`` row (``nope * element_size``; DeepSeek bfloat16: 1024).
+    rope_bytes : int
+        Bytes of a ``cache_k_rope`` row (``rope * element_size``; DeepSeek bfloat16: 128).
+
+    Returns
+    -------
+    bool
+        ``nope_bytes >= 1 and rope_bytes >= 1``.
+
+    Raises
+    ------
+    TypeError
+        An argument that is not an int (bools included).
+    """
+    op = "can_use_set_mla_kv_buffer"
+    check_scalar(op, "nope_bytes", nope_bytes, int)
+    check_scalar(op, "rope_bytes", rope_bytes, int)
+    return nope_bytes >= 1 and rope_bytes >= 1
 
 
 # ---------------------------------------------------------------------------------------------

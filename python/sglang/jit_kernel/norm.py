@@ -45,6 +45,7 @@ __all__ = [
     "rmsnorm_hf",
     "is_supported_rmsnorm_hf_hidden_size",
     "fused_add_rmsnorm",
+    "is_supported_jit_fused_add_rmsnorm_hidden_size",
     "gemma_rmsnorm",
     "gemma_fused_add_rmsnorm",
     "fused_inplace_qknorm",
@@ -633,6 +634,16 @@ def fused_add_rmsnorm(
         (stride 0).
     """
     _fused_add_rmsnorm("fused_add_rmsnorm", input, residual, weight, eps, 0.0, enable_pdl)
+
+
+def is_supported_jit_fused_add_rmsnorm_hidden_size(hidden_size: int) -> bool:
+    """Whether :func:`fused_add_rmsnorm` (and :func:`gemma_fused_add_rmsnorm`) takes rows of
+    ``hidden_size`` elements (``input.shape[-1]``, an int): True for every ``1 <= hidden_size < 2**30``
+    (norm_rows.cuh's bound, shared with rmsnorm: any size, vectorised when the rows allow it, every
+    dtype), False for anything else, non-integers and bools included. Never raises; the answer of
+    :func:`is_supported_rmsnorm_hf_hidden_size`.
+    """
+    return is_supported_rmsnorm_hf_hidden_size(hidden_size)
 
 
 def gemma_fused_add_rmsnorm(

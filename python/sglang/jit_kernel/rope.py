@@ -57,6 +57,8 @@ __all__ = [
     "apply_rope_inplace_with_kvcache",
     "apply_rope_with_cos_sin_cache_inplace",
     "rotary_embedding",
+    "rotary_embedding_with_key",
+    "rotary_embedding_without_key",
 ]
 
 
@@ -759,7 +761,90 @@ def rotary_embedding(
     IndexError
         With ``SGLANG_JIT_CHECK_INDICES=1``: a position outside ``[0, max_position)``.
     """
-    op = "rotary_embedding"
+    _rotary_embedding("rotary_embedding", positions, query, key, head_size, cos_sin_cache, is_neox)
+    return query, key
+
+
+def rotary_embedding_with_key(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool = True,
+) -> None:
+    """:func:`rotary_embedding` of query and key, in place, returning None: the same kernel, the same
+    values bit for bit, the same checks (messages start ``rotary_embedding_with_key:``).
+
+    Parameters
+    ----------
+    positions, query, head_size, cos_sin_cache, is_neox
+        As in :func:`rotary_embedding`: ``positions`` ``[num_tokens]`` or ``[batch, seq]`` int32 /
+        int64; ``query`` ``[..., num_heads * head_size]`` or ``[..., num_heads, head_size]`` float16 /
+        bfloat16 / float32, rotated in place; ``cos_sin_cache`` ``[max_position, rot_dim]`` in query's
+        dtype, ``rot_dim`` even and ``<= head_size``.
+    key : torch.Tensor
+        Like ``query`` (its own head count and strides), the same dtype; rotated in place. Required:
+        None is a TypeError (:func:`rotary_embedding_without_key` rotates query alone).
+
+    Returns
+    -------
+    None
+        query and key are rotated in place; with 0 tokens nothing is launched.
+
+    Raises
+    ------
+    TypeError, ValueError, RuntimeError, IndexError
+        As :func:`rotary_embedding`; also TypeError for a ``key`` of None
+        (``rotary_embedding_with_key: key type: expected a torch.Tensor, got NoneType``).
+    """
+    _rotary_embedding("rotary_embedding_with_key", positions, query, key, head_size, cos_sin_cache, is_neox, True)
+
+
+def rotary_embedding_without_key(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool = True,
+) -> None:
+    """:func:`rotary_embedding` of query alone (``key=None``), in place, returning None.
+
+    The launch is rotary_embedding's with a key of 0 heads (eagerly a zero-head view of query, so
+    nothing is allocated), so query's values are those of ``rotary_embedding(positions, query, None,
+    ...)`` and of :func:`rotary_embedding_with_key`'s query, bit for bit. Same checks as
+    :func:`rotary_embedding` (messages start ``rotary_embedding_without_key:``).
+
+    Parameters
+    ----------
+    positions, query, head_size, cos_sin_cache, is_neox
+        As in :func:`rotary_embedding_with_key`.
+
+    Returns
+    -------
+    None
+        query is rotated in place; with 0 tokens nothing is launched.
+
+    Raises
+    ------
+    TypeError, ValueError, RuntimeError, IndexError
+        As :func:`rotary_embedding` (without the errors about key).
+    """
+    _rotary_embedding("rotary_embedding_without_key", positions, query, None, head_size, cos_sin_cache, is_neox)
+
+
+def _rotary_embedding(
+    op: str,
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor | None,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool,
+    key_required: bool = False,
+) -> None:
+    """rotary_embedding and its two forms: the checks (messages start ``<op>:``), then the launch.
+    ``key_required``: a key of None is a TypeError (else it means query alone)."""
     check_scalar(op, "head_size", head_size, int, minimum=1)
     check_scalar(op, "is_neox", is_neox, bool)
     check_tensor(op, "positions", positions, dtypes=INDEX_DTYPES)
@@ -768,7 +853,7 @@ def rotary_embedding(
     num_tokens = positions.numel()
     q = _heads_view(op, "query", query, tuple(positions.shape), head_size)
     check_tensor(op, "positions", positions, device_as=(query, "query"))
-    if key is None:
+    if key is None and not key_required:
         # no key: k with 0 heads. Eager: a view of q (no allocation); traced: a tensor of its own, so
         # that the op's two mutated arguments never alias
         k = q.new_empty((num_tokens, 0, head_size)) if torch.compiler.is_compiling() else q[:, :0]
@@ -795,7 +880,6 @@ def rotary_embedding(
             torch.ops.sglang_jit_kernel.rotary_embedding(q, k, cos_sin_cache, pos, is_neox)
         else:
             _jit_rotary_embedding_module(query.dtype).rotary_embedding(q, k, cos_sin_cache, pos, is_neox, -1)
-    return query, key
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,7 +6,11 @@ import sys
 import pytest
 import torch
 
-from sglang.jit_kernel.fused_qknorm_rope import fused_qk_norm_rope, fused_qk_norm_rope_reference
+from sglang.jit_kernel.fused_qknorm_rope import (
+    can_use_fused_qk_norm_rope,
+    fused_qk_norm_rope,
+    fused_qk_norm_rope_reference,
+)
 from sglang.jit_kernel.testing import TOLERANCE, requires_cuda
 from sglang.jit_kernel.utils import get_ci_test_range
 from sglang.test.ci.ci_register import register_cuda_ci
@@ -294,6 +298,63 @@ def test_both_sides_of_the_large_size_switch(n):
     fused_qk_norm_rope(qkv, hq, hk, hv, d, 1e-6, qw, kw, 1e6, True, positions, 1.0, 0.0, 0.0, 1.0)
     assert_rope_close(qkv, expected)
     assert torch.equal(wide[:, row:], pad)
+
+
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("yarn", [False, True])
+def test_can_use_fused_qk_norm_rope(is_neox, yarn):
+    """Every even head_dim <= 128; above it multiples of 2 * (16 / element_size) up to 128 vectors
+    (1024 for 2-byte dtypes, 512 for fp32); both styles, with and without YaRN (no GPU needed)."""
+    for dtype, vec in ((torch.float16, 8), (torch.bfloat16, 8), (torch.float32, 4)):
+        for head_dim in (2, 4, 6, 62, 64, 80, 96, 126, 128):
+            assert can_use_fused_qk_norm_rope(head_dim, is_neox, dtype, yarn) is True, (head_dim, dtype)
+        for head_dim in (2 * vec * 9, 192, 256, 512, 128 * vec):
+            assert can_use_fused_qk_norm_rope(head_dim, is_neox, dtype, yarn) is True, (head_dim, dtype)
+        for head_dim in (0, -2, -128, 1, 3, 127, 129, 128 + vec, 128 * vec + 2 * vec, 2048, 1 << 30):
+            assert can_use_fused_qk_norm_rope(head_dim, is_neox, dtype, yarn) is False, (head_dim, dtype)
+    assert can_use_fused_qk_norm_rope(1024, is_neox, torch.bfloat16, yarn) is True
+    assert can_use_fused_qk_norm_rope(1024, is_neox, torch.float32, yarn) is False
+    assert can_use_fused_qk_norm_rope(136, is_neox, torch.bfloat16, yarn) is False  # R/2 = 68: not 16-byte vectors
+    assert can_use_fused_qk_norm_rope(136, is_neox, torch.float32, yarn) is True
+    for dtype in (torch.float64, torch.int32, torch.float8_e4m3fn, torch.uint8):
+        assert can_use_fused_qk_norm_rope(128, is_neox, dtype, yarn) is False, dtype
+
+
+def test_can_use_fused_qk_norm_rope_default_yarn_and_bad_types():
+    assert can_use_fused_qk_norm_rope(128, True, torch.bfloat16) is True
+    op = "can_use_fused_qk_norm_rope"
+    for args, arg, expected, got in (
+        ((128.0, True, torch.bfloat16), "head_dim", "an int", "float"),
+        ((True, True, torch.bfloat16), "head_dim", "an int", "bool"),
+        (("128", True, torch.bfloat16), "head_dim", "an int", "str"),
+        ((128, 1, torch.bfloat16), "is_neox", "a bool", "int"),
+        ((128, None, torch.bfloat16), "is_neox", "a bool", "NoneType"),
+        ((128, True, "bfloat16"), "dtype", "a torch.dtype", "str"),
+        ((128, True, None), "dtype", "a torch.dtype", "NoneType"),
+        ((128, True, torch.bfloat16, 1), "yarn", "a bool", "int"),
+        ((128, True, torch.bfloat16, None), "yarn", "a bool", "NoneType"),
+    ):
+        with pytest.raises(TypeError, match=rf"^{op}: {arg} type: expected {expected}, got {got}$"):
+            can_use_fused_qk_norm_rope(*args)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [2, 80, 126, 128, 192, 256, 512])
+def test_can_use_fused_qk_norm_rope_matches_the_launcher(dtype, d):
+    """Every head_dim the query accepts runs (contiguous qkv and weights, the aligned case); its
+    neighbour d + 2 past 128, which the query refuses, is refused by the launcher."""
+    n, hq, hk, hv = 3, 2, 1, 1
+    for head_dim in (d, d + 2) if d >= 128 else (d,):
+        qkv, qw, kw, positions = make(n, hq, hk, hv, head_dim, dtype)
+        args = (qkv, hq, hk, hv, head_dim, 1e-6, qw, kw, 1e4, True, positions, 4.0, 8.0, 40.0, 1.2)
+        if can_use_fused_qk_norm_rope(head_dim, True, dtype, yarn=True):
+            expected = fused_qk_norm_rope_reference(qkv, hq, hk, *args[4:])
+            fused_qk_norm_rope(*args)
+            assert_rope_close(qkv, expected)
+        else:
+            with pytest.raises(RuntimeError, match=r"fused_qk_norm_rope: head_dim"):
+                fused_qk_norm_rope(*args)
 
 
 if __name__ == "__main__":

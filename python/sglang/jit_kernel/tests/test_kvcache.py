@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sglang.jit_kernel._validate import CHECK_INDICES_ENV, check_indices
-from sglang.jit_kernel.kvcache import can_use_store_cache, set_mla_kv_buffer, store_cache
+from sglang.jit_kernel.kvcache import can_use_set_mla_kv_buffer, can_use_store_cache, set_mla_kv_buffer, store_cache
 from sglang.jit_kernel.testing import (
     SENTINEL_BYTE,
     as_bytes,
@@ -321,6 +321,27 @@ def test_can_use_store_cache_refuses_nonpositive_and_non_ints():
     assert can_use_store_cache(-3) is False
     with pytest.raises(TypeError, match=r"^can_use_store_cache: size type: expected an int, got float$"):
         can_use_store_cache(4.0)
+
+
+@pytest.mark.parametrize(
+    "nope_bytes,rope_bytes", [(1024, 128), (512, 64), (2048, 256), (1, 1), (7, 3), (1022, 130), (511, 65)]
+)
+def test_can_use_set_mla_kv_buffer_every_positive_row(nope_bytes, rope_bytes):
+    """Any positive byte counts, aligned or not (no GPU needed: nothing is loaded)."""
+    assert can_use_set_mla_kv_buffer(nope_bytes, rope_bytes) is True
+
+
+def test_can_use_set_mla_kv_buffer_refuses_empty_parts_and_non_ints():
+    for nope_bytes, rope_bytes in ((0, 128), (1024, 0), (0, 0), (-2, 128), (1024, -1)):
+        assert can_use_set_mla_kv_buffer(nope_bytes, rope_bytes) is False, (nope_bytes, rope_bytes)
+    for arg, bad, nope_bytes, rope_bytes in (
+        ("nope_bytes", "float", 1024.0, 128),
+        ("nope_bytes", "bool", True, 128),
+        ("rope_bytes", "NoneType", 1024, None),
+        ("rope_bytes", "str", 1024, "128"),
+    ):
+        with pytest.raises(TypeError, match=rf"^can_use_set_mla_kv_buffer: {arg} type: expected an int, got {bad}$"):
+            can_use_set_mla_kv_buffer(nope_bytes, rope_bytes)
 
 
 # ---- the index check (SGLANG_JIT_CHECK_INDICES=1) ----
@@ -684,4 +705,6 @@ def test_set_mla_kv_buffer_at_the_original_module_path():
     from sglang.jit_kernel.registry import all_ops
 
     assert module.set_mla_kv_buffer is kvcache.set_mla_kv_buffer
+    assert module.can_use_set_mla_kv_buffer is kvcache.can_use_set_mla_kv_buffer
+    assert "can_use_set_mla_kv_buffer" in module.__all__
     assert all_ops()["set_mla_kv_buffer"].source == "sglang.jit_kernel.set_mla_kv_buffer"

@@ -19,6 +19,7 @@ from sglang.jit_kernel.norm import (
     fused_inplace_qknorm_across_heads,
     gemma_fused_add_rmsnorm,
     gemma_rmsnorm,
+    is_supported_jit_fused_add_rmsnorm_hidden_size,
     is_supported_rmsnorm_hf_hidden_size,
     rmsnorm,
     rmsnorm_hf,
@@ -1141,6 +1142,15 @@ def test_norm_support_queries():
         assert is_supported_rmsnorm_hf_hidden_size(hidden_size)
     for hidden_size in (0, -1, 1 << 30, 4096.0, True, "4096", None):
         assert not is_supported_rmsnorm_hf_hidden_size(hidden_size), hidden_size
+
+
+def test_fused_add_rmsnorm_support_query():
+    """is_supported_jit_fused_add_rmsnorm_hidden_size: True for every size the launcher takes
+    (1 <= hidden_size < 2^30, vectorised or not), False otherwise, never raising (runs without a GPU)."""
+    for hidden_size in (1, 2, 7, 129, 4096, 4097, 5120, 65536, (1 << 30) - 1):
+        assert is_supported_jit_fused_add_rmsnorm_hidden_size(hidden_size) is True, hidden_size
+    for hidden_size in (0, -1, -4096, 1 << 30, 1 << 40, 4096.0, True, False, "4096", None, torch.tensor(4096)):
+        assert is_supported_jit_fused_add_rmsnorm_hidden_size(hidden_size) is False, hidden_size
 
 
 @requires_cuda

@@ -14,6 +14,8 @@ from sglang.jit_kernel.rope import (
     apply_rope_with_cos_sin_cache_inplace,
     make_cos_sin_cache,
     rotary_embedding,
+    rotary_embedding_with_key,
+    rotary_embedding_without_key,
 )
 from sglang.jit_kernel.testing import FLOAT_DTYPES, assert_close, poisoned, requires_cuda, requires_two_gpus
 from sglang.jit_kernel.utils import get_ci_test_range
@@ -599,6 +601,112 @@ def test_rotary_embedding_bad_inputs():
         RuntimeError, match=rf"^{op}: key dtype: expected bfloat16 \(the dtype of query\), got float16$"
     ):
         rotary_embedding(positions, query, query.half(), hs, cache)
+
+
+# ---- rotary_embedding_with_key / rotary_embedding_without_key (the original package's forms) ----
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("layout", ["flat", "batch_heads"])
+@pytest.mark.parametrize("rot_dim", [128, 64])
+def test_rotary_embedding_with_and_without_key_match_rotary_embedding(dtype, is_neox, layout, rot_dim):
+    """Bit for bit the values of rotary_embedding on the same inputs (with key, and with None for
+    the query-only form); both return None and leave their tensors' identity and shape alone."""
+    b, s, hq, hk, hs = 3, 5, 8, 2, 128
+    n = b * s
+    cache = make_cos_sin_cache(MAX_POS, rot_dim, dtype=dtype)
+    positions = torch.randint(0, MAX_POS, (n,), device="cuda")
+    if layout == "batch_heads":
+        positions = positions.view(b, s)
+        q0, k0 = (
+            torch.randn(b, s, hq, hs, dtype=dtype, device="cuda"),
+            torch.randn(b, s, hk, hs, dtype=dtype, device="cuda"),
+        )
+    else:
+        q0, k0 = (
+            torch.randn(n, hq * hs, dtype=dtype, device="cuda"),
+            torch.randn(n, hk * hs, dtype=dtype, device="cuda"),
+        )
+    eq, ek = q0.clone(), k0.clone()
+    rotary_embedding(positions, eq, ek, hs, cache, is_neox)
+    query, key = q0.clone(), k0.clone()
+    assert rotary_embedding_with_key(positions, query, key, hs, cache, is_neox) is None
+    assert torch.equal(query.view(torch.uint8), eq.view(torch.uint8))
+    assert torch.equal(key.view(torch.uint8), ek.view(torch.uint8))
+    alone, expected_alone = q0.clone(), q0.clone()
+    rotary_embedding(positions, expected_alone, None, hs, cache, is_neox)
+    assert rotary_embedding_without_key(positions, alone, hs, cache, is_neox) is None
+    assert torch.equal(alone.view(torch.uint8), expected_alone.view(torch.uint8))
+    assert torch.equal(alone.view(torch.uint8), eq.view(torch.uint8))  # the key never changes query
+
+
+@requires_cuda
+def test_rotary_embedding_with_and_without_key_defaults_and_views():
+    """is_neox defaults to True; query and key as column slices of one qkv buffer (v untouched);
+    0 tokens launch nothing."""
+    n, hq, hk, hs = 33, 8, 2, 64
+    qkv = torch.randn(n, (hq + 2 * hk) * hs, dtype=torch.float16, device="cuda")
+    cache = make_cos_sin_cache(MAX_POS, hs, dtype=torch.float16)
+    positions = torch.randint(0, MAX_POS, (n,), device="cuda", dtype=torch.int32)
+    expected = qkv.clone()
+    rotary_embedding(positions, expected[:, : hq * hs], expected[:, hq * hs : (hq + hk) * hs], hs, cache, True)
+    rotary_embedding_with_key(positions, qkv[:, : hq * hs], qkv[:, hq * hs : (hq + hk) * hs], hs, cache)
+    assert torch.equal(qkv.view(torch.uint8), expected.view(torch.uint8))
+    expected_q = qkv.clone()
+    rotary_embedding(positions, expected_q[:, : hq * hs], None, hs, cache, True)
+    rotary_embedding_without_key(positions, qkv[:, : hq * hs], hs, cache)
+    assert torch.equal(qkv.view(torch.uint8), expected_q.view(torch.uint8))
+    empty = torch.empty(0, hq * hs, dtype=torch.float16, device="cuda")
+    no_positions = positions[:0]
+    rotary_embedding_with_key(no_positions, empty, empty.clone(), hs, cache)
+    rotary_embedding_without_key(no_positions, empty, hs, cache)
+
+
+@requires_cuda
+def test_rotary_embedding_with_and_without_key_bad_inputs():
+    """rotary_embedding's checks, in messages naming each form and the argument; a None key is a
+    TypeError for the form with a key. Nothing is written."""
+    n, hs = 4, 64
+    query = torch.randn(n, 2 * hs, dtype=torch.bfloat16, device="cuda")
+    before = query.clone()
+    cache = make_cos_sin_cache(32, hs, dtype=torch.bfloat16)
+    positions = torch.zeros(n, dtype=torch.int64, device="cuda")
+    for op, call in (
+        ("rotary_embedding_with_key", lambda p, q, h, c: rotary_embedding_with_key(p, q, q.clone(), h, c)),
+        ("rotary_embedding_without_key", rotary_embedding_without_key),
+    ):
+        with pytest.raises(
+            RuntimeError, match=rf"^{op}: cos_sin_cache dtype: expected bfloat16 \(the dtype of query\), got float32$"
+        ):
+            call(positions, query, hs, cache.float())
+        with pytest.raises(RuntimeError, match=rf"^{op}: query shape: expected \[3, num_heads \* head_size\]"):
+            call(positions[:3], query, hs, cache)
+        with pytest.raises(ValueError, match=rf"^{op}: cos_sin_cache rot_dim: expected <= head_size \(32\), got 64$"):
+            call(positions, query, 32, cache)
+        with pytest.raises(RuntimeError, match=rf"^{op}: positions dtype: expected "):
+            call(positions.float(), query, hs, cache)
+    op = "rotary_embedding_with_key"
+    with pytest.raises(TypeError, match=rf"^{op}: key type: expected a torch.Tensor, got NoneType$"):
+        rotary_embedding_with_key(positions, query, None, hs, cache)
+    with pytest.raises(
+        RuntimeError, match=rf"^{op}: key dtype: expected bfloat16 \(the dtype of query\), got float16$"
+    ):
+        rotary_embedding_with_key(positions, query, query.half(), hs, cache)
+    with pytest.raises(TypeError, match=rf"^{op}: is_neox type: expected a bool, got int$"):
+        rotary_embedding_with_key(positions, query, query.clone(), hs, cache, 1)
+    assert torch.equal(query, before)
+
+
+def test_rotary_embedding_with_and_without_key_scalar_errors():
+    """The scalar checks come first, so they run without a GPU."""
+    with pytest.raises(TypeError, match=r"^rotary_embedding_with_key: head_size type: expected an int, got float$"):
+        rotary_embedding_with_key(torch.zeros(1), torch.randn(1, 2), torch.randn(1, 2), 2.0, torch.randn(4, 2))
+    with pytest.raises(TypeError, match=r"^rotary_embedding_without_key: head_size type: expected an int, got float$"):
+        rotary_embedding_without_key(torch.zeros(1), torch.randn(1, 2), 2.0, torch.randn(4, 2))
+    with pytest.raises(ValueError, match=r"^rotary_embedding_without_key: head_size value: expected >= 1, got 0$"):
+        rotary_embedding_without_key(torch.zeros(1), torch.randn(1, 2), 0, torch.randn(4, 2))
+    with pytest.raises(TypeError, match=r"^rotary_embedding_without_key: is_neox type: expected a bool, got str$"):
+        rotary_embedding_without_key(torch.zeros(1), torch.randn(1, 2), 2, torch.randn(4, 2), "neox")
 
 
 # ---- the default's kernels at awkward shapes and both sides of its size switches ----
