@@ -24,6 +24,7 @@ Usage in a wrapper::
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator, Sequence
 from typing import NoReturn
 
@@ -306,6 +307,9 @@ def check_tensor(
 
 
 _KIND_WORDS = {bool: "a bool", int: "an int", float: "a real number (int or float)"}
+#: The largest finite float: a real-number scalar (``kind=float``) given as a larger int is refused,
+#: since the wrappers and the FFI convert it with ``float()``.
+_FLOAT_MAX = sys.float_info.max
 
 
 def check_scalar(
@@ -322,7 +326,7 @@ def check_scalar(
     """TypeError unless ``value`` is of ``kind`` (``bool``; ``int``, bools refused; ``float``, any int
     or float, bools refused), or None with ``optional``; ValueError unless it lies in
     ``[minimum, maximum]`` (``(minimum, maximum]`` with ``exclusive_minimum``). NaN is out of every
-    range."""
+    range; with ``float``, so is an int past the float range (``float()`` would overflow)."""
     if value is None and optional:
         return
     if kind is bool:
@@ -332,6 +336,8 @@ def check_scalar(
     if not ok:
         word = _KIND_WORDS.get(kind, kind.__name__)
         fail(TypeError, op, arg, "type", f"{word}{' or None' if optional else ''}", type(value).__name__)
+    if kind is float and isinstance(value, int) and abs(value) > _FLOAT_MAX:  # float(value) would overflow
+        fail(ValueError, op, arg, "value", "a real number in the float range", f"an int of {value.bit_length()} bits")
     if minimum is None and maximum is None:
         return
     assert isinstance(value, (int, float))

@@ -412,6 +412,7 @@ def assert_untouched(q: torch.Tensor, s: torch.Tensor) -> None:
         (dict(group_size=128.0), TypeError, r"group_size type: expected an int, got float"),
         (dict(scale_ue8m0=1), TypeError, r"scale_ue8m0 type: expected a bool, got int"),
         (dict(eps=-1.0), ValueError, r"eps value: expected >= 0.0, got -1.0"),
+        (dict(eps=10**400), ValueError, r"eps value: expected a real number in the float range"),
         (dict(expected_m=-1), ValueError, r"expected_m value: expected >= 0, got -1"),
         (dict(activation="relu"), ValueError, r"activation value: expected one of 'silu', 'gelu', 'gelu_tanh'"),
         (dict(silu_and_mul_mode="fast"), ValueError, r"silu_and_mul_mode value: expected one of 'legacy', 'dense'"),

@@ -393,6 +393,19 @@ def test_rope_fp8_kvcache_ffi_rejects_mismatch_from_cpp():
         fn(*base, k_cache.view(torch.uint8)[0, :4].view(torch.float32), None, 1.0, 1.0)
 
 
+@pytest.mark.parametrize("arg", ["k_inv_scale", "v_inv_scale"])
+def test_rope_fp8_kvcache_inv_scale_int_past_the_float_range(arg):
+    """An int inverse scale too large for a float raised a bare OverflowError from float(); now the
+    ValueError naming it. The op reaches this check only on CUDA (q's device is checked first), so the
+    shared check is called as apply_rope_inplace_with_kvcache calls it."""
+    from sglang.jit_kernel._validate import check_static_scale
+
+    op = "apply_rope_inplace_with_kvcache"
+    q = torch.zeros(4, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=rf"^{op}: {arg} value: expected a real number in the float range"):
+        check_static_scale(op, arg.replace("_inv", ""), None, arg, -(10**400), (q, "q"))
+
+
 if __name__ == "__main__":
     import sys
 

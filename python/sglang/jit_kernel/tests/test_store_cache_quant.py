@@ -452,6 +452,20 @@ def test_store_cache_quant_ffi_rejects_mismatch_from_cpp():
         module.store_cache_quant(k.half(), v.half(), k_cache, v_cache, indices, ks, vs, 1.0, 1.0, 0)
 
 
+@pytest.mark.parametrize("arg", ["k_inv_scale", "v_inv_scale"])
+def test_store_cache_quant_inv_scale_int_past_the_float_range(arg):
+    """An int inverse scale too large for a float raised a bare OverflowError from float(); now the
+    ValueError naming it. The op's own call reaches this check only on CUDA (its tensors are checked
+    first), so the shared check is called as the op calls it."""
+    from sglang.jit_kernel._validate import check_static_scale
+
+    k = torch.zeros(4, 8, dtype=torch.bfloat16)
+    with pytest.raises(
+        ValueError, match=rf"^store_cache_quant: {arg} value: expected a real number in the float range"
+    ):
+        check_static_scale("store_cache_quant", arg.replace("_inv", ""), None, arg, 10**400, (k, "k"))
+
+
 if __name__ == "__main__":
     import sys
 
