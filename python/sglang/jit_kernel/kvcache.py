@@ -69,6 +69,8 @@ def _jit_set_mla_kv_buffer_module() -> Module:
 QUANT_SOURCE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: The largest finite e4m3 value; store_cache_quant clamps the scaled values to [-FP8_MAX, FP8_MAX].
 FP8_MAX = 448.0
+#: The largest size_limit: the launcher takes an int64 (the FFI does not pass a larger int as one).
+_INT64_MAX = 2**63 - 1
 
 
 @cache_once
@@ -487,7 +489,7 @@ def store_cache_quant(
         A tensor argument that is not a tensor; a scale that is neither a tensor nor None;
         ``k_inv_scale`` / ``v_inv_scale`` not a real number; ``size_limit`` not an int.
     ValueError
-        ``size_limit`` negative; ``k_inv_scale`` (``v_inv_scale``) other than 1.0 with ``k_scale``
+        ``size_limit`` negative or past int64; ``k_inv_scale`` (``v_inv_scale``) other than 1.0 with ``k_scale``
         (``v_scale``) given.
     RuntimeError
         A tensor not on ``k``'s CUDA device; ``k`` not float16/bfloat16/float32 or ``v`` of another
@@ -511,6 +513,7 @@ def store_cache_quant(
             except (TypeError, ValueError, RuntimeError):  # raised before any launch: the checked path explains
                 pass
     op = "store_cache_quant"
+    check_scalar(op, "size_limit", size_limit, int, minimum=0, maximum=_INT64_MAX)  # before the devices
     check_tensor(op, "k", k, dtypes=QUANT_SOURCE_DTYPES)
     check_tensor(op, "v", v, dtype_as=(k, "k"))
     check_tensor(op, "k_cache", k_cache, dtypes=(torch.float8_e4m3fn,), device_as=(k, "k"))
@@ -518,7 +521,6 @@ def store_cache_quant(
     check_tensor(op, "indices", indices, dtypes=INDEX_DTYPES, device_as=(k, "k"), dims=[("num_indices", None)])
     check_static_scale(op, "k_scale", k_scale, "k_inv_scale", k_inv_scale, (k, "k"))
     check_static_scale(op, "v_scale", v_scale, "v_inv_scale", v_inv_scale, (k, "k"))
-    check_scalar(op, "size_limit", size_limit, int, minimum=0)
     k2, v2, k_cache2, v_cache2 = _kv_rows(op, k, v, k_cache, v_cache, indices)
     _check_row(op, "k_cache", k_cache2, k2, "k", elements=True)
     _check_row(op, "v_cache", v_cache2, v2, "v", elements=True)

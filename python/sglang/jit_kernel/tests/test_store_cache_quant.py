@@ -414,7 +414,7 @@ def test_store_cache_quant_bad_scalars():
         store_cache_quant(*args, size_limit=2.0)
     with pytest.raises(TypeError, match=r"^store_cache_quant: size_limit type: expected an int, got bool$"):
         store_cache_quant(*args, size_limit=True)
-    with pytest.raises(ValueError, match=r"^store_cache_quant: size_limit value: expected >= 0, got -1$"):
+    with pytest.raises(ValueError, match=r"^store_cache_quant: size_limit value: expected >= 0 and <= \d+, got -1$"):
         store_cache_quant(*args, size_limit=-1)
     with pytest.raises(TypeError, match=r"^store_cache_quant: k_inv_scale type: expected a real number"):
         store_cache_quant(*args[:5], k_inv_scale="2")
@@ -464,6 +464,24 @@ def test_store_cache_quant_inv_scale_int_past_the_float_range(arg):
         ValueError, match=rf"^store_cache_quant: {arg} value: expected a real number in the float range"
     ):
         check_static_scale("store_cache_quant", arg.replace("_inv", ""), None, arg, 10**400, (k, "k"))
+
+
+@pytest.mark.parametrize(
+    "size_limit,error,pattern",
+    [
+        (2**63, ValueError, r"size_limit value: expected >= 0 and <= 9223372036854775807, got 9223372036854775808$"),
+        (-1, ValueError, r"size_limit value: expected >= 0"),
+        (True, TypeError, r"size_limit type: expected an int, got bool$"),
+        (2.0, TypeError, r"size_limit type: expected an int, got float$"),
+    ],
+)
+def test_store_cache_quant_bad_size_limit_on_cpu(size_limit, error, pattern):
+    """size_limit is checked before the tensors (reachable without a GPU); one past int64 passed the
+    check and reached the FFI, which does not take it as an int64 (an error not naming size_limit)."""
+    k = torch.zeros(4, 8, dtype=torch.bfloat16)
+    cache = torch.zeros(8, 8, dtype=FP8)
+    with pytest.raises(error, match=r"^store_cache_quant: " + pattern):
+        store_cache_quant(k, k, cache, cache.clone(), torch.zeros(4, dtype=torch.int64), size_limit=size_limit)
 
 
 if __name__ == "__main__":
