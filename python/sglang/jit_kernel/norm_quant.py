@@ -279,6 +279,8 @@ def _prepare(
         fail(TypeError, op, "out_dtype", "type", "a torch.dtype or None", type(out_dtype).__name__)
     if out_dtype is None and isinstance(output_q, torch.Tensor):
         check_dtype(op, "output_q", output_q, OUT_DTYPES)
+        if mode != _GROUP and output_q.dtype == torch.int8:
+            fail(RuntimeError, op, "output_q", "dtype", "float8_e4m3fn (per token or with a static scale)", "int8")
         out_dtype = output_q.dtype
     elif out_dtype is None:
         out_dtype = torch.float8_e4m3fn
@@ -549,7 +551,7 @@ _DOC_COMMON = """group_size : int or None
         ``scale_ue8m0`` without groups, ``scale_ue8m0`` with int8, ``output_s`` given with ``scale``.
     RuntimeError
         Before any launch, naming the argument (``<op>: <arg> <what>: expected X, got Y``): a dtype
-        (``input`` not float16 / bfloat16, ``output_q`` not ``out_dtype``, ``output_s`` not float32 /
+        (``input`` not float16 / bfloat16, ``output_q`` not ``out_dtype`` (not fp8 without groups), ``output_s`` not float32 /
         int32 for ue8m0, a mismatched weight / residual / output_normed), a shape (``hidden_size`` not
         a multiple of ``group_size``, a scale buffer of the wrong size), a layout (a strided last dim,
         a stride 0, ``output_s`` not in the layout ``column_major_scales`` names, leading dims that do

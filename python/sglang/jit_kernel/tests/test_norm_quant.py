@@ -454,6 +454,13 @@ def hostile_cases(op: str) -> list[tuple[str, type, str, tuple, dict]]:
         ("output_q_fp16", RuntimeError, "output_q dtype", *cpu_args(op, output_q=torch.empty(4, 256, dtype=FP16))),
         # a [1, 1] scale passed though the message (and check_static_scale) say [1] or []
         ("scale_2d", RuntimeError, "scale shape", *cpu_args(op, scale=torch.ones(1, 1))),
+        # an int8 output_q per token (out_dtype not given) blamed out_dtype, which was not passed
+        (
+            "output_q_int8_per_token",
+            RuntimeError,
+            "output_q dtype: expected float8_e4m3fn (per token or with a static scale), got int8",
+            *cpu_args(op, group_size=None, output_q=torch.empty(4, 256, dtype=INT8)),
+        ),
         # an int past the float range passed the check and overflowed in float() at the launch
         ("eps_int_past_float_range", ValueError, "eps value", *cpu_args(op, eps=10**400)),
         ("quant_eps_int_past_float_range", ValueError, "quant_eps value", *cpu_args(op, quant_eps=10**400)),
