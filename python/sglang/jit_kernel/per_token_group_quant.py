@@ -278,7 +278,7 @@ def per_token_group_quant(
         is not a ``torch.dtype``.
     ValueError
         ``group_size`` not a power of two in range; ``eps`` negative or NaN; ``expected_m`` negative;
-        ``out_dtype`` not fp8 e4m3 / int8; ``activation`` / ``silu_and_mul_mode`` not one of the names;
+        ``out_dtype`` not fp8 e4m3 / int8 (int8 with ``scale_ue8m0``); ``activation`` / ``silu_and_mul_mode`` not one of the names;
         a non-silu ``activation`` or ``masked_m`` without ``fuse_silu_and_mul``.
     RuntimeError
         Before any launch and before any output is written, naming the argument
@@ -371,6 +371,8 @@ def per_token_group_quant(
         check_last_dim_contiguous(op, "output_q", output_q)
         check_no_self_overlap(op, "output_q", output_q)
         q_dtype = output_q.dtype
+    if scale_ue8m0 and q_dtype != FP8 and output_q is None:
+        fail(ValueError, op, "out_dtype", "value", "float8_e4m3fn with scale_ue8m0 (ue8m0 is for fp8)", "int8")
     if scale_ue8m0 and q_dtype != FP8:
         fail(RuntimeError, op, "output_q", "dtype", "float8_e4m3fn (scale_ue8m0 is for fp8)", dtype_name(q_dtype))
 

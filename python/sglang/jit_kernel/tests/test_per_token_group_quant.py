@@ -442,6 +442,16 @@ def test_out_dtype_not_a_dtype(out_dtype):
     assert_untouched(q, s)
 
 
+def test_int8_out_dtype_with_ue8m0_names_out_dtype():
+    """out_dtype=int8 with scale_ue8m0 and no output_q blamed output_q, which was not passed."""
+    x = torch.randn(4, 256, dtype=torch.bfloat16)
+    with pytest.raises(
+        ValueError,
+        match=OP + r"out_dtype value: expected float8_e4m3fn with scale_ue8m0 \(ue8m0 is for fp8\), got int8$",
+    ):
+        per_token_group_quant(x, scale_ue8m0=True, out_dtype=torch.int8)
+
+
 def test_bad_tensors():
     x, q, s = cpu_args()
     cases = [
