@@ -60,16 +60,31 @@ _ZERO = 0  # fused_inplace_qknorm's default head_dim, for an identity test on it
 
 
 # ---------------------------------------------------------------------------------------------
-# Modules: one per op and dtype, each compiling only the kernels its op dispatches to (the vector
-# widths, vectors-per-thread buckets and L2-hint builds of its NormKind). gemma_rmsnorm and
-# rmsnorm_hf are runtime parameters of rmsnorm's kernels (weight offset, multiply order) and share
-# its module; gemma_fused_add_rmsnorm likewise shares fused_add_rmsnorm's. fused_inplace_qknorm and
-# fused_inplace_qknorm_across_heads launch the same kQKNorm builds and share one module.
+# Modules: two per op and dtype, each compiling only the kernels its op dispatches to (the
+# vectors-per-thread buckets and L2-hint builds of its NormKind): "wide", the 16-byte vectors of
+# aligned rows, loaded on the first call; "narrow", the 8 / 4 / 2-byte vectors of rows that do not
+# allow 16 bytes (odd hidden sizes, offset views), loaded on the first such call. A wide launcher
+# returns False, launching nothing, for such rows; the launch then goes to the narrow module.
+# gemma_rmsnorm and rmsnorm_hf are runtime parameters of rmsnorm's kernels (weight offset, multiply
+# order) and share its modules; gemma_fused_add_rmsnorm likewise shares fused_add_rmsnorm's.
+# fused_inplace_qknorm and fused_inplace_qknorm_across_heads launch the same kQKNorm builds and
+# share one module per width.
 # ---------------------------------------------------------------------------------------------
+#: The module widths, in the order a launch tries them.
+NORM_WIDTHS = ("wide", "narrow")
+
+
+def _norm_args(dtype: torch.dtype, widths: str):
+    if widths not in NORM_WIDTHS:
+        raise ValueError(f"norm module: widths: expected one of {NORM_WIDTHS}, got {widths!r}")
+    return make_cpp_args(dtype, f"NormWidths::k{widths.capitalize()}")
+
+
 @cache_once
-def _jit_rmsnorm_module(dtype: torch.dtype) -> Module:
-    """Compile (first use) and cache rmsnorm's module for ``dtype`` (also gemma_rmsnorm and rmsnorm_hf)."""
-    args = make_cpp_args(dtype)
+def _jit_rmsnorm_module(dtype: torch.dtype, widths: str = "wide") -> Module:
+    """Compile (first use) and cache rmsnorm's module for ``dtype`` and ``widths`` (also
+    gemma_rmsnorm and rmsnorm_hf)."""
+    args = _norm_args(dtype, widths)
     return load_jit(
         "rmsnorm",
         *args,
@@ -79,9 +94,10 @@ def _jit_rmsnorm_module(dtype: torch.dtype) -> Module:
 
 
 @cache_once
-def _jit_fused_add_rmsnorm_module(dtype: torch.dtype) -> Module:
-    """Compile (first use) and cache fused_add_rmsnorm's module for ``dtype`` (also the gemma form)."""
-    args = make_cpp_args(dtype)
+def _jit_fused_add_rmsnorm_module(dtype: torch.dtype, widths: str = "wide") -> Module:
+    """Compile (first use) and cache fused_add_rmsnorm's module for ``dtype`` and ``widths`` (also
+    the gemma form)."""
+    args = _norm_args(dtype, widths)
     return load_jit(
         "fused_add_rmsnorm",
         *args,
@@ -91,10 +107,11 @@ def _jit_fused_add_rmsnorm_module(dtype: torch.dtype) -> Module:
 
 
 @cache_once
-def _jit_qknorm_module(dtype: torch.dtype) -> Module:
-    """Compile (first use) and cache the qk-norm module for ``dtype``: ``fused_inplace_qknorm`` and
-    ``fused_inplace_qknorm_across_heads``, two launchers over the same kernel builds."""
-    args = make_cpp_args(dtype)
+def _jit_qknorm_module(dtype: torch.dtype, widths: str = "wide") -> Module:
+    """Compile (first use) and cache the qk-norm module for ``dtype`` and ``widths``:
+    ``fused_inplace_qknorm`` and ``fused_inplace_qknorm_across_heads``, two launchers over the same
+    kernel builds."""
+    args = _norm_args(dtype, widths)
     return load_jit(
         "fused_inplace_qknorm",
         *args,
@@ -106,32 +123,47 @@ def _jit_qknorm_module(dtype: torch.dtype) -> Module:
     )
 
 
-# The exported functions by dtype, filled when a dtype's module is loaded: the eager fast path is
-# one dict lookup (a dtype missing here takes the checked path, which loads the module).
-_RMSNORM_FNS: dict[torch.dtype, Callable[..., None]] = {}
-_FUSED_ADD_RMSNORM_FNS: dict[torch.dtype, Callable[..., None]] = {}
-_QKNORM_FNS: dict[torch.dtype, Callable[..., None]] = {}
-_QKNORM_ACROSS_HEADS_FNS: dict[torch.dtype, Callable[..., None]] = {}
+# The wide launchers by dtype, filled when a dtype's wide module is loaded: the eager fast path is
+# one dict lookup and the call (a dtype missing here, or rows the wide launcher declines, take the
+# checked path, which loads what the launch needs).
+_RMSNORM_FNS: dict[torch.dtype, Callable[..., bool]] = {}
+_FUSED_ADD_RMSNORM_FNS: dict[torch.dtype, Callable[..., bool]] = {}
+_QKNORM_FNS: dict[torch.dtype, Callable[..., bool]] = {}
+_QKNORM_ACROSS_HEADS_FNS: dict[torch.dtype, Callable[..., bool]] = {}
+
+
+def _any_width(build: Callable[[torch.dtype, str], Module], dtype: torch.dtype, name: str) -> Callable[..., None]:
+    """A launch of ``name`` from ``build``'s modules: the wide launcher, then the narrow one (its
+    module compiled on first use) for rows the wide one declines."""
+    wide = getattr(build(dtype, "wide"), name)
+
+    def launch(*args: object) -> None:
+        if not wide(*args):
+            getattr(build(dtype, "narrow"), name)(*args)
+
+    return launch
 
 
 def _load_rmsnorm(dtype: torch.dtype) -> Callable[..., None]:
-    """rmsnorm's launcher for ``dtype`` (its module compiled on first use), registered above."""
-    fn = _RMSNORM_FNS[dtype] = _jit_rmsnorm_module(dtype).rmsnorm
-    return fn
+    """rmsnorm's launch for ``dtype`` (modules compiled on first use); registers the fast path."""
+    _RMSNORM_FNS[dtype] = _jit_rmsnorm_module(dtype).rmsnorm
+    return _any_width(_jit_rmsnorm_module, dtype, "rmsnorm")
 
 
 def _load_fused_add_rmsnorm(dtype: torch.dtype) -> Callable[..., None]:
-    """fused_add_rmsnorm's launcher for ``dtype`` (compiled on first use), registered above."""
-    fn = _FUSED_ADD_RMSNORM_FNS[dtype] = _jit_fused_add_rmsnorm_module(dtype).fused_add_rmsnorm
-    return fn
+    """fused_add_rmsnorm's launch for ``dtype`` (modules compiled on first use); registers the fast path."""
+    _FUSED_ADD_RMSNORM_FNS[dtype] = _jit_fused_add_rmsnorm_module(dtype).fused_add_rmsnorm
+    return _any_width(_jit_fused_add_rmsnorm_module, dtype, "fused_add_rmsnorm")
 
 
-def _load_qknorm(dtype: torch.dtype) -> Module:
-    """The qk-norm module of ``dtype`` (compiled on first use), both its launchers registered above."""
+def _load_qknorm(dtype: torch.dtype, across_heads: bool) -> Callable[..., None]:
+    """The qk-norm launch for ``dtype`` (per head, or with ``across_heads`` per row; modules compiled
+    on first use); registers both fast paths."""
     module = _jit_qknorm_module(dtype)
     _QKNORM_FNS[dtype] = module.fused_inplace_qknorm
     _QKNORM_ACROSS_HEADS_FNS[dtype] = module.fused_inplace_qknorm_across_heads
-    return module
+    name = "fused_inplace_qknorm_across_heads" if across_heads else "fused_inplace_qknorm"
+    return _any_width(_jit_qknorm_module, dtype, name)
 
 
 # The fast paths' guard: False in eager code, True while dynamo traces (dynamo folds it to a
@@ -253,9 +285,7 @@ def _qknorm_op(
     across_heads: bool,
 ) -> None:
     """fused_inplace_qknorm, or with across_heads fused_inplace_qknorm_across_heads."""
-    module = _load_qknorm(q.dtype)
-    fn = module.fused_inplace_qknorm_across_heads if across_heads else module.fused_inplace_qknorm
-    fn(q, k, q_weight, k_weight, eps, enable_pdl)
+    _load_qknorm(q.dtype, across_heads)(q, k, q_weight, k_weight, eps, enable_pdl)
 
 
 @_qknorm_op.register_fake
@@ -395,8 +425,8 @@ def rmsnorm(
         ):
             result = torch.empty_like(input) if out is None else out
             try:
-                fn(result, input, weight, eps, 0.0, cast_x_before_out_mul, -1 if enable_pdl is None else enable_pdl)
-                return result
+                if fn(result, input, weight, eps, 0.0, cast_x_before_out_mul, -1 if enable_pdl is None else enable_pdl):
+                    return result
             except (TypeError, ValueError, RuntimeError):  # refused before any launch: the checked path explains
                 pass
     return _rmsnorm_checked("rmsnorm", input, weight, eps, out, 0.0, cast_x_before_out_mul, enable_pdl)
@@ -425,7 +455,7 @@ def _rmsnorm(
         ):
             result = torch.empty_like(input) if out is None else out
             try:
-                fn(
+                if fn(
                     result,
                     input,
                     weight,
@@ -433,8 +463,8 @@ def _rmsnorm(
                     weight_offset,
                     cast_x_before_out_mul,
                     -1 if enable_pdl is None else enable_pdl,
-                )
-                return result
+                ):
+                    return result
             except (TypeError, ValueError, RuntimeError):
                 pass
     return _rmsnorm_checked(op, input, weight, eps, out, weight_offset, cast_x_before_out_mul, enable_pdl)
@@ -560,8 +590,8 @@ def _fused_add_rmsnorm(
             and (enable_pdl is None or enable_pdl is True or enable_pdl is False)
         ):
             try:
-                fn(input, residual, weight, eps, weight_offset, -1 if enable_pdl is None else enable_pdl)
-                return
+                if fn(input, residual, weight, eps, weight_offset, -1 if enable_pdl is None else enable_pdl):
+                    return
             except (TypeError, ValueError, RuntimeError):  # refused before any launch: the checked path explains
                 pass
     check_scalar(op, "eps", eps, float, minimum=0.0)
@@ -751,8 +781,8 @@ def fused_inplace_qknorm(
             and (enable_pdl is None or enable_pdl is True or enable_pdl is False)
         ):
             try:
-                fn(q, k, q_weight, k_weight, eps, -1 if enable_pdl is None else enable_pdl)
-                return
+                if fn(q, k, q_weight, k_weight, eps, -1 if enable_pdl is None else enable_pdl):
+                    return
             except (TypeError, ValueError, RuntimeError):  # refused before any launch: the checked path explains
                 pass
     op = "fused_inplace_qknorm"
@@ -786,7 +816,7 @@ def fused_inplace_qknorm(
         torch.ops.sglang_jit_kernel.qknorm_inplace(q, k, q_weight, k_weight, eps, pdl, False)
     else:
         with launcher_errors(op):
-            _load_qknorm(q.dtype).fused_inplace_qknorm(q, k, q_weight, k_weight, eps, pdl)
+            _load_qknorm(q.dtype, False)(q, k, q_weight, k_weight, eps, pdl)
 
 
 def can_use_fused_inplace_qknorm(head_dim: int, dtype: torch.dtype) -> bool:
@@ -873,8 +903,8 @@ def fused_inplace_qknorm_across_heads(
             and (enable_pdl is None or enable_pdl is True or enable_pdl is False)
         ):
             try:
-                fn(q, k, q_weight, k_weight, eps, -1 if enable_pdl is None else enable_pdl)
-                return
+                if fn(q, k, q_weight, k_weight, eps, -1 if enable_pdl is None else enable_pdl):
+                    return
             except (TypeError, ValueError, RuntimeError):  # refused before any launch: the checked path explains
                 pass
     op = "fused_inplace_qknorm_across_heads"
@@ -895,7 +925,7 @@ def fused_inplace_qknorm_across_heads(
         torch.ops.sglang_jit_kernel.qknorm_inplace(q, k, q_weight, k_weight, eps, pdl, True)
     else:
         with launcher_errors(op):
-            _load_qknorm(q.dtype).fused_inplace_qknorm_across_heads(q, k, q_weight, k_weight, eps, pdl)
+            _load_qknorm(q.dtype, True)(q, k, q_weight, k_weight, eps, pdl)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1042,7 +1072,10 @@ def _across_heads_cases() -> list[CheckCase]:
 
 
 _RMSNORM = register_op(
-    "rmsnorm", build=_jit_rmsnorm_module, variants=[(d,) for d in FLOAT_DTYPES], check_cases=_plain_cases(rmsnorm, 0.0)
+    "rmsnorm",
+    build=_jit_rmsnorm_module,
+    variants=[(d, w) for d in FLOAT_DTYPES for w in NORM_WIDTHS],
+    check_cases=_plain_cases(rmsnorm, 0.0),
 )
 #: rmsnorm's module, which also serves rmsnorm_hf (registered by sglang.jit_kernel.rmsnorm_hf).
 RMSNORM_MODULE = _RMSNORM.module
@@ -1050,11 +1083,14 @@ register_op("gemma_rmsnorm", module=RMSNORM_MODULE, check_cases=_plain_cases(gem
 _FUSED_ADD = register_op(
     "fused_add_rmsnorm",
     build=_jit_fused_add_rmsnorm_module,
-    variants=[(d,) for d in FLOAT_DTYPES],
+    variants=[(d, w) for d in FLOAT_DTYPES for w in NORM_WIDTHS],
     check_cases=_fused_cases(fused_add_rmsnorm, 0.0),
 )
 register_op("gemma_fused_add_rmsnorm", module=_FUSED_ADD.module, check_cases=_fused_cases(gemma_fused_add_rmsnorm, 1.0))
 _QKNORM = register_op(
-    "fused_inplace_qknorm", build=_jit_qknorm_module, variants=[(d,) for d in FLOAT_DTYPES], check_cases=_qknorm_cases
+    "fused_inplace_qknorm",
+    build=_jit_qknorm_module,
+    variants=[(d, w) for d in FLOAT_DTYPES for w in NORM_WIDTHS],
+    check_cases=_qknorm_cases,
 )
 register_op("fused_inplace_qknorm_across_heads", module=_QKNORM.module, check_cases=_across_heads_cases)

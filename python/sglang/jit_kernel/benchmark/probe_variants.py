@@ -69,7 +69,8 @@ def build(spec: str):
     name, _, flags = spec.partition(":")
     name, _, root = name.partition("@")
     root = os.path.abspath(root) + "/" if root else ""
-    args = make_cpp_args(DTYPE)
+    # Kernels with NormWidths build the wide module: the probe's rows are 16-byte aligned.
+    args = make_cpp_args(DTYPE, *(["NormWidths::kWide"] if _has_export(root, "NormWidths") else []))
     wrappers = [
         ("rmsnorm", f"rmsnorm<{args}>"),
         ("fused_add_rmsnorm", f"fused_add_rmsnorm<{args}>"),
@@ -102,7 +103,9 @@ def use(module) -> None:
 
     N._load_rmsnorm = lambda dtype: load(dtype).rmsnorm
     N._load_fused_add_rmsnorm = lambda dtype: load(dtype).fused_add_rmsnorm
-    N._load_qknorm = load
+    N._load_qknorm = lambda dtype, across_heads: getattr(
+        load(dtype), "fused_inplace_qknorm_across_heads" if across_heads else "fused_inplace_qknorm"
+    )
     load(DTYPE)
 
 

@@ -103,7 +103,7 @@ class Case:
                     table.clear()
         elif self.mode == "warm":
             for dtype in FLOAT_DTYPES:
-                norm._load_rmsnorm(dtype), norm._load_fused_add_rmsnorm(dtype), norm._load_qknorm(dtype)
+                norm._load_rmsnorm(dtype), norm._load_fused_add_rmsnorm(dtype), norm._load_qknorm(dtype, False)
         try:
             self.fn()
         finally:

@@ -19,7 +19,7 @@ from sglang.test.ci.ci_register import register_cpu_ci, register_cuda_ci
 register_cpu_ci(est_time=150, suite="stage-a-kernel-cpu")
 register_cuda_ci(est_time=150, suite="stage-b-kernel-unit-1-gpu-large")
 
-# Each module (one per dtype) and the ops it serves: rmsnorm's serves gemma_rmsnorm and rmsnorm_hf
+# Each module (one per dtype and vector widths, wide and narrow) and the ops it serves: rmsnorm's serves gemma_rmsnorm and rmsnorm_hf
 # (runtime parameters of its kernels), fused_add_rmsnorm's the gemma form, qknorm's both qk ops.
 NORM_MODULES = {
     "rmsnorm": ("rmsnorm", "gemma_rmsnorm", "rmsnorm_hf"),
@@ -35,6 +35,17 @@ NORM_EXPORTS = {
 # norm_rows_kernel<T, kVecN, kKind, ...>: the NormKind each module instantiates, and no other.
 _KIND_RE = re.compile(r"NormKindE(\d)")  # mangled: ...NormKindE<value>...
 _MODULE_KIND = {"rmsnorm": "0", "fused_add_rmsnorm": "1", "fused_inplace_qknorm": "2"}
+
+
+_VEC_RE = re.compile(r"norm_rows_kernelI(6__half|13__nv_bfloat16|f)Li(\d+)E")  # mangled: <T, kVecN, ...>
+_ELEMENT_BYTES = {"6__half": 2, "13__nv_bfloat16": 2, "f": 4}
+
+
+def _vector_bytes(log: Path, kernel: str) -> int:
+    """The vector bytes (kVecN * sizeof(T)) of a mangled norm_rows_kernel name."""
+    match = _VEC_RE.search(kernel)
+    assert match, f"{log}: not a norm_rows_kernel: {kernel}"
+    return _ELEMENT_BYTES[match.group(1)] * int(match.group(2))
 
 
 @requires_nvcc
@@ -53,7 +64,7 @@ def test_every_norm_variant_compiles_without_spills(monkeypatch, tmp_path):
     for name, served in NORM_MODULES.items():
         module = ops[name].module
         assert module.name == name and sorted(module.ops) == sorted(served), (name, module.ops)
-        assert len(module.variants) == 3, "one module per dtype (fp16, bf16, fp32)"
+        assert len(module.variants) == 6, "one module per dtype (fp16, bf16, fp32) and widths (wide, narrow)"
         jobs += [(name, module.build, args) for args in module.variants]
     try:
         with ThreadPoolExecutor(max_workers=3) as pool:
@@ -67,11 +78,17 @@ def test_every_norm_variant_compiles_without_spills(monkeypatch, tmp_path):
 
     for name in NORM_MODULES:
         logs = sorted(Path(tmp_path).glob(f"{name}_*/build.log"))
-        assert len(logs) == 3, f"expected 3 {name} builds in {tmp_path}, found {[str(p) for p in logs]}"
+        assert len(logs) == 6, f"expected 6 {name} builds in {tmp_path}, found {[str(p) for p in logs]}"
         for log in logs:
             kernels = kernels_without_local_memory(log)
             kinds = {kind for kernel in kernels for kind in _KIND_RE.findall(kernel)}
             assert kinds == {_MODULE_KIND[name]}, f"{log}: kernels of NormKind {sorted(kinds)}"
+            # norm_rows_kernel<T, kVecN, ...>: a wide module builds 16-byte vectors only, a narrow one none.
+            vec_bytes = {_vector_bytes(log, kernel) for kernel in kernels}
+            if "kWide" in log.parent.name:
+                assert vec_bytes == {16}, f"{log}: vector bytes {sorted(vec_bytes)}"
+            else:
+                assert 16 not in vec_bytes and vec_bytes, f"{log}: vector bytes {sorted(vec_bytes)}"
 
 
 if __name__ == "__main__":

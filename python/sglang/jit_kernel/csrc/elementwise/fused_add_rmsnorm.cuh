@@ -28,8 +28,10 @@ namespace {
 /// strides, not overlapping each other; weight: [hidden_size], contiguous. enable_pdl: 1 / 0 / -1
 /// (auto: on for SM90+). T = fp16_t | bf16_t | fp32_t. Empty inputs return without a launch.
 /// Throws PanicError (Python RuntimeError) naming the tensor on any mismatch.
-template <typename T>
-void fused_add_rmsnorm(
+/// kWidths: the vector widths this module builds (NormWidths). Returns true once launched (or for
+/// empty inputs); false, launching nothing, for rows a kWide module does not take.
+template <typename T, NormWidths kWidths>
+bool fused_add_rmsnorm(
     tvm::ffi::TensorView input,
     tvm::ffi::TensorView residual,
     tvm::ffi::TensorView weight,
@@ -67,7 +69,7 @@ void fused_add_rmsnorm(
   const int64_t h = hidden_size.unwrap();
   const DLDevice device = device_.unwrap();
   check_norm_scalars("fused_add_rmsnorm", h, eps);
-  if (n == 0 || h == 0) return;
+  if (n == 0 || h == 0) return true;
 
   // Configure
   NormParams params{};
@@ -98,7 +100,7 @@ void fused_add_rmsnorm(
        static_cast<uint64_t>(h) * sizeof(T)});
 
   // Launch
-  launch_norm_rows_any_width<T, NormKind::kFusedAddRMSNorm>(
+  return launch_norm_rows_any_width<T, NormKind::kFusedAddRMSNorm, kWidths>(
       params, vec_bytes, device, resolve_pdl(enable_pdl, device), /*in_place=*/true);
 }
 

@@ -975,25 +975,34 @@ void launch_norm_rows(NormParams params, DLDevice device, bool pdl, bool in_plac
   }
 }
 
+/// The vector widths a module builds. Each norm op has two modules per dtype: kWide, the 16-byte
+/// vectors of aligned rows (every model's hidden size, tensors from the allocator), loaded on the
+/// first call; kNarrow, the 8 / 4 / 2-byte vectors (and single elements) of rows that do not allow
+/// 16 bytes, loaded on the first such call. Together they are one dispatch; apart, the common first
+/// call compiles a third of the kernels.
+enum class NormWidths { kWide, kNarrow };
+
 /// Launches with the widest vector `vec_bytes` allows (16 / 8 / 4 / 2 bytes; it must divide both
-/// tensors' hidden_size bytes); in_place as in launch_norm_rows.
-template <typename T, NormKind kKind>
-void launch_norm_rows_any_width(const NormParams& params, int64_t vec_bytes, DLDevice device, bool pdl, bool in_place) {
-  switch (vec_bytes) {
-    case 16:
-      return launch_norm_rows<T, 16 / sizeof(T), kKind>(params, device, pdl, in_place);
-    case 8:
-      return launch_norm_rows<T, 8 / sizeof(T), kKind>(params, device, pdl, in_place);
-    default:
-      if constexpr (sizeof(T) <= 2) {
-        if (vec_bytes == 4) {
-          return launch_norm_rows<T, 4 / sizeof(T), kKind>(params, device, pdl, in_place);
-        }
-        return launch_norm_rows<T, 1, kKind>(params, device, pdl, in_place);
-      } else {
-        return launch_norm_rows<T, 1, kKind>(params, device, pdl, in_place);
-      }
+/// tensors' hidden_size bytes) among kWidths'; in_place as in launch_norm_rows. Returns false,
+/// without launching, for rows narrower than 16 bytes in a kWide build (the kNarrow module's); a
+/// kNarrow build takes 16-byte rows with 8-byte vectors.
+template <typename T, NormKind kKind, NormWidths kWidths>
+bool launch_norm_rows_any_width(const NormParams& params, int64_t vec_bytes, DLDevice device, bool pdl, bool in_place) {
+  if constexpr (kWidths == NormWidths::kWide) {
+    if (vec_bytes < 16) return false;
+    launch_norm_rows<T, 16 / sizeof(T), kKind>(params, device, pdl, in_place);
+  } else if (vec_bytes >= 8) {
+    launch_norm_rows<T, 8 / sizeof(T), kKind>(params, device, pdl, in_place);
+  } else if constexpr (sizeof(T) <= 2) {
+    if (vec_bytes == 4) {
+      launch_norm_rows<T, 4 / sizeof(T), kKind>(params, device, pdl, in_place);
+    } else {
+      launch_norm_rows<T, 1, kKind>(params, device, pdl, in_place);
+    }
+  } else {
+    launch_norm_rows<T, 1, kKind>(params, device, pdl, in_place);
   }
+  return true;
 }
 
 /// Common scalar checks of the launchers.

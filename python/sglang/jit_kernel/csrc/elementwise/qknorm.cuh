@@ -81,8 +81,10 @@ inline NormRows in_place_rows(
 /// device, last dim contiguous, other strides free (heads must not overlap); q_weight, k_weight:
 /// [head_dim], contiguous. enable_pdl: 1 / 0 / -1 (auto: on for SM90+). T = fp16_t | bf16_t | fp32_t.
 /// Empty inputs return without a launch. Throws PanicError (Python RuntimeError) naming the tensor.
-template <typename T>
-void fused_inplace_qknorm(
+/// kWidths: the vector widths this module builds (NormWidths). Returns true once launched (or for
+/// empty inputs); false, launching nothing, for rows a kWide module does not take.
+template <typename T, NormWidths kWidths>
+bool fused_inplace_qknorm(
     tvm::ffi::TensorView q,
     tvm::ffi::TensorView k,
     tvm::ffi::TensorView q_weight,
@@ -124,7 +126,7 @@ void fused_inplace_qknorm(
   const int64_t d = head_dim.unwrap();
   const DLDevice device = device_.unwrap();
   check_norm_scalars("fused_inplace_qknorm", d, eps);
-  if (n == 0 || d == 0 || hq + hk == 0) return;
+  if (n == 0 || d == 0 || hq + hk == 0) return true;
 
   // Configure
   NormParams params{};
@@ -147,7 +149,7 @@ void fused_inplace_qknorm(
        static_cast<uint64_t>(d) * sizeof(T)});
 
   // Launch
-  launch_norm_rows_any_width<T, NormKind::kQKNorm>(
+  return launch_norm_rows_any_width<T, NormKind::kQKNorm, kWidths>(
       params,
       vec_bytes,
       device,

@@ -29,8 +29,10 @@ namespace {
 /// q_weight: [hidden_q], k_weight: [hidden_k], contiguous, sharing no memory with q or k.
 /// enable_pdl: 1 / 0 / -1 (auto: on for SM90+). T = fp16_t | bf16_t | fp32_t. Empty inputs return
 /// without a launch. Throws PanicError (Python RuntimeError) naming the tensor.
-template <typename T>
-void fused_inplace_qknorm_across_heads(
+/// kWidths: the vector widths this module builds (NormWidths). Returns true once launched (or for
+/// empty inputs); false, launching nothing, for rows a kWide module does not take.
+template <typename T, NormWidths kWidths>
+bool fused_inplace_qknorm_across_heads(
     tvm::ffi::TensorView q,
     tvm::ffi::TensorView k,
     tvm::ffi::TensorView q_weight,
@@ -74,7 +76,7 @@ void fused_inplace_qknorm_across_heads(
   const int64_t hk = hidden_k.unwrap();
   const DLDevice device = device_.unwrap();
   check_norm_scalars(kOp, std::max(hq, hk), eps);
-  if (n == 0 || hq + hk == 0) return;
+  if (n == 0 || hq + hk == 0) return true;
 
   // Configure: one head per token; a tensor with empty rows gets no rows (and no CTA).
   NormParams params{};
@@ -94,7 +96,7 @@ void fused_inplace_qknorm_across_heads(
        static_cast<uint64_t>(hq | hk) * sizeof(T)});
 
   // Launch
-  launch_norm_rows_any_width<T, NormKind::kQKNorm>(
+  return launch_norm_rows_any_width<T, NormKind::kQKNorm, kWidths>(
       params,
       vec_bytes,
       device,

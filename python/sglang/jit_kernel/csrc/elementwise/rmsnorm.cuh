@@ -32,8 +32,10 @@ namespace {
 /// strides (out may be input); weight: [hidden_size], contiguous. enable_pdl: 1 / 0 / -1 (auto).
 /// T = fp16_t | bf16_t | fp32_t. Empty inputs return without a launch. Throws PanicError (Python
 /// RuntimeError) naming the tensor on any mismatch.
-template <typename T>
-void rmsnorm(
+/// kWidths: the vector widths this module builds (NormWidths). Returns true once launched (or for
+/// empty inputs); false, launching nothing, for rows a kWide module does not take.
+template <typename T, NormWidths kWidths>
+bool rmsnorm(
     tvm::ffi::TensorView out,
     tvm::ffi::TensorView input,
     tvm::ffi::TensorView weight,
@@ -70,7 +72,7 @@ void rmsnorm(
   const int64_t h = hidden_size.unwrap();
   const DLDevice device = device_.unwrap();
   check_norm_scalars("rmsnorm", h, eps);
-  if (n == 0 || h == 0) return;
+  if (n == 0 || h == 0) return true;
 
   // Configure
   NormParams params{};
@@ -105,7 +107,7 @@ void rmsnorm(
   // Launch
   // In place: out is input (the overlap check above allows only the same view or none).
   const bool in_place = params.rows[0].out == params.rows[0].input;
-  launch_norm_rows_any_width<T, NormKind::kRMSNorm>(
+  return launch_norm_rows_any_width<T, NormKind::kRMSNorm, kWidths>(
       params, vec_bytes, device, resolve_pdl(enable_pdl, device), in_place);
 }
 
