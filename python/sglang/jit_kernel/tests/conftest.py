@@ -10,6 +10,7 @@ share one GPU).
 import gc
 import os
 import re
+from pathlib import Path
 
 import pytest
 
@@ -30,6 +31,16 @@ def pytest_runtest_makereport(item, call):
     if isinstance(call.excinfo.value, (RuntimeError, AssertionError)) and _NO_CUDA.search(str(call.excinfo.value)):
         report.outcome = "skipped"
         report.longrepr = (str(item.path), (item.location[1] or 0) + 1, "Skipped: needs a CUDA GPU (none visible)")
+
+
+@pytest.fixture(scope="session")
+def sm90_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The JIT cache directory of the session's compile-only tests (sm_90 builds, no GPU needed):
+    ``test_build_all`` compiles every shipped variant into it, and the tests that read the build
+    logs of some modules (``test_norm_compile``, ...) load those from it instead of compiling them
+    again. Each test still compiles what it needs when run alone. Tests select their modules by
+    exact directory-name patterns: ``rmsnorm_*`` would also match ``rmsnorm_quant_*``."""
+    return tmp_path_factory.mktemp("sm90_cache")
 
 
 #: Cached CUDA memory above which a test's end returns it to the driver.

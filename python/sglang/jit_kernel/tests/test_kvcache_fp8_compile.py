@@ -3,8 +3,9 @@ compile for sm_90 without a GPU, no kernel uses local memory (stack or spills), 
 only its own four kernels (two vector widths x two index types / two pair layouts): none of the
 row_scatter kernels of store_cache, none of rope.cuh's kernels of the bf16-cache module.
 
-Runs on the CPU CI machine (nvcc and a host compiler, no GPU): SGLANG_JIT_CUDA_ARCH=9.0, a fresh cache
-directory, then the ptxas report of each build log is read. CI builds the bf16 module of each op;
+Runs on the CPU CI machine (nvcc and a host compiler, no GPU): SGLANG_JIT_CUDA_ARCH=9.0, the session's
+sm_90 cache (conftest's sm90_cache_dir: modules test_build_all compiled are loaded, others compiled),
+then the ptxas report of each of these modules' build logs is read. CI builds the bf16 module of each op;
 SGLANG_JIT_KERNEL_RUN_FULL_TESTS=1 builds all six shipped variants.
 """
 
@@ -43,10 +44,10 @@ def _jobs() -> list[tuple]:
 
 
 @requires_nvcc
-def test_fp8_kv_modules_compile_without_local_memory(monkeypatch, tmp_path):
+def test_fp8_kv_modules_compile_without_local_memory(monkeypatch, sm90_cache_dir):
     monkeypatch.setenv("SGLANG_JIT_CUDA_ARCH", "9.0")
     monkeypatch.setenv("SGLANG_JIT_LOG_RESOURCE_USAGE", "1")
-    monkeypatch.setenv("SGLANG_JIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("SGLANG_JIT_CACHE_DIR", str(sm90_cache_dir))
     jobs = _jobs()
     # __wrapped__ skips the builders' per-process memo, which may hold this process's earlier loads
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -54,8 +55,8 @@ def test_fp8_kv_modules_compile_without_local_memory(monkeypatch, tmp_path):
     for module, (_, args, export) in zip(modules, jobs):
         assert callable(getattr(module, export, None)), (export, args)
 
-    logs = sorted(Path(tmp_path).glob("*/build.log"))
-    assert len(logs) == len(jobs), [str(p) for p in logs]
+    logs = sorted(p for prefix in _KERNEL_OF for p in Path(sm90_cache_dir).glob(f"{prefix}_*/build.log"))
+    assert len(logs) >= len(jobs), [str(p) for p in logs]
     for log in logs:
         prefix = next(p for p in sorted(_KERNEL_OF, key=len, reverse=True) if log.parent.name.startswith(p))
         kernels = kernels_without_local_memory(log)

@@ -1,8 +1,9 @@
 """norm: every registered variant compiles for sm_90 without a GPU, no kernel spills, and each op's
 module compiles only its own kernels.
 
-Runs on the CPU CI machine (nvcc and a host compiler, no GPU): SGLANG_JIT_CUDA_ARCH=9.0, a fresh
-cache directory, then the ptxas report of each build log is read for stack frames and spills.
+Runs on the CPU CI machine (nvcc and a host compiler, no GPU): SGLANG_JIT_CUDA_ARCH=9.0, the
+session's sm_90 cache (conftest's sm90_cache_dir: modules test_build_all compiled are loaded, others
+compiled), then the ptxas report of each build log is read for stack frames and spills.
 """
 
 from __future__ import annotations
@@ -49,15 +50,15 @@ def _vector_bytes(log: Path, kernel: str) -> int:
 
 
 @requires_nvcc
-def test_every_norm_variant_compiles_without_spills(monkeypatch, tmp_path):
+def test_every_norm_variant_compiles_without_spills(monkeypatch, sm90_cache_dir):
     import sglang.jit_kernel.norm as norm
     from sglang.jit_kernel.registry import all_ops
 
     monkeypatch.setenv("SGLANG_JIT_CUDA_ARCH", "9.0")
-    monkeypatch.setenv("SGLANG_JIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("SGLANG_JIT_CACHE_DIR", str(sm90_cache_dir))
     builders = (norm._jit_rmsnorm_module, norm._jit_fused_add_rmsnorm_module, norm._jit_qknorm_module)
     for build in builders:
-        build.cache_clear()  # build into tmp_path, not from this process's earlier loads
+        build.cache_clear()  # load from sm90_cache_dir, not from this process's earlier loads
 
     ops = all_ops()
     jobs = []
@@ -77,8 +78,8 @@ def test_every_norm_variant_compiles_without_spills(monkeypatch, tmp_path):
             build.cache_clear()
 
     for name in NORM_MODULES:
-        logs = sorted(Path(tmp_path).glob(f"{name}_*/build.log"))
-        assert len(logs) == 6, f"expected 6 {name} builds in {tmp_path}, found {[str(p) for p in logs]}"
+        logs = sorted(Path(sm90_cache_dir).glob(f"{name}_*_NormWidths_k*/build.log"))
+        assert len(logs) == 6, f"expected 6 {name} builds in {sm90_cache_dir}, found {[str(p) for p in logs]}"
         for log in logs:
             kernels = kernels_without_local_memory(log)
             kinds = {kind for kernel in kernels for kind in _KIND_RE.findall(kernel)}
