@@ -1,9 +1,11 @@
 """Helpers shared by the MoE routing ops (``topk_softmax``, ``topk_sigmoid``, ``grouped_topk``).
 
-Each op has its own module per gating dtype (float16, bfloat16, float32), built from its own
-``csrc/moe/<op>.cuh`` over the routing engine ``csrc/moe/topk_rows.cuh`` (one warp per token row).
-An op's module instantiates only the kernels its calls can reach (``RoutingOp`` in the engine): the
-first call of one op compiles none of its siblings' specialised kernels.
+Each op has its own modules per gating dtype (float16, bfloat16, float32), built from its own
+``csrc/moe/<op>.cuh`` over the routing engine ``csrc/moe/topk_rows.cuh`` (one warp per token row):
+one of engine v2, loaded on the first call, and one of the first engine, loaded on the first call of
+a shape engine v2 does not take. An op's modules instantiate only the kernels its calls can reach
+(``RoutingOp`` in the engine): the first call of one op compiles none of its siblings' specialised
+kernels, nor the first engine's.
 
 The engine picks a kernel by shape, the same bits whichever it picks: engine v2 (a lane owns a run
 of consecutive experts; rows of <= 1024 experts, ``topk <= 32``, groups made of whole lane runs),
@@ -15,6 +17,7 @@ across lanes, 64-bit codes) for every other shape.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -26,15 +29,31 @@ if TYPE_CHECKING:
     from tvm_ffi.module import Module
 
 
-def load_routing_module(op: str, dtype: torch.dtype) -> Module:
-    """Compile (first use) or load op ``op``'s module for gating dtype ``dtype``: ``csrc/moe/<op>.cuh``
-    exporting ``<op><T>`` (the callers' ``@cache_once`` builders memoize it)."""
-    args = make_cpp_args(dtype)
+#: The engines of a routing module (``RoutingEngines`` in the engine), in the order a launch tries
+#: them: "v2" (rows of <= 1024 experts, topk <= 32, groups of whole lane runs), loaded on the first
+#: call; "v1" (every other shape), loaded on the first call a v2 module declines.
+ROUTING_ENGINES = ("v2", "v1")
+
+
+def load_routing_module(op: str, dtype: torch.dtype, engines: str = "v2") -> Module:
+    """Compile (first use) or load op ``op``'s module for gating dtype ``dtype`` and ``engines``:
+    ``csrc/moe/<op>.cuh`` exporting ``<op><T, kEngines>`` (the callers' ``@cache_once`` builders
+    memoize it)."""
+    if engines not in ROUTING_ENGINES:
+        raise ValueError(f"{op} module: engines: expected one of {ROUTING_ENGINES}, got {engines!r}")
+    args = make_cpp_args(dtype, f"moe_routing::RoutingEngines::k{engines.upper()}")
     return load_jit(op, *args, cuda_files=[f"moe/{op}.cuh"], cuda_wrappers=[(op, f"{op}<{args}>")])
 
 
-#: The build arguments every routing op ships with (one module per gating dtype).
-ROUTING_VARIANTS = [(d,) for d in FLOAT_DTYPES]
+def launch_routing(build: Callable[..., Module], op: str, dtype: torch.dtype, *args: object) -> None:
+    """Runs op ``op`` of gating dtype ``dtype`` with ``args``: its v2 module, then, for a shape that
+    one declines (it launches nothing then), its v1 module (compiled on first use)."""
+    if not getattr(build(dtype), op)(*args):
+        getattr(build(dtype, "v1"), op)(*args)
+
+
+#: The build arguments every routing op ships with (two modules per gating dtype).
+ROUTING_VARIANTS = [(d, e) for d in FLOAT_DTYPES for e in ROUTING_ENGINES]
 
 #: Stands for "no correction_bias" in the kernels' calls (length 0), one per device.
 _NO_BIAS: dict[torch.device, torch.Tensor] = {}

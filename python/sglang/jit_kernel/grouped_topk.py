@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sglang.jit_kernel._moe import ROUTING_VARIANTS, load_routing_module, no_bias
+from sglang.jit_kernel._moe import ROUTING_VARIANTS, launch_routing, load_routing_module, no_bias
 from sglang.jit_kernel._validate import FLOAT_DTYPES, check_scalar, check_tensor, fail
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once
@@ -23,9 +23,9 @@ MAX_GROUPS = 32
 
 
 @cache_once
-def _jit_grouped_topk_module(dtype: torch.dtype) -> Module:
-    """Compile (first use) and cache grouped_topk's module for gating dtype ``dtype`` (only grouped_topk's kernels)."""
-    return load_routing_module("grouped_topk", dtype)
+def _jit_grouped_topk_module(dtype: torch.dtype, engines: str = "v2") -> Module:
+    """Compile (first use) and cache grouped_topk's module for gating dtype ``dtype`` and ``engines`` (only grouped_topk's kernels)."""
+    return load_routing_module("grouped_topk", dtype, engines)
 
 
 @torch.library.custom_op("sglang_jit_kernel::grouped_topk", mutates_args=(), device_types="cuda")
@@ -41,8 +41,18 @@ def _grouped_topk_op(
     values = torch.empty(scores.shape[0], topk, dtype=torch.float32, device=scores.device)
     indices = torch.empty(scores.shape[0], topk, dtype=torch.int32, device=scores.device)
     if scores.shape[0] > 0:
-        _jit_grouped_topk_module(scores.dtype).grouped_topk(
-            values, indices, scores, bias, num_expert_group, topk_group, renormalize, scaling_factor
+        launch_routing(
+            _jit_grouped_topk_module,
+            "grouped_topk",
+            scores.dtype,
+            values,
+            indices,
+            scores,
+            bias,
+            num_expert_group,
+            topk_group,
+            renormalize,
+            scaling_factor,
         )
     return values, indices
 
@@ -167,8 +177,18 @@ def grouped_topk(
     values = torch.empty(num_tokens, topk, dtype=torch.float32, device=scores.device)
     indices = torch.empty(num_tokens, topk, dtype=torch.int32, device=scores.device)
     if num_tokens > 0:
-        _jit_grouped_topk_module(scores.dtype).grouped_topk(
-            values, indices, scores, bias, num_expert_group, topk_group, renormalize, float(scaling_factor)
+        launch_routing(
+            _jit_grouped_topk_module,
+            "grouped_topk",
+            scores.dtype,
+            values,
+            indices,
+            scores,
+            bias,
+            num_expert_group,
+            topk_group,
+            renormalize,
+            float(scaling_factor),
         )
     return values, indices
 

@@ -6,7 +6,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sglang.jit_kernel._moe import ROUTING_VARIANTS, check_routing_args, load_routing_module, routing_check_inputs
+from sglang.jit_kernel._moe import (
+    ROUTING_VARIANTS,
+    check_routing_args,
+    launch_routing,
+    load_routing_module,
+    routing_check_inputs,
+)
 from sglang.jit_kernel._validate import check_scalar
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once
@@ -20,9 +26,9 @@ _OP = "topk_sigmoid"
 
 
 @cache_once
-def _jit_topk_sigmoid_module(dtype: torch.dtype) -> Module:
-    """Compile (first use) and cache topk_sigmoid's module for gating dtype ``dtype`` (only topk_sigmoid's kernels)."""
-    return load_routing_module("topk_sigmoid", dtype)
+def _jit_topk_sigmoid_module(dtype: torch.dtype, engines: str = "v2") -> Module:
+    """Compile (first use) and cache topk_sigmoid's module for gating dtype ``dtype`` and ``engines`` (only topk_sigmoid's kernels)."""
+    return load_routing_module("topk_sigmoid", dtype, engines)
 
 
 @torch.library.custom_op(
@@ -35,8 +41,15 @@ def _topk_sigmoid_op(
     correction_bias: torch.Tensor,
     renormalize: bool,
 ) -> None:
-    _jit_topk_sigmoid_module(gating_output.dtype).topk_sigmoid(
-        topk_weights, topk_ids, gating_output, correction_bias, renormalize
+    launch_routing(
+        _jit_topk_sigmoid_module,
+        "topk_sigmoid",
+        gating_output.dtype,
+        topk_weights,
+        topk_ids,
+        gating_output,
+        correction_bias,
+        renormalize,
     )
 
 
@@ -107,8 +120,15 @@ def topk_sigmoid(
     if torch.compiler.is_compiling():
         torch.ops.sglang_jit_kernel.topk_sigmoid(topk_weights, topk_ids, gating_output, bias, renormalize)
     else:
-        _jit_topk_sigmoid_module(gating_output.dtype).topk_sigmoid(
-            topk_weights, topk_ids, gating_output, bias, renormalize
+        launch_routing(
+            _jit_topk_sigmoid_module,
+            "topk_sigmoid",
+            gating_output.dtype,
+            topk_weights,
+            topk_ids,
+            gating_output,
+            bias,
+            renormalize,
         )
 
 

@@ -6,7 +6,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sglang.jit_kernel._moe import ROUTING_VARIANTS, check_routing_args, load_routing_module, routing_check_inputs
+from sglang.jit_kernel._moe import (
+    ROUTING_VARIANTS,
+    check_routing_args,
+    launch_routing,
+    load_routing_module,
+    routing_check_inputs,
+)
 from sglang.jit_kernel._validate import check_scalar
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once
@@ -20,9 +26,9 @@ _OP = "topk_softmax"
 
 
 @cache_once
-def _jit_topk_softmax_module(dtype: torch.dtype) -> Module:
-    """Compile (first use) and cache topk_softmax's module for gating dtype ``dtype`` (only topk_softmax's kernels)."""
-    return load_routing_module("topk_softmax", dtype)
+def _jit_topk_softmax_module(dtype: torch.dtype, engines: str = "v2") -> Module:
+    """Compile (first use) and cache topk_softmax's module for gating dtype ``dtype`` and ``engines`` (only topk_softmax's kernels)."""
+    return load_routing_module("topk_softmax", dtype, engines)
 
 
 @torch.library.custom_op(
@@ -36,8 +42,16 @@ def _topk_softmax_op(
     renormalize: bool,
     moe_softcapping: float,
 ) -> None:
-    _jit_topk_softmax_module(gating_output.dtype).topk_softmax(
-        topk_weights, topk_ids, gating_output, correction_bias, renormalize, moe_softcapping
+    launch_routing(
+        _jit_topk_softmax_module,
+        "topk_softmax",
+        gating_output.dtype,
+        topk_weights,
+        topk_ids,
+        gating_output,
+        correction_bias,
+        renormalize,
+        moe_softcapping,
     )
 
 
@@ -123,8 +137,16 @@ def topk_softmax(
             topk_weights, topk_ids, gating_output, bias, renormalize, float(moe_softcapping)
         )
     else:
-        _jit_topk_softmax_module(gating_output.dtype).topk_softmax(
-            topk_weights, topk_ids, gating_output, bias, renormalize, float(moe_softcapping)
+        launch_routing(
+            _jit_topk_softmax_module,
+            "topk_softmax",
+            gating_output.dtype,
+            topk_weights,
+            topk_ids,
+            gating_output,
+            bias,
+            renormalize,
+            float(moe_softcapping),
         )
 
 

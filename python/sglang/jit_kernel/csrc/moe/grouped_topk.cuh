@@ -17,8 +17,10 @@ namespace {
 /// [num_tokens, num_experts] of T (fp16_t | bf16_t | fp32_t) and bias fp32 [num_experts] (or [0]).
 /// num_expert_group in [1, 32] dividing num_experts; topk_group in [1, num_expert_group];
 /// topk <= topk_group * num_experts / num_expert_group. Layouts and errors: unwrap_topk_rows.
-template <typename T>
-void grouped_topk(
+/// kEngines: the engines this module builds (RoutingEngines). Returns true once launched (or for
+/// empty inputs); false, launching nothing, for shapes a kV2 module does not take.
+template <typename T, moe_routing::RoutingEngines kEngines>
+bool grouped_topk(
     tvm::ffi::TensorView topk_values,
     tvm::ffi::TensorView topk_indices,
     tvm::ffi::TensorView scores,
@@ -49,7 +51,7 @@ void grouped_topk(
       topk_group * group_size,
       ", got ",
       params.topk);
-  if (params.num_tokens == 0) return;
+  if (params.num_tokens == 0) return true;
   // Configure
   params.scoring = kSigmoid;
   params.num_groups = static_cast<int32_t>(num_expert_group);
@@ -59,7 +61,7 @@ void grouped_topk(
   params.renorm_eps = 1e-20f;
   params.scale = static_cast<float>(scaling_factor);
   // Launch
-  launch_topk_rows<T, RoutingOp::kGrouped>(params, device);
+  return launch_topk_rows<T, RoutingOp::kGrouped, kEngines>(params, device);
 }
 
 }  // namespace

@@ -1405,37 +1405,54 @@ void launch_topk_rows_v2(TopkRowsParams params, DLDevice device) {
   }
 }
 
-/// Launches engine v2 where it applies, else topk_rows_kernel with the smallest register tier
-/// holding num_experts (or the recomputing one past 1024 experts). num_tokens > 0.
-template <typename T, RoutingOp kOp>
-void launch_topk_rows(const TopkRowsParams& params, DLDevice device) {
+/// The engines a routing module builds. Each op has two modules per gating dtype: kV2, engine v2
+/// (rows of <= 1024 experts, topk <= 32, groups of whole lane runs: the shapes of the models in use),
+/// loaded on the first call; kV1, the first engine, for every other shape, loaded on the first such
+/// call. Apart, the common first call compiles none of the first engine's kernels.
+enum class RoutingEngines { kV2, kV1 };
+
+/// kV2: launches engine v2 where it applies and returns true, else returns false without launching
+/// (the kV1 module's shapes). kV1: launches topk_rows_kernel with the smallest register tier holding
+/// num_experts (or the recomputing one past 1024 experts) and returns true. num_tokens > 0.
+template <typename T, RoutingOp kOp, RoutingEngines kEngines>
+bool launch_topk_rows(const TopkRowsParams& params, DLDevice device) {
   using namespace host;
-  switch (v2_run_length(params)) {
-    case 1:
-      return launch_topk_rows_v2<T, kOp, 1>(params, device);
-    case 2:
-      return launch_topk_rows_v2<T, kOp, 2>(params, device);
-    case 4:
-      return launch_topk_rows_v2<T, kOp, 4>(params, device);
-    case 8:
-      return launch_topk_rows_v2<T, kOp, 8>(params, device);
-    case 16:
-      return launch_topk_rows_v2<T, kOp, 16>(params, device);
-    case 32:
-      return launch_topk_rows_v2<T, kOp, 32>(params, device);
-    default:
-      break;
+  if constexpr (kEngines == RoutingEngines::kV2) {
+    switch (v2_run_length(params)) {
+      case 1:
+        launch_topk_rows_v2<T, kOp, 1>(params, device);
+        return true;
+      case 2:
+        launch_topk_rows_v2<T, kOp, 2>(params, device);
+        return true;
+      case 4:
+        launch_topk_rows_v2<T, kOp, 4>(params, device);
+        return true;
+      case 8:
+        launch_topk_rows_v2<T, kOp, 8>(params, device);
+        return true;
+      case 16:
+        launch_topk_rows_v2<T, kOp, 16>(params, device);
+        return true;
+      case 32:
+        launch_topk_rows_v2<T, kOp, 32>(params, device);
+        return true;
+      default:
+        return false;
+    }
+  } else {
+    const int32_t e = params.num_experts;
+    const auto kernel = e <= 64     ? topk_rows_kernel<T, 2>
+                        : e <= 128  ? topk_rows_kernel<T, 4>
+                        : e <= 256  ? topk_rows_kernel<T, 8>
+                        : e <= 512  ? topk_rows_kernel<T, 16>
+                        : e <= 1024 ? topk_rows_kernel<T, 32>
+                                    : topk_rows_kernel<T, 0>;
+    const int64_t blocks = div_ceil(params.num_tokens, int64_t{TopkRowsConfig::kWarps});
+    const auto grid = static_cast<uint32_t>(std::min<int64_t>(blocks, TopkRowsConfig::kMaxBlocks));
+    LaunchKernel(grid, TopkRowsConfig::kThreads, device).enable_pdl(true)(kernel, params);
+    return true;
   }
-  const int32_t e = params.num_experts;
-  const auto kernel = e <= 64     ? topk_rows_kernel<T, 2>
-                      : e <= 128  ? topk_rows_kernel<T, 4>
-                      : e <= 256  ? topk_rows_kernel<T, 8>
-                      : e <= 512  ? topk_rows_kernel<T, 16>
-                      : e <= 1024 ? topk_rows_kernel<T, 32>
-                                  : topk_rows_kernel<T, 0>;
-  const int64_t blocks = div_ceil(params.num_tokens, int64_t{TopkRowsConfig::kWarps});
-  const auto grid = static_cast<uint32_t>(std::min<int64_t>(blocks, TopkRowsConfig::kMaxBlocks));
-  LaunchKernel(grid, TopkRowsConfig::kThreads, device).enable_pdl(true)(kernel, params);
 }
 
 }  // namespace moe_routing

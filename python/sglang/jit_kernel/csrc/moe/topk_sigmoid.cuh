@@ -12,8 +12,10 @@ namespace {
 /// topk_weights [num_tokens, topk] fp32 and topk_ids [num_tokens, topk] int32 from gating_output
 /// [num_tokens, num_experts] of T (fp16_t | bf16_t | fp32_t); correction_bias fp32 [num_experts]
 /// or [0]. Layouts and errors: unwrap_topk_rows. Empty inputs return without a launch.
-template <typename T>
-void topk_sigmoid(
+/// kEngines: the engines this module builds (RoutingEngines). Returns true once launched (or for
+/// empty inputs); false, launching nothing, for shapes a kV2 module does not take.
+template <typename T, moe_routing::RoutingEngines kEngines>
+bool topk_sigmoid(
     tvm::ffi::TensorView topk_weights,
     tvm::ffi::TensorView topk_ids,
     tvm::ffi::TensorView gating_output,
@@ -23,13 +25,13 @@ void topk_sigmoid(
   // Validate, unwrap
   DLDevice device;
   TopkRowsParams params = unwrap_topk_rows<T>(topk_weights, topk_ids, gating_output, correction_bias, device);
-  if (params.num_tokens == 0) return;
+  if (params.num_tokens == 0) return true;
   // Configure
   params.scoring = kSigmoid;
   params.renormalize = renormalize;
   params.renorm_eps = 1e-20f;
   // Launch
-  launch_topk_rows<T, RoutingOp::kSigmoid>(params, device);
+  return launch_topk_rows<T, RoutingOp::kSigmoid, kEngines>(params, device);
 }
 
 }  // namespace

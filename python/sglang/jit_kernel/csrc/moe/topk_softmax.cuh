@@ -13,8 +13,10 @@ namespace {
 /// [num_tokens, num_experts] of T (fp16_t | bf16_t | fp32_t); correction_bias fp32 [num_experts]
 /// or [0]; moe_softcapping > 0 applies cap * tanh(x / cap) first. Layouts and errors:
 /// unwrap_topk_rows. Empty inputs return without a launch.
-template <typename T>
-void topk_softmax(
+/// kEngines: the engines this module builds (RoutingEngines). Returns true once launched (or for
+/// empty inputs); false, launching nothing, for shapes a kV2 module does not take.
+template <typename T, moe_routing::RoutingEngines kEngines>
+bool topk_softmax(
     tvm::ffi::TensorView topk_weights,
     tvm::ffi::TensorView topk_ids,
     tvm::ffi::TensorView gating_output,
@@ -25,13 +27,13 @@ void topk_softmax(
   // Validate, unwrap
   DLDevice device;
   TopkRowsParams params = unwrap_topk_rows<T>(topk_weights, topk_ids, gating_output, correction_bias, device);
-  if (params.num_tokens == 0) return;
+  if (params.num_tokens == 0) return true;
   // Configure
   params.scoring = kSoftmax;
   params.softcap = static_cast<float>(moe_softcapping);
   params.renormalize = renormalize;
   // Launch
-  launch_topk_rows<T, RoutingOp::kSoftmax>(params, device);
+  return launch_topk_rows<T, RoutingOp::kSoftmax, kEngines>(params, device);
 }
 
 }  // namespace
