@@ -1,8 +1,12 @@
 """``python -m sglang.jit_kernel build --all`` compiles every registered variant without a GPU, and
 ``prebuild`` then finds each one in the cache.
 
-Compiles every shipped kernel for sm_90 on an empty cache: slow on a small CPU machine (minutes), and
-slower as ops register (each in its wrapper module).
+With ``SGLANG_JIT_KERNEL_RUN_FULL_TESTS=1`` (nightly) the CLI compiles every shipped variant for
+sm_90 on an empty cache: minutes on a small CPU machine. CI compiles each module's bfloat16 variants
+(its first variant where none takes bfloat16: index dtypes, byte widths), in parallel on every core,
+and checks that they load from the cache without compiling; ``test_arch_compile.py`` compiles one
+variant of each module for 8.0 and 10.0. Either way into the session's sm_90 cache (conftest), from
+which the other compile tests load their modules.
 """
 
 from __future__ import annotations
@@ -14,12 +18,14 @@ import re
 import subprocess
 import sys
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from sglang.jit_kernel.registry import all_modules, all_ops
 from sglang.jit_kernel.testing import requires_nvcc
+from sglang.jit_kernel.utils import should_run_full_tests
 from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=600, suite="stage-a-kernel-cpu")
@@ -34,7 +40,65 @@ PREBUILD_CACHED = textwrap.dedent(
 )
 
 
+# Loads each (module name, variant index) of a JSON list from the cache, without compiling.
+LOAD_CACHED = textwrap.dedent(
+    """\
+    import json, sys
+    from sglang.jit_kernel.registry import all_modules
+    modules = {m.name: m for m in all_modules()}
+    for name, index in json.loads(sys.argv[1]):
+        module = modules[name]
+        getattr(module.build, "__wrapped__", module.build)(*module.variants[index])
+    print("loaded", len(json.loads(sys.argv[1])))
+    """
+)
+
+
+def ci_variants() -> list[tuple[str, int]]:
+    """(module name, variant index) of CI's builds: each module's bfloat16 variants, or its first
+    variant when none takes bfloat16."""
+    import torch  # noqa: PLC0415
+
+    chosen = []
+    for module in all_modules():
+        indices = [i for i, args in enumerate(module.variants) if torch.bfloat16 in args] or [0]
+        chosen += [(module.name, i) for i in indices]
+    return chosen
+
+
 @requires_nvcc
+@pytest.mark.skipif(should_run_full_tests(), reason="SGLANG_JIT_KERNEL_RUN_FULL_TESTS: the CLI builds every variant")
+def test_ci_variants_compile_and_load_from_the_cache(monkeypatch: pytest.MonkeyPatch, sm90_cache_dir: Path):
+    monkeypatch.setenv("SGLANG_JIT_CACHE_DIR", str(sm90_cache_dir))
+    monkeypatch.setenv("SGLANG_JIT_CUDA_ARCH", "9.0")
+    for name in ("SGLANG_JIT_FORCE_RECOMPILE", "SGLANG_JIT_CRASH_ON_COMPILE"):
+        monkeypatch.delenv(name, raising=False)
+    modules = {m.name: m for m in all_modules()}
+    chosen = ci_variants()
+    assert {name for name, _ in chosen} == set(modules), "every module builds at least one variant"
+
+    def build(item: tuple[str, int]) -> object:
+        module = modules[item[0]]
+        build = getattr(module.build, "__wrapped__", module.build)  # not this process's memo
+        return build(*module.variants[item[1]])
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        built = list(pool.map(build, chosen))
+    assert all(m is not None for m in built)
+    check = subprocess.run(
+        [sys.executable, "-c", LOAD_CACHED, json.dumps(chosen)],
+        env={**os.environ, "SGLANG_JIT_CRASH_ON_COMPILE": "1", "PYTHONWARNINGS": "ignore"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert check.returncode == 0, check.stderr
+    assert check.stdout.strip().splitlines()[-1] == f"loaded {len(chosen)}"
+
+
+@requires_nvcc
+@pytest.mark.skipif(not should_run_full_tests(), reason="nightly (SGLANG_JIT_KERNEL_RUN_FULL_TESTS=1): every variant")
 def test_build_all_produces_every_registered_variant(sm90_cache_dir: Path):
     # The session's sm_90 cache (conftest): the compile tests after this one load from it. Variants a
     # test before this one compiled there are reported cached; every other one is compiled here.

@@ -13,8 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import torch
 
 from sglang.jit_kernel.testing import kernels_without_local_memory, requires_nvcc
+from sglang.jit_kernel.utils import get_ci_test_range
 from sglang.test.ci.ci_register import register_cpu_ci, register_cuda_ci
 
 register_cpu_ci(est_time=150, suite="stage-a-kernel-cpu")
@@ -66,7 +68,9 @@ def test_every_norm_variant_compiles_without_spills(monkeypatch, sm90_cache_dir)
         module = ops[name].module
         assert module.name == name and sorted(module.ops) == sorted(served), (name, module.ops)
         assert len(module.variants) == 6, "one module per dtype (fp16, bf16, fp32) and widths (wide, narrow)"
-        jobs += [(name, module.build, args) for args in module.variants]
+        # CI: the bfloat16 modules (test_build_all's); SGLANG_JIT_KERNEL_RUN_FULL_TESTS=1: all six
+        variants = get_ci_test_range(module.variants, [v for v in module.variants if v[0] == torch.bfloat16])
+        jobs += [(name, module.build, args) for args in variants]
     try:
         with ThreadPoolExecutor(max_workers=3) as pool:
             modules = list(pool.map(lambda job: (job[0], job[1](*job[2])), jobs))
@@ -79,7 +83,9 @@ def test_every_norm_variant_compiles_without_spills(monkeypatch, sm90_cache_dir)
 
     for name in NORM_MODULES:
         logs = sorted(Path(sm90_cache_dir).glob(f"{name}_*_NormWidths_k*/build.log"))
-        assert len(logs) == 6, f"expected 6 {name} builds in {sm90_cache_dir}, found {[str(p) for p in logs]}"
+        assert len(logs) >= len(jobs) // len(NORM_MODULES), (
+            f"expected the {name} builds in {sm90_cache_dir}, found {[str(p) for p in logs]}"
+        )
         for log in logs:
             kernels = kernels_without_local_memory(log)
             kinds = {kind for kernel in kernels for kind in _KIND_RE.findall(kernel)}
