@@ -215,7 +215,7 @@ def test_build_cli_shows_each_module_with_the_ops_it_serves(monkeypatch, capsys)
     assert build_variants(["fused_inplace_qknorm", "scale"], jobs=1) == 0
     out = capsys.readouterr().out
     assert re.search(
-        r"^fused_inplace_qknorm: 3 variant\(s\), serves fused_inplace_qknorm, fused_inplace_qknorm_across_heads$",
+        r"^fused_inplace_qknorm: 6 variant\(s\), serves fused_inplace_qknorm, fused_inplace_qknorm_across_heads$",
         out,
         re.M,
     ), out
