@@ -95,10 +95,19 @@ def use(module) -> None:
     is replaced too: it registers every op of the package's module, some of which a variant (three
     kernel files, perhaps an older copy) does not export."""
 
+    def launched(fn):
+        # The fast paths take a launcher's True as "launched"; launchers of older kernel copies
+        # return nothing (None), which would send the call down the checked path a second time.
+        def call(*args):
+            result = fn(*args)
+            return True if result is None else result
+
+        return call
+
     def load(dtype: torch.dtype):
-        N._RMSNORM_FNS[dtype] = module.rmsnorm
-        N._FUSED_ADD_RMSNORM_FNS[dtype] = module.fused_add_rmsnorm
-        N._QKNORM_FNS[dtype] = module.fused_inplace_qknorm
+        N._RMSNORM_FNS[dtype] = launched(module.rmsnorm)
+        N._FUSED_ADD_RMSNORM_FNS[dtype] = launched(module.fused_add_rmsnorm)
+        N._QKNORM_FNS[dtype] = launched(module.fused_inplace_qknorm)
         return module
 
     N._load_rmsnorm = lambda dtype: load(dtype).rmsnorm
