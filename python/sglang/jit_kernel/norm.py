@@ -21,6 +21,7 @@ aliasing of strided and interleaved views, by the C++ launchers' exact test, in 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -132,9 +133,11 @@ _QKNORM_FNS: dict[torch.dtype, Callable[..., bool]] = {}
 _QKNORM_ACROSS_HEADS_FNS: dict[torch.dtype, Callable[..., bool]] = {}
 
 
+@functools.cache
 def _any_width(build: Callable[[torch.dtype, str], Module], dtype: torch.dtype, name: str) -> Callable[..., None]:
     """A launch of ``name`` from ``build``'s modules: the wide launcher, then the narrow one (its
-    module compiled on first use) for rows the wide one declines."""
+    module compiled on first use) for rows the wide one declines. Made once per op and dtype (the
+    torch.library ops fetch it on every call)."""
     wide = getattr(build(dtype, "wide"), name)
 
     def launch(*args: object) -> None:

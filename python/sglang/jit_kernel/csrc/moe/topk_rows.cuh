@@ -1376,9 +1376,9 @@ void (*sorted_special_kernel(const TopkRowsParams& params))(TopkRowsParams) {
 
 /// Engine v2 for runs of kPer: rows of <= 256 experts take, in order, the sorted specialised kernel,
 /// the several-rows kernel, the specialised lookahead kernel, the generic lookahead kernel, the
-/// first that applies; rows of 257..1024 experts topk_rows_v2_kernel.
+/// first that applies; rows of 257..1024 experts topk_rows_v2_kernel. Returns true (launched).
 template <typename T, RoutingOp kOp, int kPer>
-void launch_topk_rows_v2(TopkRowsParams params, DLDevice device) {
+bool launch_topk_rows_v2(TopkRowsParams params, DLDevice device) {
   using namespace host;
   constexpr int kVecBytes = run_vec_bytes<T, kPer>();
   params.vec = reinterpret_cast<std::uintptr_t>(params.gating) % kVecBytes == 0 &&
@@ -1387,6 +1387,7 @@ void launch_topk_rows_v2(TopkRowsParams params, DLDevice device) {
   const auto grid = static_cast<uint32_t>(std::min<int64_t>(blocks, TopkRowsConfig::kMaxBlocks));
   const auto launch = [&](uint32_t g, void (*kernel)(TopkRowsParams)) {
     LaunchKernel(g, TopkRowsConfig::kThreads, device).enable_pdl(true)(kernel, params);
+    return true;
   };
   if constexpr (kPer <= 8) {
     if (const auto sorted = sorted_special_kernel<T, kOp, kPer>(params)) return launch(grid, sorted);
@@ -1420,23 +1421,17 @@ bool launch_topk_rows(const TopkRowsParams& params, DLDevice device) {
   if constexpr (kEngines == RoutingEngines::kV2) {
     switch (v2_run_length(params)) {
       case 1:
-        launch_topk_rows_v2<T, kOp, 1>(params, device);
-        return true;
+        return launch_topk_rows_v2<T, kOp, 1>(params, device);
       case 2:
-        launch_topk_rows_v2<T, kOp, 2>(params, device);
-        return true;
+        return launch_topk_rows_v2<T, kOp, 2>(params, device);
       case 4:
-        launch_topk_rows_v2<T, kOp, 4>(params, device);
-        return true;
+        return launch_topk_rows_v2<T, kOp, 4>(params, device);
       case 8:
-        launch_topk_rows_v2<T, kOp, 8>(params, device);
-        return true;
+        return launch_topk_rows_v2<T, kOp, 8>(params, device);
       case 16:
-        launch_topk_rows_v2<T, kOp, 16>(params, device);
-        return true;
+        return launch_topk_rows_v2<T, kOp, 16>(params, device);
       case 32:
-        launch_topk_rows_v2<T, kOp, 32>(params, device);
-        return true;
+        return launch_topk_rows_v2<T, kOp, 32>(params, device);
       default:
         return false;
     }
