@@ -639,9 +639,10 @@ def fused_add_rmsnorm_quant(
         y = round_T(r * (w * rsqrt(sum(r**2) * (1 / hidden_size) + eps)))    # exactly fused_add_rmsnorm's
         s, q as in rmsnorm_quant, from y
 
-    Bit-identical to ``fused_add_rmsnorm(input, residual, weight, eps)`` followed by the quant op of
-    the mode (see :func:`rmsnorm_quant`), except that ``input`` is NOT overwritten with ``y``: it is
-    read only; pass ``output_normed=input`` to get fused_add_rmsnorm's in-place output as well.
+    Bit-identical to ``fused_add_rmsnorm(y, residual, weight, eps)`` on ``y`` = a copy of ``input``
+    (``output_normed``, else a new contiguous tensor) followed by the quant op of the mode (see
+    :func:`rmsnorm_quant`): ``input`` is NOT overwritten with ``y``, it is read only; pass
+    ``output_normed=input`` to get fused_add_rmsnorm's in-place output as well.
     Moves ``3*N*H*s_in + H*s_in + N*H`` bytes plus the scales.
 
     Parameters
@@ -671,6 +672,17 @@ if rmsnorm_quant.__doc__ and fused_add_rmsnorm_quant.__doc__:  # None under pyth
 # ---------------------------------------------------------------------------------------------
 # Registration: `check` compares the bytes of q and s with the unfused composition of our ops
 # ---------------------------------------------------------------------------------------------
+def _copy_with_layout(rows: torch.Tensor) -> torch.Tensor:
+    """A copy of ``rows`` ([num_rows, n], last dim contiguous) with its strides and its address
+    modulo 16 bytes."""
+    shift = (rows.data_ptr() % 16) // rows.element_size()
+    span = (rows.shape[0] - 1) * rows.stride(0) + rows.shape[1] if rows.numel() else 0
+    buffer = torch.empty(shift + span, dtype=rows.dtype, device=rows.device)
+    copy = buffer.as_strided(rows.shape, rows.stride(), shift)
+    copy.copy_(rows)
+    return copy
+
+
 def unfused(
     input: torch.Tensor,
     residual: torch.Tensor | None,
@@ -682,22 +694,24 @@ def unfused(
     scale_ue8m0: bool = False,
     quant_eps: float = 1e-10,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(q, s, y)`` of the unfused composition on copies (``residual`` is not modified): rmsnorm or
-    fused_add_rmsnorm, then per_token_group_quant_8bit (row-major scales), per_token_quant_fp8 (``s``
-    ``[num_tokens]``) or per_tensor_quant_fp8 static (``s`` is ``scale``). The reference of the tests
-    and of ``check``."""
+    """``(q, s, y)`` of the unfused composition (``input`` and ``residual`` are not modified): rmsnorm
+    of ``input``, or fused_add_rmsnorm of a contiguous copy of ``input`` with a copy of ``residual``
+    laid out as ``residual`` is, then per_token_group_quant_8bit (row-major scales),
+    per_token_quant_fp8 (``s`` ``[num_tokens]``) or per_tensor_quant_fp8 static (``s`` is ``scale``).
+    The ops' own composition runs the norm on the same layouts (the norms' vector width, hence the
+    order of their sums, follows the tensors' alignment). The reference of the tests and of ``check``."""
     from sglang.jit_kernel.norm import fused_add_rmsnorm, rmsnorm  # noqa: PLC0415
     from sglang.jit_kernel.per_tensor_quant_fp8 import per_tensor_quant_fp8  # noqa: PLC0415
     from sglang.jit_kernel.per_token_group_quant_8bit import per_token_group_quant_8bit  # noqa: PLC0415
     from sglang.jit_kernel.per_token_quant_fp8 import per_token_quant_fp8  # noqa: PLC0415
 
     hidden_size = input.shape[-1]
-    x = input.reshape(-1, hidden_size).contiguous()
+    x = input.reshape(-1, hidden_size)
     if residual is None:
         y = rmsnorm(x, weight, eps)
     else:
-        y = x.clone()
-        fused_add_rmsnorm(y, residual.reshape(-1, hidden_size).clone(), weight, eps)
+        y = x.contiguous().clone()
+        fused_add_rmsnorm(y, _copy_with_layout(residual.reshape(-1, hidden_size)), weight, eps)
     q = torch.empty(y.shape, dtype=out_dtype, device=y.device)
     if scale is not None:
         per_tensor_quant_fp8(y, q, scale.reshape(1), is_static=True)

@@ -97,7 +97,7 @@ def test_group_bit_identical(op, n, h, dtype, out_dtype, group_size):
 
 @requires_cuda
 @pytest.mark.parametrize("op", OPS)
-@pytest.mark.parametrize("n,h", [(1, 4096), (129, 7168), (4097, 1024)])
+@pytest.mark.parametrize("n,h", [(1, 4096), (129, 7168), (4097, 1024), (33, 896)])  # 896: 7 groups, a partial word
 @pytest.mark.parametrize("ue8m0", (False, True))
 def test_group_column_major_and_ue8m0(op, n, h, ue8m0):
     x, r, w = make_inputs(op, n, h, BF16, seed=1)

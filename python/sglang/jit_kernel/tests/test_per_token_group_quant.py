@@ -153,15 +153,6 @@ def test_dense_is_bit_exact_to_fp32_reference(name, in_dtype, out_dtype, shape):
 
 
 @requires_cuda
-def test_float32_modes_agree():
-    """float32 has no rounding between act and the product: legacy and dense give the same bytes."""
-    x = gate_up(64, 1024, torch.float32)
-    legacy = per_token_group_quant(x, fuse_silu_and_mul=True)
-    dense = per_token_group_quant(x, fuse_silu_and_mul=True, silu_and_mul_mode="dense")
-    assert_same(*legacy, *dense)
-
-
-@requires_cuda
 @pytest.mark.parametrize("in_dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_unfused_path_is_per_token_group_quant_8bit(in_dtype, layout):
@@ -296,8 +287,9 @@ def test_masked_allocated_column_major():
     assert s.stride() == (2 * 12, 1, 12)
     q_ref, s_ref = unfused(x, "silu", 128, FP8, "row")
     q_ref, s_ref = q_ref.view(e, t_pad, hidden), s_ref.view(e, t_pad, 2)
-    assert torch.equal(q[0].view(torch.uint8), q_ref[0].view(torch.uint8)) and torch.equal(s[0], s_ref[0])
-    assert torch.equal(s[1, :4], s_ref[1, :4])
+    for i, rows in enumerate([9, 4, 0]):
+        assert torch.equal(q[i, :rows].view(torch.uint8), q_ref[i, :rows].view(torch.uint8)), f"expert {i}"
+        assert torch.equal(s[i, :rows], s_ref[i, :rows]), f"expert {i}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -352,6 +344,7 @@ def test_cuda_graph_replay(masked):
     if masked:
         for i, rows in enumerate([16, 3, 0, 9]):
             assert torch.equal(q[i, :rows].view(torch.uint8), q_ref.view(4, 16, -1)[i, :rows].view(torch.uint8))
+            assert torch.equal(s[i, :rows], s_ref.view(4, 16, -1)[i, :rows]), f"expert {i}"
     else:
         assert_same(q, s, q_ref, s_ref)
 

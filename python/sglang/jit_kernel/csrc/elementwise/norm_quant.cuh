@@ -442,6 +442,9 @@ void norm_quant(
     verify_no_partial_overlap(output_s, "output_s", input, "input", false);
     verify_no_partial_overlap(output_s, "output_s", weight, "weight", false);
     verify_no_partial_overlap(output_s, "output_s", output_q, "output_q", false);
+  } else {
+    // Every thread reads the static scale while output_q is written.
+    verify_no_partial_overlap(output_q, "output_q", output_s, "scale", false);
   }
   if (residual.has_value()) {
     const tvm::ffi::TensorView& r = residual.value();

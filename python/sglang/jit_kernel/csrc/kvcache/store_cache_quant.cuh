@@ -191,20 +191,20 @@ void store_cache_quant(
   constexpr int64_t kElem = sizeof(T);
   StoreCacheQuantParams params{};
   params.k = RowPart{
-      .src = k.data_ptr(),
-      .dst = k_cache.data_ptr(),
+      .src = host::data_ptr(k),
+      .dst = host::data_ptr(k_cache),
       .src_stride = k_stride.unwrap() * kElem,
       .dst_stride = k_cache_stride.unwrap()};
   params.v = RowPart{
-      .src = v.data_ptr(),
-      .dst = v_cache.data_ptr(),
+      .src = host::data_ptr(v),
+      .dst = host::data_ptr(v_cache),
       .src_stride = v_stride.unwrap() * kElem,
       .dst_stride = v_cache_stride.unwrap()};
   params.k_scale = k_scale_ptr;
   params.v_scale = v_scale_ptr;
   params.k_inv_scale = static_cast<float>(k_inv_scale);
   params.v_inv_scale = static_cast<float>(v_inv_scale);
-  params.indices = indices.data_ptr();
+  params.indices = host::data_ptr(indices);
   params.index_stride = index_stride.unwrap();
   params.num_rows = num_indices.unwrap();
   params.num_slots = size_limit > 0 ? std::min(num_slots.unwrap(), size_limit) : num_slots.unwrap();
