@@ -416,9 +416,9 @@ def test_moe_align_decode_graph_after_producer():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         static_ids.copy_(source.flip(0))
-        out.call(static_ids, num_experts, block_size, True, "small")
+        out.call(static_ids, num_experts, block_size, True)
         static_ids.copy_(source)  # the producer of the second call
-        out.call(static_ids, num_experts, block_size, True, "small")
+        out.call(static_ids, num_experts, block_size, True)
     for seed in (1, 2, 3):
         source.copy_(routed_ids(64, 8, 256, seed=seed))
         out.views[1].fill_(POISON)  # blocks past this replay's total keep what was there

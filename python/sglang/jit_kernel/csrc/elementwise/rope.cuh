@@ -216,7 +216,11 @@ SGL_DEVICE void rope_from_floats(const float (&in)[N], device::AlignedVector<T, 
 }
 
 /// Rotates the kVecN pairs of z = [za, zb] (fp32) by (c[j], s[j]) and rounds the results once into
-/// (a, b). Pair j is (za[j], zb[j]) for NeoX, (z[2j], z[2j + 1]) for GPT-J.
+/// (a, b). Pair j is (za[j], zb[j]) for NeoX, (z[2j], z[2j + 1]) for GPT-J. Each result is one
+/// product and one fused multiply-add in a fixed order, x' = fma(x, c, -(y * s)) and y' = fma(y, c,
+/// x * s): left to contraction, the compiler picks either product for the FMA, pair by pair and
+/// kernel by kernel, and the kernels that rotate (every rope op, the fp8-cache one included) would
+/// differ in the last bit of fp32 results.
 template <typename T, int kVecN, bool kNeox>
 SGL_DEVICE void rotate_pairs_fp32(
     const float (&za)[kVecN],
@@ -237,8 +241,8 @@ SGL_DEVICE void rotate_pairs_fp32(
     const int ix = kNeox ? j : 2 * j;
     const int iy = kNeox ? kVecN + j : 2 * j + 1;
     const float x = z[ix], y = z[iy];
-    r[ix] = x * c[j] - y * s[j];
-    r[iy] = x * s[j] + y * c[j];
+    r[ix] = fmaf(x, c[j], -(y * s[j]));
+    r[iy] = fmaf(y, c[j], x * s[j]);
   }
   float ra[kVecN], rb[kVecN];
 #pragma unroll
