@@ -342,9 +342,8 @@ def torch_chain(fp8: bool, fp8_kv: bool, *args: torch.Tensor | None) -> None:
             out.copy_(y)
 
     def store(cache: torch.Tensor, rows: torch.Tensor) -> None:
-        if fp8_kv:  # through uint8 views: the same bytes, no fp8 index_copy needed
+        if fp8_kv:  # the caches come as uint8 views (torch_compiled): the same bytes, no fp8 index_copy needed
             rows = (rows.float() / kv_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8).view(torch.uint8)
-            cache = cache.view(torch.uint8)
         cache.index_copy_(0, out_loc, rows)
 
     emit(add_norm(hidden, w1), hidden, q1, s1)
@@ -357,12 +356,28 @@ def torch_chain(fp8: bool, fp8_kv: bool, *args: torch.Tensor | None) -> None:
     emit((torch.nn.functional.silu(gate).to(DTYPE).float() * up).to(DTYPE), act, qa, sa)
 
 
+#: Position of each Layer field in Layer.args().
+FIELD_INDEX = {f.name: i for i, f in enumerate(dataclasses.fields(Layer))}
+
+
 def torch_compiled(flavour: Flavour) -> Callable[[Layer], None]:
     def chain(*args: torch.Tensor | None) -> None:
         torch_chain(flavour.fp8, flavour.fp8_kv, *args)
 
     compiled = torch.compile(chain, fullgraph=True, dynamic=False)
-    return lambda x: compiled(*x.args())
+    if not flavour.fp8_kv:
+        return lambda x: compiled(*x.args())
+
+    # fp8 caches enter the graph as uint8 views: a view taken inside it and then written makes the
+    # compiled graph copy the whole cache base on every call.
+    def call(x: Layer) -> None:
+        args = list(x.args())
+        for name in ("k_cache", "v_cache"):
+            index = FIELD_INDEX[name]
+            args[index] = args[index].view(torch.uint8)
+        compiled(*args)
+
+    return call
 
 
 def providers_of(flavour: Flavour) -> dict[str, Callable[[Layer], None]]:
