@@ -887,15 +887,21 @@ void launch_norm_kernel(NormParams params, const NormGeometry& geometry, DLDevic
 }
 
 /// Launches the narrow or wide build of the kVecs bucket (two-pass: kVecs = 0, one build), with or
-/// without the L2 hint.
+/// without the L2 hint. One vector per thread has no wide build: choose_geometry gives it only to
+/// rows of one vector and to decode rows within kBlockThreads threads.
 template <typename T, int kVecN, NormKind kKind, int kVecs, bool kL2Hint>
 void launch_norm_bucket_hint(const NormParams& params, const NormGeometry& geometry, DLDevice device, bool pdl) {
   constexpr int kBytes = kNormThreadBytes<T, kVecN, kVecs>;
-  if constexpr (kVecs > 0 && NormConfig::max_threads(kKind, kBytes, false, kVecs) > NormConfig::kBlockThreads) {
+  if constexpr (kVecs > 1 && NormConfig::max_threads(kKind, kBytes, false, kVecs) > NormConfig::kBlockThreads) {
     if (geometry.block_threads > NormConfig::kBlockThreads) {
       return launch_norm_kernel<T, kVecN, kKind, kVecs, true, kL2Hint>(params, geometry, device, pdl);
     }
   }
+  host::RuntimeCheck(
+      geometry.block_threads <= NormConfig::bound_threads(kKind, kBytes, kVecs == 0, false, kVecs),
+      "norm: no build for CTAs of ",
+      geometry.block_threads,
+      " threads");
   launch_norm_kernel<T, kVecN, kKind, kVecs, false, kL2Hint>(params, geometry, device, pdl);
 }
 
