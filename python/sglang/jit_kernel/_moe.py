@@ -29,30 +29,58 @@ if TYPE_CHECKING:
     from tvm_ffi.module import Module
 
 
-#: The engines of a routing module (``RoutingEngines`` in the engine), in the order a launch tries
-#: them: "v2" (rows of <= 1024 experts, topk <= 32, groups of whole lane runs), loaded on the first
-#: call; "v1" (every other shape), loaded on the first call a v2 module declines.
-ROUTING_ENGINES = ("v2", "v1")
+#: The engines of a routing module (``RoutingEngines`` in the engine): engine v2 by run length of
+#: the experts over a warp's lanes ("v2_run1": <= 32 experts, "v2_run2": <= 64, "v2_run4": <= 128,
+#: "v2_run8": <= 256, "v2_run16": <= 1024), and "v1", the first engine, for every other shape. Each
+#: is compiled on the first call that needs it (routing_engine picks it).
+ROUTING_ENGINES = ("v2_run1", "v2_run2", "v2_run4", "v2_run8", "v2_run16", "v1")
+_ENGINE_ENUMS = {
+    "v2_run1": "kV2Run1",
+    "v2_run2": "kV2Run2",
+    "v2_run4": "kV2Run4",
+    "v2_run8": "kV2Run8",
+    "v2_run16": "kV2Run16",
+    "v1": "kV1",
+}
+_ENGINE_OF_RUN = {1: "v2_run1", 2: "v2_run2", 4: "v2_run4", 8: "v2_run8", 16: "v2_run16", 32: "v2_run16"}
 
 
-def load_routing_module(op: str, dtype: torch.dtype, engines: str = "v2") -> Module:
+def routing_engine(num_experts: int, topk: int, num_groups: int = 1) -> str:
+    """The engine a routing call of ``num_experts`` experts, ``topk`` and ``num_groups`` expert
+    groups runs on (the rule of ``v2_run_length`` in ``csrc/moe/topk_rows.cuh``): engine v2 with
+    runs of ``per`` experts a lane (the fewest of 1 ... 32 with ``per * 32 >= num_experts``) when
+    ``num_experts <= 1024``, ``topk <= 32`` and, with groups, each group is a power-of-two number of
+    whole runs; else "v1"."""
+    per = next((p for p in (1, 2, 4, 8, 16, 32) if num_experts <= 32 * p), 0)
+    if per == 0 or topk > 32:
+        return "v1"
+    if num_groups > 1:
+        group_size = num_experts // num_groups
+        lanes = group_size // per
+        if group_size % per != 0 or lanes & (lanes - 1) != 0:
+            return "v1"
+    return _ENGINE_OF_RUN[per]
+
+
+def load_routing_module(op: str, dtype: torch.dtype, engines: str = ROUTING_ENGINES[0]) -> Module:
     """Compile (first use) or load op ``op``'s module for gating dtype ``dtype`` and ``engines``:
     ``csrc/moe/<op>.cuh`` exporting ``<op><T, kEngines>`` (the callers' ``@cache_once`` builders
     memoize it)."""
     if engines not in ROUTING_ENGINES:
         raise ValueError(f"{op} module: engines: expected one of {ROUTING_ENGINES}, got {engines!r}")
-    args = make_cpp_args(dtype, f"moe_routing::RoutingEngines::k{engines.upper()}")
+    args = make_cpp_args(dtype, f"moe_routing::RoutingEngines::{_ENGINE_ENUMS[engines]}")
     return load_jit(op, *args, cuda_files=[f"moe/{op}.cuh"], cuda_wrappers=[(op, f"{op}<{args}>")])
 
 
-def launch_routing(build: Callable[..., Module], op: str, dtype: torch.dtype, *args: object) -> None:
-    """Runs op ``op`` of gating dtype ``dtype`` with ``args``: its v2 module, then, for a shape that
-    one declines (it launches nothing then), its v1 module (compiled on first use)."""
-    if not getattr(build(dtype), op)(*args):
-        getattr(build(dtype, "v1"), op)(*args)
+def launch_routing(build: Callable[..., Module], op: str, dtype: torch.dtype, engine: str, *args: object) -> None:
+    """Runs op ``op`` of gating dtype ``dtype`` with ``args`` on the module of ``engine``
+    (routing_engine of the call's shape; compiled on first use). Raises RuntimeError if that module
+    declines the shape (routing_engine and the launcher disagree), which launches nothing."""
+    if not getattr(build(dtype, engine), op)(*args):
+        raise RuntimeError(f"{op}: internal error: the {engine} module declined the call's shape")
 
 
-#: The build arguments every routing op ships with (two modules per gating dtype).
+#: The build arguments every routing op ships with (six modules per gating dtype).
 ROUTING_VARIANTS = [(d, e) for d in FLOAT_DTYPES for e in ROUTING_ENGINES]
 
 #: Stands for "no correction_bias" in the kernels' calls (length 0), one per device.

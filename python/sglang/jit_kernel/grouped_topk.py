@@ -7,7 +7,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sglang.jit_kernel._moe import ROUTING_VARIANTS, launch_routing, load_routing_module, no_bias
+from sglang.jit_kernel._moe import (
+    ROUTING_ENGINES,
+    ROUTING_VARIANTS,
+    launch_routing,
+    load_routing_module,
+    no_bias,
+    routing_engine,
+)
 from sglang.jit_kernel._validate import FLOAT_DTYPES, check_scalar, check_tensor, fail
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once
@@ -23,7 +30,7 @@ MAX_GROUPS = 32
 
 
 @cache_once
-def _jit_grouped_topk_module(dtype: torch.dtype, engines: str = "v2") -> Module:
+def _jit_grouped_topk_module(dtype: torch.dtype, engines: str = ROUTING_ENGINES[0]) -> Module:
     """Compile (first use) and cache grouped_topk's module for gating dtype ``dtype`` and ``engines`` (only grouped_topk's kernels)."""
     return load_routing_module("grouped_topk", dtype, engines)
 
@@ -45,6 +52,7 @@ def _grouped_topk_op(
             _jit_grouped_topk_module,
             "grouped_topk",
             scores.dtype,
+            routing_engine(scores.shape[1], topk, num_expert_group),
             values,
             indices,
             scores,
@@ -181,6 +189,7 @@ def grouped_topk(
             _jit_grouped_topk_module,
             "grouped_topk",
             scores.dtype,
+            routing_engine(scores.shape[1], topk, num_expert_group),
             values,
             indices,
             scores,

@@ -7,11 +7,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from sglang.jit_kernel._moe import (
+    ROUTING_ENGINES,
     ROUTING_VARIANTS,
     check_routing_args,
     launch_routing,
     load_routing_module,
     routing_check_inputs,
+    routing_engine,
 )
 from sglang.jit_kernel._validate import check_scalar
 from sglang.jit_kernel.registry import CheckCase, register_op
@@ -26,7 +28,7 @@ _OP = "topk_sigmoid"
 
 
 @cache_once
-def _jit_topk_sigmoid_module(dtype: torch.dtype, engines: str = "v2") -> Module:
+def _jit_topk_sigmoid_module(dtype: torch.dtype, engines: str = ROUTING_ENGINES[0]) -> Module:
     """Compile (first use) and cache topk_sigmoid's module for gating dtype ``dtype`` and ``engines`` (only topk_sigmoid's kernels)."""
     return load_routing_module("topk_sigmoid", dtype, engines)
 
@@ -45,6 +47,7 @@ def _topk_sigmoid_op(
         _jit_topk_sigmoid_module,
         "topk_sigmoid",
         gating_output.dtype,
+        routing_engine(gating_output.shape[1], topk_ids.shape[1]),
         topk_weights,
         topk_ids,
         gating_output,
@@ -124,6 +127,7 @@ def topk_sigmoid(
             _jit_topk_sigmoid_module,
             "topk_sigmoid",
             gating_output.dtype,
+            routing_engine(gating_output.shape[1], topk_ids.shape[1]),
             topk_weights,
             topk_ids,
             gating_output,

@@ -17,8 +17,8 @@ namespace {
 /// [num_tokens, num_experts] of T (fp16_t | bf16_t | fp32_t) and bias fp32 [num_experts] (or [0]).
 /// num_expert_group in [1, 32] dividing num_experts; topk_group in [1, num_expert_group];
 /// topk <= topk_group * num_experts / num_expert_group. Layouts and errors: unwrap_topk_rows.
-/// kEngines: the engines this module builds (RoutingEngines). Returns true once launched (or for
-/// empty inputs); false, launching nothing, for shapes a kV2 module does not take.
+/// kEngines: the engine and run length this module builds (RoutingEngines). Returns true once
+/// launched (or for empty inputs); false, launching nothing, for shapes a kV2 module does not take.
 template <typename T, moe_routing::RoutingEngines kEngines>
 bool grouped_topk(
     tvm::ffi::TensorView topk_values,

@@ -1406,35 +1406,36 @@ bool launch_topk_rows_v2(TopkRowsParams params, DLDevice device) {
   }
 }
 
-/// The engines a routing module builds. Each op has two modules per gating dtype: kV2, engine v2
-/// (rows of <= 1024 experts, topk <= 32, groups of whole lane runs: the shapes of the models in use),
-/// loaded on the first call; kV1, the first engine, for every other shape, loaded on the first such
-/// call. Apart, the common first call compiles none of the first engine's kernels.
-enum class RoutingEngines { kV2, kV1 };
+/// The engine and run length a routing module builds. Each op has six modules per gating dtype,
+/// each loaded on the first call that needs it: engine v2 (rows of <= 1024 experts, topk <= 32,
+/// groups of whole lane runs: the shapes of the models in use) by run length, i.e. by expert count
+/// (kV2Run1: <= 32 experts, kV2Run2: <= 64, kV2Run4: <= 128, kV2Run8: <= 256, kV2Run16: <= 1024,
+/// runs of 16 and 32), and kV1, the first engine, for every other shape. A first call compiles the
+/// kernels of its expert count only (the callers pick the module: _moe.routing_engine).
+enum class RoutingEngines { kV2Run1, kV2Run2, kV2Run4, kV2Run8, kV2Run16, kV1 };
 
-/// kV2: launches engine v2 where it applies and returns true, else returns false without launching
-/// (the kV1 module's shapes). kV1: launches topk_rows_kernel with the smallest register tier holding
+/// The run lengths (v2_run_length) a kV2 module serves: kRun, and for kV2Run16 also 32.
+template <RoutingEngines kEngines>
+inline constexpr int kRunOfEngines = kEngines == RoutingEngines::kV2Run1   ? 1
+                                     : kEngines == RoutingEngines::kV2Run2 ? 2
+                                     : kEngines == RoutingEngines::kV2Run4 ? 4
+                                     : kEngines == RoutingEngines::kV2Run8 ? 8
+                                                                           : 16;
+
+/// A kV2 module: launches engine v2 for shapes of its run lengths and returns true, else returns
+/// false without launching. kV1: launches topk_rows_kernel with the smallest register tier holding
 /// num_experts (or the recomputing one past 1024 experts) and returns true. num_tokens > 0.
 template <typename T, RoutingOp kOp, RoutingEngines kEngines>
 bool launch_topk_rows(const TopkRowsParams& params, DLDevice device) {
   using namespace host;
-  if constexpr (kEngines == RoutingEngines::kV2) {
-    switch (v2_run_length(params)) {
-      case 1:
-        return launch_topk_rows_v2<T, kOp, 1>(params, device);
-      case 2:
-        return launch_topk_rows_v2<T, kOp, 2>(params, device);
-      case 4:
-        return launch_topk_rows_v2<T, kOp, 4>(params, device);
-      case 8:
-        return launch_topk_rows_v2<T, kOp, 8>(params, device);
-      case 16:
-        return launch_topk_rows_v2<T, kOp, 16>(params, device);
-      case 32:
-        return launch_topk_rows_v2<T, kOp, 32>(params, device);
-      default:
-        return false;
+  if constexpr (kEngines != RoutingEngines::kV1) {
+    constexpr int kRun = kRunOfEngines<kEngines>;
+    const int run = v2_run_length(params);
+    if (run == kRun) return launch_topk_rows_v2<T, kOp, kRun>(params, device);
+    if constexpr (kRun == 16) {
+      if (run == 32) return launch_topk_rows_v2<T, kOp, 32>(params, device);
     }
+    return false;
   } else {
     const int32_t e = params.num_experts;
     const auto kernel = e <= 64     ? topk_rows_kernel<T, 2>

@@ -12,8 +12,8 @@ namespace {
 /// topk_weights [num_tokens, topk] fp32 and topk_ids [num_tokens, topk] int32 from gating_output
 /// [num_tokens, num_experts] of T (fp16_t | bf16_t | fp32_t); correction_bias fp32 [num_experts]
 /// or [0]. Layouts and errors: unwrap_topk_rows. Empty inputs return without a launch.
-/// kEngines: the engines this module builds (RoutingEngines). Returns true once launched (or for
-/// empty inputs); false, launching nothing, for shapes a kV2 module does not take.
+/// kEngines: the engine and run length this module builds (RoutingEngines). Returns true once
+/// launched (or for empty inputs); false, launching nothing, for shapes a kV2 module does not take.
 template <typename T, moe_routing::RoutingEngines kEngines>
 bool topk_sigmoid(
     tvm::ffi::TensorView topk_weights,
