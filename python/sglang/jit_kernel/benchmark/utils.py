@@ -146,10 +146,12 @@ def exit_unless_gpu(script: str) -> None:
     Parameters
     ----------
     script : str
-        Name of the benchmark, for the note (e.g. ``"bench_norm.py"``).
+        The benchmark's file name or path (``__file__``); the note names the file (e.g.
+        ``"bench_norm.py"``).
     """
     if not torch.cuda.is_available():
-        print(f"skip: {script} needs a CUDA GPU (none visible); run it on a machine with an NVIDIA GPU", flush=True)
+        name = os.path.basename(script)
+        print(f"skip: {name} needs a CUDA GPU (none visible); run it on a machine with an NVIDIA GPU", flush=True)
         raise SystemExit(0)
 
 

@@ -394,7 +394,10 @@ def test_gpu_benchmark_skips_cleanly_without_gpu(script):
         f"{script} must exit 0 without a GPU: call exit_unless_gpu(__file__) (benchmark/utils.py) before "
         "importing triton (developer guide, Step 5)\n"
     )
-    assert result.returncode == 0, remedy + result.stderr[-2000:]
+    if result.returncode != 0:
+        # pytest.fail, not assert: conftest reports an AssertionError that names a missing CUDA
+        # driver (this benchmark's own traceback) as a skip.
+        pytest.fail(remedy + result.stderr[-2000:])
     assert f"skip: {script} needs a CUDA GPU (none visible)" in result.stdout, remedy
     assert "Traceback" not in result.stderr
 
