@@ -35,19 +35,25 @@ NORM_EXPORTS = {
     "fused_add_rmsnorm": ("fused_add_rmsnorm",),
     "fused_inplace_qknorm": ("fused_inplace_qknorm", "fused_inplace_qknorm_across_heads"),
 }
-# norm_rows_kernel<T, kVecN, kKind, ...>: the NormKind each module instantiates, and no other.
+# The kernel template each module instantiates, and no other: rmsnorm.cuh's own rmsnorm_kernel, or
+# norm_rows_kernel<T, kVecN, kKind, ...> of the module's NormKind.
+_KERNEL_RE = re.compile(r"(rmsnorm_kernel|norm_rows_kernel)I")
 _KIND_RE = re.compile(r"NormKindE(\d)")  # mangled: ...NormKindE<value>...
-_MODULE_KIND = {"rmsnorm": "0", "fused_add_rmsnorm": "1", "fused_inplace_qknorm": "2"}
+_MODULE_KERNELS = {
+    "rmsnorm": ({"rmsnorm_kernel"}, set()),
+    "fused_add_rmsnorm": ({"norm_rows_kernel"}, {"1"}),
+    "fused_inplace_qknorm": ({"norm_rows_kernel"}, {"2"}),
+}
 
 
-_VEC_RE = re.compile(r"norm_rows_kernelI(6__half|13__nv_bfloat16|f)Li(\d+)E")  # mangled: <T, kVecN, ...>
+_VEC_RE = re.compile(r"(?:rmsnorm_kernel|norm_rows_kernel)I(6__half|13__nv_bfloat16|f)Li(\d+)E")  # <T, kVecN, ...>
 _ELEMENT_BYTES = {"6__half": 2, "13__nv_bfloat16": 2, "f": 4}
 
 
 def _vector_bytes(log: Path, kernel: str) -> int:
-    """The vector bytes (kVecN * sizeof(T)) of a mangled norm_rows_kernel name."""
+    """The vector bytes (kVecN * sizeof(T)) of a mangled rmsnorm_kernel / norm_rows_kernel name."""
     match = _VEC_RE.search(kernel)
-    assert match, f"{log}: not a norm_rows_kernel: {kernel}"
+    assert match, f"{log}: not a norm kernel: {kernel}"
     return _ELEMENT_BYTES[match.group(1)] * int(match.group(2))
 
 
@@ -88,9 +94,10 @@ def test_every_norm_variant_compiles_without_spills(monkeypatch, sm90_cache_dir)
         )
         for log in logs:
             kernels = kernels_without_local_memory(log)
+            templates = {template for kernel in kernels for template in _KERNEL_RE.findall(kernel)}
             kinds = {kind for kernel in kernels for kind in _KIND_RE.findall(kernel)}
-            assert kinds == {_MODULE_KIND[name]}, f"{log}: kernels of NormKind {sorted(kinds)}"
-            # norm_rows_kernel<T, kVecN, ...>: a wide module builds 16-byte vectors only, a narrow one none.
+            assert (templates, kinds) == _MODULE_KERNELS[name], f"{log}: kernels {sorted(templates)}, NormKind {sorted(kinds)}"
+            # <T, kVecN, ...>: a wide module builds 16-byte vectors only, a narrow one none.
             vec_bytes = {_vector_bytes(log, kernel) for kernel in kernels}
             if "kWide" in log.parent.name:
                 assert vec_bytes == {16}, f"{log}: vector bytes {sorted(vec_bytes)}"

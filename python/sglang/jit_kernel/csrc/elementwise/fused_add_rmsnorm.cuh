@@ -90,7 +90,6 @@ bool fused_add_rmsnorm(
   };
   params.eps = static_cast<float>(eps);
   params.weight_offset = static_cast<float>(weight_offset);
-  params.cast_x_before_out_mul = false;
   const uint64_t row_bytes = n > 1 ? static_cast<uint64_t>(input.stride(0) | residual.stride(0)) * sizeof(T) : 0;
   const int64_t vec_bytes = widest_vector_bytes<T>(
       {address_of(params.rows[0].input),

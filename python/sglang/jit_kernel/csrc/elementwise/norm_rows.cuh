@@ -1,18 +1,18 @@
-// The row-normalisation engine of the norm ops: one kernel template, norm_rows_kernel, and the
-// launch logic that picks its build for a shape.
+// The row-normalisation engine of the in-place norm ops: one kernel template, norm_rows_kernel,
+// the launch logic that picks its build for a shape, and the row math and geometry that every norm
+// kernel shares (rmsnorm.cuh's, norm_quant.cuh's), so that their sums of squares agree bit for bit.
 //
 //   out[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * (w + weight_offset)
 //
-// fp32 arithmetic, one rounding to the dtype (weight_offset = 1 gives Gemma's (1 + w)). With
-// cast_x_before_out_mul the normalised x is rounded to the dtype first and then multiplied by the
-// weight (Hugging Face's order): out = round(float(round(x * rstd)) * (w + weight_offset)).
+// fp32 arithmetic, one rounding to the dtype (weight_offset = 1 gives Gemma's (1 + w)).
 //
 // norm_rows_kernel<T, kVecN, kKind, kVecs, kWide, kL2Hint> computes one op per kKind; each op's
 // launcher lives in its own file and instantiates only its kind:
-//   kRMSNorm          rows of `input` -> rows of `out`                                  (rmsnorm.cuh)
 //   kFusedAddRMSNorm  residual <- round(input + residual); input <- rmsnorm(residual)  (fused_add_rmsnorm.cuh)
 //   kQKNorm           every head of q and of k normalised in place, two weights        (qknorm.cuh);
 //                     also every whole row of q and of k, two hidden sizes  (qknorm_across_heads.cuh)
+// kRMSNorm (rows of `input` -> rows of `out`) is the geometry and row addressing of rmsnorm.cuh's
+// and norm_quant.cuh's own kernels.
 //
 // Layout of the work. A "row" is one normalised vector of hidden_size elements: a token of
 // rmsnorm, a (token, head) pair of qknorm. threads_per_row (TPR) threads share a row; each holds
@@ -33,7 +33,7 @@
 // sums and shuffles after the loads are straight-line code (norm_group_in_registers,
 // row_reduce_sum), which is what brings a decode row down to the time of its bytes.
 //
-// Large in-place launches (the fused add, qknorm, rmsnorm with out = input) load their rows
+// Large in-place launches (the fused add, qknorm) load their rows
 // evict_last and store evict_normal (RowAccess): the L2 then writes dirty lines back first and
 // DRAM keeps the rate of a copy. These are separate builds (kL2Hint); small and out-of-place
 // launches use the plain ones.
@@ -100,9 +100,6 @@ struct NormParams {
   int64_t rows0_ctas;          // kQKNorm: CTAs [0, rows0_ctas) serve q, the rest k
   float eps;                   // added to the mean square
   float weight_offset;         // 0 (RMSNorm) or 1 (Gemma: w + 1)
-  bool cast_x_before_out_mul;  // round x * rstd to T before the weight multiply
-  bool packed_weight_mul;      // with it (fp16 / bf16, weight_offset 0): that multiply as one packed
-                               //   fp16 / bf16 multiply per pair (normalize; set by the launcher)
   bool interleave_segments;    // kQKNorm: q and k CTAs interleaved in launch order (cta_share)
 };
 
@@ -318,9 +315,8 @@ SGL_DEVICE device::AlignedVector<T, N> normalize(
 /// Global loads of rows (x, residual) and stores of results, with or without the L2 hint.
 ///
 /// kL2Hint: rows are loaded evict_last and every store is evict_normal. Only for launches with
-/// 16-byte vectors that write every row they read (in place: the fused add, qknorm, rmsnorm with
-/// out = input) and read at least NormConfig::kL2HintMinBytes (use_l2_hint), so the
-/// stores return every line the loads marked to the default priority and nothing marked
+/// 16-byte vectors that write every row they read (in place: the fused add, qknorm) and read at
+/// least NormConfig::kL2HintMinBytes (use_l2_hint), so the stores return every line the loads marked to the default priority and nothing marked
 /// evict_last outlives the kernel. The weight is loaded without the hint (it is never written).
 /// Why: the DRAM bytes are the same, the order is not: with default priorities the L2 replaces the
 /// clean lines just read and the dirty lines just written alike; with the rows evict_last it
@@ -547,13 +543,7 @@ SGL_DEVICE void norm_rows_two_pass(const NormParams& params, float (*partials)[N
       for (int j = 0; j < kMaxVecs; ++j) {
         if (base + j * tpr < rows.num_vecs) {
           access.store(
-              normalize(
-                  x[j],
-                  w[j],
-                  scale,
-                  params.weight_offset,
-                  kKind == NormKind::kRMSNorm && params.cast_x_before_out_mul,
-                  params.packed_weight_mul),
+              normalize(x[j], w[j], scale, params.weight_offset, /*cast_x_first=*/false, /*packed_mul=*/false),
               ptrs.out,
               base + j * tpr);
         }
@@ -644,13 +634,7 @@ SGL_DEVICE void norm_group_in_registers(
   for (int j = 0; j < kVecs; ++j) {
     if (valid[j]) {
       access.store(
-          normalize(
-              x[j],
-              weight[j],
-              scale,
-              params.weight_offset,
-              kKind == NormKind::kRMSNorm && params.cast_x_before_out_mul,
-              params.packed_weight_mul),
+          normalize(x[j], weight[j], scale, params.weight_offset, /*cast_x_first=*/false, /*packed_mul=*/false),
           ptrs.out,
           lane + j * tpr);
     }

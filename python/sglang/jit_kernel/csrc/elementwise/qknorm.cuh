@@ -134,7 +134,6 @@ bool fused_inplace_qknorm(
   params.rows[1] = in_place_rows(k, k_weight, n * hk, hk, d, k.stride(1));
   params.eps = static_cast<float>(eps);
   params.weight_offset = 0.0f;
-  params.cast_x_before_out_mul = false;
   // Strides matter only along dims longer than 1.
   uint64_t stride_bits = 0;
   if (n > 1) stride_bits |= static_cast<uint64_t>(q.stride(0) | k.stride(0));

@@ -84,7 +84,6 @@ bool fused_inplace_qknorm_across_heads(
   params.rows[1] = in_place_rows(k, k_weight, hk > 0 ? n : 0, 1, hk, 0);
   params.eps = static_cast<float>(eps);
   params.weight_offset = 0.0f;
-  params.cast_x_before_out_mul = false;
   // One vector width for both tensors: it divides both row lengths, strides and pointers.
   const uint64_t stride_bits = n > 1 ? static_cast<uint64_t>(q.stride(0) | k.stride(0)) : 0;
   const int64_t vec_bytes = widest_vector_bytes<T>(

@@ -7,33 +7,221 @@
 // the weight, Hugging Face's order (rmsnorm_hf): out = round(float(round(x * rstd)) * w). Both are
 // runtime parameters of the same kernels, so rmsnorm, gemma_rmsnorm and rmsnorm_hf share one build.
 //
-// The launcher below is the pattern every op here follows: validate the tensors with TensorMatcher
-// (shapes, strides, dtype and device in one pass, errors naming the tensor), unwrap the symbolic
-// sizes, fill the kernel's parameters, and launch. The kernel is norm_rows_kernel<T, kVecN,
-// NormKind::kRMSNorm, ...> of norm_rows.cuh, which picks the vector width (16 bytes when the pointers
-// and row strides allow it), the threads per row and vectors per thread for the row length, and
-// launches through host::LaunchKernel with PDL. Bytes moved: 2 * num_tokens * hidden_size *
-// sizeof(T) + hidden_size * sizeof(T).
+// The file is the library's worked example of a row kernel:
+//   - the launcher validates the tensors with TensorMatcher (shapes, strides, dtype and device in
+//     one pass, errors naming the tensor), unwraps the symbolic sizes, fills the kernel's
+//     parameters and launches with host::LaunchKernel (PDL on Hopper);
+//   - the kernel moves each row with device::tile::Memory: the TPR threads of a row
+//     (threads_per_row) each own vectors lane, lane + TPR, lane + 2 * TPR, ... of it, 16 bytes
+//     wide when the pointers and row strides allow it.
+//
+// Layout of the work. TPR threads share a row and a CTA holds blockDim.x / TPR rows, one CTA per
+// group of rows. Each thread keeps its kVecs vectors of x in registers between the sum of squares
+// and the scaling, so x is read from DRAM once; the sum is reduced by shuffles inside the row's
+// lanes (TPR <= 32) or through shared memory (row_reduce_sum). Rows longer than the registers hold
+// (kVecs = 0) take one CTA each and two passes: the sum of squares, then a re-read (an L2 hit) to
+// scale and store. The geometry (TPR, kVecs) is choose_geometry's of norm_rows.cuh, shared with
+// the other norm ops: rmsnorm_quant (norm_quant.cuh) reduces in the same order and gets rmsnorm's
+// rstd bit for bit. bf16, 16-byte vectors: H = 4096 -> 256 threads x 2 vectors, H = 128 -> 8 x 2
+// (32 rows per CTA), H = 32768 -> two passes of 512 threads.
+//
+// Bytes moved: 2 * num_tokens * hidden_size * sizeof(T) + hidden_size * sizeof(T).
 #pragma once
 
 #include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDevice, kAnySize, data_ptr
-#include <sgl_kernel/utils.h>   // For RuntimeCheck
+#include <sgl_kernel/utils.h>   // For RuntimeCheck, div_ceil
 
+#include <sgl_kernel/runtime.cuh>  // For runtime::get_sm_count
+#include <sgl_kernel/tile.cuh>     // For tile::Memory
+#include <sgl_kernel/utils.cuh>    // For LaunchKernel, SGL_DEVICE
+#include <sgl_kernel/vec.cuh>      // For AlignedVector
+
+#include <bit>
 #include <cstdint>
 #include <dlpack/dlpack.h>
 #include <tvm/ffi/container/tensor.h>
 
-#include "norm_rows.cuh"  // For NormParams, NormRows, launch_norm_rows_any_width, widest_vector_bytes
+#include "norm_rows.cuh"  // For NormConfig, choose_geometry, sum_squares_all, row_reduce_sum, normalize
 
 namespace {
+
+/// Kernel arguments of rmsnorm_kernel. Strides in elements; the last dim is contiguous.
+struct RMSNormParams {
+  const void* input;           // [num_rows, hidden_size]
+  void* out;                   // [num_rows, hidden_size]; may be input
+  const void* weight;          // [hidden_size]
+  int64_t num_rows;            // num_tokens
+  int64_t input_stride;        // elements between rows of input
+  int64_t out_stride;          // elements between rows of out
+  int32_t num_vecs;            // vectors per row: hidden_size / kVecN
+  int32_t threads_per_row;     // TPR: a power of two <= 32, or a multiple of 32; divides blockDim.x
+  int32_t tpr_shift;           // log2(TPR) when TPR is a power of two, else -1
+  int32_t rows_per_cta;        // blockDim.x / TPR
+  float inv_hidden_size;       // 1 / hidden_size
+  float eps;                   // added to the mean square
+  float weight_offset;         // 0 (RMSNorm) or 1 (Gemma: w + 1)
+  bool cast_x_before_out_mul;  // round x * rstd to T before the weight multiply (rmsnorm_hf)
+  bool packed_weight_mul;      // with it (fp16 / bf16, weight_offset 0): one packed multiply per pair
+};
+
+/// Rows of params.num_vecs vectors of kVecN elements of T. Block: rows_per_cta * TPR threads;
+/// grid: div_ceil(num_rows, rows_per_cta). kVecs > 0: each thread holds kVecs vectors of its row
+/// in registers (kWide: the build for CTAs of more than NormConfig::kBlockThreads threads); kVecs =
+/// 0: one row per CTA, two passes. __launch_bounds__ caps the registers at what keeps the
+/// occupancy these kernels live on (NormConfig::narrow_min_blocks).
+template <typename T, int kVecN, int kVecs, bool kWide>
+__global__ void __launch_bounds__(
+    NormConfig::bound_threads(NormKind::kRMSNorm, kNormThreadBytes<T, kVecN, kVecs>, kVecs == 0, kWide, kVecs),
+    NormConfig::bound_blocks(NormKind::kRMSNorm, kNormThreadBytes<T, kVecN, kVecs>, kVecs == 0, kWide, kVecs))
+    rmsnorm_kernel(const RMSNormParams params) {
+  using vec_t = device::AlignedVector<T, kVecN>;
+  __shared__ alignas(16) float partials[NormConfig::kMaxWarps];
+
+  // This thread's row (slot) in the CTA's group and its place (lane) among the row's threads.
+  const int tpr = params.threads_per_row;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int slot = params.rows_per_cta == 1 ? 0 : (params.tpr_shift >= 0 ? tid >> params.tpr_shift : tid / tpr);
+  const int lane = tid - slot * tpr;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * params.rows_per_cta + slot;
+  const bool active = row < params.num_rows;
+  const T* const x_row = static_cast<const T*>(params.input) + row * params.input_stride;
+  T* const out_row = static_cast<T*>(params.out) + row * params.out_stride;
+  // Vector `offset` of this thread is vector lane + offset * TPR of the row.
+  const auto mem = device::tile::Memory<vec_t>(lane, tpr);
+
+  // PDL: x may be the previous kernel's output. Wait for it right before the first load (the index
+  // arithmetic above overlaps its tail) and let the next kernel start launching at once.
+  pdl_wait_then_release();
+
+  if constexpr (kVecs > 0) {
+    // Register path. Up to two vectors per thread, vectors past the row stay zero and the sum runs
+    // unpredicated (straight-line code); more keep the arithmetic under `valid`, whose zeros would
+    // hold registers those builds do not have.
+    constexpr bool kStraight = kVecs <= 2;
+    bool valid[kVecs];
+    vec_t x[kVecs], w[kVecs];
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      valid[j] = active && mem.in_bound(params.num_vecs, j);
+      if constexpr (kStraight) x[j].fill(device::cast<T>(0.0f));
+    }
+    // Every load in flight before the first use: x, then the weight.
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      if (valid[j]) x[j] = mem.load(x_row, j);
+    }
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      if (valid[j]) w[j] = mem.load(params.weight, j);
+    }
+    float sum = 0.0f;
+    if constexpr (kStraight) {
+      sum = sum_squares_all(x);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kVecs; ++j) {
+        if (valid[j]) sum += sum_squares(x[j]);
+      }
+    }
+    const float total = row_reduce_sum(sum, tpr, slot, partials);
+    const RowScale scale = row_scale(rsqrtf(total * params.inv_hidden_size + params.eps), params.weight_offset);
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      if (valid[j]) {
+        const vec_t y = normalize(
+            x[j], w[j], scale, params.weight_offset, params.cast_x_before_out_mul, params.packed_weight_mul);
+        mem.store(out_row, y, j);
+      }
+    }
+  } else {
+    // Two passes over chunks of kChunk vectors per thread (one row per CTA, TPR = blockDim.x).
+    constexpr int kChunk = NormConfig::max_vecs(sizeof(vec_t));
+    float sum = 0.0f;
+    for (int base = 0; mem.in_bound(params.num_vecs, base); base += kChunk) {
+      vec_t x[kChunk];
+#pragma unroll
+      for (int j = 0; j < kChunk; ++j) {
+        if (mem.in_bound(params.num_vecs, base + j)) x[j] = mem.load(x_row, base + j);
+      }
+#pragma unroll
+      for (int j = 0; j < kChunk; ++j) {
+        if (mem.in_bound(params.num_vecs, base + j)) sum += sum_squares(x[j]);
+      }
+    }
+    const float total = row_reduce_sum(sum, tpr, 0, partials);
+    const RowScale scale = row_scale(rsqrtf(total * params.inv_hidden_size + params.eps), params.weight_offset);
+    for (int base = 0; mem.in_bound(params.num_vecs, base); base += kChunk) {
+      vec_t x[kChunk], w[kChunk];
+#pragma unroll
+      for (int j = 0; j < kChunk; ++j) {
+        if (mem.in_bound(params.num_vecs, base + j)) {
+          x[j] = mem.load(x_row, base + j);
+          w[j] = mem.load(params.weight, base + j);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kChunk; ++j) {
+        if (mem.in_bound(params.num_vecs, base + j)) {
+          const vec_t y = normalize(
+              x[j], w[j], scale, params.weight_offset, params.cast_x_before_out_mul, params.packed_weight_mul);
+          mem.store(out_row, y, base + j);
+        }
+      }
+    }
+  }
+}
+
+/// Launches rmsnorm_kernel for vectors of kVecN elements: the geometry of choose_geometry, the
+/// build of its vectors per thread (the wide build for CTAs of more than kBlockThreads threads),
+/// one CTA per group of rows.
+template <typename T, int kVecN>
+void launch_rmsnorm(RMSNormParams params, int64_t hidden_size, DLDevice device, bool pdl) {
+  using host::div_ceil;
+  constexpr int kMaxVecs = NormConfig::max_vecs(kVecN * sizeof(T));
+  const NormGeometry geometry = choose_geometry(
+      NormKind::kRMSNorm,
+      hidden_size / kVecN,
+      kVecN * sizeof(T),
+      params.num_rows,
+      host::runtime::get_sm_count(device.device_id));
+  params.num_vecs = static_cast<int32_t>(hidden_size / kVecN);
+  params.threads_per_row = geometry.threads_per_row;
+  params.rows_per_cta = geometry.rows_per_cta;
+  const auto tpr = static_cast<uint64_t>(geometry.threads_per_row);
+  params.tpr_shift = std::has_single_bit(tpr) ? std::countr_zero(tpr) : -1;
+  params.inv_hidden_size = static_cast<float>(1.0 / static_cast<double>(hidden_size));
+  const int64_t num_ctas = div_ceil(params.num_rows, int64_t{geometry.rows_per_cta});
+  // Out has a row of memory for each token, so the CTAs stay far below the grid limit.
+  host::RuntimeCheck(num_ctas < (int64_t{1} << 31), "rmsnorm: too many rows: ", params.num_rows);
+
+  const auto launch = [&](auto kernel) {
+    host::LaunchKernel(static_cast<uint32_t>(num_ctas), geometry.block_threads, device).enable_pdl(pdl)(kernel, params);
+  };
+  const bool wide_cta = geometry.block_threads > NormConfig::kBlockThreads;
+  switch (geometry.vecs_per_thread) {
+    case 0:
+      return launch(rmsnorm_kernel<T, kVecN, 0, false>);
+    case 1:
+      return wide_cta ? launch(rmsnorm_kernel<T, kVecN, 1, true>) : launch(rmsnorm_kernel<T, kVecN, 1, false>);
+    case 2:
+      return wide_cta ? launch(rmsnorm_kernel<T, kVecN, 2, true>) : launch(rmsnorm_kernel<T, kVecN, 2, false>);
+    case 4:
+      if constexpr (kMaxVecs >= 4) return launch(rmsnorm_kernel<T, kVecN, 4, false>);  // at most 256 threads
+      [[fallthrough]];
+    default:
+      if constexpr (kMaxVecs >= 8) return launch(rmsnorm_kernel<T, kVecN, 8, false>);
+      host::Panic("rmsnorm: unexpected vectors per thread ", geometry.vecs_per_thread);
+  }
+}
 
 /// out = input * rsqrt(mean(input^2) + eps) * (weight + weight_offset), row by row.
 /// input, out: [num_tokens, hidden_size] of T on one CUDA device, last dim contiguous, any row
 /// strides (out may be input); weight: [hidden_size], contiguous. enable_pdl: 1 / 0 / -1 (auto).
 /// T = fp16_t | bf16_t | fp32_t. Empty inputs return without a launch. Throws PanicError (Python
 /// RuntimeError) naming the tensor on any mismatch.
-/// kWidths: the vector widths this module builds (NormWidths). Returns true once launched (or for
-/// empty inputs); false, launching nothing, for rows a kWide module does not take.
+/// kWidths: the vector widths this module builds (NormWidths): kWide the 16-byte vectors, kNarrow
+/// the 8 / 4 / 2-byte ones. Returns true once launched (or for empty inputs); false, launching
+/// nothing, for rows a kWide module does not take.
 template <typename T, NormWidths kWidths>
 bool rmsnorm(
     tvm::ffi::TensorView out,
@@ -75,40 +263,40 @@ bool rmsnorm(
   if (n == 0 || h == 0) return true;
 
   // Configure
-  NormParams params{};
-  params.rows[0] = NormRows{
-      .input = data_ptr<const void>(input),
-      .out = data_ptr(out),
-      .residual = nullptr,
-      .weight = data_ptr<const void>(weight),
-      .num_rows = n,
-      .num_groups = 0,  // set with the geometry
-      .num_heads = 1,
-      .hidden_size = h,
-      .input_token_stride = input.stride(0),
-      .input_head_stride = 0,
-      .out_token_stride = out.stride(0),
-      .out_head_stride = 0,
-      .residual_token_stride = 0,
-  };
+  RMSNormParams params{};
+  params.input = data_ptr<const void>(input);
+  params.out = data_ptr(out);
+  params.weight = data_ptr<const void>(weight);
+  params.num_rows = n;
+  params.input_stride = input.stride(0);
+  params.out_stride = out.stride(0);
   params.eps = static_cast<float>(eps);
   params.weight_offset = static_cast<float>(weight_offset);
   params.cast_x_before_out_mul = cast_x_before_out_mul;
   // Hugging Face's order in fp16 / bf16: the weight multiply as one packed multiply per pair (normalize).
   params.packed_weight_mul = cast_x_before_out_mul && weight_offset == 0.0 && sizeof(T) == 2;
+  // The widest vector every pointer, row stride and the row length allow.
   const uint64_t row_bytes = n > 1 ? static_cast<uint64_t>(input.stride(0) | out.stride(0)) * sizeof(T) : 0;
   const int64_t vec_bytes = widest_vector_bytes<T>(
-      {address_of(params.rows[0].input),
-       address_of(params.rows[0].out),
-       address_of(params.rows[0].weight),
+      {address_of(params.input),
+       address_of(params.out),
+       address_of(params.weight),
        row_bytes,
        static_cast<uint64_t>(h) * sizeof(T)});
 
   // Launch
-  // In place: out is input (the overlap check above allows only the same view or none).
-  const bool in_place = params.rows[0].out == params.rows[0].input;
-  return launch_norm_rows_any_width<T, NormKind::kRMSNorm, kWidths>(
-      params, vec_bytes, device, resolve_pdl(enable_pdl, device), in_place);
+  const bool pdl = resolve_pdl(enable_pdl, device);
+  if constexpr (kWidths == NormWidths::kWide) {
+    if (vec_bytes < 16) return false;
+    launch_rmsnorm<T, 16 / sizeof(T)>(params, h, device, pdl);
+  } else if (vec_bytes >= 8) {
+    launch_rmsnorm<T, 8 / sizeof(T)>(params, h, device, pdl);
+  } else if (sizeof(T) == 2 && vec_bytes == 4) {
+    launch_rmsnorm<T, 2>(params, h, device, pdl);
+  } else {
+    launch_rmsnorm<T, 1>(params, h, device, pdl);
+  }
+  return true;
 }
 
 }  // namespace
