@@ -3,8 +3,8 @@ forms, per-head QK RMSNorm and QK RMSNorm across heads.
 
 Every op computes in fp32 and rounds once to the tensor dtype (float16, bfloat16 or float32);
 ``rmsnorm_hf`` rounds twice, in Hugging Face's order (also importable from
-``sglang.jit_kernel.rmsnorm_hf``). Kernels: the row engine ``csrc/elementwise/norm_rows.cuh`` and
-the launchers ``rmsnorm.cuh``, ``fused_add_rmsnorm.cuh``, ``qknorm.cuh`` and
+``sglang.jit_kernel.rmsnorm_hf``). Kernels: ``csrc/elementwise/rmsnorm.cuh`` (its own kernel), and
+the row engine ``norm_rows.cuh`` behind the launchers ``fused_add_rmsnorm.cuh``, ``qknorm.cuh`` and
 ``qknorm_across_heads.cuh``; each op's module (one per dtype) compiles only its own kernels.
 
 Bytes moved (for bandwidth figures), with ``s = element_size``:

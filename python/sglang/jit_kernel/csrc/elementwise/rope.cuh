@@ -115,7 +115,7 @@ struct RopeParams {
 };
 
 /// Global vector accesses of q/k with or without the L2 hint (loads evict_last, stores
-/// evict_normal: the in-place pattern of the norm kernels, docs/perf_notes.md, rmsnorm.cuh's
+/// evict_normal: the in-place pattern of the norm kernels, docs/perf_notes.md, norm_rows.cuh's
 /// RowAccess; it lets the L2 write the dirty lines back first at large sizes).
 template <bool kL2Hint>
 struct RopeAccess {
