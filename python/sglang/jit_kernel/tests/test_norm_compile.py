@@ -96,7 +96,9 @@ def test_every_norm_variant_compiles_without_spills(monkeypatch, sm90_cache_dir)
             kernels = kernels_without_local_memory(log)
             templates = {template for kernel in kernels for template in _KERNEL_RE.findall(kernel)}
             kinds = {kind for kernel in kernels for kind in _KIND_RE.findall(kernel)}
-            assert (templates, kinds) == _MODULE_KERNELS[name], f"{log}: kernels {sorted(templates)}, NormKind {sorted(kinds)}"
+            assert (templates, kinds) == _MODULE_KERNELS[name], (
+                f"{log}: kernels {sorted(templates)}, NormKind {sorted(kinds)}"
+            )
             # <T, kVecN, ...>: a wide module builds 16-byte vectors only, a narrow one none.
             vec_bytes = {_vector_bytes(log, kernel) for kernel in kernels}
             if "kWide" in log.parent.name:

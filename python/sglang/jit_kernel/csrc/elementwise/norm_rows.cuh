@@ -96,11 +96,11 @@ struct NormRows {
 
 /// Kernel arguments of norm_rows_kernel.
 struct NormParams {
-  NormRows rows[2];            // kQKNorm: {q, k}; otherwise rows[0] only
-  int64_t rows0_ctas;          // kQKNorm: CTAs [0, rows0_ctas) serve q, the rest k
-  float eps;                   // added to the mean square
-  float weight_offset;         // 0 (RMSNorm) or 1 (Gemma: w + 1)
-  bool interleave_segments;    // kQKNorm: q and k CTAs interleaved in launch order (cta_share)
+  NormRows rows[2];          // kQKNorm: {q, k}; otherwise rows[0] only
+  int64_t rows0_ctas;        // kQKNorm: CTAs [0, rows0_ctas) serve q, the rest k
+  float eps;                 // added to the mean square
+  float weight_offset;       // 0 (RMSNorm) or 1 (Gemma: w + 1)
+  bool interleave_segments;  // kQKNorm: q and k CTAs interleaved in launch order (cta_share)
 };
 
 /// Launch facts of norm_rows_kernel.

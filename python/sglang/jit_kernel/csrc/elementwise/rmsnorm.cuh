@@ -128,8 +128,8 @@ __global__ void __launch_bounds__(
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
       if (valid[j]) {
-        const vec_t y = normalize(
-            x[j], w[j], scale, params.weight_offset, params.cast_x_before_out_mul, params.packed_weight_mul);
+        const vec_t y =
+            normalize(x[j], w[j], scale, params.weight_offset, params.cast_x_before_out_mul, params.packed_weight_mul);
         mem.store(out_row, y, j);
       }
     }
