@@ -23,7 +23,9 @@
 // scale and store. The geometry (TPR, kVecs) is choose_geometry's of norm_rows.cuh, shared with
 // the other norm ops: rmsnorm_quant (norm_quant.cuh) reduces in the same order and gets rmsnorm's
 // rstd bit for bit. bf16, 16-byte vectors: H = 4096 -> 256 threads x 2 vectors, H = 128 -> 8 x 2
-// (32 rows per CTA), H = 32768 -> two passes of 512 threads.
+// (32 rows per CTA), H = 32768 -> two passes of 512 threads. Large launches in place (out = x, at
+// least 1 MiB of rows, 16-byte vectors) load x evict_last and store evict_normal (RowAccess of
+// norm_rows.cuh): the L2 then writes the dirty lines back first and DRAM keeps a copy's rate.
 //
 // Bytes moved: 2 * num_tokens * hidden_size * sizeof(T) + hidden_size * sizeof(T).
 #pragma once
@@ -68,8 +70,10 @@ struct RMSNormParams {
 /// grid: div_ceil(num_rows, rows_per_cta). kVecs > 0: each thread holds kVecs vectors of its row
 /// in registers (kWide: the build for CTAs of more than NormConfig::kBlockThreads threads); kVecs =
 /// 0: one row per CTA, two passes. __launch_bounds__ caps the registers at what keeps the
-/// occupancy these kernels live on (NormConfig::narrow_min_blocks).
-template <typename T, int kVecN, int kVecs, bool kWide>
+/// occupancy these kernels live on (NormConfig::narrow_min_blocks). kL2Hint (register path only):
+/// x loaded evict_last and out stored evict_normal (RowAccess of norm_rows.cuh), for large
+/// launches in place, where it lets the L2 write the dirty lines back first.
+template <typename T, int kVecN, int kVecs, bool kWide, bool kL2Hint>
 __global__ void __launch_bounds__(
     NormConfig::bound_threads(NormKind::kRMSNorm, kNormThreadBytes<T, kVecN, kVecs>, kVecs == 0, kWide, kVecs),
     NormConfig::bound_blocks(NormKind::kRMSNorm, kNormThreadBytes<T, kVecN, kVecs>, kVecs == 0, kWide, kVecs))
@@ -88,6 +92,7 @@ __global__ void __launch_bounds__(
   T* const out_row = static_cast<T*>(params.out) + row * params.out_stride;
   // Vector `offset` of this thread is vector lane + offset * TPR of the row.
   const auto mem = device::tile::Memory<vec_t>(lane, tpr);
+  const RowAccess<kL2Hint> access = RowAccess<kL2Hint>::make();  // x and out: plain or L2-hinted
 
   // PDL: x may be the previous kernel's output. Wait for it right before the first load (the index
   // arithmetic above overlaps its tail) and let the next kernel start launching at once.
@@ -108,7 +113,7 @@ __global__ void __launch_bounds__(
     // Every load in flight before the first use: x, then the weight.
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
-      if (valid[j]) x[j] = mem.load(x_row, j);
+      if (valid[j]) access.load(x[j], x_row, mem.index(j));
     }
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
@@ -130,7 +135,7 @@ __global__ void __launch_bounds__(
       if (valid[j]) {
         const vec_t y =
             normalize(x[j], w[j], scale, params.weight_offset, params.cast_x_before_out_mul, params.packed_weight_mul);
-        mem.store(out_row, y, j);
+        access.store(y, out_row, mem.index(j));
       }
     }
   } else {
@@ -171,13 +176,45 @@ __global__ void __launch_bounds__(
   }
 }
 
-/// Launches rmsnorm_kernel for vectors of kVecN elements: the geometry of choose_geometry, the
-/// build of its vectors per thread (the wide build for CTAs of more than kBlockThreads threads),
-/// one CTA per group of rows.
-template <typename T, int kVecN>
-void launch_rmsnorm(RMSNormParams params, int64_t hidden_size, DLDevice device, bool pdl) {
-  using host::div_ceil;
+/// Launches the build of rmsnorm_kernel with kVecs vectors per thread: the wide one for CTAs of
+/// more than NormConfig::kBlockThreads threads (a 1024-thread register budget), one CTA per group.
+template <typename T, int kVecN, int kVecs, bool kL2Hint>
+void launch_rmsnorm_build(const RMSNormParams& params, const NormGeometry& geometry, DLDevice device, bool pdl) {
+  auto kernel = rmsnorm_kernel<T, kVecN, kVecs, false, kL2Hint>;
+  constexpr int kBytes = kNormThreadBytes<T, kVecN, kVecs>;
+  if constexpr (
+      kVecs > 0 && NormConfig::max_threads(NormKind::kRMSNorm, kBytes, false, kVecs) > NormConfig::kBlockThreads) {
+    if (geometry.block_threads > NormConfig::kBlockThreads) kernel = rmsnorm_kernel<T, kVecN, kVecs, true, kL2Hint>;
+  }
+  const int64_t num_ctas = host::div_ceil(params.num_rows, int64_t{geometry.rows_per_cta});
+  // Out has a row of memory for each token, so the CTAs stay far below the grid limit.
+  host::RuntimeCheck(num_ctas < (int64_t{1} << 31), "rmsnorm: too many rows: ", params.num_rows);
+  host::LaunchKernel(static_cast<uint32_t>(num_ctas), geometry.block_threads, device).enable_pdl(pdl)(kernel, params);
+}
+
+/// Launches the build of the geometry's vectors per thread.
+template <typename T, int kVecN, bool kL2Hint>
+void launch_rmsnorm_vecs(const RMSNormParams& params, const NormGeometry& geometry, DLDevice device, bool pdl) {
   constexpr int kMaxVecs = NormConfig::max_vecs(kVecN * sizeof(T));
+  switch (geometry.vecs_per_thread) {
+    case 1:
+      return launch_rmsnorm_build<T, kVecN, 1, kL2Hint>(params, geometry, device, pdl);
+    case 2:
+      return launch_rmsnorm_build<T, kVecN, 2, kL2Hint>(params, geometry, device, pdl);
+    case 4:
+      if constexpr (kMaxVecs >= 4) return launch_rmsnorm_build<T, kVecN, 4, kL2Hint>(params, geometry, device, pdl);
+      [[fallthrough]];
+    default:
+      if constexpr (kMaxVecs >= 8) return launch_rmsnorm_build<T, kVecN, 8, kL2Hint>(params, geometry, device, pdl);
+      host::Panic("rmsnorm: unexpected vectors per thread ", geometry.vecs_per_thread);
+  }
+}
+
+/// Launches rmsnorm_kernel for vectors of kVecN elements with the geometry of choose_geometry:
+/// rows too long for registers take the two-pass build; in-place launches with 16-byte vectors and
+/// at least NormConfig::kL2HintMinBytes of rows the L2-hinted builds (use_l2_hint).
+template <typename T, int kVecN>
+void launch_rmsnorm(RMSNormParams params, int64_t hidden_size, DLDevice device, bool pdl, bool in_place) {
   const NormGeometry geometry = choose_geometry(
       NormKind::kRMSNorm,
       hidden_size / kVecN,
@@ -190,28 +227,14 @@ void launch_rmsnorm(RMSNormParams params, int64_t hidden_size, DLDevice device, 
   const auto tpr = static_cast<uint64_t>(geometry.threads_per_row);
   params.tpr_shift = std::has_single_bit(tpr) ? std::countr_zero(tpr) : -1;
   params.inv_hidden_size = static_cast<float>(1.0 / static_cast<double>(hidden_size));
-  const int64_t num_ctas = div_ceil(params.num_rows, int64_t{geometry.rows_per_cta});
-  // Out has a row of memory for each token, so the CTAs stay far below the grid limit.
-  host::RuntimeCheck(num_ctas < (int64_t{1} << 31), "rmsnorm: too many rows: ", params.num_rows);
 
-  const auto launch = [&](auto kernel) {
-    host::LaunchKernel(static_cast<uint32_t>(num_ctas), geometry.block_threads, device).enable_pdl(pdl)(kernel, params);
-  };
-  const bool wide_cta = geometry.block_threads > NormConfig::kBlockThreads;
-  switch (geometry.vecs_per_thread) {
-    case 0:
-      return launch(rmsnorm_kernel<T, kVecN, 0, false>);
-    case 1:
-      return wide_cta ? launch(rmsnorm_kernel<T, kVecN, 1, true>) : launch(rmsnorm_kernel<T, kVecN, 1, false>);
-    case 2:
-      return wide_cta ? launch(rmsnorm_kernel<T, kVecN, 2, true>) : launch(rmsnorm_kernel<T, kVecN, 2, false>);
-    case 4:
-      if constexpr (kMaxVecs >= 4) return launch(rmsnorm_kernel<T, kVecN, 4, false>);  // at most 256 threads
-      [[fallthrough]];
-    default:
-      if constexpr (kMaxVecs >= 8) return launch(rmsnorm_kernel<T, kVecN, 8, false>);
-      host::Panic("rmsnorm: unexpected vectors per thread ", geometry.vecs_per_thread);
+  if (geometry.vecs_per_thread == 0) return launch_rmsnorm_build<T, kVecN, 0, false>(params, geometry, device, pdl);
+  if constexpr (kVecN * sizeof(T) == 16) {
+    if (use_l2_hint(in_place, params.num_rows * hidden_size * static_cast<int64_t>(sizeof(T)))) {
+      return launch_rmsnorm_vecs<T, kVecN, true>(params, geometry, device, pdl);
+    }
   }
+  launch_rmsnorm_vecs<T, kVecN, false>(params, geometry, device, pdl);
 }
 
 /// out = input * rsqrt(mean(input^2) + eps) * (weight + weight_offset), row by row.
@@ -286,15 +309,16 @@ bool rmsnorm(
 
   // Launch
   const bool pdl = resolve_pdl(enable_pdl, device);
+  const bool in_place = params.out == params.input;
   if constexpr (kWidths == NormWidths::kWide) {
     if (vec_bytes < 16) return false;
-    launch_rmsnorm<T, 16 / sizeof(T)>(params, h, device, pdl);
+    launch_rmsnorm<T, 16 / sizeof(T)>(params, h, device, pdl, in_place);
   } else if (vec_bytes >= 8) {
-    launch_rmsnorm<T, 8 / sizeof(T)>(params, h, device, pdl);
+    launch_rmsnorm<T, 8 / sizeof(T)>(params, h, device, pdl, in_place);
   } else if (sizeof(T) == 2 && vec_bytes == 4) {
-    launch_rmsnorm<T, 2>(params, h, device, pdl);
+    launch_rmsnorm<T, 2>(params, h, device, pdl, in_place);
   } else {
-    launch_rmsnorm<T, 1>(params, h, device, pdl);
+    launch_rmsnorm<T, 1>(params, h, device, pdl, in_place);
   }
   return true;
 }
