@@ -88,21 +88,30 @@ __global__ void __launch_bounds__(
   const int lane = tid - slot * tpr;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * params.rows_per_cta + slot;
   const bool active = row < params.num_rows;
-  const T* const x_row = static_cast<const T*>(params.input) + row * params.input_stride;
-  T* const out_row = static_cast<T*>(params.out) + row * params.out_stride;
+  // Up to two vectors per thread (decode rows among them): straight-line code (see below).
+  constexpr bool kStraight = kVecs > 0 && kVecs <= 2;
+  // The row pointers. The straight builds compute them under `active`: the branch keeps the
+  // arithmetic ahead of the PDL wait below (ptxas otherwise sinks it past the wait, onto the
+  // decode critical path); the other builds unconditionally (under the branch one spilled).
+  const T* x_row = nullptr;
+  T* out_row = nullptr;
+  if (!kStraight || active) {
+    x_row = static_cast<const T*>(params.input) + row * params.input_stride;
+    out_row = static_cast<T*>(params.out) + row * params.out_stride;
+  }
   // Vector `offset` of this thread is vector lane + offset * TPR of the row.
   const auto mem = device::tile::Memory<vec_t>(lane, tpr);
   const RowAccess<kL2Hint> access = RowAccess<kL2Hint>::make();  // x and out: plain or L2-hinted
-
-  // PDL: x may be the previous kernel's output. Wait for it right before the first load (the index
-  // arithmetic above overlaps its tail) and let the next kernel start launching at once.
-  pdl_wait_then_release();
 
   if constexpr (kVecs > 0) {
     // Register path. Up to two vectors per thread, vectors past the row stay zero and the sum runs
     // unpredicated (straight-line code); more keep the arithmetic under `valid`, whose zeros would
     // hold registers those builds do not have.
-    constexpr bool kStraight = kVecs <= 2;
+    // PDL: x may be the previous kernel's output. Wait for it right before the first load and let
+    // the next kernel start launching at once. Up to two vectors (decode rows) compute which
+    // vectors they hold before the wait, overlapping the previous kernel's tail; more compute it
+    // after (their flags would hold registers across the wait and spill).
+    if constexpr (!kStraight) pdl_wait_then_release();
     bool valid[kVecs];
     vec_t x[kVecs], w[kVecs];
 #pragma unroll
@@ -110,6 +119,7 @@ __global__ void __launch_bounds__(
       valid[j] = active && mem.in_bound(params.num_vecs, j);
       if constexpr (kStraight) x[j].fill(device::cast<T>(0.0f));
     }
+    if constexpr (kStraight) pdl_wait_then_release();
     // Every load in flight before the first use: x, then the weight.
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
@@ -140,6 +150,7 @@ __global__ void __launch_bounds__(
     }
   } else {
     // Two passes over chunks of kChunk vectors per thread (one row per CTA, TPR = blockDim.x).
+    pdl_wait_then_release();
     constexpr int kChunk = NormConfig::max_vecs(sizeof(vec_t));
     float sum = 0.0f;
     for (int base = 0; mem.in_bound(params.num_vecs, base); base += kChunk) {
