@@ -7,7 +7,7 @@ scale layouts), per token, or with a static per-tensor scale; fp8 e4m3 or int8.
 The result is bit-identical to the unfused composition of this package's ops:
 ``rmsnorm`` / ``fused_add_rmsnorm``, then ``per_token_group_quant_8bit`` (group), ``per_token_quant_fp8``
 (token) or ``per_tensor_quant_fp8(..., is_static=True)`` (static). Kernel: ``csrc/elementwise/norm_quant.cuh``
-(the norm row engine of ``norm_rows.cuh`` with a quant epilogue); one module per op, input dtype and
+(the norm part of ``rmsnorm.cuh`` / ``norm_rows.cuh`` with a quant epilogue); one module per op, input dtype and
 output dtype. Rows the kernel does not take (not 16-byte aligned, or longer than 16384 elements) run
 that composition itself.
 """

@@ -48,7 +48,7 @@ DEFAULT_METRICS = {  # metric -> short name in the printed line
     "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum": "l1ld",
     "smsp__inst_executed.sum": "inst",
 }
-KERNELS = "regex:norm_rows|scale"
+KERNELS = "regex:norm_rows|rmsnorm_kernel|scale"
 #: rmsnorm geometries profiled per variant: (threads per row, vectors per thread, blocks_per_sm);
 #: (0, 0, 0) is the automatic choice, bps > 0 a persistent grid, -1 one CTA per group.
 GEOMETRIES = [(0, 0, 0), (256, 2, 2), (256, 2, -1)]

@@ -9,11 +9,11 @@
 // Bit-identical to the unfused composition: y is rounded to T exactly as rmsnorm /
 // fused_add_rmsnorm store it, and q, the scales, are per_token_group_quant_8bit's (per group),
 // per_token_quant_fp8's (per token) or per_tensor_quant_fp8's static path (a given scale) applied
-// to those rounded values. The norm part is the row engine of norm_rows.cuh: the same geometry
-// (choose_geometry of the op's NormKind with 16-byte vectors), the same loads, the same sum of
-// squares in the same order and the same row_reduce_sum, hence the same rstd bit for bit. Only the
-// store of norm_group_in_registers is replaced: the rounded vectors stay in registers and are
-// quantized there.
+// to those rounded values. The norm part is that of rmsnorm's kernel (rmsnorm.cuh) and of the
+// fused add's (norm_rows.cuh's norm_group_in_registers): the same geometry (choose_geometry of the
+// op's NormKind with 16-byte vectors), the same loads, the same sum of squares in the same order
+// and the same row_reduce_sum, hence the same rstd bit for bit. Only their store is replaced: the
+// rounded vectors stay in registers and are quantized there.
 //
 // Quant modes (runtime, uniform per launch):
 //   kGroup   a scale per group_size consecutive values; a group is G = group_size / kVecN vectors,

@@ -189,14 +189,24 @@ __global__ void __launch_bounds__(
 
 /// Launches the build of rmsnorm_kernel with kVecs vectors per thread: the wide one for CTAs of
 /// more than NormConfig::kBlockThreads threads (a 1024-thread register budget), one CTA per group.
+/// Wide builds exist only where choose_geometry asks for them: rows too long for 256 threads at
+/// max_vecs vectors each, which its second round gives the fewest vectors that fit the wide
+/// budget, always more than a quarter of max_vecs (16-byte vectors: 2, narrower: 4 or 8).
 template <typename T, int kVecN, int kVecs, bool kL2Hint>
 void launch_rmsnorm_build(const RMSNormParams& params, const NormGeometry& geometry, DLDevice device, bool pdl) {
-  auto kernel = rmsnorm_kernel<T, kVecN, kVecs, false, kL2Hint>;
   constexpr int kBytes = kNormThreadBytes<T, kVecN, kVecs>;
-  if constexpr (
-      kVecs > 0 && NormConfig::max_threads(NormKind::kRMSNorm, kBytes, false, kVecs) > NormConfig::kBlockThreads) {
-    if (geometry.block_threads > NormConfig::kBlockThreads) kernel = rmsnorm_kernel<T, kVecN, kVecs, true, kL2Hint>;
+  constexpr bool kHasWide =
+      kVecs > 0 && 4 * kVecs > NormConfig::max_vecs(kVecN * sizeof(T)) &&
+      NormConfig::max_threads(NormKind::kRMSNorm, kBytes, false, kVecs) > NormConfig::kBlockThreads;
+  auto kernel = rmsnorm_kernel<T, kVecN, kVecs, false, kL2Hint>;
+  bool wide = false;
+  if constexpr (kHasWide) {
+    wide = geometry.block_threads > NormConfig::kBlockThreads;
+    if (wide) kernel = rmsnorm_kernel<T, kVecN, kVecs, true, kL2Hint>;
   }
+  const uint32_t bound = NormConfig::bound_threads(NormKind::kRMSNorm, kBytes, kVecs == 0, wide, kVecs);
+  host::RuntimeCheck(
+      geometry.block_threads <= bound, "rmsnorm: no build for CTAs of ", geometry.block_threads, " threads");
   const int64_t num_ctas = host::div_ceil(params.num_rows, int64_t{geometry.rows_per_cta});
   // Out has a row of memory for each token, so the CTAs stay far below the grid limit.
   host::RuntimeCheck(num_ctas < (int64_t{1} << 31), "rmsnorm: too many rows: ", params.num_rows);
