@@ -33,10 +33,10 @@
 // sums and shuffles after the loads are straight-line code (norm_group_in_registers,
 // row_reduce_sum), which is what brings a decode row down to the time of its bytes.
 //
-// Large in-place launches (the fused add, qknorm) load their rows
-// evict_last and store evict_normal (RowAccess): the L2 then writes dirty lines back first and
-// DRAM keeps the rate of a copy. These are separate builds (kL2Hint); small and out-of-place
-// launches use the plain ones.
+// Large in-place launches (the fused add, qknorm, and rmsnorm.cuh's kernel with out = input) load
+// their rows evict_last and store evict_normal (RowAccess): the L2 then writes dirty lines back
+// first and DRAM keeps the rate of a copy. These are separate builds (kL2Hint); small and
+// out-of-place launches use the plain ones.
 //
 // Memory traffic (the bytes-moved counts of the benchmarks): rmsnorm 2*N*H*sizeof(T) + H*sizeof(T);
 // fused add 4*N*H*sizeof(T) + H*sizeof(T); qknorm 2*N*(Hq+Hk)*D*sizeof(T) + 2*D*sizeof(T).
@@ -315,9 +315,10 @@ SGL_DEVICE device::AlignedVector<T, N> normalize(
 /// Global loads of rows (x, residual) and stores of results, with or without the L2 hint.
 ///
 /// kL2Hint: rows are loaded evict_last and every store is evict_normal. Only for launches with
-/// 16-byte vectors that write every row they read (in place: the fused add, qknorm) and read at
-/// least NormConfig::kL2HintMinBytes (use_l2_hint), so the stores return every line the loads marked to the default priority and nothing marked
-/// evict_last outlives the kernel. The weight is loaded without the hint (it is never written).
+/// 16-byte vectors that write every row they read (in place: the fused add, qknorm, rmsnorm.cuh's
+/// kernel with out = input) and read at least NormConfig::kL2HintMinBytes (use_l2_hint), so the
+/// stores return every line the loads marked to the default priority and nothing marked evict_last
+/// outlives the kernel. The weight is loaded without the hint (it is never written).
 /// Why: the DRAM bytes are the same, the order is not: with default priorities the L2 replaces the
 /// clean lines just read and the dirty lines just written alike; with the rows evict_last it
 /// writes the dirty lines back first, and DRAM serves the stream at the rate of a copy. Not used
