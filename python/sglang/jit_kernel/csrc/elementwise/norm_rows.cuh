@@ -11,8 +11,9 @@
 //   kFusedAddRMSNorm  residual <- round(input + residual); input <- rmsnorm(residual)  (fused_add_rmsnorm.cuh)
 //   kQKNorm           every head of q and of k normalised in place, two weights        (qknorm.cuh);
 //                     also every whole row of q and of k, two hidden sizes  (qknorm_across_heads.cuh)
-// kRMSNorm (rows of `input` -> rows of `out`) is the geometry and row addressing of rmsnorm.cuh's
-// and norm_quant.cuh's own kernels.
+// kRMSNorm (rows of `input` -> rows of `out`) has no build here: it names the geometry
+// (choose_geometry, NormConfig) of rmsnorm.cuh's and norm_quant.cuh's own kernels, which use this
+// file's row math so that every norm op sums and scales a row alike.
 //
 // Layout of the work. A "row" is one normalised vector of hidden_size elements: a token of
 // rmsnorm, a (token, head) pair of qknorm. threads_per_row (TPR) threads share a row; each holds
@@ -422,7 +423,7 @@ struct CtaShare {
 };
 
 /// qknorm: params.rows0_ctas CTAs serve q, the other gridDim.x - rows0_ctas serve k. With
-/// params.interleave_segments (set when the grid has more CTAs than SMs, i.e. runs in waves) the
+/// params.interleave_segments (set when the grid has more CTAs than SMs) the
 /// two are interleaved in launch order in proportion (CTA b serves k when floor((b + 1) * K / grid)
 /// > floor(b * K / grid), K the k CTAs), so that the CTAs running at any time read q and k of the
 /// same tokens: the fused qkv rows are read as contiguous q + k spans instead of q spans first and
@@ -849,7 +850,7 @@ inline bool resolve_pdl(int64_t enable_pdl, const DLDevice& device) {
 /// grid capped at the resident CTAs: the hardware schedules a new CTA as soon as one retires, so
 /// the next group's loads overlap the previous one's reduction and stores, which measured faster
 /// for every kind (docs/perf_notes.md). qknorm gives q and k shares of the grid in proportion to
-/// their groups, at least one each, interleaved in launch order when the grid runs in waves
+/// their groups, at least one each, interleaved in launch order when the grid has more CTAs than SMs
 /// (cta_share).
 template <typename T, int kVecN, NormKind kKind, int kVecs, bool kWide, bool kL2Hint>
 void launch_norm_kernel(NormParams params, const NormGeometry& geometry, DLDevice device, bool pdl) {

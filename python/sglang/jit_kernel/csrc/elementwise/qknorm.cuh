@@ -4,30 +4,34 @@
 //   k[t, h, :] <- round(k[t, h, :] * rsqrt(mean(k[t, h, :]^2) + eps) * k_weight)
 //
 // q and k may be strided views of one fused qkv buffer (token and head strides free, last dim
-// contiguous). The kernel is norm_rows_kernel<T, kVecN, NormKind::kQKNorm> (norm_rows.cuh): every
+// contiguous). The kernel is norm_rows_kernel's kQKNorm build (norm_rows.cuh): every
 // (token, head) of q, then of k, is one row of head_dim elements (token = row / num_heads by a
 // multiply and a shift). For head_dim 128 bf16 with 16-byte vectors, 8 lanes x 2 vectors hold a
 // head, a warp normalises 4 heads with 3 shuffles, and CTAs of 256 threads take groups of 32
 // heads; at one token 16 lanes x 1 vector, twice the CTAs.
 //
 // The grid. The kernel is written persistent: each CTA strides over the groups of its tensor, q's
-// CTAs over q's groups and k's over k's (cta_share), so any grid size is correct. The launcher
-// sizes it at one CTA per group rather than at the resident CTAs (SMs x
-// runtime::get_blocks_per_sm), which measured faster at every size: a retiring CTA is replaced at
-// once and the next group's loads overlap the previous one's stores. q and k get shares of the
-// grid in proportion to their groups, interleaved in launch order when the grid runs in waves, so
-// that the CTAs resident at any time read q and k of the same tokens. Bytes moved: 2 * num_tokens *
-// (num_q_heads + num_kv_heads) * head_dim * sizeof(T) + 2 * head_dim * sizeof(T).
+// CTAs over q's groups and k's over k's (cta_share), so any grid of at least two CTAs (one for each
+// tensor with rows) is correct. The launcher sizes it at one CTA per group rather than at the
+// resident CTAs (SMs x runtime::get_blocks_per_sm), which measured faster at every size: a retiring
+// CTA is replaced at once and the next group's loads overlap the previous one's stores. q and k get
+// shares of the grid in proportion to their groups, interleaved in launch order when the grid has
+// more CTAs than SMs, so that the CTAs resident at any time read q and k of the same tokens. Bytes
+// moved: 2 * num_tokens * (num_q_heads + num_kv_heads) * head_dim * sizeof(T) + 2 * head_dim * sizeof(T).
 #pragma once
 
-#include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDevice, kAnySize, data_ptr
-#include <sgl_kernel/utils.h>   // For RuntimeCheck
+// For TensorMatcher, SymbolicSize, SymbolicDevice, kAnySize, data_ptr, verify_no_self_overlap,
+// verify_no_partial_overlap
+#include <sgl_kernel/tensor.h>
+#include <sgl_kernel/utils.h>  // For PanicError (what every check throws)
 
 #include <cstdint>
 #include <dlpack/dlpack.h>
 #include <tvm/ffi/container/tensor.h>
 
-#include "norm_rows.cuh"  // For NormParams, NormRows, launch_norm_rows_any_width, widest_vector_bytes
+// The row engine: NormParams, NormRows, NormKind, NormWidths, check_last_dim_contiguous,
+// check_norm_scalars, address_of, widest_vector_bytes, resolve_pdl, launch_norm_rows_any_width
+#include "norm_rows.cuh"
 
 namespace {
 

@@ -8,12 +8,17 @@
 // runtime parameters of the same kernels, so rmsnorm, gemma_rmsnorm and rmsnorm_hf share one build.
 //
 // The file is the library's worked example of a row kernel:
-//   - the launcher validates the tensors with TensorMatcher (shapes, strides, dtype and device in
-//     one pass, errors naming the tensor), unwraps the symbolic sizes, fills the kernel's
-//     parameters and launches with host::LaunchKernel (PDL on Hopper);
-//   - the kernel moves each row with device::tile::Memory: the TPR threads of a row
-//     (threads_per_row) each own vectors lane, lane + TPR, lane + 2 * TPR, ... of it, 16 bytes
-//     wide when the pointers and row strides allow it.
+//   - the launcher (rmsnorm, at the end) validates the tensors with TensorMatcher (shapes, dtype and
+//     device in one pass, errors naming the tensor; strides are taken as they come and checked
+//     after it: last dim contiguous, no aliasing between out and the inputs), unwraps the symbolic
+//     sizes, fills the kernel's parameters and launches with host::LaunchKernel (PDL on Hopper:
+//     the kernel's side of it is pdl_wait_then_release, device::pdl_wait_primary then
+//     device::pdl_launch_dependents);
+//   - the kernel (rmsnorm_kernel) addresses each row with device::tile::Memory: the TPR threads of
+//     a row (threads_per_row) each own vectors lane, lane + TPR, lane + 2 * TPR, ... of it, 16
+//     bytes wide when the pointers and row strides allow it. The register path loads x and stores
+//     out through RowAccess at mem.index(j) (plain or L2-hinted accesses); the two-pass path is the
+//     plain tile::Memory loop (in_bound, load, store).
 //
 // Layout of the work. TPR threads share a row and a CTA holds blockDim.x / TPR rows, one CTA per
 // group of rows. Each thread keeps its kVecs vectors of x in registers between the sum of squares
@@ -21,21 +26,32 @@
 // lanes (TPR <= 32) or through shared memory (row_reduce_sum). Rows longer than the registers hold
 // (kVecs = 0) take one CTA each and two passes: the sum of squares, then a re-read (an L2 hit) to
 // scale and store. The geometry (TPR, kVecs) is choose_geometry's of norm_rows.cuh, shared with
-// the other norm ops: rmsnorm_quant (norm_quant.cuh) reduces in the same order and gets rmsnorm's
-// rstd bit for bit. bf16, 16-byte vectors: H = 4096 -> 256 threads x 2 vectors, H = 128 -> 8 x 2
-// (32 rows per CTA), H = 32768 -> two passes of 512 threads. Large launches in place (out = x, at
-// least 1 MiB of rows, 16-byte vectors) load x evict_last and store evict_normal (RowAccess of
-// norm_rows.cuh): the L2 then writes the dirty lines back first and DRAM keeps a copy's rate.
+// the other norm ops: on the 16-byte rows it takes, rmsnorm_quant (norm_quant.cuh) reduces in the
+// same order and gets rmsnorm's rstd bit for bit. bf16, 16-byte vectors: H = 4096 -> 256 threads x
+// 2 vectors; H = 128 -> 8 x 2 (32 rows per CTA) when the groups fill the SMs, 16 x 1 when they do
+// not (decode); H = 32768 -> two passes of 512 threads. Large launches in place on the register
+// path (out = x, at least 1 MiB of rows, 16-byte vectors) load x evict_last and store
+// evict_normal (RowAccess of norm_rows.cuh): the L2 then writes the dirty lines back first and
+// DRAM keeps a copy's rate.
+//
+// The row math and geometry come from norm_rows.cuh, the engine of the fused add and qk-norm, so
+// that every norm op sums and scales a row alike: choose_geometry, NormConfig's register budgets
+// (__launch_bounds__), RowAccess, sum_squares / sum_squares_all, row_reduce_sum, row_scale and
+// normalize, and the launch helpers (check_last_dim_contiguous, check_norm_scalars,
+// widest_vector_bytes, use_l2_hint, resolve_pdl). The kernel itself is this file's.
 //
 // Bytes moved: 2 * num_tokens * hidden_size * sizeof(T) + hidden_size * sizeof(T).
 #pragma once
 
-#include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDevice, kAnySize, data_ptr
-#include <sgl_kernel/utils.h>   // For RuntimeCheck, div_ceil
+// For TensorMatcher, SymbolicSize, SymbolicDevice, kAnySize, data_ptr, verify_no_self_overlap,
+// verify_no_partial_overlap
+#include <sgl_kernel/tensor.h>
+#include <sgl_kernel/utils.h>  // For RuntimeCheck, Panic, div_ceil
 
 #include <sgl_kernel/runtime.cuh>  // For runtime::get_sm_count
 #include <sgl_kernel/tile.cuh>     // For tile::Memory
-#include <sgl_kernel/utils.cuh>    // For LaunchKernel, SGL_DEVICE
+#include <sgl_kernel/type.cuh>     // For device::cast
+#include <sgl_kernel/utils.cuh>    // For LaunchKernel
 #include <sgl_kernel/vec.cuh>      // For AlignedVector
 
 #include <bit>
@@ -43,7 +59,7 @@
 #include <dlpack/dlpack.h>
 #include <tvm/ffi/container/tensor.h>
 
-#include "norm_rows.cuh"  // For NormConfig, choose_geometry, sum_squares_all, row_reduce_sum, normalize
+#include "norm_rows.cuh"  // The shared row math and geometry (listed above)
 
 namespace {
 
@@ -79,6 +95,9 @@ __global__ void __launch_bounds__(
     NormConfig::bound_blocks(NormKind::kRMSNorm, kNormThreadBytes<T, kVecN, kVecs>, kVecs == 0, kWide, kVecs))
     rmsnorm_kernel(const RMSNormParams params) {
   using vec_t = device::AlignedVector<T, kVecN>;
+  // Warp partial sums of row_reduce_sum. One buffer suffices because a CTA reduces once (one row
+  // group per CTA); a kernel looping over groups would alternate two (its contract: every thread of
+  // the CTA calls it, inactive rows too, since it may hold a __syncthreads).
   __shared__ alignas(16) float partials[NormConfig::kMaxWarps];
 
   // This thread's row (slot) in the CTA's group and its place (lane) among the row's threads.
