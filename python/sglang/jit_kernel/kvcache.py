@@ -193,12 +193,14 @@ def _check_disjoint(op: str, cache_args: dict[str, torch.Tensor], source_args: d
     if torch.compiler.is_compiling():  # fake tensors have no data pointer; the launcher checks it
         return
     caches = list(cache_args.items())
+    # dense_only: interleaved views of one buffer (k and v halves of each slot of a fused kv cache)
+    # share no element; the launcher's element test decides those, as on the fast path.
     for i, (cache_arg, cache) in enumerate(caches):
         check_no_self_overlap(op, cache_arg, cache)  # slot rows of their own
         for other_arg, other in caches[:i]:  # and caches that share no memory
-            check_no_partial_overlap(op, cache_arg, cache, other, other_arg, allow_same=False)
+            check_no_partial_overlap(op, cache_arg, cache, other, other_arg, allow_same=False, dense_only=True)
         for source_arg, source in source_args.items():
-            check_no_partial_overlap(op, cache_arg, cache, source, source_arg, allow_same=False)
+            check_no_partial_overlap(op, cache_arg, cache, source, source_arg, allow_same=False, dense_only=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -305,9 +307,9 @@ def store_cache(
     RuntimeError
         A tensor not on ``k``'s CUDA device; a cache of another dtype or row size than its source;
         ``indices`` not int32/int64 or not 1-D, or longer than ``k``; ``k`` and ``v`` with different
-        token counts, or the caches with different slot counts; rows that are not contiguous; a cache
-        sharing memory with ``k``, ``v``, ``indices`` or the other cache; a cache whose slot rows
-        overlap (an expanded or row-stride-0 cache). Raised before any launch, as
+        token counts, or the caches with different slot counts; a tensor of fewer than 2 dims; rows
+        that are not contiguous; a cache sharing memory with ``k``, ``v``, ``indices`` or the other
+        cache; a cache whose slot rows overlap (an expanded or row-stride-0 cache). Raised before any launch, as
         ``store_cache: <arg> <what>: expected X, got Y``.
     IndexError
         With ``SGLANG_JIT_CHECK_INDICES=1``: an index outside ``[0, num_slots)`` other than ``-1``.
@@ -490,14 +492,14 @@ def store_cache_quant(
         ``k_inv_scale`` / ``v_inv_scale`` not a real number; ``size_limit`` not an int.
     ValueError
         ``size_limit`` negative or past int64; ``k_inv_scale`` (``v_inv_scale``) other than 1.0 with ``k_scale``
-        (``v_scale``) given.
+        (``v_scale``) given, or an int outside the float range.
     RuntimeError
         A tensor not on ``k``'s CUDA device; ``k`` not float16/bfloat16/float32 or ``v`` of another
         dtype; a cache not float8_e4m3fn, or with another row size (in elements) than its source;
         a scale not float32 or not one element; ``indices`` not int32/int64 or not 1-D, or longer
         than ``k``; ``k`` and ``v`` with different token counts, or the caches with different slot
-        counts; rows that are not contiguous; a cache sharing memory with an input or the other
-        cache; a cache whose slot rows overlap. Raised before any launch, as
+        counts; a tensor of fewer than 2 dims; rows that are not contiguous; a cache sharing memory
+        with an input or the other cache; a cache whose slot rows overlap. Raised before any launch, as
         ``store_cache_quant: <arg> <what>: expected X, got Y``.
     IndexError
         With ``SGLANG_JIT_CHECK_INDICES=1``: an index outside ``[0, num_slots)`` other than ``-1``.
@@ -510,7 +512,8 @@ def store_cache_quant(
                 # the launcher checks everything
                 fn(k, v, k_cache, v_cache, indices, k_scale, v_scale, k_inv_scale, v_inv_scale, size_limit)
                 return
-            except (TypeError, ValueError, RuntimeError):  # raised before any launch: the checked path explains
+            # raised before any launch (OverflowError: an int past int64 at the FFI): the checked path explains
+            except (TypeError, ValueError, RuntimeError, OverflowError):
                 pass
     op = "store_cache_quant"
     check_scalar(op, "size_limit", size_limit, int, minimum=0, maximum=_INT64_MAX)  # before the devices
@@ -699,7 +702,7 @@ def can_use_set_mla_kv_buffer(nope_bytes: int, rope_bytes: int) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# Registration: one module (no build arguments), two ops
+# Registration of store_cache and store_cache_quant (set_mla_kv_buffer registers in its own module)
 # ---------------------------------------------------------------------------------------------
 def _store_cache_cases() -> list[CheckCase]:
     """``check``: k, v ``[16384, 8 x 128]`` bf16 into caches of ``4 * 16384 + 1`` slots, random

@@ -42,7 +42,7 @@ __all__ = ["rmsnorm_quant", "fused_add_rmsnorm_quant"]
 #: Input dtypes (the normalised row is rounded to it before quantization) and output dtypes.
 IN_DTYPES = (torch.float16, torch.bfloat16)
 OUT_DTYPES = (torch.float8_e4m3fn, torch.int8)
-#: Group sizes the kernel takes: powers of two, at most 32 vectors of 16 bytes per group.
+#: Group sizes the ops accept (the kernel would take powers of two up to 32 vectors of 16 bytes).
 GROUP_SIZES = (16, 32, 64, 128)
 #: Clamp bounds of each output dtype (fp8: its largest finite value; int8: the integer range).
 Q_BOUNDS = {torch.float8_e4m3fn: (-448.0, 448.0), torch.int8: (-128.0, 127.0)}
@@ -221,7 +221,7 @@ def _(
 
 # ---------------------------------------------------------------------------------------------
 # Checks (every one before any launch; shapes, dtypes and layouts first, so that they run on any
-# device, then devices and aliasing)
+# device, then aliasing, then devices)
 # ---------------------------------------------------------------------------------------------
 def _check_tensor_type(op: str, arg: str, tensor: object) -> torch.Tensor:
     if not isinstance(tensor, torch.Tensor):
@@ -258,7 +258,8 @@ def _prepare(
     quant_eps: object,
     enable_pdl: object,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, int]:
-    """Every check of both ops, in argument order, then the allocation of the outputs not given.
+    """Every check of both ops (the scalars first, then the tensors in argument order), then the
+    allocation of the outputs not given.
     Returns ``(output_q, output_s, output_normed, group_size)``; group_size 0 means not per group."""
     check_scalar(op, "eps", eps, float, minimum=0.0)
     check_scalar(op, "quant_eps", quant_eps, float, minimum=0.0)
@@ -551,11 +552,12 @@ _DOC_COMMON = """group_size : int or None
         ``scale_ue8m0`` without groups, ``scale_ue8m0`` with int8, ``output_s`` given with ``scale``.
     RuntimeError
         Before any launch, naming the argument (``<op>: <arg> <what>: expected X, got Y``): a dtype
-        (``input`` not float16 / bfloat16, ``output_q`` not ``out_dtype`` (not fp8 without groups), ``output_s`` not float32 /
-        int32 for ue8m0, a mismatched weight / residual / output_normed), a shape (``hidden_size`` not
-        a multiple of ``group_size``, a scale buffer of the wrong size), a layout (a strided last dim,
-        a stride 0, ``output_s`` not in the layout ``column_major_scales`` names, leading dims that do
-        not flatten), a tensor not on CUDA or on another device than ``input``, and aliasing:
+        (``input`` not float16 / bfloat16, ``output_q`` not ``out_dtype`` (not fp8 without groups),
+        ``output_s`` not float32 / int32 for ue8m0, ``scale`` not float32, a mismatched weight /
+        residual / output_normed), a shape (a 0-d ``input``, ``hidden_size`` not a multiple of
+        ``group_size``, a scale buffer of the wrong size), a layout (a strided last dim, a
+        non-contiguous ``weight``, a stride 0, ``output_s`` not in the layout ``column_major_scales``
+        names, leading dims that do not flatten), a tensor not on CUDA or on another device than ``input``, and aliasing:
         ``residual`` overlapping ``input`` (the same tensor included), an output overlapping an input
         or another output (``output_normed`` may be exactly ``input``).
 """
@@ -592,7 +594,8 @@ def rmsnorm_quant(
     bit-identical to ``rmsnorm(input, weight, eps)`` followed by ``per_token_group_quant_8bit``
     (per group), ``per_token_quant_fp8`` (per token) or ``per_tensor_quant_fp8(..., is_static=True)``
     (static ``scale``), each with these bounds and ``quant_eps``. NaN and inf follow those ops' rules:
-    no NaN scale from finite input; a block holding inf gets ``s = FLT_MAX``; NaN is ignored by the
+    no NaN scale from finite input; a block holding inf gets ``s = FLT_MAX`` (2^127 with
+    ``scale_ue8m0``); NaN is ignored by the
     maximum and quantizes to NaN (fp8) or 0 (int8). Moves ``N*H*s_in + H*s_in + N*H`` bytes plus the
     scales (``+ N*H*s_in`` with ``output_normed``).
 

@@ -210,7 +210,7 @@ def per_token_group_quant(
         q = round(clamp(h * (1 / s), q_min, q_max))                   # fp8 +-448, int8 -128..127
 
     No scale is NaN: all-zero groups get ``eps / q_type_max`` (FLT_MIN at least), a group holding inf
-    FLT_MAX (inf quantizes to the bound). NaN values are ignored by the maximum and quantize to NaN
+    FLT_MAX (2^127 with ``scale_ue8m0``; inf quantizes to the bound). NaN values are ignored by the maximum and quantize to NaN
     (fp8) or 0 (int8). An infinite ``h`` comes from infinite inputs or an overflow of the product in
     ``T``.
 
@@ -229,7 +229,7 @@ def per_token_group_quant(
         when None.
     output_s : torch.Tensor, optional
         Written: float32 ``[..., num_groups]`` (``num_groups = hidden_size / group_size``; also
-        ``[num_tokens, num_groups]`` for a 3-D input without ``masked_m``), any strides giving each
+        ``[num_tokens, num_groups]`` for an input of other than 2 dims without ``masked_m``), any strides giving each
         element its own address: row-major, or column-major (the transposed TMA-aligned layout
         ``torch.empty(num_groups, M_pad).T[:M]`` DeepGEMM reads). With ``scale_ue8m0``: int32
         ``[..., ceil(num_groups / 4)]``, four exponent bytes per word (group ``g`` in byte ``g % 4``,
@@ -283,10 +283,11 @@ def per_token_group_quant(
     RuntimeError
         Before any launch and before any output is written, naming the argument
         (``per_token_group_quant: <arg> <what>: expected X, got Y``): a dtype that is not allowed
-        (``output_q`` not fp8 / int8 or not ``out_dtype``, ``output_s`` not float32 / int32 for
-        ue8m0, ``output_q`` not fp8 with ``scale_ue8m0``, ``masked_m`` not int32); an odd last dim
-        with fusion; ``hidden_size % group_size != 0``; a shape mismatch (``output_q``,
-        ``output_s`` too small or large, ``masked_m`` not ``[num_experts]``, a masked ``input`` not
+        (``input`` not float16 / bfloat16 / float32, ``output_q`` not fp8 / int8 or not
+        ``out_dtype``, ``output_s`` not float32 / int32 for ue8m0, ``output_q`` not fp8 with
+        ``scale_ue8m0``, ``masked_m`` not int32); an odd last dim with fusion; a 0-d ``input``;
+        ``hidden_size % group_size != 0``; a shape mismatch (``output_q``, ``output_s`` too small or
+        large, ``masked_m`` not ``[num_experts]``, a masked ``input`` not
         3-D); a layout that is not allowed (``output_q`` with a strided last dim or leading dims that
         do not flatten, ``output_s`` with a stride 0 or overlapping elements, ``masked_m`` not
         contiguous); a tensor not on CUDA or on another device than ``input``; outputs overlapping

@@ -13,7 +13,8 @@ own per q dtype, chosen by the caches' dtype, so that caches of the model dtype 
 Bytes moved (the benchmark's count), ``s`` the element size, ``N`` tokens, ``Hq``/``Hk`` heads:
 ``apply_rope_inplace`` ``2*N*(Hq+Hk)*R*s + N*R*4 + N*p`` (``p`` the position size: read + write of
 the rotated elements, the cache rows, the positions); ``apply_rope_inplace_with_kvcache`` adds
-``N*Hk*(2*D - R)*s`` read (the rest of k, all of v) and ``2*N*Hk*D*s`` written (both caches) and
+``N*Hk*(2*D - R)*s`` read (the rest of k, all of v) and ``2*N*Hk*D*s`` written (both caches;
+``2*N*Hk*D`` for float8_e4m3fn caches) and
 ``N*p`` for ``out_loc``; ``rotary_embedding`` as ``apply_rope_inplace`` with ``N*R*s`` for the cache
 rows (the cache is in the tensors' dtype).
 
@@ -444,8 +445,9 @@ def apply_rope_inplace_with_kvcache(
         ``[num_tokens]`` int32 or int64, any stride (copied if strided): the cache row of each
         token. An entry outside
         ``[0, cache_size)`` stores nothing for its token (q and k are still rotated); with
-        ``SGLANG_JIT_CHECK_INDICES=1`` it raises instead. Two tokens with one row: the row holds 16-byte
-        pieces of either token's k (and v), in no defined mix (as with concurrent plain stores).
+        ``SGLANG_JIT_CHECK_INDICES=1`` it raises instead. Two tokens with one row: the row holds
+        pieces (one vector store each, up to 16 bytes) of either token's k and v, in no defined mix
+        (as with concurrent plain stores).
     k_scale, v_scale : torch.Tensor, optional
         fp8 caches only: ``[1]`` (or 0-d) float32 dequantisation scales on q's device (``k ~=
         k_cache.float() * k_scale``). Not modified. Given with the matching ``*_inv_scale`` at 1.0.
@@ -463,13 +465,14 @@ def apply_rope_inplace_with_kvcache(
     TypeError, ValueError, IndexError
         As :func:`apply_rope_inplace` (IndexError also for ``out_loc``); a scale neither None nor a
         tensor or an inverse scale not a real number (TypeError); an inverse scale other than 1.0
-        with its scale tensor given, or any scale argument with caches of q's dtype (ValueError).
+        with its scale tensor given, an inverse scale that is an int outside the float range, or any
+        scale argument with caches of q's dtype (ValueError).
     RuntimeError
         As :func:`apply_rope_inplace`, and: v not of k's shape or dtype, a cache of neither q's dtype
         nor float8_e4m3fn (or the two caches of different dtypes), of another row size or slot
         count, a scale tensor not float32 with one element on q's device, out_loc not int32/int64 or
-        not ``[num_tokens]``; from the launcher, a cache sharing memory with another argument, or
-        with overlapping slot rows (expanded).
+        not ``[num_tokens]``, a cache with overlapping slot rows (expanded); from the launcher, a
+        cache sharing memory with another argument.
     """
     if not torch.compiler.is_compiling():
         try:

@@ -196,6 +196,32 @@ def test_store_cache_strided_and_unaligned_views(offset, row):
 
 
 @requires_cuda
+@pytest.mark.parametrize("check_indices", [False, True])
+def test_store_cache_interleaved_caches_of_one_buffer(monkeypatch, check_indices):
+    """k and v caches as the two halves of each slot of one fused kv buffer [num_slots, 2, row]:
+    they share no element, so the checked path (first call, or SGLANG_JIT_CHECK_INDICES=1) takes
+    them as the fast path does; a v cache on the same elements as k's is refused on both."""
+    if check_indices:
+        monkeypatch.setenv(CHECK_INDICES_ENV, "1")
+    else:
+        monkeypatch.delenv(CHECK_INDICES_ENV, raising=False)
+    dtype, num_tokens, num_slots, row = torch.bfloat16, 37, 96, 256
+    kv = sentinel_filled((num_slots, 2, row), dtype)
+    k_cache, v_cache = kv[:, 0], kv[:, 1]
+    k, v = random_of((num_tokens, row), dtype), random_of((num_tokens, row), dtype)
+    indices = slot_map("padded", num_tokens, num_slots)
+    expected = kv.clone()
+    expected[:, 0] = reference_store(k_cache, k, indices)
+    expected[:, 1] = reference_store(v_cache, v, indices)
+    for _ in range(2):  # checked path on a first call (always with the env set), then the fast path
+        kv.copy_(sentinel_filled((num_slots, 2, row), dtype))
+        store_cache(k, v, k_cache, v_cache, indices)
+        assert_bits_equal(kv, expected)
+    with pytest.raises(RuntimeError, match=r"^store_cache: .*v_cache.*overlap"):
+        store_cache(k, v, k_cache, kv[:, 0], indices)
+
+
+@requires_cuda
 def test_store_cache_head_shaped_tensors():
     """[num_tokens, num_kv_heads, head_dim] sources into [num_slots, num_kv_heads, head_dim] caches."""
     k, v = random_of((33, 8, 128), torch.bfloat16), random_of((33, 8, 128), torch.bfloat16)

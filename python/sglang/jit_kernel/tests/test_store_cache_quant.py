@@ -206,6 +206,27 @@ def test_store_cache_quant_strided_and_offset_views(offset, row, dtype):
 
 
 @requires_cuda
+@pytest.mark.parametrize("check_indices", [False, True])
+def test_store_cache_quant_interleaved_caches_of_one_buffer(monkeypatch, check_indices):
+    """fp8 k and v caches as the two halves of each slot of one buffer [num_slots, 2, row]: no shared
+    element, so both paths take them; a v cache on k's elements is refused."""
+    if check_indices:
+        monkeypatch.setenv(CHECK_INDICES_ENV, "1")
+    else:
+        monkeypatch.delenv(CHECK_INDICES_ENV, raising=False)
+    num_tokens, num_slots, row = 37, 96, 256
+    kv = torch.zeros(num_slots, 2, row, dtype=torch.float8_e4m3fn, device="cuda")
+    k_cache, v_cache = kv[:, 0], kv[:, 1]
+    k, v = source((num_tokens, row), torch.bfloat16), source((num_tokens, row), torch.bfloat16)
+    indices = torch.randperm(num_slots, device="cuda")[:num_tokens]
+    for _ in range(2):  # checked path on a first call (always with the env set), then the fast path
+        kv.zero_()
+        run_and_check(k, v, k_cache, v_cache, indices, k_scale=scale_of(0.5), v_scale=scale_of(2.0))
+    with pytest.raises(RuntimeError, match=r"^store_cache_quant: .*v_cache.*overlap"):
+        store_cache_quant(k, v, k_cache, kv[:, 0], indices)
+
+
+@requires_cuda
 def test_store_cache_quant_3d_rows_and_0d_scales():
     k, v = source((12, 8, 128), torch.bfloat16), source((12, 8, 128), torch.bfloat16)
     k_cache, v_cache = sentinel_filled((50, 8, 128), FP8), sentinel_filled((50, 1024), FP8)

@@ -2,7 +2,8 @@
 // in one launch: rmsnorm_quant and fused_add_rmsnorm_quant.
 //
 //   residual[r, :] <- round(input[r, :] + residual[r, :])          (fused add only; fp32 add, one rounding)
-//   y[r, :] = round(x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * w)     (x = input, or the rounded sum)
+//   y[r, :] = round(x[r, :] * (w * rstd)), rstd = rsqrt(sum(x[r, :]^2) * (1 / H) + eps)
+//                                                                    (x = input, or the rounded sum)
 //   normed[r, :] <- y[r, :]                                          (optional)
 //   q[r, :] = quantize(float(y[r, :]))                               (quantize_8bit.cuh's arithmetic)
 //
@@ -19,7 +20,8 @@
 //   kGroup   a scale per group_size consecutive values; a group is G = group_size / kVecN vectors,
 //            G <= 32: G consecutive lanes of one vector slot (G <= threads per row), or every lane of
 //            a row over G / tpr consecutive slots (short rows); reduced by shuffles.
-//   kToken   a scale per row: the row maximum (row_reduce_max, shuffles and one barrier).
+//   kToken   a scale per row: the row maximum (row_reduce_max: shuffles, and one barrier for rows
+//            wider than a warp).
 //   kStatic  the given scale s (fp32 [1]): q = quantize(y * (1 / clamp(s, FLT_MIN, FLT_MAX))).
 //
 // Shapes this kernel does not take (the Python wrapper composes the two ops instead, which is the
@@ -114,7 +116,8 @@ SGL_DEVICE void store_group_scale(const NormQuantParams& p, int64_t row, int64_t
   }
 }
 
-/// Stores kN values of T (one 16-byte store when `aligned`, element stores otherwise).
+/// Stores kN values of T (one vector store of kN * sizeof(T) bytes when `aligned`, element stores
+/// otherwise).
 template <typename V>
 SGL_DEVICE void store_vector(const V& v, void* row, int64_t index, bool aligned) {
   if (aligned) {
@@ -186,8 +189,8 @@ SGL_DEVICE void norm_quant_group(
       if (valid[j]) x[j].store(ptrs.residual, lane + j * tpr);
     }
   }
-  // norm_group_in_registers' reduction, statement for statement (the same rstd bits). Not shared
-  // through a helper: moving it into one changed the SASS of a fused_add_rmsnorm build.
+  // norm_group_in_registers' reduction, statement for statement (the same rstd bits). Duplicated on
+  // purpose: a helper shared with norm_rows.cuh alters the SASS of a fused_add_rmsnorm build.
   float sum = 0.0f;
   if constexpr (kStraight) {
     sum = sum_squares_all(x);
@@ -278,7 +281,8 @@ inline constexpr int kNormQuantThreadBytes = kVecs * 16;
 
 /// Minimum resident CTAs of a narrow build (__launch_bounds__): norm_rows_kernel's, capped so that
 /// the quant epilogue (the rounded row in fp32, the block maxima) fits without spills: 4 CTAs of
-/// 256 threads (64 registers) up to two vectors per thread, 2 (128) for four (fp16 spilled at 80).
+/// 256 threads (64 registers) up to two vectors per thread; four vectors: 2 (128 registers) for
+/// rmsnorm_quant, 1 for the fused add (norm_rows' own bound).
 template <NormKind kKind, int kVecs, bool kWide>
 inline constexpr int kNormQuantMinBlocks =
     std::min(NormConfig::bound_blocks(kKind, kVecs * 16, false, kWide, kVecs), kWide ? 1 : (kVecs >= 4 ? 2 : 4));

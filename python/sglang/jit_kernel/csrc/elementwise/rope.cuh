@@ -111,7 +111,8 @@ struct RopeParams {
   const void* out_loc;  // [num_tokens], int32 or int64
   bool out_loc_int64;
   int64_t cache_size;
-  int64_t v_rows;  // kKvMode kKvSplit: the last v_rows rows of blockDim.y copy v (0 otherwise)
+  int64_t v_rows;  // the last v_rows rows of blockDim.y copy v (rope_early_kernel<kKvStore>, and
+                   // kKvMode kKvSplit); 0 otherwise
 };
 
 /// Global vector accesses of q/k with or without the L2 hint (loads evict_last, stores
@@ -148,9 +149,9 @@ struct RopeAccess {
 };
 
 /// One vector of a KV-cache store at `ptr`: the L2-policy form of AlignedVector::store (evict_normal,
-/// the priority of a plain store), which is always one vector st.global. The plain form compiled
-/// to four 4-byte stores for these cache writes (nvcc 13.0, sm_90: a value also stored in place,
-/// or copied straight from a load), four times the store instructions.
+/// the priority of a plain store), which is always one vector st.global. The plain form may be split
+/// into four 4-byte stores for these cache writes (a value also stored in place, or copied straight
+/// from a load), four times the store instructions.
 template <typename V>
 SGL_DEVICE void rope_cache_store(const V& v, void* ptr) {
   v.store(ptr, 0, device::l2_evict_normal_policy());
@@ -377,7 +378,7 @@ __global__ void __launch_bounds__(RopeConfig::kMaxThreads, RopeConfig::kMinBlock
 
   // KV store: this thread's first kKvPrefetch vectors of v (kv head threadIdx.y), loaded before
   // the rotation so that their latency overlaps it (stored at the end, once loc is known; at one
-  // token the v copy after the rotation was a second memory latency in series).
+  // token a v copy after the rotation would add a second memory latency in series).
   using vec_t_kv = device::AlignedVector<T, kVecN>;
   constexpr int kKvPrefetch = kKvStore ? (kKvMode > 0 ? kKvMode : 0) : 1;
   vec_t_kv v_pre[kKvPrefetch > 0 ? kKvPrefetch : 1];
@@ -624,7 +625,7 @@ __global__ void __launch_bounds__(RopeConfig::kMaxThreads, 1) rope_early_kernel(
     if constexpr (kKvStore) rope_store_k_cache<T, kVecN>(p, threadIdx.y + i * step, loc, off_a, off_b, a[i], b[i]);
   }
   // the heads beyond the first pass (more than kHeads * rotating rows): one at a time (not
-  // unrolled: its trip count was a division ahead of the first pass's loads)
+  // unrolled: an unrolled loop's trip count would put a division ahead of the first pass's loads)
 #pragma unroll 1
   for (int64_t head = threadIdx.y + kHeads * step; head < num_heads; head += step) {
     T* ptr = head_at<T>(p, token, head);

@@ -1,4 +1,5 @@
-// Shared pieces of the KV-cache kernels (row_scatter, store_cache_quant, downcast_fp8): the row part,
+// Shared pieces of the KV-cache kernels (row_scatter, store_cache, store_cache_quant, downcast_fp8,
+// concat_mla, rope_fp8_kvcache): the row part,
 // launch facts and flat layout of the row scatter, a multiply-shift divider for 32-bit ids, a source
 // load that ptxas cannot sink below a later condition, and the caches' aliasing and scale checks. No kernels: a
 // launcher that includes this file compiles only its own.
@@ -42,9 +43,9 @@ struct RowScatterConfig {
 
 /// The quotient n / d of 0 <= n < 2^31 by a divisor 1 <= d < 2^31 fixed at launch, as one 64-bit
 /// multiply and a shift: multiplier = floor(2^shift / d) + 1 with shift = 31 + ceil(log2 d). Exact:
-/// the multiplier exceeds 2^shift / d by at most 1, so n * multiplier / 2^shift exceeds n / d by
-/// less than n * d / 2^shift < 1 / d, which never reaches the next integer (n / d's fraction is at
-/// most 1 - 1 / d). Example: d = 72 gives shift 38, multiplier 3817748708; n = 143 -> 1, 144 -> 2.
+/// the multiplier exceeds 2^shift / d by at most 1, so n * multiplier / 2^shift exceeds n / d by at
+/// most n / 2^shift < 1 / d (2^shift >= 2^31 * d > n * d), which never reaches the next integer (n /
+/// d's fraction is at most 1 - 1 / d). Example: d = 72 gives shift 38, multiplier 3817748708; n = 143 -> 1, 144 -> 2.
 struct RowDivider {
   uint64_t multiplier;  // floor(2^shift / d) + 1, at most 2^32
   uint32_t shift;       // 31 + ceil(log2 d)
@@ -93,9 +94,10 @@ SGL_DEVICE FlatVector locate_flat_vector(
 /// Loads vector `i` of `src` (a Vec = AlignedVector of 1 to 16 bytes, aligned) with ld.relaxed.gpu:
 /// a strong load, which the compiler issues where the code has it. A plain (weak) load whose value
 /// only a conditional store uses is sunk under the condition by ptxas, so the source load waits for
-/// the index load: two memory latencies instead of one (seen in row_scatter's flat kernel SASS; an
-/// empty volatile asm, a "memory" clobber and .nc/.cg/.cs/L1::no_allocate/L2::cache_hint loads were
-/// all sunk). The data is read once, so skipping L1 (strong loads are served by L2) costs nothing.
+/// the index load: two memory latencies instead of one. An empty volatile asm, a "memory" clobber or
+/// a cache-qualified load (.nc, .cg, .cs, L1::no_allocate, L2::cache_hint) does not keep it in place;
+/// a strong load does. The data is read once, so skipping L1 (strong loads are served by L2) costs
+/// nothing.
 template <typename Vec>
 SGL_DEVICE Vec load_issued_here(const void* src, uint32_t i) {
   using storage_t = typename Vec::storage_type;

@@ -36,7 +36,7 @@
 
 namespace {
 
-/// Kernel arguments of store_cache_quant. In `k` and `v` (row_scatter's RowPart), `src` holds rows of
+/// Kernel arguments of store_cache_quant. In `k` and `v` (access.cuh's RowPart), `src` holds rows of
 /// T, `dst` rows of e4m3 bytes, strides in bytes, `num_vecs` the vectors per row; `chunk_vecs` is unused.
 struct StoreCacheQuantParams {
   RowPart k;

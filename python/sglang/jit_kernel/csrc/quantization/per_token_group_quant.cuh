@@ -183,8 +183,8 @@ __global__ void __launch_bounds__(ActQuantConfig::kMaxThreads) act_and_mul_group
   }
 }
 
-/// The kernel of one math and alignment over the grid of the file comment. CTAs of tile_grid (up to
-/// four warps of a row, or rows of short rows), except launches of at most one tile per SM: one warp
+/// The kernel of one math and alignment over the grid of the file comment. CTAs of tile_grid (all of
+/// a row's tiles when there are at most 8, else 4 warps of a row; or several short rows), except launches of at most one tile per SM: one warp
 /// per CTA then, so every tile gets its own SM ([1, 2 x 14336] bf16: 28 CTAs instead of 7).
 template <typename T, typename TOut, GatedActivation kAct, ActQuantMath kMath>
 void launch_act_and_mul_group_quant(const ActQuantParams& params, int64_t launch_rows, bool aligned, DLDevice device) {

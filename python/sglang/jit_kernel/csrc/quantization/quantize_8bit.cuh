@@ -1,6 +1,8 @@
-// Shared pieces of the 8-bit activation quantizers (per_token_group_quant_8bit, per_token_quant_fp8,
-// per_tensor_quant_fp8): the scale of a block of values, the quantization of one value, and the
-// 16-byte input chunk every kernel moves (one vector load when aligned, element loads otherwise).
+// Shared pieces of the 8-bit quantizers (per_token_group_quant_8bit, per_token_quant_fp8,
+// per_tensor_quant_fp8, and the fused norm, activation and KV-store quantizers: norm_quant.cuh,
+// per_token_group_quant.cuh, store_cache_quant.cuh): the scale of a block of values, the
+// quantization of one value, and the chunk every kernel moves (one vector access when aligned,
+// element accesses otherwise).
 //
 // The arithmetic, which the tests reproduce bit for bit in fp32:
 //   s     = clamp(max(amax, eps) / q_type_max, FLT_MIN, FLT_MAX)       (IEEE fp32 division)
@@ -12,7 +14,7 @@
 // give NaN (fp8) or 0 (int8) in their own position.
 #pragma once
 
-#include <sgl_kernel/utils.cuh>  // For SGL_DEVICE, fp8_e4m3_t, bf16_t, fp32_t
+#include <sgl_kernel/utils.cuh>  // For SGL_DEVICE, fp8_e4m3_t, bf16_t
 #include <sgl_kernel/vec.cuh>    // For AlignedVector
 
 #include <cfloat>
@@ -67,8 +69,8 @@ SGL_DEVICE TOut quantize(float x, float inv_scale, float q_min, float q_max) {
   }
 }
 
-/// kN consecutive elements of T read or written as one 16-byte (kN * sizeof(T)) access when
-/// kAligned, element by element otherwise (a data pointer or row stride that is not aligned).
+/// kN consecutive elements of T read or written as one kN * sizeof(T)-byte access (16 for input
+/// chunks) when kAligned, element by element otherwise (a data pointer or row stride that is not aligned).
 /// Element access through operator[].
 template <typename T, int kN, bool kAligned>
 struct Chunk {
