@@ -33,6 +33,7 @@ import torch
 from sglang.jit_kernel._build import env_flag
 
 __all__ = [
+    "FAST_PATH_REFUSALS",
     "FLOAT_DTYPES",
     "INDEX_DTYPES",
     "check_contiguous",
@@ -57,6 +58,11 @@ __all__ = [
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: The dtypes of index tensors (positions, slot mappings, expert ids).
 INDEX_DTYPES = (torch.int32, torch.int64)
+#: What an eager fast path (a loaded launcher called directly) may raise before any launch: the
+#: launcher's checks and the FFI's argument conversion (OverflowError included, which converting a
+#: Python int may raise). The wrapper catches these and runs its checked path, whose error names
+#: the argument.
+FAST_PATH_REFUSALS = (TypeError, ValueError, RuntimeError, OverflowError)
 
 # A dim spec: (name, size) pins the size, (name, None) accepts any size and only names the dim.
 DimSpec = tuple[str, "int | None"]

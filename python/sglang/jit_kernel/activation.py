@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from sglang.jit_kernel._validate import (
+    FAST_PATH_REFUSALS,
     FLOAT_DTYPES,
     check_no_partial_overlap,
     check_scalar,
@@ -193,11 +194,7 @@ def _gated(
             try:
                 fn(result, input, expert_ids, expert_step, pdl)
                 return result
-            except (
-                TypeError,
-                ValueError,
-                RuntimeError,
-            ):  # raised before any launch: the checked path names the argument
+            except FAST_PATH_REFUSALS:  # raised before any launch: the checked path names the argument
                 pass
     return _gated_checked(op, input, out, expert_ids, expert_step, enable_pdl, pdl)
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from sglang.jit_kernel._validate import (
+    FAST_PATH_REFUSALS,
     INDEX_DTYPES,
     check_indices_enabled,
     check_no_partial_overlap,
@@ -298,7 +299,7 @@ def downcast_fp8(
                 # the launcher checks everything
                 fn(k, v, k_out, v_out, k_scale, v_scale, loc, mult, offset)
                 return
-            except (TypeError, RuntimeError, ValueError, OverflowError):  # before any launch: explain
+            except FAST_PATH_REFUSALS:  # before any launch: explain
                 pass
     k, v, k_out, v_out = _check_downcast("downcast_fp8", k, v, k_out, v_out, k_scale, v_scale, loc, mult, offset)
     if k.shape[0] == 0:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sglang.jit_kernel._validate import INDEX_DTYPES, check_tensor
+from sglang.jit_kernel._validate import FAST_PATH_REFUSALS, INDEX_DTYPES, check_tensor
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit
 
@@ -84,7 +84,7 @@ def clamp_position_cuda(seq_lens: torch.Tensor) -> torch.Tensor:
             try:
                 fn(out, seq_lens)  # the launcher checks everything
                 return out
-            except (TypeError, ValueError, RuntimeError):  # raised before any launch: the checked path explains
+            except FAST_PATH_REFUSALS:  # raised before any launch: the checked path explains
                 pass
     op = "clamp_position_cuda"
     check_tensor(op, "seq_lens", seq_lens, dtypes=INDEX_DTYPES, dims=[("num_seqs", None)])

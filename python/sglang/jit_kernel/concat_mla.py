@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sglang.jit_kernel._validate import check_no_partial_overlap, check_no_self_overlap, check_tensor, fail
+from sglang.jit_kernel._validate import (
+    FAST_PATH_REFUSALS,
+    check_no_partial_overlap,
+    check_no_self_overlap,
+    check_tensor,
+    fail,
+)
 from sglang.jit_kernel.registry import CheckCase, register_module, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit
 
@@ -158,13 +164,7 @@ def concat_mla_k(k: torch.Tensor, k_nope: torch.Tensor, k_rope: torch.Tensor) ->
             try:
                 fn(k, k_nope, k_rope)  # the launcher checks
                 return
-            except (
-                AttributeError,
-                IndexError,
-                TypeError,
-                ValueError,
-                RuntimeError,
-            ):  # before any launch: the checked path explains
+            except (AttributeError, IndexError, *FAST_PATH_REFUSALS):  # before any launch: the checked path explains
                 pass
     op = "concat_mla_k"
     check_tensor(op, "k", k, last_dim_contiguous=True)
@@ -234,7 +234,7 @@ def concat_mla_absorb_q(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
             try:
                 fn(out, a, b)  # the launcher checks
                 return out
-            except (TypeError, ValueError, RuntimeError):  # raised before any launch: the checked path explains
+            except FAST_PATH_REFUSALS:  # raised before any launch: the checked path explains
                 pass
     op = "concat_mla_absorb_q"
     check_tensor(op, "a", a, last_dim_contiguous=True)

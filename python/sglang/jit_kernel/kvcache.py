@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from sglang.jit_kernel._validate import (
+    FAST_PATH_REFUSALS,
     INDEX_DTYPES,
     check_indices,
     check_indices_enabled,
@@ -321,7 +322,7 @@ def store_cache(
             try:
                 fn(k, v, k_cache, v_cache, indices, row_bytes, num_split)  # the launcher checks everything
                 return
-            except (TypeError, ValueError, RuntimeError):  # raised before any launch: the checked path explains
+            except FAST_PATH_REFUSALS:  # raised before any launch: the checked path explains
                 pass
     op = "store_cache"
     check_tensor(op, "k", k)
@@ -512,8 +513,7 @@ def store_cache_quant(
                 # the launcher checks everything
                 fn(k, v, k_cache, v_cache, indices, k_scale, v_scale, k_inv_scale, v_inv_scale, size_limit)
                 return
-            # raised before any launch (OverflowError: an int past int64 at the FFI): the checked path explains
-            except (TypeError, ValueError, RuntimeError, OverflowError):
+            except FAST_PATH_REFUSALS:  # raised before any launch: the checked path explains
                 pass
     op = "store_cache_quant"
     check_scalar(op, "size_limit", size_limit, int, minimum=0, maximum=_INT64_MAX)  # before the devices
@@ -639,7 +639,7 @@ def set_mla_kv_buffer(
             try:
                 fn(kv_buffer, loc, cache_k_nope, cache_k_rope)  # the launcher checks everything
                 return
-            except (TypeError, ValueError, RuntimeError):  # raised before any launch: the checked path explains
+            except FAST_PATH_REFUSALS:  # raised before any launch: the checked path explains
                 pass
     op = "set_mla_kv_buffer"
     check_tensor(op, "kv_buffer", kv_buffer)

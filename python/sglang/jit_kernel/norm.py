@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from sglang.jit_kernel._validate import (
+    FAST_PATH_REFUSALS,
     FLOAT_DTYPES,
     check_no_partial_overlap,
     check_scalar,
@@ -430,7 +431,7 @@ def rmsnorm(
             try:
                 if fn(result, input, weight, eps, 0.0, cast_x_before_out_mul, -1 if enable_pdl is None else enable_pdl):
                     return result
-            except (TypeError, ValueError, RuntimeError):  # refused before any launch: the checked path explains
+            except FAST_PATH_REFUSALS:  # refused before any launch: the checked path explains
                 pass
     return _rmsnorm_checked("rmsnorm", input, weight, eps, out, 0.0, cast_x_before_out_mul, enable_pdl)
 
@@ -468,7 +469,7 @@ def _rmsnorm(
                     -1 if enable_pdl is None else enable_pdl,
                 ):
                     return result
-            except (TypeError, ValueError, RuntimeError):
+            except FAST_PATH_REFUSALS:
                 pass
     return _rmsnorm_checked(op, input, weight, eps, out, weight_offset, cast_x_before_out_mul, enable_pdl)
 
@@ -595,7 +596,7 @@ def _fused_add_rmsnorm(
             try:
                 if fn(input, residual, weight, eps, weight_offset, -1 if enable_pdl is None else enable_pdl):
                     return
-            except (TypeError, ValueError, RuntimeError):  # refused before any launch: the checked path explains
+            except FAST_PATH_REFUSALS:  # refused before any launch: the checked path explains
                 pass
     check_scalar(op, "eps", eps, float, minimum=0.0)
     check_scalar(op, "enable_pdl", enable_pdl, bool, optional=True)
@@ -786,7 +787,7 @@ def fused_inplace_qknorm(
             try:
                 if fn(q, k, q_weight, k_weight, eps, -1 if enable_pdl is None else enable_pdl):
                     return
-            except (TypeError, ValueError, RuntimeError):  # refused before any launch: the checked path explains
+            except FAST_PATH_REFUSALS:  # refused before any launch: the checked path explains
                 pass
     op = "fused_inplace_qknorm"
     check_scalar(op, "eps", eps, float, minimum=0.0)
@@ -908,7 +909,7 @@ def fused_inplace_qknorm_across_heads(
             try:
                 if fn(q, k, q_weight, k_weight, eps, -1 if enable_pdl is None else enable_pdl):
                     return
-            except (TypeError, ValueError, RuntimeError):  # refused before any launch: the checked path explains
+            except FAST_PATH_REFUSALS:  # refused before any launch: the checked path explains
                 pass
     op = "fused_inplace_qknorm_across_heads"
     check_scalar(op, "eps", eps, float, minimum=0.0)

@@ -15,7 +15,7 @@ from sglang.jit_kernel._quant_8bit import (
     emulate_scale,
     last_dim_contiguous,
 )
-from sglang.jit_kernel._validate import FLOAT_DTYPES, check_scalar, check_tensor, fail
+from sglang.jit_kernel._validate import FAST_PATH_REFUSALS, FLOAT_DTYPES, check_scalar, check_tensor, fail
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
 
@@ -190,12 +190,7 @@ def per_tensor_quant_fp8(
             ):
                 fn(input.view(1, -1), output_q.view(1, -1), output_s.view(1), is_static, eps, accumulate)
                 return
-        except (
-            AttributeError,
-            TypeError,
-            ValueError,
-            RuntimeError,
-        ):  # raised before any launch: the checked path explains
+        except (AttributeError, *FAST_PATH_REFUSALS):  # raised before any launch: the checked path explains
             pass
     input = _check(input, output_q, output_s, is_static, eps, accumulate)
     if input.numel() == 0:

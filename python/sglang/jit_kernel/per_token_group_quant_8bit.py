@@ -17,6 +17,7 @@ from sglang.jit_kernel._quant_8bit import (
     last_dim_contiguous,
 )
 from sglang.jit_kernel._validate import (
+    FAST_PATH_REFUSALS,
     FLOAT_DTYPES,
     check_scalar,
     check_shape,
@@ -275,12 +276,7 @@ def per_token_group_quant_8bit(
             ):
                 fn(input, output_q, output_s, group_size, eps, fp8_min, fp8_max, scale_ue8m0)
                 return output_q, output_s
-        except (
-            AttributeError,
-            TypeError,
-            ValueError,
-            RuntimeError,
-        ):  # raised before any launch: the checked path explains
+        except (AttributeError, *FAST_PATH_REFUSALS):  # raised before any launch: the checked path explains
             pass
     input = _check(input, output_q, output_s, group_size, eps, fp8_min, fp8_max, scale_ue8m0)
     if input.numel() == 0:

@@ -15,7 +15,7 @@ from sglang.jit_kernel._quant_8bit import (
     emulate_scale,
     last_dim_contiguous,
 )
-from sglang.jit_kernel._validate import FLOAT_DTYPES, check_scalar, check_shape, check_tensor, fail
+from sglang.jit_kernel._validate import FAST_PATH_REFUSALS, FLOAT_DTYPES, check_scalar, check_shape, check_tensor, fail
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
 
@@ -171,12 +171,7 @@ def per_token_quant_fp8(
             if fn is not None and isinstance(eps, float) and eps >= 0:  # a bool or int eps: the checked path
                 fn(input, output_q, output_s, eps)
                 return
-        except (
-            AttributeError,
-            TypeError,
-            ValueError,
-            RuntimeError,
-        ):  # raised before any launch: the checked path explains
+        except (AttributeError, *FAST_PATH_REFUSALS):  # raised before any launch: the checked path explains
             pass
     input = _check(input, output_q, output_s, eps)
     if output_s.numel() == 0:

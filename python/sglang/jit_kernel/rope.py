@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from sglang.jit_kernel._validate import (
+    FAST_PATH_REFUSALS,
     FLOAT_DTYPES,
     INDEX_DTYPES,
     check_indices,
@@ -365,7 +366,7 @@ def apply_rope_inplace(
             try:
                 fn(q, k, cos_sin_cache, positions, is_neox, rope_dim, -1 if enable_pdl is None else enable_pdl)
                 return
-            except (TypeError, ValueError, RuntimeError):  # refused before any launch: the checked path explains
+            except FAST_PATH_REFUSALS:  # refused before any launch: the checked path explains
                 pass
     op = "apply_rope_inplace"
     check_scalar(op, "enable_pdl", enable_pdl, bool, optional=True)
@@ -511,7 +512,7 @@ def apply_rope_inplace_with_kvcache(
                         v_inv_scale,
                     )
                     return
-            except (TypeError, ValueError, RuntimeError):
+            except FAST_PATH_REFUSALS:
                 pass
     op = "apply_rope_inplace_with_kvcache"
     check_scalar(op, "enable_pdl", enable_pdl, bool, optional=True)

@@ -7,7 +7,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sglang.jit_kernel._validate import FLOAT_DTYPES, check_scalar, check_tensor, prepare_elementwise_out
+from sglang.jit_kernel._validate import (
+    FAST_PATH_REFUSALS,
+    FLOAT_DTYPES,
+    check_scalar,
+    check_tensor,
+    prepare_elementwise_out,
+)
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
 
@@ -92,7 +98,7 @@ def scale(src: torch.Tensor, factor: float, out: torch.Tensor | None = None) -> 
             try:
                 fn(result, src, factor)  # the launcher checks shapes, dtypes, devices, layout, overlap
                 return result
-            except (TypeError, ValueError, RuntimeError):  # raised before any launch: the checked path explains
+            except FAST_PATH_REFUSALS:  # raised before any launch: the checked path explains
                 pass
     check_tensor("scale", "src", src, dtypes=FLOAT_DTYPES)
     check_scalar("scale", "factor", factor, float)

@@ -174,6 +174,22 @@ def test_store_cache_quant_size_limit(limit):
 
 
 @requires_cuda
+@pytest.mark.parametrize("limit", [1 << 63, 1 << 70])
+def test_store_cache_quant_size_limit_past_int64_on_a_loaded_module(limit):
+    """With the module loaded (the fast path calls the launcher directly), a size_limit the FFI cannot
+    pass as int64 still raises the documented ValueError and writes nothing."""
+    k, v = source((8, 128), torch.bfloat16), source((8, 128), torch.bfloat16)
+    k_cache, v_cache = sentinel_filled((16, 128), FP8), sentinel_filled((16, 128), FP8)
+    indices = torch.randperm(16, device="cuda")[:8]
+    store_cache_quant(k, v, k_cache, v_cache, indices)  # loads the module
+    k_cache.view(torch.uint8).fill_(SENTINEL_BYTE)
+    before = k_cache.clone()
+    with pytest.raises(ValueError, match=r"^store_cache_quant: size_limit"):
+        store_cache_quant(k, v, k_cache, v_cache, indices, size_limit=limit)
+    assert_bits_equal(k_cache.view(torch.uint8), before.view(torch.uint8))
+
+
+@requires_cuda
 def test_store_cache_quant_fewer_indices_than_tokens():
     k, v = source((16, 128), torch.bfloat16), source((16, 128), torch.bfloat16)
     k_cache, v_cache = sentinel_filled((32, 128), FP8), sentinel_filled((32, 128), FP8)
