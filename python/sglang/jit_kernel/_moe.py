@@ -1,13 +1,13 @@
 """Helpers shared by the MoE routing ops (``topk_softmax``, ``topk_sigmoid``, ``grouped_topk``).
 
 Each op has its own modules per gating dtype (float16, bfloat16, float32), built from its own
-``csrc/moe/<op>.cuh`` over the routing engine ``csrc/moe/topk_rows.cuh`` (one warp per token row):
-one of engine v2, loaded on the first call, and one of the first engine, loaded on the first call of
-a shape engine v2 does not take. An op's modules instantiate only the kernels its calls can reach
+``csrc/moe/<op>.cuh`` over the routing engine ``csrc/moe/topk_rows.cuh``: six per gating dtype,
+engine v2 by run length (rows of <= 32 / 64 / 128 / 256 / 1024 experts) and the first engine, each
+built on the first call that needs it (``routing_engine`` names it). An op's modules instantiate only the kernels its calls can reach
 (``RoutingOp`` in the engine): the first call of one op compiles none of its siblings' specialised
 kernels, nor the first engine's.
 
-The engine picks a kernel by shape, the same bits whichever it picks: engine v2 (a lane owns a run
+The engine picks a kernel by shape, the same bits whichever kernel of an engine it picks: engine v2 (a lane owns a run
 of consecutive experts; rows of <= 1024 experts, ``topk <= 32``, groups made of whole lane runs),
 with the lookahead kernels for rows of <= 256 experts (specialised at top-8 for each option set,
 sorted for full rows of 128 / 256 experts from 2048 tokens and for DeepSeek-V3's grouping, several
@@ -22,7 +22,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sglang.jit_kernel._validate import FLOAT_DTYPES, check_no_partial_overlap, check_shape, check_tensor, fail
+from sglang.jit_kernel._validate import (
+    FLOAT_DTYPES,
+    check_no_partial_overlap,
+    check_no_self_overlap,
+    check_shape,
+    check_tensor,
+    fail,
+)
 from sglang.jit_kernel.utils import load_jit, make_cpp_args
 
 if TYPE_CHECKING:
@@ -62,7 +69,7 @@ def routing_engine(num_experts: int, topk: int, num_groups: int = 1) -> str:
     return _ENGINE_OF_RUN[per]
 
 
-def load_routing_module(op: str, dtype: torch.dtype, engines: str = ROUTING_ENGINES[0]) -> Module:
+def load_routing_module(op: str, dtype: torch.dtype, engines: str) -> Module:
     """Compile (first use) or load op ``op``'s module for gating dtype ``dtype`` and ``engines``:
     ``csrc/moe/<op>.cuh`` exporting ``<op><T, kEngines>`` (the callers' ``@cache_once`` builders
     memoize it)."""
@@ -149,24 +156,32 @@ def check_routing_args(
                 "1 (a contiguous last dim)",
                 f"{t.stride(-1)} (shape {tuple(t.shape)} with strides {t.stride()})",
             )
-    if bias is None:
-        bias = no_bias(gating.device)
-    else:
+    if bias is not None:
         check_tensor(
             op, bias_arg, bias, dtypes=FLOAT_DTYPES, device_as=(gating, gating_arg), dims=[("num_experts", num_experts)]
         )
-        if bias.dtype != torch.float32 or not bias.is_contiguous():
-            bias = bias.to(torch.float32).contiguous()
     if not torch.compiler.is_compiling():
-        check_no_partial_overlap(op, weights_arg, topk_weights, topk_ids, ids_arg, allow_same=False)
-        check_no_partial_overlap(op, weights_arg, topk_weights, gating, gating_arg, allow_same=False)
-        check_no_partial_overlap(op, ids_arg, topk_ids, gating, gating_arg, allow_same=False)
+        # The launcher's aliasing checks, named for the op. dense_only: interleaved views that share
+        # no element are left to the launcher's exact test. The bias is checked as given (the
+        # launcher may get an fp32 copy of it).
+        check_no_self_overlap(op, weights_arg, topk_weights)
+        check_no_self_overlap(op, ids_arg, topk_ids)
+        inputs = ((gating_arg, gating),) + (((bias_arg, bias),) if bias is not None else ())
+        check_no_partial_overlap(op, weights_arg, topk_weights, topk_ids, ids_arg, allow_same=False, dense_only=True)
+        for output_arg, output in ((weights_arg, topk_weights), (ids_arg, topk_ids)):
+            for input_arg, t in inputs:
+                check_no_partial_overlap(op, output_arg, output, t, input_arg, allow_same=False, dense_only=True)
+    if bias is None:
+        return no_bias(gating.device)
+    if bias.dtype != torch.float32 or not bias.is_contiguous():
+        bias = bias.to(torch.float32).contiguous()
     return bias
 
 
 def routing_check_inputs(num_tokens: int, num_experts: int, topk: int) -> tuple:
-    """``check`` inputs of the routing ops: fp32 logits on a 1/64 grid (distinct experts differ in
-    probability by > 1.5 %, so the choice is unambiguous in any precision) and empty outputs."""
+    """``check`` inputs of the routing ops: fp32 logits on a 1/64 grid (distinct logit values differ
+    by 1/64, > 1.5 % in softmax probability, so the choice is unambiguous in any precision) and
+    empty outputs."""
     logits = torch.randint(-256, 256, (num_tokens, num_experts), device="cuda").float() / 64
     return (
         logits,

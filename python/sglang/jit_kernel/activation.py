@@ -19,6 +19,7 @@ import torch
 from sglang.jit_kernel._validate import (
     FAST_PATH_REFUSALS,
     FLOAT_DTYPES,
+    INT64_MAX,
     check_no_partial_overlap,
     check_scalar,
     check_shape,
@@ -215,7 +216,7 @@ def _gated_checked(
         fail(RuntimeError, op, "input", "last dim", "even (2 * hidden_size)", width)
     hidden_size = width // 2
     out_shape = (*input.shape[:-1], hidden_size)
-    check_scalar(op, "expert_step", expert_step, int, minimum=1)
+    check_scalar(op, "expert_step", expert_step, int, minimum=1, maximum=INT64_MAX)
     check_scalar(op, "enable_pdl", enable_pdl, bool, optional=True)
     if out is None:
         out = torch.empty(out_shape, dtype=input.dtype, device=input.device)
@@ -231,7 +232,7 @@ def _gated_checked(
                 tuple(out.shape),
             )
         if not compiling:  # data pointers do not exist while tracing; the launcher checks again
-            check_no_partial_overlap(op, "out", out, input, "input", allow_same=False)
+            check_no_partial_overlap(op, "out", out, input, "input", allow_same=False, dense_only=True)
     num_tokens = out.numel() // hidden_size if hidden_size else 0
     if expert_ids is not None:
         check_tensor(op, "expert_ids", expert_ids, dtypes=(torch.int32,), device_as=(input, "input"), contiguous=True)
@@ -247,7 +248,7 @@ def _gated_checked(
                 expert_ids.shape[0],
             )
         if not compiling:
-            check_no_partial_overlap(op, "out", out, expert_ids, "expert_ids", allow_same=False)
+            check_no_partial_overlap(op, "out", out, expert_ids, "expert_ids", allow_same=False, dense_only=True)
     if num_tokens == 0:
         return out
     if compiling:  # the op checks the layout of out when it runs (the launcher's TensorMatcher)
@@ -322,7 +323,7 @@ _DOC_COMMON = """
         If ``input``, ``out`` or ``expert_ids`` is not a tensor, ``expert_step`` not an int or
         ``enable_pdl`` not None / a bool.
     ValueError
-        If ``expert_step < 1``.
+        If ``expert_step < 1`` or past int64.
     RuntimeError
         Before any launch, naming the argument (``<op>: <arg> <what>: expected X, got Y``): not on a
         CUDA device, an unsupported or mismatched dtype, an odd last dim of ``input``, ``out`` of

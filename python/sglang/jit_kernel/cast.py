@@ -18,6 +18,9 @@ import torch
 from sglang.jit_kernel._validate import (
     FAST_PATH_REFUSALS,
     INDEX_DTYPES,
+    INT64_MAX,
+    INT64_MIN,
+    check_dtype_as,
     check_indices_enabled,
     check_no_partial_overlap,
     check_scalar,
@@ -39,7 +42,6 @@ SOURCE_DTYPES = (torch.float16, torch.bfloat16)
 OUT_DTYPES = (torch.uint8, torch.float8_e4m3fn)
 #: The largest finite e4m3 value; quotients are clamped to [-FP8_MAX, FP8_MAX].
 FP8_MAX = 448.0
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 @cache_once
@@ -79,13 +81,13 @@ def _loc_range(mult: int, offset: int, num_slots: int) -> tuple[int, int] | None
     if num_slots == 0:
         return None
     if mult == 0:
-        return (_INT64_MIN, _INT64_MAX) if 0 <= offset < num_slots else None
+        return (INT64_MIN, INT64_MAX) if 0 <= offset < num_slots else None
     a, b = -offset, num_slots - 1 - offset  # mult * loc in [a, b]
     if mult > 0:
         lo, hi = -((-a) // mult), b // mult
     else:
         lo, hi = -((-b) // mult), a // mult
-    lo, hi = max(lo, _INT64_MIN), min(hi, _INT64_MAX)
+    lo, hi = max(lo, INT64_MIN), min(hi, INT64_MAX)
     return (lo, hi) if lo <= hi else None
 
 
@@ -155,13 +157,14 @@ def _check_downcast(
         check_shape(op, arg, out, [("num_slots", None), ("num_kv_heads", k.shape[1]), ("head_dim", k.shape[2])])
     if v_out.shape != k_out.shape:
         fail(RuntimeError, op, "v_out", "shape", f"{tuple(k_out.shape)} (the shape of k_out)", tuple(v_out.shape))
+    check_dtype_as(op, "v_out", v_out, k_out, "k_out")  # one dtype for both (the launcher's)
     for arg, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
         check_tensor(op, arg, scale, dtypes=(torch.float32,), device_as=(k, "k"))
         if scale.numel() != 1 or scale.dim() > 1:
             fail(RuntimeError, op, arg, "shape", "[1] (one float32 on the device)", tuple(scale.shape))
     check_tensor(op, "loc", loc, dtypes=INDEX_DTYPES, device_as=(k, "k"), dims=[("num_tokens", k.shape[0])])
     for arg, value in (("mult", mult), ("offset", offset)):
-        check_scalar(op, arg, value, int, minimum=_INT64_MIN, maximum=_INT64_MAX)
+        check_scalar(op, arg, value, int, minimum=INT64_MIN, maximum=INT64_MAX)
     k, v, k_out, v_out = (_last_dim_unit(t) for t in (k, v, k_out, v_out))
     for arg, t in (("k", k), ("v", v), ("k_out", k_out), ("v_out", v_out)):
         if t.stride(-1) != 1 and t.shape[-1] > 1:
@@ -175,8 +178,8 @@ def _check_downcast(
             )
     for out_arg, out in (("k_out", k_out), ("v_out", v_out)):
         for arg, t in (("k", k), ("v", v), ("loc", loc), ("k_scale", k_scale), ("v_scale", v_scale)):
-            check_no_partial_overlap(op, out_arg, out, t, arg, allow_same=False)
-    check_no_partial_overlap(op, "v_out", v_out, k_out, "k_out", allow_same=False)
+            check_no_partial_overlap(op, out_arg, out, t, arg, allow_same=False, dense_only=True)
+    check_no_partial_overlap(op, "v_out", v_out, k_out, "k_out", allow_same=False, dense_only=True)
     return k, v, k_out, v_out
 
 
@@ -261,7 +264,8 @@ def downcast_fp8(
         ``[num_tokens, num_kv_heads, head_dim]``, float16 or bfloat16 (one dtype), on a CUDA device;
         token and head strides free, the last stride 1. Not modified.
     k_out, v_out : torch.Tensor
-        ``[num_slots, num_kv_heads, head_dim]`` uint8 (the e4m3 bytes) or float8_e4m3fn, one shape;
+        ``[num_slots, num_kv_heads, head_dim]`` uint8 (the e4m3 bytes) or float8_e4m3fn, one shape
+        and one dtype;
         slot and head strides free, the last stride 1. Written in the addressed rows only.
     k_scale, v_scale : torch.Tensor
         ``[1]`` (or 0-d) float32 on the device of ``k``: the dequantisation scales. Not modified.
@@ -285,7 +289,8 @@ def downcast_fp8(
         ``mult`` or ``offset`` outside int64.
     RuntimeError
         A tensor not on ``k``'s CUDA device; ``k`` not float16/bfloat16 or ``v`` of another dtype or
-        shape; outputs not uint8/float8_e4m3fn or not ``[num_slots, num_kv_heads, head_dim]``; a
+        shape; outputs not uint8/float8_e4m3fn or not ``[num_slots, num_kv_heads, head_dim]``, or of
+        two dtypes; a
         scale that is not float32 with one element; ``loc`` not int32/int64 or not one entry per
         token; a last dim that is not contiguous; an output sharing memory with an input or with
         the other output. Raised before any launch, as ``downcast_fp8: <arg> <what>: expected X, got Y``.

@@ -96,8 +96,8 @@ def _check_parts(
         )
     if not torch.compiler.is_compiling():  # fake tensors have no data pointer; the launcher checks it
         check_no_self_overlap(op, out_arg, o)
-        check_no_partial_overlap(op, out_arg, o, x, a_arg, allow_same=False)
-        check_no_partial_overlap(op, out_arg, o, y, b_arg, allow_same=False)
+        check_no_partial_overlap(op, out_arg, o, x, a_arg, allow_same=False, dense_only=True)
+        check_no_partial_overlap(op, out_arg, o, y, b_arg, allow_same=False, dense_only=True)
 
 
 def _call(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:

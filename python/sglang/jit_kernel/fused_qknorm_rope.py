@@ -8,7 +8,6 @@ element size, ``p`` the position size); v is neither read nor written.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -16,6 +15,7 @@ import torch
 from sglang.jit_kernel._validate import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
+    check_finite_float32,
     check_no_self_overlap,
     check_scalar,
     check_tensor,
@@ -163,7 +163,7 @@ def fused_qk_norm_rope(
         nothing is indexed by it. Not modified.
     factor, low, high, attention_factor : float
         YaRN scaling (``factor > 0``; ``factor == 1`` disables the blend; ``low``, ``high`` in units of
-        the pair index ``i``, finite) and the cos/sin multiplier (finite).
+        the pair index ``i``, finite in float32) and the cos/sin multiplier (finite in float32).
     rotary_dim : int, optional
         ``R``: even, ``<= head_dim``; None (default) means ``head_dim``.
     enable_pdl : bool, optional
@@ -181,8 +181,8 @@ def fused_qk_norm_rope(
     ValueError
         Negative head counts or eps, ``head_dim < 1``, ``base <= 0`` or ``factor <= 0`` (NaN fails
         these ranges too), ``rotary_dim`` not even in ``[2, head_dim]``, ``low``, ``high`` or
-        ``attention_factor`` not finite (``fused_qk_norm_rope: low value: expected a finite number,
-        got nan``).
+        ``attention_factor`` not finite in float32 (``fused_qk_norm_rope: low value: expected a
+        finite number, got nan``; magnitudes past 3.4028235e+38 too).
     RuntimeError
         As ``fused_qk_norm_rope: <arg> <what>: expected X, got Y``: not on CUDA or another device,
         unsupported or mismatched dtypes, qkv not ``[num_tokens, row]`` of the heads' row, a weight not
@@ -200,8 +200,7 @@ def fused_qk_norm_rope(
     check_scalar(op, "factor", factor, float, minimum=0.0, exclusive_minimum=True)
     for name, value in (("low", low), ("high", high), ("attention_factor", attention_factor)):
         check_scalar(op, name, value, float)
-        if not math.isfinite(value):
-            fail(ValueError, op, name, "value", "a finite number", value)
+        check_finite_float32(op, name, value)
     check_scalar(op, "rotary_dim", rotary_dim, int, optional=True)
     check_scalar(op, "enable_pdl", enable_pdl, bool, optional=True)
     r = head_dim if rotary_dim is None else rotary_dim

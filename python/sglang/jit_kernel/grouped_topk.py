@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import torch
 
 from sglang.jit_kernel._moe import (
-    ROUTING_ENGINES,
     ROUTING_VARIANTS,
     launch_routing,
     load_routing_module,
     no_bias,
     routing_engine,
 )
-from sglang.jit_kernel._validate import FLOAT_DTYPES, check_scalar, check_tensor, fail
+from sglang.jit_kernel._validate import FLOAT_DTYPES, check_finite_float32, check_scalar, check_tensor, fail
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once
 
@@ -30,7 +28,7 @@ MAX_GROUPS = 32
 
 
 @cache_once
-def _jit_grouped_topk_module(dtype: torch.dtype, engines: str = ROUTING_ENGINES[0]) -> Module:
+def _jit_grouped_topk_module(dtype: torch.dtype, engines: str) -> Module:
     """Compile (first use) and cache grouped_topk's module for gating dtype ``dtype`` and ``engines`` (only grouped_topk's kernels)."""
     return load_routing_module("grouped_topk", dtype, engines)
 
@@ -118,7 +116,7 @@ def grouped_topk(
     renormalize : bool
         Divide the chosen weights by their sum (+1e-20).
     scaling_factor : float
-        Multiplies every weight (the routed scaling factor), finite. Default 1.0.
+        Multiplies every weight (the routed scaling factor), finite in float32. Default 1.0.
 
     Returns
     -------
@@ -134,7 +132,7 @@ def grouped_topk(
     ValueError
         ``num_expert_group``, ``topk_group`` or ``topk`` out of range (``num_expert_group`` not a divisor
         of ``num_experts`` included: ``grouped_topk: num_expert_group value: expected a divisor of
-        num_experts = 256, got 7``), or ``scaling_factor`` NaN/inf.
+        num_experts = 256, got 7``), or ``scaling_factor`` NaN, inf or past the float32 range.
     RuntimeError
         ``scores`` or ``bias`` off CUDA, on different devices, of a wrong dtype or shape, or a
         non-contiguous last dim of ``scores``; raised before any launch as
@@ -153,8 +151,7 @@ def grouped_topk(
     check_scalar(_OP, "topk", topk, int, minimum=1)
     check_scalar(_OP, "renormalize", renormalize, bool)
     check_scalar(_OP, "scaling_factor", scaling_factor, float)
-    if not math.isfinite(scaling_factor):
-        fail(ValueError, _OP, "scaling_factor", "value", "a finite number", scaling_factor)
+    check_finite_float32(_OP, "scaling_factor", scaling_factor)
     num_tokens, num_experts = scores.shape
     if num_experts % num_expert_group != 0:
         fail(

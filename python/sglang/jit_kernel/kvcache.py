@@ -30,6 +30,7 @@ import torch
 from sglang.jit_kernel._validate import (
     FAST_PATH_REFUSALS,
     INDEX_DTYPES,
+    INT64_MAX,
     check_indices,
     check_indices_enabled,
     check_no_partial_overlap,
@@ -71,7 +72,6 @@ QUANT_SOURCE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: The largest finite e4m3 value; store_cache_quant clamps the scaled values to [-FP8_MAX, FP8_MAX].
 FP8_MAX = 448.0
 #: The largest size_limit: the launcher takes an int64 (the FFI does not pass a larger int as one).
-_INT64_MAX = 2**63 - 1
 
 
 @cache_once
@@ -304,7 +304,7 @@ def store_cache(
     TypeError
         A tensor argument that is not a tensor; ``row_bytes`` or ``num_split`` not an int.
     ValueError
-        ``row_bytes`` or ``num_split`` negative, or ``row_bytes`` not the row of ``k``.
+        ``row_bytes`` or ``num_split`` negative or past int64, or ``row_bytes`` not the row of ``k``.
     RuntimeError
         A tensor not on ``k``'s CUDA device; a cache of another dtype or row size than its source;
         ``indices`` not int32/int64 or not 1-D, or longer than ``k``; ``k`` and ``v`` with different
@@ -330,8 +330,8 @@ def store_cache(
     check_tensor(op, "k_cache", k_cache, dtype_as=(k, "k"))
     check_tensor(op, "v_cache", v_cache, dtype_as=(v, "v"), device_as=(k, "k"))
     check_tensor(op, "indices", indices, dtypes=INDEX_DTYPES, device_as=(k, "k"), dims=[("num_indices", None)])
-    check_scalar(op, "row_bytes", row_bytes, int, minimum=0)
-    check_scalar(op, "num_split", num_split, int, minimum=0)
+    check_scalar(op, "row_bytes", row_bytes, int, minimum=0, maximum=INT64_MAX)
+    check_scalar(op, "num_split", num_split, int, minimum=0, maximum=INT64_MAX)
     k2, v2, k_cache2, v_cache2 = _kv_rows(op, k, v, k_cache, v_cache, indices)
     _check_row(op, "k_cache", k_cache2, k2, "k")
     _check_row(op, "v_cache", v_cache2, v2, "v")
@@ -516,7 +516,7 @@ def store_cache_quant(
             except FAST_PATH_REFUSALS:  # raised before any launch: the checked path explains
                 pass
     op = "store_cache_quant"
-    check_scalar(op, "size_limit", size_limit, int, minimum=0, maximum=_INT64_MAX)  # before the devices
+    check_scalar(op, "size_limit", size_limit, int, minimum=0, maximum=INT64_MAX)  # before the devices
     check_tensor(op, "k", k, dtypes=QUANT_SOURCE_DTYPES)
     check_tensor(op, "v", v, dtype_as=(k, "k"))
     check_tensor(op, "k_cache", k_cache, dtypes=(torch.float8_e4m3fn,), device_as=(k, "k"))

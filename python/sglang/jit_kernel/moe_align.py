@@ -191,14 +191,14 @@ def moe_align_block_size(
     ``expert_ids[sum(padded) // block_size:]`` is not written. ``numel == 0`` launches no kernel:
     torch writes ``num_tokens_post_pad = 0``, ``cumsum_buffer[:num_experts + 1] = 0`` and, with
     padding, zeros (``numel``) into ``sorted_token_ids``. One launch of up to 8 CTAs below 4096
-    routed ids (rows of more than 1024 experts: one CTA), two launches over up to 64 CTAs from
-    there (the same bits); no host sync (CUDA-graph safe).
+    routed ids (rows of more than 1024 experts: one CTA at any size), two launches over up to 64
+    CTAs from there with at most 1024 experts (the same bits); no host sync (CUDA-graph safe).
 
     Parameters
     ----------
     topk_ids : torch.Tensor
-        int32 / int64 on a CUDA device, any shape (``[num_tokens, topk]`` usually); read only. A view
-        that does not flatten is copied first.
+        int32 / int64 on a CUDA device, any shape (``[num_tokens, topk]`` usually), any strides; read
+        only. A view whose elements are not one contiguous run is copied first.
     num_experts : int
         Segments, in ``[1, 8192]``.
     block_size : int
@@ -282,7 +282,7 @@ def moe_align_block_size(
     )
     if tuple(num_tokens_post_pad.shape) != (1,):
         fail(RuntimeError, _OP, "num_tokens_post_pad", "shape", "(1,)", tuple(num_tokens_post_pad.shape))
-    flat = topk_ids.reshape(-1)  # a view when it can be, else a contiguous copy
+    flat = topk_ids.reshape(-1).contiguous()  # a copy only where no contiguous view exists
     if not torch.compiler.is_compiling():
         outputs = (
             ("sorted_token_ids", sorted_token_ids),

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import torch
 
-from sglang.jit_kernel._validate import FLOAT_DTYPES, check_no_partial_overlap, check_scalar, check_tensor, fail
+from sglang.jit_kernel._validate import (
+    FLOAT_DTYPES,
+    check_finite_float32,
+    check_no_partial_overlap,
+    check_no_self_overlap,
+    check_scalar,
+    check_tensor,
+)
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit
 
@@ -62,7 +68,7 @@ def moe_sum_reduce(input: torch.Tensor, output: torch.Tensor, routed_scaling_fac
         ``[num_tokens, hidden_size]`` of the dtype and device of ``input``, last dim contiguous (row
         stride free); written. May not share memory with ``input``.
     routed_scaling_factor : float
-        The finite multiplier (an int or float). Default 1.0.
+        The multiplier (an int or float), finite in float32. Default 1.0.
 
     Returns
     -------
@@ -74,11 +80,11 @@ def moe_sum_reduce(input: torch.Tensor, output: torch.Tensor, routed_scaling_fac
     TypeError
         A tensor argument that is not a tensor, or a factor that is not a real number.
     ValueError
-        A factor that is NaN or infinite.
+        A factor that is NaN, infinite or past the float32 range.
     RuntimeError
         A tensor off CUDA, on different devices, of another dtype or shape, a non-contiguous last
-        dim, or overlapping tensors; raised before any launch as
-        ``moe_sum_reduce: <arg> <what>: expected X, got Y``.
+        dim, an output with overlapping rows (expanded), or overlapping tensors; raised before any
+        launch as ``moe_sum_reduce: <arg> <what>: expected X, got Y``.
     """
     check_tensor(
         _OP,
@@ -98,10 +104,11 @@ def moe_sum_reduce(input: torch.Tensor, output: torch.Tensor, routed_scaling_fac
         last_dim_contiguous=True,
     )
     check_scalar(_OP, "routed_scaling_factor", routed_scaling_factor, float)
-    if not math.isfinite(routed_scaling_factor):
-        fail(ValueError, _OP, "routed_scaling_factor", "value", "a finite number", routed_scaling_factor)
+    check_finite_float32(_OP, "routed_scaling_factor", routed_scaling_factor)
     if not torch.compiler.is_compiling():
-        check_no_partial_overlap(_OP, "output", output, input, "input", allow_same=False)
+        # the launcher's checks, named for the op (interleaved views: its exact element test)
+        check_no_self_overlap(_OP, "output", output)
+        check_no_partial_overlap(_OP, "output", output, input, "input", allow_same=False, dense_only=True)
     if output.numel() == 0:
         return
     if torch.compiler.is_compiling():

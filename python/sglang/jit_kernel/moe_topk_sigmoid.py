@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from sglang.jit_kernel._moe import (
-    ROUTING_ENGINES,
     ROUTING_VARIANTS,
     check_routing_args,
     launch_routing,
@@ -28,7 +27,7 @@ _OP = "topk_sigmoid"
 
 
 @cache_once
-def _jit_topk_sigmoid_module(dtype: torch.dtype, engines: str = ROUTING_ENGINES[0]) -> Module:
+def _jit_topk_sigmoid_module(dtype: torch.dtype, engines: str) -> Module:
     """Compile (first use) and cache topk_sigmoid's module for gating dtype ``dtype`` and ``engines`` (only topk_sigmoid's kernels)."""
     return load_routing_module("topk_sigmoid", dtype, engines)
 
@@ -81,9 +80,10 @@ def topk_sigmoid(
     ties to the lower expert index. ``topk_weights[t, i]`` gets the un-biased ``p`` of the i-th
     (divided by ``sum of the topk chosen p + 1e-20`` with ``renormalize``), ``topk_ids[t, i]`` its
     expert. A NaN logit is read as ``-inf`` (``p = 0``); a NaN biased score ranks below every
-    number. Deterministic: the same input gives the same bits. Without a bias the choice is made on
-    the logit ``x`` (sigmoid is monotone), so logits whose fp32 ``p`` round equal (``x > ~17`` gives
-    ``p = 1``) are still ordered by ``x``; equal logits go to the lower index.
+    number. Deterministic: the same input gives the same bits. Without a bias, rows of at most 1024
+    experts with ``topk <= 32`` are ranked on the logit ``x`` (sigmoid is monotone), so logits whose
+    fp32 ``p`` round equal (``x > ~17`` gives ``p = 1``) are still ordered by ``x``; larger rows and
+    topk are ranked on ``p``. Equal keys go to the lower index.
 
     Parameters
     ----------
@@ -113,7 +113,8 @@ def topk_sigmoid(
     RuntimeError
         A tensor off CUDA or on another device than ``gating_output``, a wrong dtype, a shape that
         does not match (``topk`` outside ``[1, num_experts]``, a bias of another length), a
-        non-contiguous last dim, or outputs overlapping each other or the input; raised before any
+        non-contiguous last dim, an output with overlapping elements (expanded), or outputs
+        overlapping each other, the input or the bias; raised before any
         launch as ``topk_sigmoid: <arg> <what>: expected X, got Y``.
     """
     bias = check_routing_args(_OP, topk_weights, topk_ids, gating_output, correction_bias)

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from sglang.jit_kernel._moe import (
-    ROUTING_ENGINES,
     ROUTING_VARIANTS,
     check_routing_args,
     launch_routing,
@@ -15,7 +14,7 @@ from sglang.jit_kernel._moe import (
     routing_check_inputs,
     routing_engine,
 )
-from sglang.jit_kernel._validate import check_scalar
+from sglang.jit_kernel._validate import check_finite_float32, check_scalar
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once
 
@@ -28,7 +27,7 @@ _OP = "topk_softmax"
 
 
 @cache_once
-def _jit_topk_softmax_module(dtype: torch.dtype, engines: str = ROUTING_ENGINES[0]) -> Module:
+def _jit_topk_softmax_module(dtype: torch.dtype, engines: str) -> Module:
     """Compile (first use) and cache topk_softmax's module for gating dtype ``dtype`` and ``engines`` (only topk_softmax's kernels)."""
     return load_routing_module("topk_softmax", dtype, engines)
 
@@ -90,10 +89,11 @@ def topk_softmax(
     ``topk_weights[t, i]`` gets the i-th ``p`` (divided by the sum of the ``topk`` chosen ones with
     ``renormalize``), ``topk_ids[t, i]`` its expert. A NaN logit is read as ``-inf`` before step 1
     (probability 0 unless softcapped; such experts are chosen last); a row of only ``-inf`` has NaN
-    probabilities and gets experts ``0..topk-1``. Deterministic: the same input gives the same bits.
-    The choice is made on the fp32 logit of step 2 (the softmax is monotone in it), so two experts
-    whose fp32 probabilities round to the same value are still ordered by their logits; equal
-    logits go to the lower index.
+    probabilities and gets experts ``0..topk-1`` (without a softcap; a softcapped ``-inf`` is
+    ``-cap``). Deterministic: the same input gives the same bits. Rows of at most 1024 experts with
+    ``topk <= 32`` are ranked on the fp32 logit of step 2 (the softmax is monotone in it), so two
+    experts whose fp32 probabilities round to the same value are still ordered by their logits;
+    larger rows and topk are ranked on the fp32 probability. Equal keys go to the lower index.
 
     Parameters
     ----------
@@ -123,16 +123,18 @@ def topk_softmax(
     TypeError
         A tensor argument that is not a tensor, or a scalar of the wrong type.
     ValueError
-        ``moe_softcapping`` negative or NaN.
+        ``moe_softcapping`` negative, NaN, infinite or past the float32 range.
     RuntimeError
         A tensor off CUDA or on another device than ``gating_output``, a wrong dtype, a shape that
         does not match (``topk`` outside ``[1, num_experts]``, a bias of another length), a
-        non-contiguous last dim, or outputs overlapping each other or the input; raised before any
+        non-contiguous last dim, an output with overlapping elements (expanded), or outputs
+        overlapping each other, the input or the bias; raised before any
         launch as ``topk_softmax: <arg> <what>: expected X, got Y``.
     """
     bias = check_routing_args(_OP, topk_weights, topk_ids, gating_output, correction_bias)
     check_scalar(_OP, "renormalize", renormalize, bool)
     check_scalar(_OP, "moe_softcapping", moe_softcapping, float, minimum=0.0)
+    check_finite_float32(_OP, "moe_softcapping", moe_softcapping)  # inf would make every weight NaN
     if gating_output.shape[0] == 0:
         return
     if torch.compiler.is_compiling():

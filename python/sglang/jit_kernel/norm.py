@@ -422,9 +422,11 @@ def rmsnorm(
             fn = _RMSNORM_FNS.get(input.dtype) if input.dim() == 2 else None
         except AttributeError:  # not a tensor: the checked path raises TypeError
             fn = None
+        # exact types only: the FFI would take 1 for a bool (the checked path raises TypeError)
         if (
             fn is not None
             and isinstance(eps, float)
+            and type(cast_x_before_out_mul) is bool
             and (enable_pdl is None or enable_pdl is True or enable_pdl is False)
         ):
             result = torch.empty_like(input) if out is None else out

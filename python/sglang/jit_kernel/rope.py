@@ -490,7 +490,15 @@ def apply_rope_inplace_with_kvcache(
             pdl = -1 if enable_pdl is None else enable_pdl
             try:
                 if k_cache.dtype != FP8_CACHE_DTYPE:
-                    if k_scale is None and v_scale is None and k_inv_scale == 1.0 and v_inv_scale == 1.0:
+                    # exact floats: True == 1.0 too, which the checked path refuses (TypeError)
+                    if (
+                        k_scale is None
+                        and v_scale is None
+                        and type(k_inv_scale) is float
+                        and type(v_inv_scale) is float
+                        and k_inv_scale == 1.0
+                        and v_inv_scale == 1.0
+                    ):
                         fn(q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox, rope_dim, pdl)
                         return
                 elif type(k_inv_scale) is float and type(v_inv_scale) is float:

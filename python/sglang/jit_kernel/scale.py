@@ -93,7 +93,8 @@ def scale(src: torch.Tensor, factor: float, out: torch.Tensor | None = None) -> 
             fn = _SCALE_FNS.get(src.dtype) if src.is_cuda and src.dim() == 1 else None
         except AttributeError:  # not a tensor: the checked path raises TypeError
             fn = None
-        if fn is not None and (out is None or getattr(out, "ndim", None) == 1):
+        # exact types only: the FFI would take a bool or a numpy scalar (the checked path raises TypeError)
+        if fn is not None and type(factor) in (float, int) and (out is None or getattr(out, "ndim", None) == 1):
             result = torch.empty_like(src) if out is None else out
             try:
                 fn(result, src, factor)  # the launcher checks shapes, dtypes, devices, layout, overlap

@@ -1,19 +1,22 @@
-"""Inputs a 2026-12-02 attack review found accepted where they should not be, or documented wrongly:
-outputs whose rows alias (an expanded cache, qkv or k, or one tensor passed as both caches) must
-be refused before any launch, naming the argument, with every tensor left as it was; a bool where
-the eager fast paths take a float or an int must raise the checked path's TypeError (the FFI would
-read True as 1); and a RoPE position outside the cache rotates by cos = 1, sin = 0 as documented
-(finite values kept, the partner of an inf NaN)."""
+"""Aliasing and scalar types across the two paths of the wrappers: outputs whose rows alias (an
+expanded cache, qkv or k, or one tensor passed as both caches) are refused before any launch,
+naming the argument, with every tensor left as it was; outputs that interleave with an input in
+one buffer without sharing an element are taken on every call (the first call's checked path as the
+later calls' fast path); a bool where the eager fast paths take a float or an int raises the checked
+path's TypeError on every call (the FFI would read True as 1); and a RoPE position outside the cache
+rotates by cos = 1, sin = 0 as documented (finite values kept, the partner of an inf NaN)."""
 
 import pytest
 import torch
 
 import sglang.jit_kernel.norm as norm
+from sglang.jit_kernel.activation import silu_and_mul
 from sglang.jit_kernel.concat_mla import concat_mla_k
 from sglang.jit_kernel.fused_qknorm_rope import fused_qk_norm_rope
 from sglang.jit_kernel.kvcache import set_mla_kv_buffer, store_cache
 from sglang.jit_kernel.per_token_quant_fp8 import per_token_quant_fp8
 from sglang.jit_kernel.rope import apply_rope_inplace, apply_rope_inplace_with_kvcache, make_cos_sin_cache
+from sglang.jit_kernel.scale import scale
 from sglang.jit_kernel.testing import requires_cuda
 from sglang.test.ci.ci_register import register_cuda_ci
 
@@ -157,6 +160,63 @@ def test_bool_eps_raises_type_error_on_the_fast_path(op):
         call(True)
     torch.cuda.synchronize()
     assert torch.equal(x, x_before)
+
+
+@requires_cuda
+def test_interleaved_outputs_are_taken_on_every_call():
+    """silu_and_mul's out beside its input in each row of one buffer, and per_token_quant_fp8's
+    scales packed after the quantized bytes of each row: no element shared, so the first call (the
+    checked path) and the second (the fast path) both run, with the bits of separate buffers."""
+    tokens, hidden = 5, 256
+    buf = torch.zeros(tokens, 3 * hidden, dtype=BF16, device="cuda")
+    buf[:, : 2 * hidden] = torch.randn(tokens, 2 * hidden, device="cuda").to(BF16)
+    expected = silu_and_mul(buf[:, : 2 * hidden].clone())
+    for _ in range(2):
+        buf[:, 2 * hidden :].zero_()
+        silu_and_mul(buf[:, : 2 * hidden], out=buf[:, 2 * hidden :])
+        assert torch.equal(buf[:, 2 * hidden :], expected)
+
+    x = torch.randn(tokens, hidden, device="cuda").to(BF16)
+    q_ref = torch.empty(tokens, hidden, dtype=torch.float8_e4m3fn, device="cuda")
+    s_ref = torch.empty(tokens, device="cuda")
+    per_token_quant_fp8(x, q_ref, s_ref)
+    packed = torch.zeros(tokens, hidden + 4, dtype=torch.uint8, device="cuda")
+    q, s = packed[:, :hidden].view(torch.float8_e4m3fn), packed[:, hidden:].view(torch.float32)[:, 0]
+    for _ in range(2):
+        packed.zero_()
+        per_token_quant_fp8(x, q, s)
+        assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+        assert torch.equal(s, s_ref)
+
+
+@requires_cuda
+def test_rmsnorm_in_place_with_another_stride_of_the_size_1_dim():
+    """out = input as a [1, hidden] view with another (meaningless) row stride is the same view: the
+    checked path takes it as the launcher does, on the first call and after."""
+    buf = torch.randn(4, 256, device="cuda").to(BF16)
+    w = torch.randn(256, device="cuda").to(BF16)
+    x = buf[2:3]
+    expected = norm.rmsnorm(x.clone(), w)
+    original = x.clone()
+    for _ in range(2):
+        x.copy_(original)
+        norm.rmsnorm(x, w, out=torch.as_strided(x, (1, 256), (7, 1)))
+        assert torch.equal(x, expected)
+
+
+@requires_cuda
+def test_bools_for_other_scalars_raise_type_error_on_every_call():
+    """cast_x_before_out_mul=1, scale(x, True), k_inv_scale=True: TypeError on the first call and
+    again once the module is loaded (the fast path would pass them on as numbers)."""
+    x = torch.randn(4, 128, device="cuda").to(BF16)
+    w = torch.randn(128, device="cuda").to(BF16)
+    norm.rmsnorm(x, w)  # loads the module
+    scale(x[0], 2.0)
+    for _ in range(2):
+        with pytest.raises(TypeError, match="cast_x_before_out_mul"):
+            norm.rmsnorm(x, w, cast_x_before_out_mul=1)
+        with pytest.raises(TypeError, match="factor"):
+            scale(x[0], True)
 
 
 @requires_cuda

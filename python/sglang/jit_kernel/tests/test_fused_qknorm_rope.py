@@ -213,6 +213,8 @@ def test_cpu_and_scalar_errors():
         call(rotary_dim=65)
     with pytest.raises(ValueError, match=rf"^{op}: low value: expected a finite number, got nan$"):
         call(low=float("nan"))
+    with pytest.raises(ValueError, match=rf"^{op}: attention_factor value: expected a magnitude of at most"):
+        call(attention_factor=1e39)
     with pytest.raises(TypeError, match=rf"^{op}: is_neox type: expected a bool, got int$"):
         call(is_neox=1)
 

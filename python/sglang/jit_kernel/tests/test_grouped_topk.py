@@ -142,6 +142,11 @@ def test_grouped_topk_bad_arguments():
             r"scaling_factor value: expected a finite number, got inf",
         ),
         (
+            (s, None, 8, 4, 8, True, 1e39),  # finite as a double, inf as the kernel's float32
+            ValueError,
+            r"scaling_factor value: expected a magnitude of at most 3.4028235e\+38 \(float32\), got 1e\+39",
+        ),
+        (
             (s, torch.zeros(255, device="cuda"), 8, 4, 8, True),
             RuntimeError,
             r"bias shape: expected \[num_experts=256\], got \(255,\)",

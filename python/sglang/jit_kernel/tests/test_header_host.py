@@ -59,6 +59,49 @@ def test_interleaved_views_are_not_overlap(probe):
         probe.probe_partial_overlap(q, q, False)
 
 
+def _overlap_layouts():
+    """(name, a, b, allow_same): pairs of views of one buffer, interleaved, partial, disjoint or the
+    same view under other strides of size-1 dims."""
+    kv = torch.zeros(6, 2, 64, dtype=torch.bfloat16)  # k and v halves of each slot
+    packed = torch.zeros(5, 64 + 8, dtype=torch.uint8)  # q bytes then 8 scale bytes per row
+    act = torch.zeros(4, 3 * 32, dtype=torch.bfloat16)  # gate | up | out in each row
+    flat = torch.zeros(100, dtype=torch.bfloat16)
+    row = torch.zeros(4, 32, dtype=torch.bfloat16)[2:3]
+    return [
+        ("interleaved halves", kv[:, 1], kv[:, 0], False),
+        ("packed q and scales", packed[:, 64:], packed[:, :64], False),
+        ("out beside input", act[:, 64:], act[:, :64], False),
+        ("same view, size-1 dim strided", torch.as_strided(row, (1, 32), (7, 1)), row, True),
+        ("same view, refused", row, row, False),
+        ("shifted", flat[1:], flat[:-1], True),
+        ("disjoint", flat[:50], flat[50:], False),
+        ("interleaved on one element", kv[:, 0, 1:], kv[:, 0, :-1], False),
+    ]
+
+
+@requires_nvcc
+@pytest.mark.parametrize("index", range(8))
+def test_python_overlap_check_refuses_only_what_the_launcher_refuses(probe, index):
+    """The wrappers' checked path (check_no_partial_overlap with dense_only) and the launchers'
+    verify_no_partial_overlap: whatever the launcher accepts, the checked path accepts too (a call
+    must not fail on its first use, which takes the checked path, and pass later on the fast path);
+    where the checked path refuses, the launcher refuses too."""
+    from sglang.jit_kernel._validate import check_no_partial_overlap
+
+    name, a, b, allow_same = _overlap_layouts()[index]
+    try:
+        probe.probe_partial_overlap(a, b, allow_same)
+        launcher_ok = True
+    except RuntimeError:
+        launcher_ok = False
+    try:
+        check_no_partial_overlap("op", "a", a, b, "b", allow_same=allow_same, dense_only=True)
+        python_ok = True
+    except RuntimeError:
+        python_ok = False
+    assert python_ok or not launcher_ok, f"{name}: refused by the checked path, taken by the launcher"
+
+
 def fused_qkv(num_tokens, num_q_heads, num_kv_heads, head_dim, pad=0, offset=0):
     """q [T, Hq, D] and k [T, Hk, D] as views of one fused bf16 [T, (Hq + 2 Hk) * D + pad] buffer
     at element ``offset``, plus the buffer."""

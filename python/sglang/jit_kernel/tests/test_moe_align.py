@@ -163,6 +163,8 @@ def test_moe_align_views_and_tight_buffers():
     check(ids, 256, 64, out=tight)
     ids3 = routed_ids(12, 8, 64).view(3, 4, 8)
     check(ids3, 64, 32)
+    # one column of [num_tokens, 8]: it flattens to a strided view, which is copied first
+    check(routed_ids(129, 8, 256)[:, 3:4], 256, 64)
 
 
 @requires_cuda

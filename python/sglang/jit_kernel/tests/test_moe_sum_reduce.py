@@ -120,6 +120,11 @@ def test_moe_sum_reduce_bad_arguments():
         ValueError, match=r"^moe_sum_reduce: routed_scaling_factor value: expected a finite number, got nan$"
     ):
         moe_sum_reduce(x, o, float("nan"))
+    with pytest.raises(
+        ValueError,
+        match=r"^moe_sum_reduce: routed_scaling_factor value: expected a magnitude of at most 3.4028235e\+38",
+    ):
+        moe_sum_reduce(x, o, -1e39)  # finite as a double, inf as the kernel's float32
     with pytest.raises(TypeError, match=r"^moe_sum_reduce: routed_scaling_factor type: expected a real number"):
         moe_sum_reduce(x, o, "2")
     with pytest.raises(RuntimeError, match=r"^moe_sum_reduce: output overlaps input: expected disjoint memory"):

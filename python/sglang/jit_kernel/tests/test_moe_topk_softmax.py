@@ -238,6 +238,9 @@ def test_topk_softmax_bad_arguments():
         ),
         ((w, i, g), {"moe_softcapping": -1.0}, ValueError, r"moe_softcapping value: expected >= 0.0, got -1.0"),
         ((w, i, g), {"moe_softcapping": float("nan")}, ValueError, r"moe_softcapping value"),
+        # inf (or past float32) would give every weight inf * tanh(0) = NaN
+        ((w, i, g), {"moe_softcapping": float("inf")}, ValueError, r"moe_softcapping value: expected a finite number"),
+        ((w, i, g), {"moe_softcapping": 1e39}, ValueError, r"moe_softcapping value: expected a magnitude"),
         ((w, i, g), {"renormalize": 1}, TypeError, r"renormalize type: expected a bool, got int"),
         ((g[:, :2], i, g), {}, RuntimeError, r"topk_weights dtype|topk_weights overlaps"),
     ]
@@ -260,10 +263,10 @@ def test_topk_softmax_overlapping_outputs_rejected():
 def test_topk_softmax_ffi_rejects_mismatch_from_cpp():
     """The C++ checks are the second line: calling the module directly with bad tensors raises
     RuntimeError naming the tensor, never a CUDA fault."""
-    from sglang.jit_kernel._moe import no_bias
+    from sglang.jit_kernel._moe import no_bias, routing_engine
     from sglang.jit_kernel.moe_topk_softmax import _jit_topk_softmax_module
 
-    module = _jit_topk_softmax_module(torch.float32)
+    module = _jit_topk_softmax_module(torch.float32, routing_engine(16, 2, 1))  # the module of 16 experts
     g = torch.randn(4, 16, device="cuda")
     w = torch.empty(4, 17, device="cuda")
     i = torch.empty(4, 17, dtype=torch.int32, device="cuda")

@@ -1,10 +1,10 @@
 // moe_align_block_size: group the flattened topk_ids by expert (a stable counting sort), each
 // expert's segment padded up to a multiple of block_size, for the block-sparse expert GEMMs.
 //
-// Three kernels, picked by size (moe_align_block_size below): below 4096 routed ids (and at most
-// 1024 experts) "small", one launch of up to 8 CTAs that each compute the whole layout and split
-// the stores; from 4096 ids "split", a count launch over up to 64 CTAs and a scatter launch; rows
-// of more than 1024 experts the one-CTA kernel. All three share the steps:
+// Three kernels, picked by size (moe_align._launch, and the entry points' fallback past 1024
+// experts): below 4096 routed ids (and at most 1024 experts) "small", one launch of up to 8 CTAs
+// that each compute the whole layout and split the stores; from 4096 ids "split", a count launch
+// over up to 64 CTAs and a scatter launch; rows of more than 1024 experts the one-CTA kernel. All three share the steps:
 //   1. "sorting" warps each own a contiguous range of the flat ids (register tiles of 32 ids a
 //      step) and count them into their own row of a [sort_warps, num_experts] table;
 //   2. per expert, the rows become exclusive prefixes over the warps (the rank of a warp's first id
@@ -269,13 +269,6 @@ void allow_dynamic_smem(Kernel kernel, int64_t bytes, int device_id, const std::
   host::RuntimeDeviceCheck(error, loc);
 }
 
-/// Groups topk_ids [numel] (T = int32_t | int64_t, contiguous) by expert into sorted_token_ids
-/// [sorted_len] int32, the expert of each block into expert_ids [expert_ids_len] int32, the padded
-/// total into num_tokens_post_pad [1] int32 and the segment starts into cumsum_buffer[0 ..
-/// num_experts] (int32, >= num_experts + 1). Requires 1 <= num_experts <= 8192, block_size a power
-/// of two <= 1024, sorted_len >= numel + min(numel, num_experts) * (block_size - 1) <= INT32_MAX
-/// and expert_ids_len >= that / block_size; all on one CUDA device, disjoint. Throws PanicError
-/// (Python RuntimeError) otherwise. numel == 0 returns without a launch and writes nothing.
 /// The validated arguments of a moe_align_block_size call as kernel arguments (sort_warps and
 /// ids_per_warp left for the launcher), in `params`; false (nothing to launch) when numel == 0.
 /// Throws PanicError (Python RuntimeError) on a mismatch (the rules: moe_align_block_size below).
@@ -380,6 +373,15 @@ bool unwrap_moe_align(
   return true;
 }
 
+/// The one-CTA kernel's launcher (any expert count): moe_align_block_size_small and
+/// moe_align_block_size_split fall back to it for rows of more than 1024 experts; moe_align._launch
+/// picks between those two by size. Groups topk_ids [numel] (T = int32_t | int64_t, contiguous) by expert into sorted_token_ids
+/// [sorted_len] int32, the expert of each block into expert_ids [expert_ids_len] int32, the padded
+/// total into num_tokens_post_pad [1] int32 and the segment starts into cumsum_buffer[0 ..
+/// num_experts] (int32, >= num_experts + 1). Requires 1 <= num_experts <= 8192, block_size a power
+/// of two <= 1024, sorted_len >= numel + min(numel, num_experts) * (block_size - 1) <= INT32_MAX
+/// and expert_ids_len >= that / block_size; all on one CUDA device, disjoint. Throws PanicError
+/// (Python RuntimeError) otherwise. numel == 0 returns without a launch and writes nothing.
 template <typename T>
 void moe_align_block_size(
     tvm::ffi::TensorView topk_ids,

@@ -7,8 +7,10 @@
 // the one-element chunk. 64-bit offsets, any token and k strides.
 #pragma once
 
-#include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDevice, data_ptr, verify_no_partial_overlap
-#include <sgl_kernel/utils.h>   // For div_ceil
+// For TensorMatcher, SymbolicSize, SymbolicDevice, data_ptr, verify_no_partial_overlap,
+// verify_no_self_overlap
+#include <sgl_kernel/tensor.h>
+#include <sgl_kernel/utils.h>  // For div_ceil
 
 #include <sgl_kernel/utils.cuh>  // For LaunchKernel, fp16_t, bf16_t, fp32_t
 #include <sgl_kernel/vec.cuh>    // For AlignedVector

@@ -1,7 +1,9 @@
-// topk_rows: the MoE routing engine (topk_softmax, topk_sigmoid, grouped_topk): one warp per token
-// row scores its experts and picks the top k, ties to the lower expert index.
+// topk_rows: the MoE routing engine (topk_softmax, topk_sigmoid, grouped_topk): a warp scores the
+// experts of a token row (of several rows in the multirow kernel) and picks the top k, ties to the
+// lower expert index. Two engines: the first (v1), described here, and engine v2 (a lane owns a
+// run of consecutive experts; its section below, from topk_rows_v2).
 //
-// Layout: expert e of a row lives in lane e % 32, slot e / 32, so every load of a warp reads 32
+// Engine v1 layout: expert e of a row lives in lane e % 32, slot e / 32, so every load of a warp reads 32
 // consecutive logits (coalesced for any expert count, stride and alignment). Rows of up to
 // 32 * kSlots experts keep their scores in registers (kSlots tiers 2..32, i.e. up to 1024 experts);
 // wider rows (kSlots == 0) recompute each score from the row on every pass (L1-resident), so any
@@ -16,8 +18,10 @@
 // or sequential in selection order: the same input gives the same bits on every run.
 #pragma once
 
-#include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDevice, data_ptr, verify_no_partial_overlap
-#include <sgl_kernel/utils.h>   // For RuntimeCheck, div_ceil
+// For TensorMatcher, SymbolicSize, SymbolicDevice, data_ptr, verify_no_partial_overlap,
+// verify_no_self_overlap
+#include <sgl_kernel/tensor.h>
+#include <sgl_kernel/utils.h>  // For RuntimeCheck, div_ceil
 
 #include <sgl_kernel/utils.cuh>  // For LaunchKernel, SGL_DEVICE, kWarpThreads, pdl_wait_primary, pdl_launch_dependents
 #include <sgl_kernel/warp.cuh>   // For warp::reduce_max, warp::reduce_sum
@@ -121,8 +125,8 @@ SGL_DEVICE float reciprocal_in_range(float d) {
 
 /// sig[s] = sigmoid(v[s]) for a run, the same bits: when every 1 + exp(-v) lies in [1, 2^125] (v >
 /// about -86.6, NaN excluded) by reciprocal_in_range, else by the division. One range test per run,
-/// so the compiler interleaves the run's sigmoids: the division's per-value slow-path branch made
-/// each its own block.
+/// so the compiler interleaves the run's sigmoids (the division's per-value slow-path branch would
+/// make each its own block).
 template <int kPer>
 SGL_DEVICE void sigmoid_run(const float (&v)[kPer], float (&sig)[kPer]) {
   float d[kPer];
@@ -641,9 +645,8 @@ SGL_DEVICE void sort_descending(uint32_t (&key)[kPer]) {
 /// The lookahead kernel's options as its params give them (topk_rows_v2_lookahead_kernel, the
 /// generic kernel): every option a uniform run-time branch, k a run-time loop count.
 /// (The grouping test is `kMayGroup && p.num_groups > 1` in the body and the steps' loop carries
-/// `#pragma unroll(kStepUnroll)`, 1 here: the forms that leave this kernel's SASS as it was before
-/// the options were factored out, instruction for instruction; a grouped() call or a lambda per
-/// step moved a few instructions.)
+/// `#pragma unroll(kStepUnroll)`, 1 here: in these forms the options layer compiles to the same
+/// code as the options written inline.)
 struct LookaheadRuntimeOptions {
   static constexpr bool kFixedTopk = false;
   static constexpr int kStepUnroll = 1;
@@ -691,8 +694,9 @@ inline constexpr int32_t kSpecialTopkGroup = 4;
 /// The options of a specialised grouped kernel: sigmoid scoring, k = kSpecialTopk, kNumGroups
 /// groups of kGroupSize experts with kTopkGroup kept, renormalize and a bias fixed at compile time;
 /// the scale (routed_scaling_factor), the bias values and renorm_eps from the params. The group
-/// merges and the kTopkGroup group steps unroll with constant lane masks (no division by the lanes
-/// per group at run time; constant trip counts, which the compiler unrolls), as the 8 expert steps do.
+/// merges unroll with constant lane masks and the groups are kept by rank (one round of kNumGroups
+/// shuffles, the sorted path): no division by the lanes per group at run time, constant trip
+/// counts, which the compiler unrolls, as the 8 expert steps do.
 template <int kNumGroups, int kGroupSize, int kTopkGroup, bool kRenormalize, bool kBias>
 struct LookaheadGroupedOptions {
   static_assert(kNumGroups > 1 && kTopkGroup >= 1 && kTopkGroup <= kNumGroups, "a grouped shape");
@@ -1031,7 +1035,8 @@ __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_lookahe
 /// Engine v2, the lookahead kernel specialised for the common decode call: k = 8 and the options
 /// (scoring, renormalize, bias, softcap) fixed at compile time, no grouping, scale 1. The launcher
 /// takes it for rows of <= 256 experts whose call matches one instantiation (topk_softmax /
-/// topk_sigmoid at top-8) and the generic lookahead kernel for anything else. The same body
+/// topk_sigmoid at top-8, and grouped_topk with one group and scale 1) and the generic lookahead
+/// kernel for anything else. The same body
 /// (lookahead_rows), so the same operations in the same order on every value: the generic kernel's
 /// experts and weight bits (the tests' *_batch_invariant compare its sorted and unsorted forms, a row
 /// alone and in a large batch).
@@ -1059,9 +1064,10 @@ __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_special
 /// The specialised lookahead kernel of grouped routing at DeepSeek-V3's shape (LookaheadGroupedOptions:
 /// 8 groups of 32 of 256 experts, 4 kept, top-8, sigmoid; renormalize and a bias fixed at compile
 /// time, any scale), on the sorted path (a group is kept by its rank, the experts chosen by the
-/// sorted steps). The same body as the generic kernel, so its experts and weight bits. What it removes besides the specialised kernels' option
-/// branches: the run-time loops of the group merges (2 shuffle stages here) and of the 4 group steps,
-/// and the division of the lane by the lanes per group.
+/// sorted steps). The same body as the generic kernel, so its experts and weight bits. What it
+/// removes besides the specialised kernels' option branches: the run-time loops of the group merges
+/// (2 shuffle stages here) and of the group ranking, and the division of the lane by the lanes per
+/// group.
 template <typename T, int kPer, bool kRenormalize, bool kBias>
 __global__ void __launch_bounds__(TopkRowsConfig::kThreads)
     topk_rows_v2_grouped_special_kernel(const TopkRowsParams p) {
@@ -1266,8 +1272,8 @@ __global__ void __launch_bounds__(TopkRowsConfig::kThreads) topk_rows_v2_multiro
 }
 
 /// Rows from which fp32 rows of 128 experts run topk_rows_v2_multirow_kernel where the sorted
-/// kernels do not take them (measured at k = 8 before the sorted kernels existed; bf16 / fp16 rows and
-/// the other widths keep the lookahead kernels: docs/perf_notes.md, topk routing).
+/// kernels do not take them (the crossover and why bf16 / fp16 rows and the other widths keep the
+/// lookahead kernels: docs/perf_notes.md, Top-k routing).
 inline constexpr int64_t kMultirowMinTokens = 4096;
 
 /// Whether `params` runs topk_rows_v2_multirow_kernel: fp32 full aligned rows of 128 experts (runs
