@@ -82,7 +82,15 @@ def load_routing_module(op: str, dtype: torch.dtype, engines: str) -> Module:
 def launch_routing(build: Callable[..., Module], op: str, dtype: torch.dtype, engine: str, *args: object) -> None:
     """Runs op ``op`` of gating dtype ``dtype`` with ``args`` on the module of ``engine``
     (routing_engine of the call's shape; compiled on first use). Raises RuntimeError if that module
-    declines the shape (routing_engine and the launcher disagree), which launches nothing."""
+    declines the shape (routing_engine and the launcher disagree), which launches nothing. A 2-D
+    tensor with a last dim of size 1 (topk = 1, one expert) goes with that dim's stride set to 1:
+    torch leaves it free, the launchers require 1, and it addresses nothing."""
+    args = tuple(
+        a.as_strided(a.shape, (a.stride(0), 1))
+        if isinstance(a, torch.Tensor) and a.dim() == 2 and a.shape[1] == 1 and a.stride(1) != 1
+        else a
+        for a in args
+    )
     if not getattr(build(dtype, engine), op)(*args):
         raise RuntimeError(f"{op}: internal error: the {engine} module declined the call's shape")
 

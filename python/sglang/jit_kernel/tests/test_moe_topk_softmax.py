@@ -129,6 +129,20 @@ def test_topk_softmax_strided_views_and_poison(dtype):
 
 
 @requires_cuda
+def test_topk_softmax_top_1_outputs_with_a_free_unit_stride():
+    """topk = 1 outputs as [num_tokens, 1] views of a [1, num_tokens] row (last stride num_tokens,
+    which addresses nothing): taken on every call, with the reference's choice."""
+    t, e = 33, 64
+    gating = grid_logits(t, e, torch.float32)
+    keys, weights_all, ref_ids = softmax_reference(gating, 1)
+    for _ in range(2):
+        weights = poisoned((1, t), torch.float32).t()
+        ids = poisoned((1, t), torch.int32).t()
+        topk_softmax(weights, ids, gating)
+        assert_routing_matches(weights, ids, keys, weights_all, ref_ids, False, eps=0.0)
+
+
+@requires_cuda
 def test_topk_softmax_empty():
     gating = torch.empty(0, 256, device="cuda")
     weights = torch.empty(0, 8, device="cuda")
