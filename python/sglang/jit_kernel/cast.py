@@ -23,6 +23,7 @@ from sglang.jit_kernel._validate import (
     check_dtype_as,
     check_indices_enabled,
     check_no_partial_overlap,
+    check_no_self_overlap,
     check_scalar,
     check_shape,
     check_tensor,
@@ -177,6 +178,7 @@ def _check_downcast(
                 f"{t.stride(-1)} (shape {tuple(t.shape)} with strides {t.stride()})",
             )
     for out_arg, out in (("k_out", k_out), ("v_out", v_out)):
+        check_no_self_overlap(op, out_arg, out)  # slot rows of their own
         for arg, t in (("k", k), ("v", v), ("loc", loc), ("k_scale", k_scale), ("v_scale", v_scale)):
             check_no_partial_overlap(op, out_arg, out, t, arg, allow_same=False, dense_only=True)
     check_no_partial_overlap(op, "v_out", v_out, k_out, "k_out", allow_same=False, dense_only=True)
@@ -292,8 +294,8 @@ def downcast_fp8(
         shape; outputs not uint8/float8_e4m3fn or not ``[num_slots, num_kv_heads, head_dim]``, or of
         two dtypes; a
         scale that is not float32 with one element; ``loc`` not int32/int64 or not one entry per
-        token; a last dim that is not contiguous; an output sharing memory with an input or with
-        the other output. Raised before any launch, as ``downcast_fp8: <arg> <what>: expected X, got Y``.
+        token; a last dim that is not contiguous; an output with overlapping slot rows (expanded); an
+        output sharing memory with an input or with the other output. Raised before any launch, as ``downcast_fp8: <arg> <what>: expected X, got Y``.
     IndexError
         With ``SGLANG_JIT_CHECK_INDICES=1``: a ``loc`` (other than -1) whose row is outside the cache.
     """

@@ -193,6 +193,7 @@ def per_tensor_quant_fp8(
         except (AttributeError, *FAST_PATH_REFUSALS):  # raised before any launch: the checked path explains
             pass
     input = _check(input, output_q, output_s, is_static, eps, accumulate)
+    eps = float(eps)  # the FFI takes a double: an int past int64 would not pass as one
     if input.numel() == 0:
         return
     if torch.compiler.is_compiling():

@@ -144,6 +144,9 @@ def _check(
     check_scalar(_OP, "fp8_max", fp8_max, float)
     if not fp8_min < fp8_max:
         fail(ValueError, _OP, "fp8_max", "value", f"> fp8_min ({fp8_min})", fp8_max)
+    if output_q.dtype == torch.int8:  # the rounded value is stored as int8: bounds past it would wrap
+        check_scalar(_OP, "fp8_min", fp8_min, float, minimum=-128.0, maximum=127.0)
+        check_scalar(_OP, "fp8_max", fp8_max, float, minimum=-128.0, maximum=127.0)
     check_scalar(_OP, "scale_ue8m0", scale_ue8m0, bool)
     if scale_ue8m0 and output_q.dtype != torch.float8_e4m3fn:
         fail(
@@ -211,7 +214,7 @@ def per_token_group_quant_8bit(
 
     ``round`` is round-to-nearest-even (fp8 e4m3 saturating, int8). The FLT_MIN floor keeps every
     scale finite and > 0, so all-zero or tiny groups give zeros, never NaN; a group holding inf gets
-    s = FLT_MAX (inf quantizes to +-fp8_max). NaN inputs are ignored by the maximum and quantize to NaN
+    s = FLT_MAX (+inf quantizes to fp8_max, -inf to fp8_min; fp8 saturates at +-448). NaN inputs are ignored by the maximum and quantize to NaN
     (fp8) or 0 (int8). Moves ``M*K*s_in + M*K + 4*M*K/group_size`` bytes (``M`` rows, ``K`` hidden_size).
 
     Parameters
@@ -236,7 +239,8 @@ def per_token_group_quant_8bit(
     eps : float
         Floor of each group's maximum (>= 0; typically 1e-10).
     fp8_min, fp8_max : float
-        Clamp bounds (``fp8_min < fp8_max``), e.g. -448 / 448 for fp8, -128 / 127 for int8.
+        Clamp bounds (``fp8_min < fp8_max``), e.g. -448 / 448 for fp8, -128 / 127 for int8 (int8
+        output: both within [-128, 127]).
     scale_ue8m0 : bool
         Power-of-two scales stored as exponent bytes (fp8 output only). Default False.
 
@@ -252,7 +256,7 @@ def per_token_group_quant_8bit(
         A tensor argument that is not a tensor, or a scalar of the wrong type.
     ValueError
         ``group_size`` not a power of two in range, ``eps`` negative or NaN, ``fp8_min >= fp8_max``
-        (or either NaN), e.g. ``per_token_group_quant_8bit: group_size value: expected a power of two,
+        (or either NaN), a bound outside [-128, 127] with int8 output, e.g. ``per_token_group_quant_8bit: group_size value: expected a power of two,
         got 48``.
     RuntimeError
         Before any launch, naming the argument: a tensor not on CUDA or on another device than
@@ -279,6 +283,8 @@ def per_token_group_quant_8bit(
         except (AttributeError, *FAST_PATH_REFUSALS):  # raised before any launch: the checked path explains
             pass
     input = _check(input, output_q, output_s, group_size, eps, fp8_min, fp8_max, scale_ue8m0)
+    # the FFI takes doubles: an int past int64 would not pass as one
+    eps, fp8_min, fp8_max = float(eps), float(fp8_min), float(fp8_max)
     if input.numel() == 0:
         return output_q, output_s
     if torch.compiler.is_compiling():

@@ -98,10 +98,8 @@ def _check(input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor, 
     num_tokens = 1
     for n in input.shape[:-1]:
         num_tokens *= n
-    if (
-        output_s.numel() != num_tokens
-        or output_s.dim() not in (len(leading), len(leading) + 1)
-        or (output_s.dim() == len(leading) + 1 and output_s.shape[-1] != 1)
+    if tuple(output_s.shape[: len(leading)]) != tuple(input.shape[:-1]) or not (
+        output_s.dim() == len(leading) or (output_s.dim() == len(leading) + 1 and output_s.shape[-1] == 1)
     ):
         check_shape(_OP, "output_s", output_s, [*leading, ("1", 1)])
     if output_q.stride(-1) != 1 and input.shape[-1] > 1:
@@ -174,6 +172,7 @@ def per_token_quant_fp8(
         except (AttributeError, *FAST_PATH_REFUSALS):  # raised before any launch: the checked path explains
             pass
     input = _check(input, output_q, output_s, eps)
+    eps = float(eps)  # the FFI takes a double: an int past int64 would not pass as one
     if output_s.numel() == 0:
         return
     if torch.compiler.is_compiling():

@@ -97,12 +97,13 @@ def scale(src: torch.Tensor, factor: float, out: torch.Tensor | None = None) -> 
         if fn is not None and type(factor) in (float, int) and (out is None or getattr(out, "ndim", None) == 1):
             result = torch.empty_like(src) if out is None else out
             try:
-                fn(result, src, factor)  # the launcher checks shapes, dtypes, devices, layout, overlap
+                fn(result, src, float(factor))  # the launcher checks shapes, dtypes, devices, layout, overlap
                 return result
             except FAST_PATH_REFUSALS:  # raised before any launch: the checked path explains
                 pass
     check_tensor("scale", "src", src, dtypes=FLOAT_DTYPES)
     check_scalar("scale", "factor", factor, float)
+    factor = float(factor)  # the FFI takes a double: an int past int64 would not pass as one
     src, out = prepare_elementwise_out("scale", src, out)
     if src.numel() == 0:
         return out

@@ -494,11 +494,18 @@ def _args(m=4, k=512, g=128, in_dtype=torch.bfloat16):
         (dict(fp8_min=448.0), ValueError, r"fp8_max value: expected > fp8_min \(448.0\), got 448.0"),
         (dict(fp8_max="448"), TypeError, r"fp8_max type: expected a real number"),
         (dict(scale_ue8m0=1), TypeError, r"scale_ue8m0 type: expected a bool, got int"),
+        # int8 output: bounds past its range would wrap in the store
+        (dict(int8=True, fp8_max=448.0), ValueError, r"fp8_min value: expected >= -128.0 and <= 127.0, got -448.0"),
+        (dict(int8=True, fp8_min=-128.0, fp8_max=200.0), ValueError, r"fp8_max value: expected >= -128.0"),
     ],
 )
 def test_bad_scalars(change, error, pattern):
     x, q, s = _args()
     kwargs = dict(group_size=128, eps=EPS, fp8_min=-448.0, fp8_max=448.0, scale_ue8m0=False)
+    change = dict(change)
+    if change.pop("int8", False):
+        q = q.view(torch.int8)
+        per_token_group_quant_8bit(x, q, s.clone(), 128, EPS, -128.0, 127.0)  # load the int8 module
     kwargs.update(change)
     run(x[:1], 128)  # load the module: the eager fast path is tried first
     with pytest.raises(error, match=r"^per_token_group_quant_8bit: " + pattern):

@@ -219,6 +219,14 @@ def test_bad_arguments():
     with pytest.raises(TypeError, match=op + r"eps type: expected a real number \(int or float\), got str$"):
         per_token_quant_fp8(x, q, s, eps="1")
     assert (s == -1).all(), "an output was written before the error"
+    # [2, 3, K] input: output_s with the leading dims swapped has the right count but not the shape
+    x3 = torch.randn(2, 3, 256, dtype=torch.bfloat16, device="cuda")
+    q3 = torch.empty(2, 3, 256, dtype=FP8, device="cuda")
+    s3 = torch.full((3, 2), -1.0, device="cuda")
+    with pytest.raises(RuntimeError, match=op + r"output_s shape: expected \[dim0=2, dim1=3, 1=1\], got \(3, 2\)"):
+        per_token_quant_fp8(x3, q3, s3)
+    assert (s3 == -1).all()
+    per_token_quant_fp8(x, q, s, eps=2**70)  # an int past int64: a real number, passed on as a float
 
 
 if __name__ == "__main__":

@@ -567,6 +567,13 @@ void per_token_group_quant_8bit(
   }
   verify_group_quant_outputs_disjoint(input, output_q, output_s);
   RuntimeCheck(q_min < q_max, "per_token_group_quant_8bit: fp8_min must be < fp8_max, got ", q_min, " and ", q_max);
+  // int8: the rounded value is stored as int8, so bounds past its range would wrap.
+  RuntimeCheck(
+      !std::is_same_v<TOut, int8_t> || (q_min >= -128.0 && q_max <= 127.0),
+      "per_token_group_quant_8bit: int8 bounds must lie in [-128, 127], got ",
+      q_min,
+      " and ",
+      q_max);
 
   // Unwrap
   const int64_t row_chunks = hidden_size.unwrap() / kVecN;
