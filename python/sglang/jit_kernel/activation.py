@@ -328,8 +328,8 @@ _DOC_COMMON = """
         Before any launch, naming the argument (``<op>: <arg> <what>: expected X, got Y``): not on a
         CUDA device, an unsupported or mismatched dtype, an odd last dim of ``input``, ``out`` of
         another shape or device, a last dim that is not contiguous, ``out`` leading dims that do not
-        flatten, overlapping ``out`` rows, ``out`` sharing memory with ``input``, ``expert_ids`` not
-        int32, not 1-D and contiguous, too short or on another device.
+        flatten, overlapping ``out`` rows, ``out`` sharing memory with ``input`` or ``expert_ids``,
+        ``expert_ids`` not int32, not 1-D and contiguous, too short or on another device.
 """
 
 
@@ -375,7 +375,7 @@ gelu_and_mul.__doc__ = (
 )
 gelu_tanh_and_mul.__doc__ = (
     "GELU-gated product (tanh approximation): ``out = round(gelu_tanh(gate)) * up``,\n"
-    "    ``gelu_tanh(g) = (0.5 * g) * (1 + tanh(0.7978845608 * (g + 0.044715 * g * g * g)))``.\n" + _DOC_COMMON
+    "    ``gelu_tanh(g) = (0.5 * g) * (1 + tanh(0.7978845608 * (g + 0.044715 * (g * g * g))))``.\n" + _DOC_COMMON
 )
 
 _BY_NAME = {"silu": silu_and_mul, "gelu": gelu_and_mul, "gelu_tanh": gelu_tanh_and_mul}

@@ -20,6 +20,7 @@ from sglang.jit_kernel._validate import (
     check_scalar,
     check_tensor,
     fail,
+    launcher_errors,
 )
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.rope import _pdl_flag
@@ -130,8 +131,9 @@ def fused_qk_norm_rope(
     """RMSNorm each q and k head of a packed qkv buffer, then rotate it, in place (v untouched).
 
     For each head ``x`` of q (weight ``q_weight``) and of k (``k_weight``), in fp32 with one rounding
-    at the end: ``y = x * rsqrt(mean(x**2) + eps) * w`` (the
-    :func:`sglang.jit_kernel.norm.fused_inplace_qknorm` formula, not rounded here), then RoPE of
+    at the end: ``y = (x * rsqrt(mean(x**2) + eps)) * w`` (the formula of
+    :func:`sglang.jit_kernel.norm.fused_inplace_qknorm`, evaluated in this order and not rounded
+    here, so not bit-identical to it), then RoPE of
     ``y[:R]`` (``R = rotary_dim``) with ``f_i = base**(-2i/R)``; when ``factor != 1`` YaRN blends
     ``f_i`` with ``f_i / factor``: ``ramp = clamp((i - low) / (high - low), 0, 1)`` (``high`` nudged
     by 0.001 when equal to ``low``), ``f_i <- (f_i / factor) * ramp + f_i * (1 - ramp)``.
@@ -247,7 +249,8 @@ def fused_qk_norm_rope(
     if torch.compiler.is_compiling():
         torch.ops.sglang_jit_kernel.fused_qk_norm_rope(*args)
     else:
-        _jit_fused_qk_norm_rope_module(qkv.dtype).fused_qk_norm_rope(*args)
+        with launcher_errors(op):  # the launcher's exact overlap checks, named for the op
+            _jit_fused_qk_norm_rope_module(qkv.dtype).fused_qk_norm_rope(*args)
 
 
 #: Heads the launcher takes at any alignment: 64 units of two one-element vectors (R = head_dim).

@@ -12,7 +12,9 @@ rmsnorm / rmsnorm_hf ``2*N*H*s + H*s``; fused_add_rmsnorm ``4*N*H*s + H*s``;
 fused_inplace_qknorm ``2*N*(Hq+Hk)*D*s + 2*D*s``;
 fused_inplace_qknorm_across_heads ``2*N*(hidden_q+hidden_k)*s + (hidden_q+hidden_k)*s``.
 
-Every error reads ``<op>: <arg> <what>: expected X, got Y``, raised before any launch: by the Python
+A row of ``2**30`` elements or more is refused by the launcher (``<op>: rmsnorm: hidden_size must be
+< 2^30, got N``). Every other error reads ``<op>: <arg> <what>: expected X, got Y``, raised before
+any launch: by the Python
 checks (``sglang.jit_kernel._validate``), which also refuse overlapping dense tensors, or, for the
 aliasing of strided and interleaved views, by the C++ launchers' exact test, in the same words
 (``fused_inplace_qknorm: k overlaps q: expected disjoint memory, got a partial overlap (k [...), q
@@ -415,7 +417,7 @@ def rmsnorm(
         ``[hidden_size]`` or not contiguous, ``out`` of another shape, a last dim that is not
         contiguous, leading dims of ``out`` that cannot be flattened without a copy. From the
         launcher, naming both tensors: ``out`` partially overlapping ``input``, sharing memory with
-        ``weight``, or expanded (stride 0).
+        ``weight``, or with overlapping rows (stride 0, or a row stride below the row).
     """
     if not _is_dynamo_compiling():
         try:
@@ -665,9 +667,10 @@ def fused_add_rmsnorm(
     TypeError, ValueError, RuntimeError
         As :func:`rmsnorm`, for ``input``, ``residual`` and ``weight``, before any launch (``residual``
         of another shape: ``fused_add_rmsnorm: residual shape: expected ... (the shape of input)``); also
-        RuntimeError (from the launcher) if ``residual`` overlaps ``input`` in memory (including
-        being the same tensor), either shares memory with ``weight``, or either is expanded
-        (stride 0).
+        RuntimeError if ``residual`` overlaps ``input`` in memory (including being the same tensor),
+        either shares memory with ``weight``, or either has overlapping rows (stride 0, or a row
+        stride below the row): from the Python checks for dense tensors, from the launcher for
+        interleaved views.
     """
     _fused_add_rmsnorm("fused_add_rmsnorm", input, residual, weight, eps, 0.0, enable_pdl)
 
@@ -744,8 +747,8 @@ def fused_inplace_qknorm(
     eps : float
         Added to the mean square (>= 0). Default 1e-6.
     head_dim : int
-        Keyword-only. 0 (the default: ``q.shape[-1]``) or ``q.shape[-1]`` itself (the original package
-        compiled one kernel per head_dim; here any head_dim runs the same module).
+        Keyword-only. 0 (the default: ``q.shape[-1]``) or ``q.shape[-1]`` itself (every head_dim
+        runs the same modules).
     enable_pdl : bool, optional
         Keyword-only. Programmatic Dependent Launch; None means on when the GPU is SM90+.
 
@@ -838,9 +841,10 @@ def can_use_fused_inplace_qknorm(head_dim: int, dtype: torch.dtype) -> bool:
     Returns
     -------
     bool
-        True for every ``1 <= head_dim < 2**30`` with float16, bfloat16 or float32 (any head_dim runs
-        one module per dtype, vectorised when the heads allow it); False for other dtypes and for
-        anything else as ``head_dim`` (including non-integers and bools). Never raises.
+        True for every ``1 <= head_dim < 2**30`` with float16, bfloat16 or float32 (heads that allow
+        16-byte vectors run the wide module of the dtype, others the narrow one); False for other
+        dtypes and for anything else as ``head_dim`` (including non-integers and bools). Never
+        raises.
     """
     return type(head_dim) is int and 1 <= head_dim < _MAX_ROW and dtype in FLOAT_DTYPES
 
@@ -896,7 +900,8 @@ def fused_inplace_qknorm_across_heads(
         not on CUDA, unsupported or mismatched dtype or device, q or k not 2-D, mismatched
         num_tokens, a weight not of its tensor's hidden size or not contiguous, a last dim that is
         not contiguous. From the launcher, naming the tensors: ``k`` sharing an element with ``q``,
-        q or k sharing memory with a weight, or q or k expanded (stride 0).
+        q or k sharing memory with a weight, or q or k with overlapping rows (stride 0, or a row
+        stride below the row).
     """
     if not _is_dynamo_compiling():
         try:

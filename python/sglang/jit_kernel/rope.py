@@ -2,8 +2,8 @@
 in the same launch, and vLLM's ``rotary_embedding``.
 
 With ``R = rope_dim`` and a cos/sin cache row ``cache[pos] = [cos_0 .. cos_{R/2-1}, sin_0 ..
-sin_{R/2-1}]``, each pair of a head becomes ``(x*c - y*s, x*s + y*c)`` in fp32, rounded once to the
-tensor dtype: the NeoX pairs ``(x[i], x[i + R/2])`` or the GPT-J pairs ``(x[2i], x[2i + 1])``.
+sin_{R/2-1}]``, each pair of a head becomes ``(x*c - y*s, x*s + y*c)``, evaluated in fp32 as
+``(fma(x, c, -(y*s)), fma(y, c, x*s))`` and rounded once to the tensor dtype: the NeoX pairs ``(x[i], x[i + R/2])`` or the GPT-J pairs ``(x[2i], x[2i + 1])``.
 Elements ``[R, head_dim)`` of each head are untouched. Kernels: ``csrc/elementwise/rope.cuh``; each op
 has a module of its own per dtype (the first call compiles only the kernels that op dispatches to).
 ``apply_rope_inplace_with_kvcache`` into float8_e4m3fn caches (quantized with per-tensor scales as
@@ -46,6 +46,7 @@ from sglang.jit_kernel._validate import (
     check_tensor,
     dtype_name,
     fail,
+    launcher_errors,
 )
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
@@ -376,7 +377,8 @@ def apply_rope_inplace(
     if torch.compiler.is_compiling():
         torch.ops.sglang_jit_kernel.apply_rope_inplace(q, k, cos_sin_cache, positions, is_neox, rope_dim, pdl)
     else:
-        _rope_fn(q.dtype)(q, k, cos_sin_cache, positions, is_neox, rope_dim, pdl)
+        with launcher_errors(op):  # the launcher's exact overlap checks, named for the op
+            _rope_fn(q.dtype)(q, k, cos_sin_cache, positions, is_neox, rope_dim, pdl)
 
 
 def _cache_rows(op: str, arg: str, cache: torch.Tensor, row: int) -> torch.Tensor:
@@ -571,7 +573,8 @@ def apply_rope_inplace_with_kvcache(
     if torch.compiler.is_compiling():
         torch.ops.sglang_jit_kernel.apply_rope_inplace_with_kvcache(*args, *scales)
     else:
-        _rope_kv_launch(*args, *scales)
+        with launcher_errors(op):  # the launcher's exact overlap checks, named for the op
+            _rope_kv_launch(*args, *scales)
 
 
 @dataclass
@@ -620,7 +623,8 @@ def apply_rope_with_cos_sin_cache_inplace(
     with ``v = value``, ``k_cache = k_buffer``, ``v_cache = v_buffer``, ``out_loc = cache_loc`` and the
     scale fields as its keyword arguments (float8_e4m3fn buffers: the quantizing store) (a 2-D
     value ``[num_tokens, num_kv_heads * head_dim]`` is viewed as k's shape). Same formula and
-    roundings: each pair ``(x, y)`` becomes ``(x*c - y*s, x*s + y*c)`` in fp32, rounded once.
+    roundings: each pair ``(x, y)`` becomes ``(fma(x, c, -(y*s)), fma(y, c, x*s))`` in fp32, rounded
+    once.
 
     Parameters
     ----------
@@ -727,8 +731,9 @@ def rotary_embedding(
     """vLLM's rotary embedding, in place: the first ``rot_dim = cos_sin_cache.size(-1)`` elements of
     each head of query and key rotated as in :func:`apply_rope_inplace` with ``R = rot_dim``.
 
-    The cache is in the query's dtype; each pair ``(x, y)`` becomes ``(x*c - y*s, x*s + y*c)`` in fp32
-    from the dtype values of x, y, c, s and is rounded once to the dtype; NeoX or GPT-J style.
+    The cache is in the query's dtype; each pair ``(x, y)`` becomes ``(fma(x, c, -(y*s)), fma(y, c,
+    x*s))`` in fp32 from the dtype values of x, y, c, s and is rounded once to the dtype; NeoX or
+    GPT-J style.
 
     Parameters
     ----------
@@ -891,7 +896,8 @@ def _rotary_embedding(
         if torch.compiler.is_compiling():
             torch.ops.sglang_jit_kernel.rotary_embedding(q, k, cos_sin_cache, pos, is_neox)
         else:
-            _jit_rotary_embedding_module(query.dtype).rotary_embedding(q, k, cos_sin_cache, pos, is_neox, -1)
+            with launcher_errors(op):  # the launcher's exact overlap checks, named for the op
+                _jit_rotary_embedding_module(query.dtype).rotary_embedding(q, k, cos_sin_cache, pos, is_neox, -1)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@
 // fused_qk_norm_rope_table_kernel: below QKNormRopeConfig::kLargeThreads threads (one per head
 // and lane), with 16-byte vectors and one unit per lane. One head per lane group, CTAs of up to
 // kTableWarps warps of one token spread over the SMs; the CTA computes its token's cos/sin table
-// (at most one entry per thread at R = 128), one barrier, no loop over heads. After the PDL wait the
+// (at most two entries per thread at R = 128), one barrier, no loop over heads. After the PDL wait the
 // position load issues first, then the data and weight loads; the trig starts as soon as the
 // position arrives, while the data is in flight. Why: at a few tokens the chain after the PDL wait
 // (position, trig, table, sum of squares, shuffles, rsqrt, rotation) is the whole cost, and a
@@ -34,11 +34,12 @@
 // loads issued before any is used: groups of kBatch heads at small sizes (every head in flight at
 // once: latency), kLargeHeadsPerGroup at large ones (the trig shared by more heads). The frequency
 // table [R/2] is computed once per CTA before the PDL wait (parameters only), the cos/sin rows after
-// it, while the first batch's data and the weight are in flight; one barrier, then every head reads
-// its pairs' cos/sin from shared memory.
+// it, while the first batch's data and the weight are in flight; a barrier after the frequency
+// table and one after the cos/sin rows, then every head reads its pairs' cos/sin from shared
+// memory.
 //
-// Both kernels apply the same functions to the same values (a head's squares added in the same
-// order, the same sincosf of the same fp32 angle), so their results are the same bits.
+// Both kernels apply the same functions to the same values in the same order (a head's squares
+// added in the same order, the same sincosf of the same fp32 angle); the tests compare their bits.
 #pragma once
 
 #include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDevice, kAnySize, data_ptr, verify_no_*_overlap
@@ -87,8 +88,8 @@ struct QKNormRopeParams {
   int64_t half;             // R / 2
   int64_t num_units;        // pair chunks + rest units per head
   int32_t lanes;            // G: lanes per head (power of two <= 32)
-  int32_t heads_per_group;  // per-token CTA kernel: heads of one group (q and k groups apart)
-  int32_t num_q_groups;     // per-token CTA kernel: ceil(num_q_heads / heads_per_group); k groups follow
+  int32_t heads_per_group;  // fused_qk_norm_rope_kernel: heads of one group (q and k groups apart)
+  int32_t num_q_groups;     // fused_qk_norm_rope_kernel: ceil(num_q_heads / heads_per_group); k groups follow
   const void* q_weight;     // [head_dim]
   const void* k_weight;     // [head_dim]
   const void* positions;    // [num_tokens] int32 / int64
@@ -113,8 +114,9 @@ SGL_DEVICE float rope_frequency(const QKNormRopeParams& p, int64_t i) {
   return freq;
 }
 
-/// (cos, sin) of `angle` times p.attention_factor, the entries of a cos/sin row (sincosf); the
-/// per-token CTA kernel's rows inline the same code (a call there changes its register allocation).
+/// (cos, sin) of `angle` times p.attention_factor, the entries of a cos/sin row (sincosf);
+/// fused_qk_norm_rope_kernel's rows inline the same code (a call there changes its register
+/// allocation).
 SGL_DEVICE void scaled_sincos(const QKNormRopeParams& p, float angle, float& c, float& s) {
   float sv, cv;
   sincosf(angle, &sv, &cv);
@@ -269,8 +271,8 @@ inline int64_t qk_norm_rope_smem_bytes(int64_t half, int64_t tokens) {
   return (half + tokens * 2 * half) * static_cast<int64_t>(sizeof(float));
 }
 
-/// The per-token CTA kernel (see the file comment). Thread (x, y, z): units x, x + G of the heads of
-/// group y of token blockIdx.x * blockDim.z + z. Preconditions (the launcher's): dynamic shared
+/// The grouped kernel, fused_qk_norm_rope_kernel (see the file comment). Thread (x, y, z): units x,
+/// x + G of the heads of group y of token blockIdx.x * blockDim.z + z. Preconditions (the launcher's): dynamic shared
 /// memory of qk_norm_rope_smem_bytes(half, blockDim.z); qkv rows, head_dim, R/2 and the weights
 /// aligned to kVecN elements; heads_per_group >= 1.
 template <typename T, int kVecN, bool kNeox, int kUnits, bool kL2Hint>
@@ -408,7 +410,7 @@ inline int64_t qk_norm_rope_table_smem_bytes(int64_t half) { return 2 * half * s
 /// The small-size kernel (see the file comment): fused_qk_norm_rope_kernel's math and lane layout
 /// (unit x of a head on lane x of a G-lane group, a head's squares added in the same order: the same
 /// bits) with one head per lane group. The CTA computes its token's cos/sin table (entry i by thread
-/// i % blockDim.x; the same functions of the same fp32 values as the per-token CTA kernel's rows)
+/// i % blockDim.x; the same functions of the same fp32 values as fused_qk_norm_rope_kernel's rows)
 /// into shared memory, then __syncthreads; every thread reaches the barrier (a warp without heads
 /// too: no return before it). No frequency table, no loop over heads. The addresses, unit offsets
 /// and the thread's first kTablePairsBeforeWait frequencies are formed before the PDL wait, so the loads
@@ -418,7 +420,7 @@ inline int64_t qk_norm_rope_table_smem_bytes(int64_t half) { return 2 * half * s
 /// Block (32 * W) x (blocks per token, tokens): warp w of block (bx, token) holds heads
 /// (bx * W + w) * (32 / G) + lane / G. Preconditions (the launcher's): blockDim.x a multiple of 32,
 /// units <= G (one unit per lane), dynamic shared memory of qk_norm_rope_table_smem_bytes(half),
-/// the per-token CTA kernel's alignment. A small-size kernel: registers are not capped for
+/// fused_qk_norm_rope_kernel's alignment. A small-size kernel: registers are not capped for
 /// occupancy.
 template <typename T, int kVecN, bool kNeox, bool kL2Hint>
 __global__ void __launch_bounds__(QKNormRopeConfig::kMaxThreads, 1)
@@ -546,7 +548,7 @@ void launch_fused_qk_norm_rope(QKNormRopeParams p, DLDevice device, bool pdl) {
   p.num_q_groups = static_cast<int32_t>(div_ceil(p.num_q_heads, hpg));
   const int64_t groups = groups_of(hpg);
   // blockDim.z is at most 64 (a CUDA limit); the cos/sin rows of the CTA's tokens stay within
-  // kMaxSmemBytes (R/2 <= 512 pairs: at least 5 tokens)
+  // kMaxSmemBytes (R/2 <= 512 pairs: at least 11 tokens)
   const int64_t smem_tokens =
       (QKNormRopeConfig::kMaxSmemBytes / static_cast<int64_t>(sizeof(float)) - p.half) / (2 * p.half);
   const int64_t tokens = std::clamp<int64_t>(
