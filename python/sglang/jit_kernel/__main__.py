@@ -322,18 +322,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=None, help="where to write .clangd (default: the package dir)")
 
     clangd = sub.add_parser("clangd", help="write a .clangd for the headers (the default command)")
-    clangd.add_argument("--overwrite", action="store_true")
-    clangd.add_argument("--arch", default=DEFAULT_ARCH)
-    clangd.add_argument("--output", type=Path, default=None)
+    # SUPPRESS: given before the command, the top-level options are not reset by these defaults
+    clangd.add_argument("--overwrite", action="store_true", default=argparse.SUPPRESS)
+    clangd.add_argument("--arch", default=argparse.SUPPRESS)
+    clangd.add_argument("--output", type=Path, default=argparse.SUPPRESS)
 
-    chk = sub.add_parser("check", help="build every op, verify against fp32 references, time each")
+    chk = sub.add_parser("check", help="build every op, verify against its torch reference, time each")
     chk.add_argument("ops", nargs="*", help="op names (default: every op)")
     chk.add_argument(
         "-j", "--jobs", type=positive_int, default=os.cpu_count() or 1, help="parallel builds (default: the CPU count)"
     )
 
     bld = sub.add_parser("build", help="prebuild op variants (works without a GPU)")
-    bld.add_argument("ops", nargs="*", help="op names (default with --all: every op)")
+    bld.add_argument("ops", nargs="*", help="op names (or --all: every op; not both)")
     bld.add_argument("--all", action="store_true", help="every variant of every op")
     bld.add_argument(
         "--arch",
@@ -380,6 +381,8 @@ def _check_or_build(args: argparse.Namespace, bld: argparse.ArgumentParser) -> i
     if args.command == "build":
         if not args.all and not args.ops:
             bld.error("name ops to build, or pass --all")
+        if args.all and args.ops:
+            bld.error(f"--all builds every op: name ops or pass --all, not both (got {' '.join(args.ops)})")
         if args.ops and not args.all:
             from sglang.jit_kernel.registry import all_modules
 

@@ -257,7 +257,8 @@ def downcast_fp8(
     Rows whose destination ``loc[i] * mult + offset`` (exact integer arithmetic) is outside
     ``[0, num_slots)`` are skipped: nothing is written out of bounds and the CUDA context stays
     usable. With ``SGLANG_JIT_CHECK_INDICES=1`` such a ``loc`` other than ``-1`` raises instead.
-    Two tokens with the same destination: the row holds 16-byte pieces of either token's bytes, in
+    Two tokens with the same destination: the row holds pieces (one vector store each, 1 to 16
+    bytes) of either token's bytes, in
     no defined mix (as with concurrent plain stores).
 
     Parameters

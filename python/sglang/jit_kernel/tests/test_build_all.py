@@ -447,3 +447,20 @@ if __name__ == "__main__":
     import sys
 
     sys.exit(pytest.main([__file__, "-v", "-s"]))
+
+
+def test_cli_refuses_op_names_with_all_and_keeps_top_level_clangd_options(tmp_path: Path, capsys):
+    """``build --all NAME`` is refused (the names would be ignored); ``--arch`` / ``--output`` given
+    before ``clangd`` hold (the subcommand's defaults do not reset them)."""
+    from sglang.jit_kernel.__main__ import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["build", "--all", "no_such_op"])
+    assert exc.value.code == 2
+    assert "not both (got no_such_op)" in capsys.readouterr().err
+    for argv in (
+        ["--arch", "8.0", "--output", str(tmp_path / "a"), "clangd"],
+        ["clangd", "--arch", "8.0", "--output", str(tmp_path / "b")],
+    ):
+        assert main(argv) == 0
+        assert "--cuda-gpu-arch=sm_80" in Path(argv[3] if argv[0] == "--arch" else argv[4]).read_text()

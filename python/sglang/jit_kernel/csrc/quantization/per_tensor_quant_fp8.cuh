@@ -1,7 +1,8 @@
 // per_tensor_quant_fp8: one scale for the whole tensor. Dynamic: output_s = max(output_s,
 // max(max|x|, eps) / 448) (the caller zeroes output_s first), or with accumulate false output_s =
 // max(max|x|, eps) / 448 (no zeroing needed: the single pass overwrites it, the two-pass path resets it
-// in a one-thread kernel first), then q = clamp(x / s, -448, 448) in fp8 e4m3; static: q from the
+// in a one-thread kernel first), clamped to [FLT_MIN, FLT_MAX], then q = clamp(x * (1 / s), -448, 448)
+// in fp8 e4m3; static: q from the
 // given output_s (floored at FLT_MIN). Arithmetic: quantize_8bit.cuh.
 //
 // The input is [num_rows, num_cols] rows (the wrapper passes a contiguous tensor as one row):

@@ -1,5 +1,6 @@
 // per_token_group_quant_8bit: each group of group_size consecutive values of a row gets its own
-// scale s = max(max|x|, eps) / q_type_max and q = clamp(x / s, q_min, q_max) in fp8 e4m3 or int8
+// scale s = clamp(max(max|x|, eps) / q_type_max, FLT_MIN, FLT_MAX) and q = clamp(x * (1 / s), q_min,
+// q_max) in fp8 e4m3 or int8
 // (arithmetic and roundings: quantize_8bit.cuh).
 //
 // Memory-bound: reads num_tokens * hidden_size inputs, writes as many bytes plus one scale per group.

@@ -1,5 +1,5 @@
-// per_token_quant_fp8: one scale per row, s = max(max|x|, eps) / 448, q = clamp(x / s, -448, 448)
-// in fp8 e4m3 (arithmetic and roundings: quantize_8bit.cuh).
+// per_token_quant_fp8: one scale per row, s = clamp(max(max|x|, eps) / 448, FLT_MIN, FLT_MAX),
+// q = clamp(x * (1 / s), -448, 448) in fp8 e4m3 (arithmetic and roundings: quantize_8bit.cuh).
 //
 // Memory-bound: reads num_tokens * hidden_size inputs, writes as many bytes plus one fp32 per row.
 // Two geometries, both reading the input once into registers, reducing the row maximum, then writing
