@@ -79,7 +79,7 @@ struct GatedActParams {
 /// Launch facts of gated_act_and_mul_kernel.
 struct GatedActConfig {
   static constexpr uint32_t kMaxThreads = 512;             // __launch_bounds__, the largest CTA of the heuristic
-                                                           // (1024 made ptxas spill the fp32 gelu_tanh build)
+                                                           // (at 1024 ptxas spills the fp32 gelu_tanh build)
   static constexpr uint32_t kDefaultThreads = 256;         // CTA size for large launches
   static constexpr uint32_t kMinThreads = 64;              // the CTA of the decode rule's count
   static constexpr uint32_t kMinSmallLaunchThreads = 128;  // smallest CTA of the fewest-CTAs rule

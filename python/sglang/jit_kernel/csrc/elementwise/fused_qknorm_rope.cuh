@@ -151,7 +151,7 @@ SGL_DEVICE void group_sums(float (&value)[kN], int32_t lanes) {
 
 /// out = the N floats at `ptr` (shared memory, aligned to 16 bytes when N % 4 == 0). Volatile: the
 /// loads stay where the code has them (inside the head loop), so the cos/sin values are not hoisted
-/// into 2 * kVecN registers kept across every head (at 64 registers that spilled 90-130 bytes).
+/// into 2 * kVecN registers kept across every head (at 64 registers that spills).
 template <int N>
 SGL_DEVICE void load_shared_floats(const float* ptr, float (&out)[N]) {
   const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
@@ -170,7 +170,7 @@ SGL_DEVICE void load_shared_floats(const float* ptr, float (&out)[N]) {
 
 /// v, through an empty asm per 32-bit word: the compiler cannot hoist what is computed from the
 /// result out of a loop. Used on the weight inside the head loop: hoisted, its fp32 conversion is
-/// 2 * kVecN registers live across every head (spilled 88 bytes at 64 registers); packed, half that.
+/// 2 * kVecN registers live across every head (which spills at 64 registers); packed, half that.
 template <typename T, std::size_t N>
 SGL_DEVICE device::AlignedVector<T, N> opaque(device::AlignedVector<T, N> v) {
   if constexpr (sizeof(v) % 4 == 0) {

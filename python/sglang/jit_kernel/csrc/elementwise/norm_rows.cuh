@@ -392,9 +392,9 @@ SGL_DEVICE float row_reduce_sum(float value, int tpr, int slot, float* smem) {
     }
     return value;
   }
-  // Rows of whole warps: the five shuffles as straight-line code. With a branch per level the
-  // compiler left the shared-window address (S2R SR_CgaCtaId) for the store after the last
-  // shuffle, on the critical path; this way it is issued with the loads.
+  // Rows of whole warps: the five shuffles as straight-line code, so that the compiler issues the
+  // shared-window address (S2R SR_CgaCtaId) for the store with the loads; with a branch per level
+  // it comes after the last shuffle, on the critical path.
   value = device::warp::reduce_sum<float>(value);
   if (tpr == static_cast<int>(device::kWarpThreads)) return value;
   if (lane == 0) *warp_partial = value;
@@ -437,7 +437,7 @@ SGL_DEVICE CtaShare cta_share(const NormParams& params) {
     const int64_t k_ctas = grid - params.rows0_ctas;
     // Interleaved while grid * K < 2^32 (32-bit division; qknorm at 65536 tokens of 32 + 8 heads is
     // 81920 CTAs, K = 16384); beyond that, and without one of the tensors, q first, then k (a
-    // 64-bit division here made the kernel spill).
+    // 64-bit division here makes the kernel spill).
     if (params.interleave_segments && params.rows0_ctas > 0 && k_ctas > 0 &&
         static_cast<uint64_t>(grid) * static_cast<uint64_t>(k_ctas) < (uint64_t{1} << 32)) {
       const uint32_t g = static_cast<uint32_t>(grid), k = static_cast<uint32_t>(k_ctas), u = static_cast<uint32_t>(b);
@@ -709,8 +709,8 @@ inline constexpr int kNormThreadBytes =
 /// per thread; kVecs = 0: rows too long for registers, one per CTA, two passes. kWide: the build
 /// for CTAs of more than NormConfig::kBlockThreads threads (register budget, NormConfig).
 /// kL2Hint: rows accessed with the L2 hint (RowAccess; the launcher decides, use_l2_hint). A
-/// separate build rather than a runtime branch: both paths in one kernel spilled three builds
-/// whose paths alone do not (the compiler hoists their common arithmetic above the branch).
+/// separate build rather than a runtime branch: both paths in one kernel spill three builds whose
+/// paths alone do not (the compiler hoists their common arithmetic above the branch).
 template <typename T, int kVecN, NormKind kKind, int kVecs, bool kWide, bool kL2Hint>
 __global__ void __launch_bounds__(
     NormConfig::bound_threads(kKind, kNormThreadBytes<T, kVecN, kVecs>, kVecs == 0, kWide, kVecs),

@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(
   constexpr bool kStraight = kVecs > 0 && kVecs <= 2;
   // The row pointers. The straight builds compute them under `active`: the branch keeps the
   // arithmetic ahead of the PDL wait below (ptxas otherwise sinks it past the wait, onto the
-  // decode critical path); the other builds unconditionally (under the branch one spilled).
+  // decode critical path); the other builds unconditionally (under the branch one spills).
   const T* x_row = nullptr;
   T* out_row = nullptr;
   if (!kStraight || active) {
