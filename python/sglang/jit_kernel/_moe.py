@@ -29,6 +29,7 @@ from sglang.jit_kernel._validate import (
     check_shape,
     check_tensor,
     fail,
+    unit_last_stride,
 )
 from sglang.jit_kernel.utils import load_jit, make_cpp_args
 
@@ -85,12 +86,7 @@ def launch_routing(build: Callable[..., Module], op: str, dtype: torch.dtype, en
     declines the shape (routing_engine and the launcher disagree), which launches nothing. A 2-D
     tensor with a last dim of size 1 (topk = 1, one expert) goes with that dim's stride set to 1:
     torch leaves it free, the launchers require 1, and it addresses nothing."""
-    args = tuple(
-        a.as_strided(a.shape, (a.stride(0), 1))
-        if isinstance(a, torch.Tensor) and a.dim() == 2 and a.shape[1] == 1 and a.stride(1) != 1
-        else a
-        for a in args
-    )
+    args = tuple(unit_last_stride(a) if isinstance(a, torch.Tensor) else a for a in args)
     if not getattr(build(dtype, engine), op)(*args):
         raise RuntimeError(f"{op}: internal error: the {engine} module declined the call's shape")
 

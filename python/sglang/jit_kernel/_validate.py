@@ -56,6 +56,7 @@ __all__ = [
     "fail",
     "launcher_errors",
     "prepare_elementwise_out",
+    "unit_last_stride",
 ]
 
 #: The floating dtypes most ops take.
@@ -238,6 +239,14 @@ def check_no_partial_overlap(
         expected,
         f"{what} ({arg} [{a0:#x}, {a1:#x}), {ref_arg} [{b0:#x}, {b1:#x}))",
     )
+
+
+def unit_last_stride(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` with a last dim of size 1 given stride 1 (the same memory: that stride addresses
+    nothing). torch leaves it free; the launchers' matchers require a contiguous last dim."""
+    if tensor.dim() >= 1 and tensor.shape[-1] == 1 and tensor.stride(-1) != 1:
+        return tensor.as_strided(tensor.shape, (*tensor.stride()[:-1], 1))
+    return tensor
 
 
 def check_no_self_overlap(op: str, arg: str, tensor: torch.Tensor) -> None:

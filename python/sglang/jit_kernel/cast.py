@@ -28,6 +28,7 @@ from sglang.jit_kernel._validate import (
     check_shape,
     check_tensor,
     fail,
+    unit_last_stride,
 )
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
@@ -67,13 +68,6 @@ def _load(dtype: torch.dtype) -> Callable[..., None]:
     fn = _jit_downcast_fp8_module(dtype).downcast_fp8
     _FNS[dtype] = fn
     return fn
-
-
-def _last_dim_unit(t: torch.Tensor) -> torch.Tensor:
-    """A last dim of size 1 gets stride 1 (torch leaves it free; the launcher wants 1)."""
-    if t.dim() == 3 and t.shape[-1] == 1 and t.stride(-1) != 1:
-        return t.as_strided(t.shape, (t.stride(0), t.stride(1), 1))
-    return t
 
 
 def _loc_range(mult: int, offset: int, num_slots: int) -> tuple[int, int] | None:
@@ -166,7 +160,7 @@ def _check_downcast(
     check_tensor(op, "loc", loc, dtypes=INDEX_DTYPES, device_as=(k, "k"), dims=[("num_tokens", k.shape[0])])
     for arg, value in (("mult", mult), ("offset", offset)):
         check_scalar(op, arg, value, int, minimum=INT64_MIN, maximum=INT64_MAX)
-    k, v, k_out, v_out = (_last_dim_unit(t) for t in (k, v, k_out, v_out))
+    k, v, k_out, v_out = (unit_last_stride(t) for t in (k, v, k_out, v_out))
     for arg, t in (("k", k), ("v", v), ("k_out", k_out), ("v_out", v_out)):
         if t.stride(-1) != 1 and t.shape[-1] > 1:
             fail(
@@ -198,10 +192,10 @@ def _downcast_fp8_op(
     offset: int,
 ) -> None:
     _run(
-        _last_dim_unit(k),
-        _last_dim_unit(v),
-        _last_dim_unit(k_out),
-        _last_dim_unit(v_out),
+        unit_last_stride(k),
+        unit_last_stride(v),
+        unit_last_stride(k_out),
+        unit_last_stride(v_out),
         k_scale.reshape(1),
         v_scale.reshape(1),
         loc,

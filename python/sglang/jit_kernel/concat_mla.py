@@ -22,6 +22,7 @@ from sglang.jit_kernel._validate import (
     check_no_self_overlap,
     check_tensor,
     fail,
+    unit_last_stride,
 )
 from sglang.jit_kernel.registry import CheckCase, register_module, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit
@@ -103,7 +104,7 @@ def _check_parts(
 def _call(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     key = (_row_bytes(a), _row_bytes(b))
     fn = _FNS.get(key) or _load(*key)
-    fn(out, a, b)
+    fn(*(unit_last_stride(t) for t in (out, a, b)))  # a 1-element part's free stride: 1 for the launcher
 
 
 # ---------------------------------------------------------------------------------------------

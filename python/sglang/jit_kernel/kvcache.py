@@ -39,6 +39,7 @@ from sglang.jit_kernel._validate import (
     check_static_scale,
     check_tensor,
     fail,
+    unit_last_stride,
 )
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
@@ -132,8 +133,7 @@ def _rows(op: str, arg: str, tensor: torch.Tensor, dim_name: str) -> torch.Tenso
                 "rows of contiguous elements (the dims after the first flatten into one contiguous row)",
                 f"shape {tuple(tensor.shape)} with strides {tensor.stride()}",
             )
-    if tensor.shape[1] == 1 and tensor.stride(1) != 1:
-        tensor = tensor.as_strided(tensor.shape, (tensor.stride(0), 1))
+    tensor = unit_last_stride(tensor)
     if tensor.stride(1) != 1 and tensor.shape[1] > 1:
         fail(
             RuntimeError,

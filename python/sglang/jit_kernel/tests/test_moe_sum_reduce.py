@@ -64,6 +64,18 @@ def test_moe_sum_reduce_strided_and_unaligned(dtype, offset):
 
 
 @requires_cuda
+def test_moe_sum_reduce_hidden_size_1_with_free_unit_strides():
+    """hidden_size 1: the size-1 dims' strides address nothing, torch leaves them free (here 5 and
+    7); both calls run (checked path first, then the loaded module's) with the reference's bits."""
+    t, k = 33, 4
+    x = torch.randn(t, k, 1, device="cuda").as_strided((t, k, 1), (k, 1, 5))
+    for _ in range(2):
+        out = poisoned((t, 1), torch.float32).as_strided((t, 1), (1, 7))
+        moe_sum_reduce(x, out, 1.5)
+        assert_matches_reference(out, x, 1.5)
+
+
+@requires_cuda
 def test_moe_sum_reduce_empty_and_zero_topk():
     moe_sum_reduce(torch.empty(0, 8, 64, device="cuda"), torch.empty(0, 64, device="cuda"))
     out = poisoned((3, 64), torch.float32)
