@@ -29,6 +29,7 @@ from sglang.jit_kernel._validate import (
     check_shape,
     check_tensor,
     fail,
+    launcher_errors,
     unit_last_stride,
 )
 from sglang.jit_kernel.utils import load_jit, make_cpp_args
@@ -87,7 +88,9 @@ def launch_routing(build: Callable[..., Module], op: str, dtype: torch.dtype, en
     tensor with a last dim of size 1 (topk = 1, one expert) goes with that dim's stride set to 1:
     torch leaves it free, the launchers require 1, and it addresses nothing."""
     args = tuple(unit_last_stride(a) if isinstance(a, torch.Tensor) else a for a in args)
-    if not getattr(build(dtype, engine), op)(*args):
+    with launcher_errors(op):  # the launcher's exact overlap checks, named for the op
+        launched = getattr(build(dtype, engine), op)(*args)
+    if not launched:
         raise RuntimeError(f"{op}: internal error: the {engine} module declined the call's shape")
 
 

@@ -474,8 +474,9 @@ def check_indices(
 
 
 @contextlib.contextmanager
-def launcher_errors(op: str) -> Iterator[None]:
-    """Prefix ``<op>: `` to a RuntimeError the C++ launcher raises inside the block.
+def launcher_errors(op: str, names: dict[str, str] | None = None) -> Iterator[None]:
+    """Prefix ``<op>: `` to a RuntimeError the C++ launcher raises inside the block (and, with
+    ``names``, rename the launcher's argument names in the ``<arg> <what>`` head to the op's).
 
     The launcher's checks that Python does not repeat (exact memory overlap of interleaved views,
     expanded outputs) read ``<arg> <what>: expected X, got Y`` without the op (``k overlaps q:
@@ -489,4 +490,10 @@ def launcher_errors(op: str) -> Iterator[None]:
         text = str(exc)
         if text.startswith(f"{op}: "):
             raise
+        if names:
+            head, colon, rest = text.partition(":")
+            head = " ".join(names.get(word, word) for word in head.split(" "))
+            for name, new in names.items():  # the byte spans in the detail: "(out [0x..), a [0x..))"
+                rest = rest.replace(f"({name} [", f"({new} [").replace(f", {name} [", f", {new} [")
+            text = head + colon + rest
         raise RuntimeError(f"{op}: {text}") from None

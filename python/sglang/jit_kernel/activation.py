@@ -25,6 +25,7 @@ from sglang.jit_kernel._validate import (
     check_shape,
     check_tensor,
     fail,
+    launcher_errors,
 )
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
@@ -138,7 +139,8 @@ def _launch(
     op: str, out: torch.Tensor, input: torch.Tensor, expert_ids: torch.Tensor | None, expert_step: int, enable_pdl: int
 ) -> None:
     fn = _FNS[op].get(input.dtype) or _load(op, input.dtype)
-    fn(_out_rows(op, out), _input_rows(input), expert_ids, expert_step, enable_pdl)
+    with launcher_errors(op):  # the launcher's exact overlap checks, named for the op
+        fn(_out_rows(op, out), _input_rows(input), expert_ids, expert_step, enable_pdl)
 
 
 # ---------------------------------------------------------------------------------------------

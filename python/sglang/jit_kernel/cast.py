@@ -28,6 +28,7 @@ from sglang.jit_kernel._validate import (
     check_shape,
     check_tensor,
     fail,
+    launcher_errors,
     unit_last_stride,
 )
 from sglang.jit_kernel.registry import CheckCase, register_op
@@ -126,7 +127,8 @@ def _run(
 ) -> None:
     """The checked call: the optional host index check, then the launcher."""
     _check_destinations(loc, mult, offset, k_out.shape[0])
-    _load(k.dtype)(k, v, k_out, v_out, k_scale, v_scale, loc, mult, offset)
+    with launcher_errors("downcast_fp8"):  # the launcher's exact overlap checks, named for the op
+        _load(k.dtype)(k, v, k_out, v_out, k_scale, v_scale, loc, mult, offset)
 
 
 def _check_downcast(

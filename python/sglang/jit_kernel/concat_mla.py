@@ -22,6 +22,7 @@ from sglang.jit_kernel._validate import (
     check_no_self_overlap,
     check_tensor,
     fail,
+    launcher_errors,
     unit_last_stride,
 )
 from sglang.jit_kernel.registry import CheckCase, register_module, register_op
@@ -101,10 +102,12 @@ def _check_parts(
         check_no_partial_overlap(op, out_arg, o, y, b_arg, allow_same=False, dense_only=True)
 
 
-def _call(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+def _call(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, op: str, names: tuple[str, str, str]) -> None:
+    """The launcher on ``out``, ``a``, ``b``; its errors name the op and its arguments ``names``."""
     key = (_row_bytes(a), _row_bytes(b))
     fn = _FNS.get(key) or _load(*key)
-    fn(*(unit_last_stride(t) for t in (out, a, b)))  # a 1-element part's free stride: 1 for the launcher
+    with launcher_errors(op, dict(zip(("out", "a", "b"), names))):  # the exact overlap checks, named for the op
+        fn(*(unit_last_stride(t) for t in (out, a, b)))  # a 1-element part's free stride: 1 for the launcher
 
 
 # ---------------------------------------------------------------------------------------------
@@ -112,7 +115,7 @@ def _call(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
 # ---------------------------------------------------------------------------------------------
 @torch.library.custom_op("sglang_jit_kernel::concat_mla_k", mutates_args=("k",), device_types="cuda")
 def _concat_mla_k_op(k: torch.Tensor, k_nope: torch.Tensor, k_rope: torch.Tensor) -> None:
-    _call(k, k_nope, k_rope)
+    _call(k, k_nope, k_rope, "concat_mla_k", ("k", "k_nope", "k_rope"))
 
 
 @_concat_mla_k_op.register_fake
@@ -180,7 +183,7 @@ def concat_mla_k(k: torch.Tensor, k_nope: torch.Tensor, k_rope: torch.Tensor) ->
     if torch.compiler.is_compiling():
         torch.ops.sglang_jit_kernel.concat_mla_k(k, k_nope, k_rope)
     else:
-        _call(k, k_nope, k_rope)
+        _call(k, k_nope, k_rope, "concat_mla_k", ("k", "k_nope", "k_rope"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,7 +191,7 @@ def concat_mla_k(k: torch.Tensor, k_nope: torch.Tensor, k_rope: torch.Tensor) ->
 # ---------------------------------------------------------------------------------------------
 @torch.library.custom_op("sglang_jit_kernel::concat_mla_absorb_q_out", mutates_args=("out",), device_types="cuda")
 def _concat_mla_absorb_q_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    _call(out, a, b)
+    _call(out, a, b, "concat_mla_absorb_q", ("out", "a", "b"))
 
 
 @_concat_mla_absorb_q_op.register_fake
@@ -250,7 +253,7 @@ def concat_mla_absorb_q(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if torch.compiler.is_compiling():
         torch.ops.sglang_jit_kernel.concat_mla_absorb_q_out(out, a, b)
     else:
-        _call(out, a, b)
+        _call(out, a, b, "concat_mla_absorb_q", ("out", "a", "b"))
     return out
 
 

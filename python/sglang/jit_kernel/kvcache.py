@@ -39,6 +39,7 @@ from sglang.jit_kernel._validate import (
     check_static_scale,
     check_tensor,
     fail,
+    launcher_errors,
     unit_last_stride,
 )
 from sglang.jit_kernel.registry import CheckCase, register_op
@@ -217,7 +218,8 @@ def _run_store_cache(
 ) -> None:
     """The checked call on 2-D views: the optional host index check, then the launcher."""
     check_indices("store_cache", "indices", indices, k_cache.shape[0], dim_name="num_slots")
-    _load("store_cache")(k, v, k_cache, v_cache, indices, 0, num_split)
+    with launcher_errors("store_cache"):  # the launcher's exact overlap checks, named for the op
+        _load("store_cache")(k, v, k_cache, v_cache, indices, 0, num_split)
 
 
 @torch.library.custom_op("sglang_jit_kernel::store_cache", mutates_args=("k_cache", "v_cache"), device_types="cuda")
@@ -394,17 +396,17 @@ def _launch_store_cache_quant(
     k_cache2 = _rows(op, "k_cache", k_cache, "num_slots")
     check_indices(op, "indices", indices, k_cache2.shape[0], dim_name="num_slots")
     scales = [None if s is None else s.reshape(1) for s in (k_scale, v_scale)]
-    _load(op, k.dtype)(
-        _rows(op, "k", k, "num_tokens"),
-        _rows(op, "v", v, "num_tokens"),
-        k_cache2,
-        _rows(op, "v_cache", v_cache, "num_slots"),
-        indices,
-        *scales,
-        float(k_inv_scale),
-        float(v_inv_scale),
-        size_limit,
-    )
+    rows = (_rows(op, "k", k, "num_tokens"), _rows(op, "v", v, "num_tokens"), k_cache2)
+    with launcher_errors(op):  # the launcher's exact overlap checks, named for the op
+        _load(op, k.dtype)(
+            *rows,
+            _rows(op, "v_cache", v_cache, "num_slots"),
+            indices,
+            *scales,
+            float(k_inv_scale),
+            float(v_inv_scale),
+            size_limit,
+        )
 
 
 # The op that torch.compile traces (the mutations declared); its fake does nothing (no outputs).
@@ -568,7 +570,8 @@ def _head_rows(op: str, arg: str, tensor: torch.Tensor, dim_name: str, row_name:
 
 def _run_set_mla_kv_buffer(kv: torch.Tensor, loc: torch.Tensor, nope: torch.Tensor, rope: torch.Tensor) -> None:
     check_indices("set_mla_kv_buffer", "loc", loc, kv.shape[0], dim_name="num_slots")
-    _load("set_mla_kv_buffer")(kv, loc, nope, rope)
+    with launcher_errors("set_mla_kv_buffer"):  # the launcher's exact overlap checks, named for the op
+        _load("set_mla_kv_buffer")(kv, loc, nope, rope)
 
 
 def _mla_views(

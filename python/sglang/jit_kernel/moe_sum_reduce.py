@@ -13,6 +13,7 @@ from sglang.jit_kernel._validate import (
     check_no_self_overlap,
     check_scalar,
     check_tensor,
+    launcher_errors,
     unit_last_stride,
 )
 from sglang.jit_kernel.registry import CheckCase, register_op
@@ -39,9 +40,10 @@ def _jit_moe_sum_reduce_module() -> Module:
 
 def _launch(input: torch.Tensor, output: torch.Tensor, routed_scaling_factor: float) -> None:
     # hidden_size 1: the free stride of that dim set to 1, as the launcher requires
-    getattr(_jit_moe_sum_reduce_module(), f"moe_sum_reduce_{_SUFFIX[input.dtype]}")(
-        unit_last_stride(input), unit_last_stride(output), routed_scaling_factor
-    )
+    with launcher_errors(_OP):  # the launcher's exact overlap checks, named for the op
+        getattr(_jit_moe_sum_reduce_module(), f"moe_sum_reduce_{_SUFFIX[input.dtype]}")(
+            unit_last_stride(input), unit_last_stride(output), routed_scaling_factor
+        )
 
 
 @torch.library.custom_op("sglang_jit_kernel::moe_sum_reduce", mutates_args=("output",), device_types="cuda")

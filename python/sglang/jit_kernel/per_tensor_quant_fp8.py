@@ -15,7 +15,14 @@ from sglang.jit_kernel._quant_8bit import (
     emulate_scale,
     last_dim_contiguous,
 )
-from sglang.jit_kernel._validate import FAST_PATH_REFUSALS, FLOAT_DTYPES, check_scalar, check_tensor, fail
+from sglang.jit_kernel._validate import (
+    FAST_PATH_REFUSALS,
+    FLOAT_DTYPES,
+    check_scalar,
+    check_tensor,
+    fail,
+    launcher_errors,
+)
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
 
@@ -78,7 +85,8 @@ def _launch(
         num_tokens = input.numel() // hidden_size
         rows_in = as_rows(_OP, "input", input, num_tokens, copy_ok=True)
         rows_q = as_rows(_OP, "output_q", output_q, num_tokens, copy_ok=False)
-    _fn(input.dtype)(rows_in, rows_q, output_s.view(1), is_static, eps, accumulate)
+    with launcher_errors(_OP):  # the launcher's exact overlap checks, named for the op
+        _fn(input.dtype)(rows_in, rows_q, output_s.view(1), is_static, eps, accumulate)
 
 
 def _check(

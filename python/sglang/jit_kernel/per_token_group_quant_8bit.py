@@ -24,6 +24,7 @@ from sglang.jit_kernel._validate import (
     check_tensor,
     dtype_name,
     fail,
+    launcher_errors,
 )
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
@@ -108,16 +109,13 @@ def _launch(
 ) -> None:
     hidden_size = input.shape[-1]
     num_tokens = input.numel() // hidden_size
-    _fn(input.dtype, output_q.dtype)(
+    rows = (
         as_rows(_OP, "input", input, num_tokens, copy_ok=True),
         as_rows(_OP, "output_q", output_q, num_tokens, copy_ok=False),
         as_rows(_OP, "output_s", output_s, num_tokens, copy_ok=False),
-        group_size,
-        eps,
-        fp8_min,
-        fp8_max,
-        scale_ue8m0,
     )
+    with launcher_errors(_OP):  # the launcher's exact overlap checks, named for the op
+        _fn(input.dtype, output_q.dtype)(*rows, group_size, eps, fp8_min, fp8_max, scale_ue8m0)
 
 
 def _check(

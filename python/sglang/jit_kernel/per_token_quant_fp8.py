@@ -15,7 +15,15 @@ from sglang.jit_kernel._quant_8bit import (
     emulate_scale,
     last_dim_contiguous,
 )
-from sglang.jit_kernel._validate import FAST_PATH_REFUSALS, FLOAT_DTYPES, check_scalar, check_shape, check_tensor, fail
+from sglang.jit_kernel._validate import (
+    FAST_PATH_REFUSALS,
+    FLOAT_DTYPES,
+    check_scalar,
+    check_shape,
+    check_tensor,
+    fail,
+    launcher_errors,
+)
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
 
@@ -75,12 +83,10 @@ def _launch(input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor,
             "dims that flatten to one stride (a view of [num_tokens])",
             f"shape {tuple(output_s.shape)} with strides {output_s.stride()}",
         )
-    _fn(input.dtype)(
-        as_rows(_OP, "input", input, num_tokens, copy_ok=True),
-        as_rows(_OP, "output_q", output_q, num_tokens, copy_ok=False),
-        scales,
-        eps,
-    )
+    rows_in = as_rows(_OP, "input", input, num_tokens, copy_ok=True)
+    rows_q = as_rows(_OP, "output_q", output_q, num_tokens, copy_ok=False)
+    with launcher_errors(_OP):  # the launcher's exact overlap checks, named for the op
+        _fn(input.dtype)(rows_in, rows_q, scales, eps)
 
 
 def _check(input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor, eps: float) -> torch.Tensor:

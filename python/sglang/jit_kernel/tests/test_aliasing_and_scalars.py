@@ -163,41 +163,47 @@ def test_bool_eps_raises_type_error_on_the_fast_path(op):
 
 
 @requires_cuda
-def test_interleaved_outputs_are_taken_on_every_call():
+def test_interleaved_outputs_are_taken_on_every_call(monkeypatch):
     """silu_and_mul's out beside its input in each row of one buffer, and per_token_quant_fp8's
-    scales packed after the quantized bytes of each row: no element shared, so the first call (the
-    checked path) and the second (the fast path) both run, with the bits of separate buffers."""
+    scales packed after the quantized bytes of each row: no element shared, so the checked path
+    (forced on the first call by emptying the loaded-launcher tables) and the fast path (the second
+    call) both run, with the bits of separate buffers."""
+    import sglang.jit_kernel.activation as activation
+    import sglang.jit_kernel.per_token_quant_fp8 as ptq
+
     tokens, hidden = 5, 256
     buf = torch.zeros(tokens, 3 * hidden, dtype=BF16, device="cuda")
     buf[:, : 2 * hidden] = torch.randn(tokens, 2 * hidden, device="cuda").to(BF16)
     expected = silu_and_mul(buf[:, : 2 * hidden].clone())
-    for _ in range(2):
-        buf[:, 2 * hidden :].zero_()
-        silu_and_mul(buf[:, : 2 * hidden], out=buf[:, 2 * hidden :])
-        assert torch.equal(buf[:, 2 * hidden :], expected)
-
     x = torch.randn(tokens, hidden, device="cuda").to(BF16)
     q_ref = torch.empty(tokens, hidden, dtype=torch.float8_e4m3fn, device="cuda")
     s_ref = torch.empty(tokens, device="cuda")
     per_token_quant_fp8(x, q_ref, s_ref)
     packed = torch.zeros(tokens, hidden + 4, dtype=torch.uint8, device="cuda")
     q, s = packed[:, :hidden].view(torch.float8_e4m3fn), packed[:, hidden:].view(torch.float32)[:, 0]
+    monkeypatch.setitem(activation._FNS, "silu_and_mul", {})  # the first call takes the checked path
+    monkeypatch.setattr(ptq, "_FNS", {})
     for _ in range(2):
+        buf[:, 2 * hidden :].zero_()
+        silu_and_mul(buf[:, : 2 * hidden], out=buf[:, 2 * hidden :])
+        assert torch.equal(buf[:, 2 * hidden :], expected)
         packed.zero_()
         per_token_quant_fp8(x, q, s)
         assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
         assert torch.equal(s, s_ref)
+    assert activation._FNS["silu_and_mul"] and ptq._FNS, "the second call did not take the fast path"
 
 
 @requires_cuda
-def test_rmsnorm_in_place_with_another_stride_of_the_size_1_dim():
+def test_rmsnorm_in_place_with_another_stride_of_the_size_1_dim(monkeypatch):
     """out = input as a [1, hidden] view with another (meaningless) row stride is the same view: the
-    checked path takes it as the launcher does, on the first call and after."""
+    checked path (forced on the first call) takes it as the launcher does, and the fast path after."""
     buf = torch.randn(4, 256, device="cuda").to(BF16)
     w = torch.randn(256, device="cuda").to(BF16)
     x = buf[2:3]
     expected = norm.rmsnorm(x.clone(), w)
     original = x.clone()
+    monkeypatch.delitem(norm._RMSNORM_FNS, BF16, raising=False)  # the first call takes the checked path
     for _ in range(2):
         x.copy_(original)
         norm.rmsnorm(x, w, out=torch.as_strided(x, (1, 256), (7, 1)))
@@ -206,8 +212,8 @@ def test_rmsnorm_in_place_with_another_stride_of_the_size_1_dim():
 
 @requires_cuda
 def test_bools_for_other_scalars_raise_type_error_on_every_call():
-    """cast_x_before_out_mul=1, scale(x, True), k_inv_scale=True: TypeError on the first call and
-    again once the module is loaded (the fast path would pass them on as numbers)."""
+    """cast_x_before_out_mul=1 and scale(x, True): TypeError on the first call and again once the
+    module is loaded (the fast path would pass them on as numbers)."""
     x = torch.randn(4, 128, device="cuda").to(BF16)
     w = torch.randn(128, device="cuda").to(BF16)
     norm.rmsnorm(x, w)  # loads the module

@@ -227,6 +227,8 @@ def test_bad_arguments():
         per_token_quant_fp8(x3, q3, s3)
     assert (s3 == -1).all()
     per_token_quant_fp8(x, q, s, eps=2**70)  # an int past int64: a real number, passed on as a float
+    assert torch.equal(s, torch.full_like(s, 2.0**70) / 448)  # every row's floor is eps
+    assert ((q.view(torch.uint8) & 0x7F) == 0).all()  # |x| / s underflows: +-0
 
 
 if __name__ == "__main__":
