@@ -173,11 +173,15 @@ def check_routing_args(
         # launcher may get an fp32 copy of it).
         check_no_self_overlap(op, weights_arg, topk_weights)
         check_no_self_overlap(op, ids_arg, topk_ids)
-        inputs = ((gating_arg, gating),) + (((bias_arg, bias),) if bias is not None else ())
+        # the launcher sees gating itself, and the bias itself only when it is fp32 and contiguous
+        # (else an fp32 copy: the byte-range test here is the only one)
+        inputs = ((gating_arg, gating, True),) + (
+            ((bias_arg, bias, bias.dtype == torch.float32 and bias.is_contiguous()),) if bias is not None else ()
+        )
         check_no_partial_overlap(op, weights_arg, topk_weights, topk_ids, ids_arg, allow_same=False, dense_only=True)
         for output_arg, output in ((weights_arg, topk_weights), (ids_arg, topk_ids)):
-            for input_arg, t in inputs:
-                check_no_partial_overlap(op, output_arg, output, t, input_arg, allow_same=False, dense_only=True)
+            for input_arg, t, exact in inputs:
+                check_no_partial_overlap(op, output_arg, output, t, input_arg, allow_same=False, dense_only=exact)
     if bias is None:
         return no_bias(gating.device)
     if bias.dtype != torch.float32 or not bias.is_contiguous():

@@ -56,6 +56,7 @@ __all__ = [
     "fail",
     "launcher_errors",
     "prepare_elementwise_out",
+    "rows_are_views",
     "unit_last_stride",
 ]
 
@@ -195,7 +196,8 @@ def check_no_partial_overlap(
     dense_only: bool = False,
 ) -> None:
     """RuntimeError if the bytes spanned by ``out`` and ``ref`` intersect, unless (with ``allow_same``)
-    ``out`` is exactly the view ``ref`` (same pointer, shape, strides and element size: an in-place call).
+    ``out`` is exactly the view ``ref`` (same pointer, shape, element size and strides of the dims
+    longer than 1: an in-place call).
 
     The message names both byte spans, in the words of the C++ launchers' exact check
     (``verify_no_partial_overlap``):
@@ -239,6 +241,24 @@ def check_no_partial_overlap(
         expected,
         f"{what} ({arg} [{a0:#x}, {a1:#x}), {ref_arg} [{b0:#x}, {b1:#x}))",
     )
+
+
+def rows_are_views(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` reaches its launcher as a view of its own memory: a contiguous last dim
+    (or one of size <= 1) and leading dims that flatten without a copy. Inputs that fail it are
+    copied first, so the launcher's overlap test sees the copy: the wrappers then keep their own
+    byte-range test for them (no ``dense_only``)."""
+    if tensor.dim() == 0:
+        return False
+    if tensor.numel() == 0:
+        return True  # nothing is launched
+    if tensor.shape[-1] > 1 and tensor.stride(-1) != 1:
+        return False
+    try:
+        tensor.view(-1, tensor.shape[-1])
+    except RuntimeError:
+        return False
+    return True
 
 
 def unit_last_stride(tensor: torch.Tensor) -> torch.Tensor:
@@ -488,12 +508,16 @@ def launcher_errors(op: str, names: dict[str, str] | None = None) -> Iterator[No
         yield
     except RuntimeError as exc:
         text = str(exc)
-        if text.startswith(f"{op}: "):
+        # the launchers' checks raise RuntimeError itself; a subclass (a build's JITCompileError,
+        # torch.OutOfMemoryError) keeps its type and fields
+        if type(exc) is not RuntimeError or text.startswith(f"{op}: "):
             raise
         if names:
             head, colon, rest = text.partition(":")
             head = " ".join(names.get(word, word) for word in head.split(" "))
-            for name, new in names.items():  # the byte spans in the detail: "(out [0x..), a [0x..))"
-                rest = rest.replace(f"({name} [", f"({new} [").replace(f", {name} [", f", {new} [")
+            for name, new in names.items():  # the detail: "(out [0x..), a [0x..))", "(out has ...; a [..."
+                for before in ("(", ", ", "; "):
+                    rest = rest.replace(f"{before}{name} [", f"{before}{new} [")
+                rest = rest.replace(f"({name} has ", f"({new} has ")
             text = head + colon + rest
         raise RuntimeError(f"{op}: {text}") from None

@@ -26,6 +26,7 @@ from sglang.jit_kernel._validate import (
     check_tensor,
     fail,
     launcher_errors,
+    rows_are_views,
 )
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
@@ -234,7 +235,8 @@ def _gated_checked(
                 tuple(out.shape),
             )
         if not compiling:  # data pointers do not exist while tracing; the launcher checks again
-            check_no_partial_overlap(op, "out", out, input, "input", allow_same=False, dense_only=True)
+            # dense_only where the launcher sees input itself (not a flattening copy of it)
+            check_no_partial_overlap(op, "out", out, input, "input", allow_same=False, dense_only=rows_are_views(input))
     num_tokens = out.numel() // hidden_size if hidden_size else 0
     if expert_ids is not None:
         check_tensor(op, "expert_ids", expert_ids, dtypes=(torch.int32,), device_as=(input, "input"), contiguous=True)

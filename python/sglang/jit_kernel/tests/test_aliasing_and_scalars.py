@@ -211,6 +211,33 @@ def test_rmsnorm_in_place_with_another_stride_of_the_size_1_dim(monkeypatch):
 
 
 @requires_cuda
+def test_outputs_over_an_input_the_wrapper_copies_are_refused():
+    """An input that reaches the launcher as a copy (a strided last dim, a routing bias not fp32
+    contiguous) is checked against the outputs by the wrapper's byte-range test: an output sharing
+    its memory is refused before any launch, not written over it."""
+    from sglang.jit_kernel.moe_topk_softmax import topk_softmax
+
+    b = torch.zeros(2, 256, dtype=BF16, device="cuda")
+    b.normal_()
+    x = b[:, ::2]  # last stride 2: copied before the launch
+    q = b.view(torch.uint8)[:, 2:130].view(torch.float8_e4m3fn)
+    s = torch.empty(2, device="cuda")
+    refused(lambda: per_token_quant_fp8(x, q, s), r"^per_token_quant_fp8: output_q overlaps input", b, s)
+
+    buf = torch.zeros(16, device="cuda")
+    weights = buf.view(4, 4)[:, :2]
+    ids = torch.empty(4, 2, dtype=torch.int32, device="cuda")
+    bias = buf[1::2]  # 8 experts, stride 2: the launcher would get a contiguous copy
+    gating = torch.randn(4, 8, device="cuda")
+    refused(
+        lambda: topk_softmax(weights, ids, gating, correction_bias=bias),
+        r"^topk_softmax: topk_weights overlaps correction_bias",
+        buf,
+        ids,
+    )
+
+
+@requires_cuda
 def test_bools_for_other_scalars_raise_type_error_on_every_call():
     """cast_x_before_out_mul=1 and scale(x, True): TypeError on the first call and again once the
     module is loaded (the fast path would pass them on as numbers)."""
