@@ -197,11 +197,25 @@ def _file_fingerprint(path: str | Path) -> str:
     return f"{real}:{st.st_size}:{st.st_mtime_ns}"
 
 
+#: Environment variables that change what nvcc or the host compiler builds without appearing in the
+#: command line: part of every cache key (toolchain_fingerprint).
+NVCC_ENV_FLAGS = (
+    "NVCC_APPEND_FLAGS",
+    "NVCC_PREPEND_FLAGS",
+    "NVCC_CCBIN",
+    "CPATH",
+    "CPLUS_INCLUDE_PATH",
+    "C_INCLUDE_PATH",
+)
+
+
 def toolchain_fingerprint() -> dict[str, str]:
     """What identifies the toolchain, read without running a subprocess (so the warm path stays cheap).
 
     nvcc is identified by the toolkit's ``version.json`` and the nvcc binary (path, size, mtime); the host
-    compiler by its resolved binary; tvm-ffi by its version.
+    compiler by its resolved binary; tvm-ffi by its version; and the environment variables that nvcc and
+    the host compiler read themselves (extra flags, include paths: ``NVCC_ENV_FLAGS``), as this process
+    sees them first.
     """
 
     def compute() -> dict[str, str]:
@@ -224,6 +238,7 @@ def toolchain_fingerprint() -> dict[str, str]:
             "ptxas": _file_fingerprint(cuda_home / "bin" / "ptxas"),
             "cxx": _file_fingerprint(shutil.which(cxx) or cxx),
             "tvm_ffi": str(getattr(tvm_ffi, "__version__", "unknown")),
+            "env": json.dumps({name: os.environ[name] for name in NVCC_ENV_FLAGS if name in os.environ}),
         }
 
     return _memoized("toolchain", compute)  # type: ignore[return-value]
@@ -694,7 +709,11 @@ def first_compiler_error(log: str) -> str:
     format; context lines wider than ``CONTEXT_WIDTH`` are cut around the caret."""
     match = _ERROR_RE.search(log)
     if match is None:
-        for line in log.splitlines():
+        lines = log.splitlines()
+        for line in lines:  # the linker's own line names the cause ("ld: cannot find -lfoo"), not collect2's
+            if "ld: " in line and "collect2" not in line:
+                return line.strip()
+        for line in lines:
             if "error" in line.lower() or "fatal" in line.lower():  # e.g. "nvcc fatal : Unsupported gpu architecture"
                 return line.strip()
         return log.strip().splitlines()[-1] if log.strip() else "(no compiler output)"

@@ -273,8 +273,9 @@ def check_no_self_overlap(op: str, arg: str, tensor: torch.Tensor) -> None:
     """RuntimeError unless every element of ``tensor`` (an output) has an address of its own: no dim of
     size > 1 with stride 0 (an expanded tensor), and each stride at least the extent of the dims with
     smaller strides (no overlapping rows). The C++ launchers' verify_no_self_overlap, with the op's
-    argument name; an empty tensor passes."""
-    if tensor.numel() == 0:
+    argument name; an empty tensor passes. Skipped while torch.compile traces (symbolic strides; the
+    launcher checks when the op runs)."""
+    if tensor.numel() == 0 or torch.compiler.is_compiling():
         return
     dims = [(tensor.stride(d), tensor.shape[d], d) for d in range(tensor.dim()) if tensor.shape[d] > 1]
     for stride, size, d in dims:
@@ -469,11 +470,12 @@ def check_indices(
 
     The kernels never write out of bounds for such an index (they skip it); this check is for finding
     the caller's bug. It reads the indices on the host, so it synchronises the stream, and it is left
-    out while the current stream is capturing a CUDA graph (no host read is possible there). The
+    out while the current stream is capturing a CUDA graph (no host read is possible there) and while
+    torch.compile traces (fake tensors: the op's torch.library body checks when it runs). The
     message reads ``store_cache: indices value: expected entries in [0, 64) (num_slots) or -1
     (skipped), got 70 at position 3``.
     """
-    if not check_indices_enabled() or indices.numel() == 0:
+    if not check_indices_enabled() or indices.numel() == 0 or torch.compiler.is_compiling():
         return
     if indices.is_cuda and torch.cuda.is_current_stream_capturing():
         return

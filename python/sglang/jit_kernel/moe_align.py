@@ -128,6 +128,8 @@ def _moe_align_block_size_op(
     cumsum_buffer: torch.Tensor,
     pad_sorted_token_ids: bool,
 ) -> None:
+    # the wrapper's host index check is left out while tracing: here it runs on the real tensors
+    check_indices(_OP, "topk_ids", topk_ids, num_experts, skip_value=-1, dim_name="num_experts")
     _launch(
         topk_ids,
         num_experts,

@@ -173,10 +173,9 @@ def _load_qknorm(dtype: torch.dtype, across_heads: bool) -> Callable[..., None]:
     return _any_width(_jit_qknorm_module, dtype, name)
 
 
-# The fast paths' guard: False in eager code, True while dynamo traces (dynamo folds it to a
-# constant). A plain `return False` in eager, where torch.compiler.is_compiling() costs a call to
-# torch.jit.is_scripting() as well; the checked paths use is_compiling() to pick the torch.library op.
-_is_dynamo_compiling = torch.compiler.is_dynamo_compiling
+# The fast paths' guard: True under any tracing (dynamo, and torch.export's non-strict mode, where
+# dynamo's own flag stays False and the fast path would hand fake tensors to the launcher).
+_is_tracing = torch.compiler.is_compiling
 
 
 def _pdl_flag(enable_pdl: bool | None) -> int:
@@ -421,7 +420,7 @@ def rmsnorm(
         launcher, naming both tensors: ``out`` partially overlapping ``input``, sharing memory with
         ``weight``, or with overlapping rows (stride 0, or a row stride below the row).
     """
-    if not _is_dynamo_compiling():
+    if not _is_tracing():
         try:
             fn = _RMSNORM_FNS.get(input.dtype) if input.dim() == 2 else None
         except AttributeError:  # not a tensor: the checked path raises TypeError
@@ -453,7 +452,7 @@ def _rmsnorm(
     enable_pdl: bool | None,
 ) -> torch.Tensor:
     """rmsnorm with a weight offset and a fixed multiply order: gemma_rmsnorm and rmsnorm_hf."""
-    if not _is_dynamo_compiling():
+    if not _is_tracing():
         try:
             fn = _RMSNORM_FNS.get(input.dtype) if input.dim() == 2 else None
         except AttributeError:
@@ -589,7 +588,7 @@ def _fused_add_rmsnorm(
     weight_offset: float,
     enable_pdl: bool | None,
 ) -> None:
-    if not _is_dynamo_compiling():
+    if not _is_tracing():
         try:
             fn = _FUSED_ADD_RMSNORM_FNS.get(input.dtype) if input.dim() == 2 else None
         except AttributeError:
@@ -778,7 +777,7 @@ def fused_inplace_qknorm(
         have the same largest stride (the token stride, or the head stride of head-major views);
         views of one buffer in a layout it cannot decide (e.g. different token strides) are refused.
     """
-    if not _is_dynamo_compiling():
+    if not _is_tracing():
         try:
             # head_dim: `is` the cached int 0 (the default) costs one comparison; other values a
             # type test and q's last size (a bool or float head_dim takes the checked path).
@@ -905,7 +904,7 @@ def fused_inplace_qknorm_across_heads(
         q or k sharing memory with a weight, or q or k with overlapping rows (stride 0, or a row
         stride below the row).
     """
-    if not _is_dynamo_compiling():
+    if not _is_tracing():
         try:
             fn = _QKNORM_ACROSS_HEADS_FNS.get(q.dtype)
         except AttributeError:  # not a tensor: the checked path raises TypeError

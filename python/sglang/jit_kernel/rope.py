@@ -156,7 +156,12 @@ def _rope_kv_launch(
     v_inv_scale: float,
 ) -> None:
     """The launch of the checked path (and the torch.library op's body): caches of q's dtype take the
-    bit-copy launcher (the scales are then None and 1.0), fp8 caches the quantizing one."""
+    bit-copy launcher (the scales are then None and 1.0), fp8 caches the quantizing one. With
+    SGLANG_JIT_CHECK_INDICES=1 the host index checks run here, on the real tensors also under
+    torch.compile (the wrapper's positions check is left out while tracing)."""
+    op = "apply_rope_inplace_with_kvcache"
+    check_indices(op, "positions", positions, cos_sin_cache.shape[0], skip_value=None, dim_name="max_position")
+    check_indices(op, "out_loc", out_loc, k_cache.shape[0], skip_value=None, dim_name="cache_size")
     args = (q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox, rope_dim, enable_pdl)
     if k_cache.dtype != FP8_CACHE_DTYPE:
         _rope_kv_fn(q.dtype, k_cache.dtype)(*args)
@@ -187,6 +192,10 @@ def _rope_op(
     rope_dim: int,
     enable_pdl: int,
 ) -> None:
+    # the wrapper's host index check is left out while tracing: here it runs on the real tensors
+    check_indices(
+        "apply_rope_inplace", "positions", positions, cos_sin_cache.shape[0], skip_value=None, dim_name="max_position"
+    )
     _rope_fn(q.dtype)(q, k, cos_sin_cache, positions, is_neox, rope_dim, enable_pdl)
 
 
@@ -220,6 +229,10 @@ def _(*args: object) -> None:
 def _rotary_embedding_op(
     query: torch.Tensor, key: torch.Tensor, cos_sin_cache: torch.Tensor, positions: torch.Tensor, is_neox: bool
 ) -> None:
+    # the wrapper's host index check is left out while tracing: here it runs on the real tensors
+    check_indices(
+        "rotary_embedding", "positions", positions, cos_sin_cache.shape[0], skip_value=None, dim_name="max_position"
+    )
     _jit_rotary_embedding_module(query.dtype).rotary_embedding(query, key, cos_sin_cache, positions, is_neox, -1)
 
 
@@ -566,7 +579,6 @@ def apply_rope_inplace_with_kvcache(
             tuple(v_cache.shape),
         )
     check_tensor(op, "out_loc", out_loc, dtypes=INDEX_DTYPES, device_as=(q, "q"), dims=[("num_tokens", num_tokens)])
-    check_indices(op, "out_loc", out_loc, k_cache.shape[0], skip_value=None, dim_name="cache_size")
     positions, out_loc = positions.contiguous(), out_loc.contiguous()  # read only: strided indices are copied
     args = (q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox, rope_dim, _pdl_flag(enable_pdl))
     scales = (k_scale, v_scale, float(k_inv_scale), float(v_inv_scale))
@@ -691,16 +703,19 @@ def _heads_view(op: str, arg: str, tensor: torch.Tensor, lead_shape: tuple, head
     writes in place)."""
     check_tensor(op, arg, tensor, dtypes=FLOAT_DTYPES, last_dim_contiguous=True)
     lead = len(lead_shape)
-    expected = (
-        f"[{', '.join(str(n) for n in lead_shape)}, num_heads * head_size] or "
-        f"[{', '.join(str(n) for n in lead_shape)}, num_heads, head_size] (the leading dims of positions, "
-        f"head_size={head_size})"
-    )
+
+    def expected() -> str:  # built only on failure: str() of a symbolic size would break tracing
+        dims = ", ".join(str(n) for n in lead_shape)
+        return (
+            f"[{dims}, num_heads * head_size] or [{dims}, num_heads, head_size] (the leading dims of "
+            f"positions, head_size={head_size})"
+        )
+
     shape = tuple(tensor.shape)
     if tensor.dim() not in (lead + 1, lead + 2) or shape[:lead] != tuple(lead_shape):
-        fail(RuntimeError, op, arg, "shape", expected, shape)
+        fail(RuntimeError, op, arg, "shape", expected(), shape)
     if tensor.dim() == lead + 2 and shape[-1] != head_size or shape[-1] % head_size != 0:
-        fail(RuntimeError, op, arg, "shape", expected, shape)
+        fail(RuntimeError, op, arg, "shape", expected(), shape)
     num_tokens = 1
     for n in lead_shape:
         num_tokens *= n
