@@ -400,7 +400,10 @@ def check_scalar(
 def check_finite_float32(op: str, arg: str, value: float) -> None:
     """ValueError unless the real number ``value`` (``check_scalar`` first) stays finite as the float32
     the kernel takes: NaN and inf are refused (``expected a finite number``), and so is a magnitude
-    past ``FLOAT32_MAX``, which the conversion would turn into inf."""
+    past ``FLOAT32_MAX``, which the conversion would turn into inf. While torch.compile traces, an int
+    is not checked (it may be symbolic)."""
+    if torch.compiler.is_compiling() and not isinstance(value, float):
+        return  # an int may be symbolic while tracing (dynamic shapes); ints are finite anyway
     if not math.isfinite(value):
         fail(ValueError, op, arg, "value", "a finite number", value)
     if abs(value) > FLOAT32_MAX:
