@@ -64,7 +64,10 @@ def cache_once(fn: F) -> F:
     Parameters
     ----------
     fn : callable
-        The function to memoize; its positional and keyword arguments form the key.
+        The function to memoize; its positional and keyword arguments form the key (hashed as
+        Python compares them: ``1``, ``1.0`` and ``True`` are one entry), with the targets of an
+        enclosing :func:`override_jit_cuda_arch` (a module built for another architecture is not
+        returned outside it).
 
     Returns
     -------
@@ -81,7 +84,7 @@ def cache_once(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        key = (args, tuple(sorted(kwargs.items()))) if kwargs else args
+        key = (args, arch_override.get(), tuple(sorted(kwargs.items()))) if kwargs else (args, arch_override.get())
         result = cache.get(key, _MISSING)
         if result is _MISSING:
             result = cache[key] = fn(*args, **kwargs)

@@ -670,3 +670,24 @@ if __name__ == "__main__":
     import sys
 
     sys.exit(pytest.main([__file__, "-v", "-s"]))
+
+
+def test_cache_once_keys_on_the_target_architecture():
+    """A module memoized inside override_jit_cuda_arch (built for another target) is not returned
+    outside it, nor is the host's inside it; the same target hits the memo."""
+    from sglang.jit_kernel.utils import cache_once, override_jit_cuda_arch
+
+    built = []
+
+    @cache_once
+    def module(tag: str, *, width: int = 1) -> tuple:
+        built.append((tag, width))
+        return (tag, width, len(built))
+
+    first = module("a")
+    assert module("a") is first
+    with override_jit_cuda_arch(10, 0):
+        other = module("a")
+        assert other is not first and module("a") is other
+    assert module("a") is first
+    assert module("a", width=2) is not first and len(built) == 3
