@@ -1090,8 +1090,64 @@ def stamped_key(spec: BuildSpec, root: Path) -> str:
     return key
 
 
-def load_artifact(spec: BuildSpec, build_directory: str | None = None) -> JITModule:
-    """Return the module for ``spec``: from this process, from the cache, or by compiling it."""
+def runs_on(target: str, device: str) -> bool:
+    """Whether code built for ``target`` runs on a GPU of compute capability ``device``: the same major
+    and a minor no higher (SASS is not forward compatible across majors; the builds carry no PTX), or
+    exactly ``device`` for an arch-specific target (``9.0a``)."""
+    t_major, t_minor, suffix = parse_arch(target)
+    d_major, d_minor, _ = parse_arch(device)
+    if suffix == "a":
+        return (t_major, t_minor) == (d_major, d_minor)
+    return t_major == d_major and t_minor <= d_minor
+
+
+def foreign_build(spec: BuildSpec) -> tuple[str, ...]:
+    """The visible GPUs' compute capabilities when ``spec`` is a CUDA build with code for none of them;
+    ``()`` when it runs on one of them, or when no GPU is visible (a process that cannot launch)."""
+    if spec.cuda_source is None and not spec.cuda_units:
+        return ()
+    try:
+        devices = _memoized("device_archs", visible_device_archs)
+    except RuntimeError:  # a GPU below 8.0: resolve_cuda_archs names it where it matters
+        return ()
+    if not devices or any(runs_on(t, d) for t in spec.archs for d in devices):
+        return ()
+    return devices  # type: ignore[return-value]
+
+
+class ForeignModule:
+    """What ``load_jit`` returns for a module built only for GPUs this process does not have
+    (``override_jit_cuda_arch``, ``SGLANG_JIT_CUDA_ARCH``, ``cuda_archs=``, ``prebuild(archs=...)``):
+    the artifact is compiled and cached, but not loaded. Loading it would register its kernels in
+    this process's CUDA runtime ahead of the process's own build of the same kernels, whose launches
+    would then fail with "no kernel image". Any function access raises RuntimeError."""
+
+    __slots__ = ("_jit_artifact_", "_jit_archs_", "_jit_devices_")
+
+    def __init__(self, artifact: Path, archs: tuple[str, ...], devices: tuple[str, ...]) -> None:
+        self._jit_artifact_ = artifact
+        self._jit_archs_ = archs
+        self._jit_devices_ = devices
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith(("__", "_jit_")):
+            raise AttributeError(name)
+        raise RuntimeError(
+            f"JIT module {self._jit_artifact_.stem} was built for compute capability "
+            f"{', '.join(self._jit_archs_)}, and this process's GPUs are {', '.join(self._jit_devices_)}: "
+            f"it is cached ({self._jit_artifact_.parent}) but not loaded, so {name} cannot run here "
+            "(build it for these GPUs: leave override_jit_cuda_arch, or set SGLANG_JIT_CUDA_ARCH to "
+            "their capability or unset it)"
+        )
+
+    def __repr__(self) -> str:
+        return f"<ForeignModule {self._jit_artifact_.stem} ({self._jit_artifact_}), not loaded>"
+
+
+def load_artifact(spec: BuildSpec, build_directory: str | None = None) -> JITModule | ForeignModule:
+    """Return the module for ``spec``: from this process, from the cache, or by compiling it. A CUDA
+    build with code for none of the visible GPUs is compiled (or found) but not loaded: a
+    :class:`ForeignModule` comes back."""
     import tvm_ffi  # noqa: PLC0415
 
     root = Path(build_directory).expanduser() if build_directory else cache_root()
@@ -1116,6 +1172,11 @@ def load_artifact(spec: BuildSpec, build_directory: str | None = None) -> JITMod
         if log_path.exists():
             for line in resource_usage_lines(log_path.read_text()):
                 logger.info("%s: %s", spec.name, line)
+    devices = foreign_build(spec)
+    if devices:
+        if not built:
+            _mark_used(artifact.parent)
+        return ForeignModule(artifact, spec.archs, devices)
     try:
         module = tvm_ffi.load_module(str(artifact))
     except Exception:

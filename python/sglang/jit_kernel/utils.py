@@ -22,6 +22,7 @@ from typing import Any, NamedTuple, TypeVar
 import torch
 
 from sglang.jit_kernel._build import (
+    ForeignModule,
     JITCompileError,
     JITModule,
     arch_override,
@@ -199,7 +200,7 @@ def load_jit(
     cuda_archs: Sequence[str] | str | None = None,
     extra_dependencies: Sequence[str] | None = None,
     header_only: bool = True,
-) -> JITModule:
+) -> JITModule | ForeignModule:
     """Compile (first use) or load (cached) a TVM-FFI module from files under ``csrc/``.
 
     Parameters
@@ -240,6 +241,10 @@ def load_jit(
         A thin proxy of the loaded ``tvm_ffi.Module``: ``module.<export_name>`` is the function (a
         plain instance-dict hit after its first use); a name the module does not export raises
         ``AttributeError`` naming the module and listing its functions; other attributes are forwarded.
+        A CUDA build with code for none of this process's GPUs (targets from ``cuda_archs``,
+        :func:`override_jit_cuda_arch` or ``SGLANG_JIT_CUDA_ARCH``) is compiled and cached but not
+        loaded: a ``ForeignModule`` comes back, whose function access raises ``RuntimeError``. A
+        loaded copy would take over this process's own build of the same kernels in the CUDA runtime.
 
     Raises
     ------

@@ -1811,9 +1811,14 @@ register_errors(
             "ue8m0_with_int8_output",
             RuntimeError,
             "output_q",
-            lambda: gq_args(
-                q=torch.empty(4, 256, dtype=torch.int8, device=dev()),
-                s=torch.empty(4, 1, dtype=torch.int32, device=dev()),
+            lambda: gq_args(  # int8's own bounds: the ue8m0 rule is what refuses it
+                _MISSING,
+                torch.empty(4, 256, dtype=torch.int8, device=dev()),
+                torch.empty(4, 1, dtype=torch.int32, device=dev()),
+                128,
+                1e-10,
+                -128.0,
+                127.0,
                 scale_ue8m0=True,
             ),
         ),

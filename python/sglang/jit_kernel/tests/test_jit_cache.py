@@ -22,7 +22,7 @@ import pytest
 
 from sglang.jit_kernel import _build
 from sglang.jit_kernel.cache import cache_info, clear_cache, prune_cache
-from sglang.jit_kernel.testing import requires_nvcc
+from sglang.jit_kernel.testing import requires_cuda, requires_nvcc
 from sglang.jit_kernel.utils import JITCompileError, load_jit
 from sglang.test.ci.ci_register import register_cpu_ci
 
@@ -267,7 +267,8 @@ def test_flag_change_gets_its_own_artifact(cache_dir, ninja_runs, answer_src):
     assert len(ninja_runs) == 2
 
 
-def test_arch_change_gets_its_own_artifact(cache_dir, ninja_runs, tmp_path):
+def test_arch_change_gets_its_own_artifact(cache_dir, ninja_runs, tmp_path, monkeypatch):
+    monkeypatch.setitem(_build._memo, "device_archs", ("8.0", "9.0"))  # GPUs of both: both builds load
     source = tmp_path / "arch.cuh"
     source.write_text(ARCH_CUH)
     assert load_arch_module(source, "9.0").compiled_arch() == 900
@@ -283,6 +284,66 @@ def test_arch_change_gets_its_own_artifact(cache_dir, ninja_runs, tmp_path):
         _build._loaded.clear()
         assert load_arch_module(source, "8.0").compiled_arch() == 800
     assert len(ninja_runs) == 2
+
+
+def test_build_for_other_gpus_is_cached_not_loaded(cache_dir, ninja_runs, tmp_path, monkeypatch):
+    """A CUDA module with code for none of the visible GPUs is compiled and cached, not loaded (its
+    kernels would take over this process's own build of them in the CUDA runtime); a function access
+    says why. With no GPU visible it loads (nothing can launch)."""
+    monkeypatch.setitem(_build._memo, "device_archs", ("9.0",))
+    source = tmp_path / "arch.cuh"
+    source.write_text(ARCH_CUH)
+    foreign = load_arch_module(source, "8.0")
+    assert isinstance(foreign, _build.ForeignModule)
+    with pytest.raises(
+        RuntimeError,
+        match=r"^JIT module compiled_arch was built for compute capability 8\.0, and this process's GPUs are "
+        r"9\.0: it is cached \(.*\) but not loaded, so compiled_arch cannot run here \(",
+    ):
+        foreign.compiled_arch()
+    assert len(ninja_runs) == 1 and len(entries(cache_dir)) == 1
+    assert load_arch_module(source, "9.0").compiled_arch() == 900
+    monkeypatch.setitem(_build._memo, "device_archs", ())
+    assert load_arch_module(source, "8.0").compiled_arch() == 800  # from the cache
+    assert len(ninja_runs) == 2
+
+
+def test_which_targets_run_on_a_gpu():
+    assert _build.runs_on("8.0", "8.6") and _build.runs_on("9.0", "9.0") and _build.runs_on("10.0f", "10.3")
+    assert not _build.runs_on("8.6", "8.0") and not _build.runs_on("8.0", "9.0")
+    assert not _build.runs_on("9.0", "10.0") and not _build.runs_on("10.0", "9.0")
+    assert _build.runs_on("9.0a", "9.0") and not _build.runs_on("10.0a", "10.3")
+
+
+# A CUDA module with a launcher: fill(out) writes SGL_CUDA_ARCH into out[0] on the current device.
+FILL_CUH = """\
+#include <cstdint>
+#include <tvm/ffi/container/tensor.h>
+__global__ void fill_arch_kernel(int64_t* out) { *out = SGL_CUDA_ARCH; }
+void fill(tvm::ffi::TensorView out) { fill_arch_kernel<<<1, 1>>>(static_cast<int64_t*>(out.data_ptr())); }
+"""
+
+
+@requires_cuda
+def test_build_for_other_gpus_leaves_this_process_build_working(cache_dir, tmp_path):
+    """A build for another GPU first (as ``prebuild(archs=...)`` or ``override_jit_cuda_arch`` make),
+    then this GPU's build of the same kernel: it launches. Loading the first one would have made
+    the CUDA runtime launch its kernel here (no kernel image)."""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability()
+    other = "9.0" if major == 8 else "8.0"
+
+    def load(archs: str):
+        return load_jit("fill_arch", cuda_files=[str(source)], cuda_wrappers=[("fill", "fill")], cuda_archs=archs)
+
+    source = tmp_path / "fill.cuh"
+    source.write_text(FILL_CUH)
+    assert isinstance(load(other), _build.ForeignModule)
+    out = torch.zeros(1, dtype=torch.int64, device="cuda")
+    load(f"{major}.{minor}").fill(out)
+    torch.cuda.synchronize()
+    assert out.item() == major * 100 + minor * 10
 
 
 # ---------------------------------------------------------------------------------------------

@@ -543,7 +543,9 @@ def test_store_cache_bad_scalars():
         r"got 64$",
     ):
         store_cache(*args, row_bytes=64)
-    with pytest.raises(ValueError, match=r"^store_cache: num_split value: expected >= 0, got -1$"):
+    with pytest.raises(
+        ValueError, match=r"^store_cache: num_split value: expected >= 0 and <= 9223372036854775807, got -1$"
+    ):
         store_cache(*args, num_split=-1)
     with pytest.raises(TypeError, match=r"^store_cache: row_bytes type: expected an int, got float$"):
         store_cache(*args, row_bytes=128.0)
