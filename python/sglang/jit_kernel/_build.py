@@ -1090,6 +1090,11 @@ def stamped_key(spec: BuildSpec, root: Path) -> str:
     return key
 
 
+#: nvcc flags that choose targets: a build given one of its own may have code that ``spec.archs``
+#: does not list.
+_TARGET_FLAG_RE = re.compile(r"^(-gencode|--generate-code|-arch|--gpu-architecture|-code|--gpu-code)\b")
+
+
 def runs_on(target: str, device: str) -> bool:
     """Whether code built for ``target`` runs on a GPU of compute capability ``device``: the same major
     and a minor no higher (SASS is not forward compatible across majors; the builds carry no PTX), or
@@ -1106,6 +1111,9 @@ def foreign_build(spec: BuildSpec) -> tuple[str, ...]:
     ``()`` when it runs on one of them, or when no GPU is visible (a process that cannot launch)."""
     if spec.cuda_source is None and not spec.cuda_units:
         return ()
+    generated = {f for f in arch_flags(spec.archs) if f.startswith("-gencode=")}
+    if any(_TARGET_FLAG_RE.match(f) and f not in generated for f in spec.cuda_cflags):
+        return ()  # targets of the caller's own flags (PTX, say): spec.archs does not list them
     try:
         devices = _memoized("device_archs", visible_device_archs)
     except RuntimeError:  # a GPU below 8.0: resolve_cuda_archs names it where it matters

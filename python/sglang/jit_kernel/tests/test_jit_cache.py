@@ -306,6 +306,16 @@ def test_build_for_other_gpus_is_cached_not_loaded(cache_dir, ninja_runs, tmp_pa
     monkeypatch.setitem(_build._memo, "device_archs", ())
     assert load_arch_module(source, "8.0").compiled_arch() == 800  # from the cache
     assert len(ninja_runs) == 2
+    # Targets of the caller's own nvcc flags (here PTX for 8.0, which runs on 9.0) are not second-guessed.
+    monkeypatch.setitem(_build._memo, "device_archs", ("9.0",))
+    ptx = load_jit(
+        "compiled_arch",
+        cuda_files=[str(source)],
+        cuda_wrappers=[("compiled_arch", "compiled_arch")],
+        cuda_archs="8.0",
+        extra_cuda_cflags=["-gencode=arch=compute_80,code=compute_80"],
+    )
+    assert ptx.compiled_arch() == 800
 
 
 def test_which_targets_run_on_a_gpu():
