@@ -36,7 +36,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from sglang.jit_kernel._arch import check_target_arch, visible_device_archs
 from sglang.jit_kernel._dependencies import resolve_dependencies
@@ -1108,12 +1108,17 @@ def runs_on(target: str, device: str) -> bool:
 
 def foreign_build(spec: BuildSpec) -> tuple[str, ...]:
     """The visible GPUs' compute capabilities when ``spec`` is a CUDA build with code for none of them;
-    ``()`` when it runs on one of them, or when no GPU is visible (a process that cannot launch)."""
+    ``()`` when it runs on one of them, when no GPU is visible, or while torch has not initialised
+    CUDA in this process (a process that has launched nothing yet; asking would initialise it)."""
     if spec.cuda_source is None and not spec.cuda_units:
         return ()
     generated = {f for f in arch_flags(spec.archs) if f.startswith("-gencode=")}
     if any(_TARGET_FLAG_RE.match(f) and f not in generated for f in spec.cuda_cflags):
         return ()  # targets of the caller's own flags (PTX, say): spec.archs does not list them
+    import torch  # noqa: PLC0415
+
+    if not torch.cuda.is_initialized():  # asking would start CUDA here (a later fork could not use it)
+        return ()
     try:
         devices = _memoized("device_archs", visible_device_archs)
     except RuntimeError:  # a GPU below 8.0: resolve_cuda_archs names it where it matters
@@ -1128,25 +1133,35 @@ class ForeignModule:
     (``override_jit_cuda_arch``, ``SGLANG_JIT_CUDA_ARCH``, ``cuda_archs=``, ``prebuild(archs=...)``):
     the artifact is compiled and cached, but not loaded. Loading it would register its kernels in
     this process's CUDA runtime ahead of the process's own build of the same kernels, whose launches
-    would then fail with "no kernel image". Any function access raises RuntimeError."""
+    would then fail with "no kernel image". ``module.<name>`` of an exported function (read from the
+    file) is a stand-in whose call raises RuntimeError; another name raises AttributeError."""
 
-    __slots__ = ("_jit_artifact_", "_jit_archs_", "_jit_devices_")
+    __slots__ = ("_jit_artifact_", "_jit_archs_", "_jit_devices_", "_jit_functions_")
 
     def __init__(self, artifact: Path, archs: tuple[str, ...], devices: tuple[str, ...]) -> None:
         self._jit_artifact_ = artifact
         self._jit_archs_ = archs
         self._jit_devices_ = devices
+        self._jit_functions_: list[str] | None = None
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith(("__", "_jit_")):
             raise AttributeError(name)
-        raise RuntimeError(
+        if name not in exported_functions(self):
+            raise AttributeError(missing_function_message(self, name))
+        message = (
             f"JIT module {self._jit_artifact_.stem} was built for compute capability "
             f"{', '.join(self._jit_archs_)}, and this process's GPUs are {', '.join(self._jit_devices_)}: "
-            f"it is cached ({self._jit_artifact_.parent}) but not loaded, so {name} cannot run here "
-            "(build it for these GPUs: leave override_jit_cuda_arch, or set SGLANG_JIT_CUDA_ARCH to "
-            "their capability or unset it)"
+            f"it is cached ({self._jit_artifact_.parent}) but not loaded, so {name} cannot run here. "
+            "Build it for these GPUs: outside override_jit_cuda_arch, with cuda_archs= / "
+            "SGLANG_JIT_CUDA_ARCH naming their capability or unset (an op wrapper keeps the module it "
+            "got until its cache_clear() or a new process)"
         )
+
+        def refuse(*args: object, **kwargs: object) -> NoReturn:
+            raise RuntimeError(message)
+
+        return refuse
 
     def __repr__(self) -> str:
         return f"<ForeignModule {self._jit_artifact_.stem} ({self._jit_artifact_}), not loaded>"
@@ -1205,7 +1220,7 @@ def load_artifact(spec: BuildSpec, build_directory: str | None = None) -> JITMod
 # ----------------------------------------------------------------------------------------------
 # Loaded modules: a missing function names the ones there are
 # ----------------------------------------------------------------------------------------------
-_EXPORT_SYMBOL_RE = re.compile(rb"__tvm_ffi_([A-Za-z_][A-Za-z0-9_]*)\x00")
+_EXPORT_SYMBOL_RE = re.compile(rb"(?<=\x00)__tvm_ffi_([A-Za-z_][A-Za-z0-9_]*)\x00")  # whole strings only
 
 
 class JITModule:
@@ -1243,10 +1258,10 @@ class JITModule:
         return f"<JITModule {self._jit_artifact_.stem} ({self._jit_artifact_})>"
 
 
-def exported_functions(module: JITModule) -> list[str]:
-    """The functions a loaded JIT module exports, sorted: the ``__tvm_ffi_<name>`` symbols of its shared
-    library that the module confirms (``implements_function``), less tvm-ffi's metadata/doc companions.
-    Read from the file on the first call (an error path), then kept on the module."""
+def exported_functions(module: JITModule | ForeignModule) -> list[str]:
+    """The functions a JIT module exports, sorted: the ``__tvm_ffi_<name>`` symbols of its shared
+    library that a loaded module confirms (``implements_function``), less tvm-ffi's metadata/doc
+    companions. Read from the file on the first call (an error path), then kept on the module."""
     if module._jit_functions_ is None:
         try:
             found = {m.decode() for m in _EXPORT_SYMBOL_RE.findall(module._jit_artifact_.read_bytes())}
@@ -1255,12 +1270,14 @@ def exported_functions(module: JITModule) -> list[str]:
         companions = {
             n for n in found for tag in ("_metadata_", "_doc_") if n.startswith(tag) and n[len(tag) :] in found
         }
-        inner = module._jit_module_
-        module._jit_functions_ = sorted(n for n in found - companions if inner.implements_function(n))
+        names = found - companions
+        if isinstance(module, JITModule):
+            names = {n for n in names if module._jit_module_.implements_function(n)}
+        module._jit_functions_ = sorted(names)
     return module._jit_functions_
 
 
-def missing_function_message(module: JITModule, name: str) -> str:
+def missing_function_message(module: JITModule | ForeignModule, name: str) -> str:
     """``JIT module 'm' has no function 'x'`` with a "did you mean" and the module's functions."""
     functions = exported_functions(module)
     close = difflib.get_close_matches(name, functions, n=3, cutoff=0.6)

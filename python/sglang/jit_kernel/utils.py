@@ -38,6 +38,7 @@ __all__ = [
     "CPP_DTYPE_MAP",
     "CPPArgList",
     "CUDAArch",
+    "ForeignModule",
     "JITCompileError",
     "cache_once",
     "get_ci_test_range",
@@ -351,8 +352,9 @@ def override_jit_cuda_arch(major: int, minor: int, suffix: str = "") -> Iterator
     keep their own targets (run a worker with ``contextvars.copy_context().run`` to pass it on).
     Unlike ``prebuild(archs=...)`` it does not touch ``os.environ``.
 
-    An op's wrapper memoises its module per dtype (``@cache_once``): a module it loaded before the
-    block is returned as it was; the override applies to ``load_jit`` calls made inside the block.
+    An op's wrapper memoises its module per dtype and per override (``@cache_once`` keys on the
+    override's targets): inside the block it builds the block's module, outside it gets its own back.
+    A build for GPUs this process does not have is cached, not loaded (``load_jit``, Returns).
 
     Parameters
     ----------

@@ -259,7 +259,7 @@ def test_tensor_matcher_messages(probe):
 @requires_nvcc
 def test_header_smoke_and_tutorial_kernel_compile_for_sm90(tmp_path, monkeypatch):
     """Every header and template (fp16/bf16/fp32), plus the tutorial's Step 1 scale.cuh verbatim,
-    compile for sm_90 through load_jit and the module loads (no GPU needed)."""
+    compile for sm_90 through load_jit, and the module loads where it can (no GPU needed)."""
     from sglang.jit_kernel.utils import load_jit
 
     monkeypatch.setenv("SGLANG_JIT_CUDA_ARCH", "9.0")

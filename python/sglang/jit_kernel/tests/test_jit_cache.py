@@ -288,23 +288,33 @@ def test_arch_change_gets_its_own_artifact(cache_dir, ninja_runs, tmp_path, monk
 
 def test_build_for_other_gpus_is_cached_not_loaded(cache_dir, ninja_runs, tmp_path, monkeypatch):
     """A CUDA module with code for none of the visible GPUs is compiled and cached, not loaded (its
-    kernels would take over this process's own build of them in the CUDA runtime); a function access
-    says why. With no GPU visible it loads (nothing can launch)."""
+    kernels would take over this process's own build of them in the CUDA runtime); calling one of its
+    functions says why. Before torch initialises CUDA, or with no GPU visible, it loads."""
+    import torch
+
     monkeypatch.setitem(_build._memo, "device_archs", ("9.0",))
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     source = tmp_path / "arch.cuh"
     source.write_text(ARCH_CUH)
     foreign = load_arch_module(source, "8.0")
     assert isinstance(foreign, _build.ForeignModule)
+    call = foreign.compiled_arch  # an exported name: a stand-in that refuses to run
     with pytest.raises(
         RuntimeError,
         match=r"^JIT module compiled_arch was built for compute capability 8\.0, and this process's GPUs are "
-        r"9\.0: it is cached \(.*\) but not loaded, so compiled_arch cannot run here \(",
+        r"9\.0: it is cached \(.*\) but not loaded, so compiled_arch cannot run here\. Build it ",
     ):
-        foreign.compiled_arch()
+        call()
+    with pytest.raises(AttributeError, match=r"has no function 'compiled_ach' \(did you mean 'compiled_arch'\?\)"):
+        foreign.compiled_ach  # noqa: B018
     assert len(ninja_runs) == 1 and len(entries(cache_dir)) == 1
     assert load_arch_module(source, "9.0").compiled_arch() == 900
-    monkeypatch.setitem(_build._memo, "device_archs", ())
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)  # not asked: asking would start CUDA
     assert load_arch_module(source, "8.0").compiled_arch() == 800  # from the cache
+    _build._loaded.clear()
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setitem(_build._memo, "device_archs", ())
+    assert load_arch_module(source, "8.0").compiled_arch() == 800
     assert len(ninja_runs) == 2
     # Targets of the caller's own nvcc flags (here PTX for 8.0, which runs on 9.0) are not second-guessed.
     monkeypatch.setitem(_build._memo, "device_archs", ("9.0",))
@@ -349,8 +359,8 @@ def test_build_for_other_gpus_leaves_this_process_build_working(cache_dir, tmp_p
 
     source = tmp_path / "fill.cuh"
     source.write_text(FILL_CUH)
+    out = torch.zeros(1, dtype=torch.int64, device="cuda")  # CUDA initialised, as in any op's process
     assert isinstance(load(other), _build.ForeignModule)
-    out = torch.zeros(1, dtype=torch.int64, device="cuda")
     load(f"{major}.{minor}").fill(out)
     torch.cuda.synchronize()
     assert out.item() == major * 100 + minor * 10
