@@ -53,8 +53,15 @@ def target_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @requires_nvcc
 def test_every_module_compiles_for_8_0_and_10_0(target_env: Path):
+    import torch
+
     modules = one_variant_per_module()
     assert modules, "no op is registered"
+    if torch.cuda.is_available():
+        # With CUDA initialised, load_jit leaves the builds this GPU cannot run unloaded; loaded,
+        # they would make the later tests' own builds of the same kernels in this worker fail to
+        # launch ("no kernel image"; jit_cache.md, "Target architecture from Python").
+        torch.cuda.init()
 
     def build(item: tuple[str, tuple]) -> str | None:
         name, (builder, args) = item
