@@ -213,7 +213,8 @@ def toolchain_fingerprint() -> dict[str, str]:
     """What identifies the toolchain, read without running a subprocess (so the warm path stays cheap).
 
     nvcc is identified by the toolkit's ``version.json`` and the nvcc binary (path, size, mtime); the host
-    compiler by its resolved binary; tvm-ffi by its version; and the environment variables that nvcc and
+    compiler (``$CXX``, and nvcc's own: ``NVCC_CCBIN`` or ``gcc``) by its resolved binary; tvm-ffi by
+    its version; and the environment variables that nvcc and
     the host compiler read themselves (extra flags, include paths: ``NVCC_ENV_FLAGS``), as this process
     sees them first.
     """
@@ -237,6 +238,8 @@ def toolchain_fingerprint() -> dict[str, str]:
             "cicc": _file_fingerprint(cuda_home / "nvvm" / "bin" / "cicc"),
             "ptxas": _file_fingerprint(cuda_home / "bin" / "ptxas"),
             "cxx": _file_fingerprint(shutil.which(cxx) or cxx),
+            # nvcc's own host compiler (it does not read $CXX): NVCC_CCBIN, else gcc from PATH
+            "nvcc_host": _file_fingerprint(shutil.which(os.environ.get("NVCC_CCBIN") or "gcc") or "gcc"),
             "tvm_ffi": str(getattr(tvm_ffi, "__version__", "unknown")),
             "env": json.dumps({name: os.environ[name] for name in NVCC_ENV_FLAGS if name in os.environ}),
         }
@@ -996,7 +999,9 @@ def build_artifact(spec: BuildSpec, root: Path, key: str, force: bool = False) -
                     first_error=first,
                     log_path=log_path,
                 )
-            if entry.exists() and force:  # forced rebuild: move the old entry aside, then publish
+            # A forced rebuild, or an entry whose library is gone (deleted by hand, a full disk):
+            # move the old entry aside, then publish.
+            if entry.exists() and (force or not artifact.exists()):
                 trash = staging_root / f"old-{entry.name}-{uuid.uuid4().hex[:8]}"
                 try:
                     os.rename(entry, trash)

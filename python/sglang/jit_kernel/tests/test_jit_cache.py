@@ -328,6 +328,21 @@ def test_build_for_other_gpus_is_cached_not_loaded(cache_dir, ninja_runs, tmp_pa
     assert ptx.compiled_arch() == 800
 
 
+def test_toolchain_names_nvccs_own_host_compiler(cache_dir, monkeypatch, tmp_path):
+    """nvcc compiles the host side with gcc from PATH (or NVCC_CCBIN), not $CXX: the key covers that
+    compiler's binary too, so replacing it rebuilds."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    gcc = fake_bin / "gcc"
+    gcc.write_text("#!/bin/sh\nexit 1\n")
+    gcc.chmod(0o755)
+    before = _build.toolchain_fingerprint()["nvcc_host"]
+    monkeypatch.setenv("PATH", f"{fake_bin}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(_build, "_memo", {})
+    after = _build.toolchain_fingerprint()["nvcc_host"]
+    assert after.startswith(f"{gcc}:") and after != before
+
+
 def test_which_targets_run_on_a_gpu():
     assert _build.runs_on("8.0", "8.6") and _build.runs_on("9.0", "9.0") and _build.runs_on("10.0f", "10.3")
     assert not _build.runs_on("8.6", "8.0") and not _build.runs_on("8.0", "9.0")
@@ -679,6 +694,17 @@ def test_reload_after_entry_removed_elsewhere(cache_dir, ninja_runs, answer_src)
     _build._loaded.clear()
     assert load_answer(answer_src).answer() == 41
     assert len(ninja_runs) == 2
+
+
+def test_entry_without_its_library_is_rebuilt(cache_dir, ninja_runs, answer_src):
+    """An entry whose .so is gone (deleted by hand, a full disk) is replaced by a new build, not kept
+    as a directory that every later publish fails on."""
+    module = load_answer(answer_src)
+    library = Path(str(module._jit_artifact_))
+    library.unlink()
+    _build._loaded.clear()
+    assert load_answer(answer_src).answer() == 41
+    assert library.exists() and len(ninja_runs) == 2 and len(entries(cache_dir)) == 1
 
 
 def test_stopped_builds_end_a_wait_on_another_builders_lock(cache_dir, ninja_runs, answer_src, monkeypatch):
