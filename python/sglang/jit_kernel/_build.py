@@ -635,7 +635,9 @@ def _write_build_files(spec: BuildSpec, directory: Path) -> None:
     cxx = find_host_compiler()
     includes = [f"-I{p}" for p in spec.include_paths]
     tvm_lib = Path(libinfo.find_libtvm_ffi())
-    ldflags = ["-shared", f"-L{tvm_lib.parent}", "-ltvm_ffi"]
+    # -z defs: a symbol the module uses but nothing defines fails the link (a JITCompileError naming
+    # it), not the process at the first call ("symbol lookup error" under lazy binding).
+    ldflags = ["-shared", "-Wl,-z,defs", f"-L{tvm_lib.parent}", "-ltvm_ffi"]
     if spec.cuda_source is not None or spec.cuda_units:
         lib64 = cuda_home / "lib64"
         ldflags += [f"-L{lib64}", "-lcudart", f"-Wl,-rpath,{lib64}"]
@@ -713,8 +715,14 @@ def first_compiler_error(log: str) -> str:
     match = _ERROR_RE.search(log)
     if match is None:
         lines = log.splitlines()
-        for line in lines:  # the linker's own line names the cause ("ld: cannot find -lfoo"), not collect2's
+        for i, line in enumerate(
+            lines
+        ):  # the linker's own line names the cause ("ld: cannot find -lfoo"), not collect2's
             if "ld: " in line and "collect2" not in line:
+                if line.rstrip().endswith(
+                    "':"
+                ):  # "ld: x.o: in function `f()':" then "...: undefined reference to `g()'"
+                    return "\n".join(part.strip() for part in lines[i : i + 2])
                 return line.strip()
         for line in lines:
             if "error" in line.lower() or "fatal" in line.lower():  # e.g. "nvcc fatal : Unsupported gpu architecture"

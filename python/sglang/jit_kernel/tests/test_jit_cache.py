@@ -549,6 +549,17 @@ def test_compile_error_in_generated_binding_names_the_wrapper(cache_dir, tmp_pat
         assert "; did you mean" not in message, message
 
 
+def test_undefined_symbol_fails_the_build_not_the_first_call(cache_dir, tmp_path):
+    """A function the module declares but nothing defines is a link error naming it (-z defs), not a
+    "symbol lookup error" that ends the process at the first call."""
+    header = tmp_path / "undefined.h"
+    header.write_text("#include <cstdint>\nint64_t missing_helper();\nint64_t answer() { return missing_helper(); }\n")
+    with pytest.raises(
+        JITCompileError, match=r"in function `answer\(\)':\n.*undefined reference to `missing_helper\(\)'"
+    ):
+        load_jit("undefined_symbol", cpp_files=[str(header)], cpp_wrappers=[("answer", "answer")])
+
+
 def test_first_compiler_error_cuts_a_wide_context_line_around_the_caret():
     wide = "  " + "x" * 500 + "undeclared_answer" + "y" * 500
     log = f'k.cuh(3): error: identifier "undeclared_answer" is undefined\n{wide}\n{" " * 502}^\n\n1 error\n'
