@@ -6,7 +6,7 @@ The cache itself (its layout, the key, the lock) is built by ``sglang.jit_kernel
 * ``cache_info()``: entries, their sizes and how long ago each was last used (the entry directory's
   mtime, which ``load_artifact`` sets whenever a process loads the entry from disk);
 * ``clear_cache()`` / ``prune_cache(max_age_days)``: remove entries (all, or those unused for that
-  long), staging leftovers of dead builders and lock files nobody holds;
+  long), staging leftovers of builds no process runs (their key's lock is free) and lock files nobody holds;
 
 and fills it ahead of time:
 
@@ -46,9 +46,9 @@ __all__ = [
 _ENTRY_RE = re.compile(r"^(?P<module>[A-Za-z0-9_]+)-(?P<key>[0-9a-f]{20})$")
 #: A builder's staging directory: ``<module>-<key>-<pid>-<8 hex>`` (``build_artifact``'s ``staging``).
 #: Anything else under ``.staging`` (``old-...`` entries moved aside for removal) has no live owner.
-_STAGING_RE = re.compile(r"^[A-Za-z0-9_]+-[0-9a-f]{20}-(?P<pid>\d+)-[0-9a-f]{8}$")
-#: A staging directory older than this is a leftover even if its pid is alive (the pid was reused,
-#: or the builder runs on another host sharing the cache): no JIT build takes an hour.
+_STAGING_RE = re.compile(r"^(?P<entry>[A-Za-z0-9_]+-[0-9a-f]{20})-(?P<pid>\d+)-[0-9a-f]{8}$")
+#: A staging directory older than this is a leftover even if its key's lock is held (a builder on
+#: another host sharing the cache, where the lock may not reach): no JIT build takes an hour.
 STAGING_MAX_AGE_S = 3600.0
 
 _SECONDS_PER_DAY = 86400.0
@@ -72,7 +72,8 @@ class CacheEntry:
 @dataclasses.dataclass(frozen=True)
 class CacheInfo:
     """A snapshot of the cache: ``items`` (oldest use first), their count and total size, and the
-    number of staging leftovers (``staging``: builds whose process died or is older than an hour)."""
+    number of staging leftovers (``staging``: builds whose key's lock no process holds, or older than an
+    hour)."""
 
     root: Path
     items: list[CacheEntry]
@@ -119,18 +120,27 @@ def _scan_entries(root: Path, now: float) -> list[CacheEntry]:
     return sorted(items, key=lambda item: item.last_used)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+def _lock_held(root: Path, entry: str) -> bool:
+    """Whether a process holds the build lock of ``entry`` (``<module>-<key>``): a build of it is
+    running. The file lock, not the builder's pid, decides: a builder in another container sharing
+    the cache has a pid this process cannot see."""
+    from filelock import FileLock, Timeout  # noqa: PLC0415
+
+    lock_path = root / ".locks" / f"{entry}.lock"
+    if not lock_path.exists():
         return False
-    except PermissionError:  # exists, belongs to someone else
+    lock = FileLock(str(lock_path))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
         return True
-    return True
+    lock.release()
+    return False
 
 
 def _staging_leftovers(root: Path, now: float) -> list[Path]:
-    """Staging directories no running build owns: builder pid dead, no pid, or older than an hour."""
+    """Staging directories no running build owns: their key's build lock is free, or they are older
+    than an hour, or they are not a builder's (entries moved aside for removal)."""
     staging_root = root / ".staging"
     if not staging_root.is_dir():
         return []
@@ -141,7 +151,7 @@ def _staging_leftovers(root: Path, now: float) -> list[Path]:
             age = now - child.lstat().st_mtime
         except OSError:
             continue
-        if match is None or not _pid_alive(int(match.group("pid"))) or age > STAGING_MAX_AGE_S:
+        if match is None or age > STAGING_MAX_AGE_S or not _lock_held(root, match.group("entry")):
             leftovers.append(child)
     return leftovers
 
@@ -237,7 +247,7 @@ def clear_cache() -> int:
 
 def prune_cache(max_age_days: float) -> int:
     """Remove entries not used (loaded from disk or built) for more than ``max_age_days`` days, staging
-    directories whose builder is dead or that are older than an hour, failed-build logs older than
+    directories whose key's build lock is free or that are older than an hour, failed-build logs older than
     ``max_age_days``, and the unheld lock files of removed entries.
 
     Parameters

@@ -661,9 +661,10 @@ def test_cache_cli_info_prune_clear(cache_dir, answer_src):
     old, recent = entries(cache_dir)
     set_in_past(cache_dir / old, 40 * 86400)
     staging = cache_dir / ".staging"
-    (staging / f"answer-{'0' * 20}-{dead_pid()}-deadbeef").mkdir()  # a dead builder's leftover
-    (staging / f"answer-{'1' * 20}-{os.getpid()}-0123abcd").mkdir()  # a live build: not a leftover
-    held = FileLock(str(cache_dir / ".locks" / f"answer-{'2' * 20}.lock"))
+    (staging / f"answer-{'0' * 20}-{dead_pid()}-deadbeef").mkdir()  # a dead builder's leftover: lock free
+    live = staging / f"answer-{'2' * 20}-{dead_pid()}-0badcafe"
+    live.mkdir()  # a pid this process cannot see (another container's builder)...
+    held = FileLock(str(cache_dir / ".locks" / f"answer-{'2' * 20}.lock"))  # ...whose build lock is held: live
     held.acquire()
     try:
         info = cache_info()
@@ -683,7 +684,7 @@ def test_cache_cli_info_prune_clear(cache_dir, answer_src):
         assert "pruned 1 entries" in result.stdout
         assert entries(cache_dir) == [recent]
         assert cache_info().staging == 0
-        assert (staging / f"answer-{'1' * 20}-{os.getpid()}-0123abcd").is_dir()
+        assert live.is_dir()
 
         result = run_cli("cache", "clear")
         assert result.returncode == 0, result.stderr
