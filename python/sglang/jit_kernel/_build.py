@@ -209,6 +209,20 @@ NVCC_ENV_FLAGS = (
 )
 
 
+def _nvcc_host_fingerprint() -> str:
+    """nvcc's own host compiler (it does not read ``$CXX``): ``NVCC_CCBIN`` (a compiler, or a directory
+    holding ``gcc``), else ``gcc`` from PATH; a name that resolves to no file is recorded as given."""
+    value = os.environ.get("NVCC_CCBIN", "").strip()
+    if value:
+        path = Path(value) / "gcc" if Path(value).is_dir() else Path(shutil.which(value) or value)
+    else:
+        found = shutil.which("gcc")
+        path = Path(found) if found else None
+    if path is None or not path.exists():
+        return f"{value or 'gcc'}:missing"
+    return _file_fingerprint(path)
+
+
 def toolchain_fingerprint() -> dict[str, str]:
     """What identifies the toolchain, read without running a subprocess (so the warm path stays cheap).
 
@@ -238,8 +252,7 @@ def toolchain_fingerprint() -> dict[str, str]:
             "cicc": _file_fingerprint(cuda_home / "nvvm" / "bin" / "cicc"),
             "ptxas": _file_fingerprint(cuda_home / "bin" / "ptxas"),
             "cxx": _file_fingerprint(shutil.which(cxx) or cxx),
-            # nvcc's own host compiler (it does not read $CXX): NVCC_CCBIN, else gcc from PATH
-            "nvcc_host": _file_fingerprint(shutil.which(os.environ.get("NVCC_CCBIN") or "gcc") or "gcc"),
+            "nvcc_host": _nvcc_host_fingerprint(),
             "tvm_ffi": str(getattr(tvm_ffi, "__version__", "unknown")),
             "env": json.dumps({name: os.environ[name] for name in NVCC_ENV_FLAGS if name in os.environ}),
         }
@@ -709,21 +722,28 @@ def _clip_context(context: list[str]) -> list[str]:
     return out
 
 
+_CUDAFE_OBJECT_RE = re.compile(r"tmpxft_[0-9a-f_]+-\d+_main\.cudafe1\.cpp")
+_SECTION_OFFSET_RE = re.compile(r"\((\.text[^+)]*)\+0x[0-9a-f]+\)")
+
+
+def _linker_text(text: str) -> str:
+    """A linker message with nvcc's temporary host file named ``main.cu`` and section offsets dropped,
+    so one error reads the same for every dtype and process."""
+    return _SECTION_OFFSET_RE.sub(r"(\1)", _CUDAFE_OBJECT_RE.sub("main.cu", text))
+
+
 def first_compiler_error(log: str) -> str:
     """The first compiler error of a build log with the (at most two) lines after it, nvcc or gcc
     format; context lines wider than ``CONTEXT_WIDTH`` are cut around the caret."""
     match = _ERROR_RE.search(log)
     if match is None:
         lines = log.splitlines()
-        for i, line in enumerate(
-            lines
-        ):  # the linker's own line names the cause ("ld: cannot find -lfoo"), not collect2's
-            if "ld: " in line and "collect2" not in line:
-                if line.rstrip().endswith(
-                    "':"
-                ):  # "ld: x.o: in function `f()':" then "...: undefined reference to `g()'"
-                    return "\n".join(part.strip() for part in lines[i : i + 2])
-                return line.strip()
+        # The linker's own line names the cause ("ld: cannot find -lfoo"), not collect2's, and not
+        # its warnings. "ld: x.o: in function `f()':" comes with the next line ("undefined reference").
+        for i, line in enumerate(lines):
+            if "ld: " in line and "collect2" not in line and "ld: warning:" not in line:
+                shown = lines[i : i + 2] if line.rstrip().endswith("':") else [line]
+                return _linker_text("\n".join(part.strip() for part in shown))
         for line in lines:
             if "error" in line.lower() or "fatal" in line.lower():  # e.g. "nvcc fatal : Unsupported gpu architecture"
                 return line.strip()
@@ -1158,9 +1178,11 @@ class ForeignModule:
         self._jit_functions_: list[str] | None = None
 
     def __getattr__(self, name: str) -> Any:
+        import tvm_ffi  # noqa: PLC0415
+
         if name.startswith(("__", "_jit_")):
             raise AttributeError(name)
-        if name not in exported_functions(self):
+        if name not in exported_functions(self) and not hasattr(tvm_ffi.Module, name):
             raise AttributeError(missing_function_message(self, name))
         message = (
             f"JIT module {self._jit_artifact_.stem} was built for compute capability "
@@ -1178,6 +1200,10 @@ class ForeignModule:
 
     def __repr__(self) -> str:
         return f"<ForeignModule {self._jit_artifact_.stem} ({self._jit_artifact_}), not loaded>"
+
+
+#: dlopen's words for a library file that is not a whole shared object (truncated, overwritten).
+_DAMAGED_LIBRARY_SIGNS = ("file too short", "cannot read file data", "invalid ELF header")
 
 
 def load_artifact(spec: BuildSpec, build_directory: str | None = None) -> JITModule | ForeignModule:
@@ -1215,12 +1241,16 @@ def load_artifact(spec: BuildSpec, build_directory: str | None = None) -> JITMod
         return ForeignModule(artifact, spec.archs, devices)
     try:
         module = tvm_ffi.load_module(str(artifact))
-    except Exception:
-        if built or artifact.exists():
+    except Exception as exc:
+        damaged = artifact.exists() and any(sign in str(exc) for sign in _DAMAGED_LIBRARY_SIGNS)
+        if built or (artifact.exists() and not damaged):
             raise
-        # The entry vanished between the check and the dlopen (`cache clear` / `prune` elsewhere).
+        # The entry vanished between the check and the dlopen (`cache clear` / `prune` elsewhere), or
+        # its library is damaged (truncated by a full disk or a copy): build it again.
+        if damaged:
+            logger.warning("JIT module %s: %s is damaged (%s); rebuilding it", spec.name, artifact, exc)
         _refuse_compile(spec, artifact, False)
-        artifact = build_artifact(spec, root, key)
+        artifact = build_artifact(spec, root, key, force=damaged)
         built = True
         module = tvm_ffi.load_module(str(artifact))
     if not built:

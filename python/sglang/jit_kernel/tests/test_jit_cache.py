@@ -307,6 +307,8 @@ def test_build_for_other_gpus_is_cached_not_loaded(cache_dir, ninja_runs, tmp_pa
         call()
     with pytest.raises(AttributeError, match=r"has no function 'compiled_ach' \(did you mean 'compiled_arch'\?\)"):
         foreign.compiled_ach  # noqa: B018
+    with pytest.raises(RuntimeError, match=r"built for compute capability 8\.0"):  # tvm_ffi.Module's methods too
+        foreign.get_function("compiled_arch")
     assert len(ninja_runs) == 1 and len(entries(cache_dir)) == 1
     assert load_arch_module(source, "9.0").compiled_arch() == 900
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)  # not asked: asking would start CUDA
@@ -341,6 +343,13 @@ def test_toolchain_names_nvccs_own_host_compiler(cache_dir, monkeypatch, tmp_pat
     monkeypatch.setattr(_build, "_memo", {})
     after = _build.toolchain_fingerprint()["nvcc_host"]
     assert after.startswith(f"{gcc}:") and after != before
+    # NVCC_CCBIN as nvcc takes it: a directory holding gcc, or a compiler; a missing one is recorded
+    # as given (not resolved against the working directory).
+    monkeypatch.setenv("NVCC_CCBIN", str(fake_bin))
+    assert _build._nvcc_host_fingerprint() == after
+    monkeypatch.setenv("NVCC_CCBIN", "/nonexistent/gcc")
+    monkeypatch.chdir(tmp_path)
+    assert _build._nvcc_host_fingerprint() == "/nonexistent/gcc:missing"
 
 
 def test_which_targets_run_on_a_gpu():
@@ -575,6 +584,21 @@ def test_first_compiler_error_cuts_a_wide_context_line_around_the_caret():
     )
 
 
+def test_first_compiler_error_shows_the_linkers_cause():
+    """The linker's error, not its warnings or collect2's line; an "in function" line with the
+    undefined reference after it; nvcc's temporary host file named main.cu, offsets dropped."""
+    log = (
+        "/usr/bin/ld: warning: x.o: missing .note.GNU-stack section implies executable stack\n"
+        "/usr/bin/ld: /tmp/tmpxft_00003b3b_00000000-6_main.cudafe1.cpp:(.text+0x2bf): undefined reference to "
+        "`host_missing()'\ncollect2: error: ld returned 1 exit status\n"
+    )
+    assert (
+        _build.first_compiler_error(log) == "/usr/bin/ld: /tmp/main.cu:(.text): undefined reference to `host_missing()'"
+    )
+    log = "/usr/bin/ld: cannot find -lfoo: No such file or directory\ncollect2: error: ld returned 1 exit status\n"
+    assert _build.first_compiler_error(log) == "/usr/bin/ld: cannot find -lfoo: No such file or directory"
+
+
 def test_first_compiler_error_finds_nvcc_fatal():
     log = "[1/2] nvcc ... -gencode=arch=compute_70,code=sm_70 ...\nnvcc fatal   : Unsupported gpu architecture 'compute_70'\nninja: build stopped: subcommand failed.\n"
     assert _build.first_compiler_error(log) == "nvcc fatal   : Unsupported gpu architecture 'compute_70'"
@@ -717,6 +741,21 @@ def test_entry_without_its_library_is_rebuilt(cache_dir, ninja_runs, answer_src)
     _build._loaded.clear()
     assert load_answer(answer_src).answer() == 41
     assert library.exists() and len(ninja_runs) == 2 and len(entries(cache_dir)) == 1
+
+
+def test_damaged_library_is_rebuilt(cache_dir, answer_src):
+    """A truncated .so (a full disk, a partial copy) fails dlopen with "file too short": the entry is
+    built again instead of failing every later load."""
+    library = Path(str(load_answer(answer_src)._jit_artifact_))
+    damaged = library.with_name("damaged.tmp")  # a new file: this process maps the old one
+    damaged.write_bytes(library.read_bytes()[:100])
+    os.replace(damaged, library)
+    child = start_child(answer_src)  # a new process: this one's dlopen would return its loaded copy
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == 0, err
+    assert json.loads(out.strip().splitlines()[-1]) == {"answer": 41}
+    assert "is damaged" in err and "rebuilding it" in err
+    assert library.stat().st_size > 100 and len(entries(cache_dir)) == 1
 
 
 def test_stopped_builds_end_a_wait_on_another_builders_lock(cache_dir, ninja_runs, answer_src, monkeypatch):
