@@ -722,14 +722,14 @@ def _clip_context(context: list[str]) -> list[str]:
     return out
 
 
-_CUDAFE_OBJECT_RE = re.compile(r"tmpxft_[0-9a-f_]+-\d+_main\.cudafe1\.cpp")
-_SECTION_OFFSET_RE = re.compile(r"\((\.text[^+)]*)\+0x[0-9a-f]+\)")
+_CUDAFE_OBJECT_RE = re.compile(r"tmpxft_[0-9a-f_]+-\d+_(?P<unit>\w+)\.cudafe1\.cpp")
+_SECTION_OFFSET_RE = re.compile(r"\((\.[\w.]+)\+0x[0-9a-f]+\)")
 
 
 def _linker_text(text: str) -> str:
-    """A linker message with nvcc's temporary host file named ``main.cu`` and section offsets dropped,
-    so one error reads the same for every dtype and process."""
-    return _SECTION_OFFSET_RE.sub(r"(\1)", _CUDAFE_OBJECT_RE.sub("main.cu", text))
+    """A linker message with nvcc's temporary host file named after its unit (``main.cu``) and section
+    offsets dropped, so one error reads the same for every dtype and process."""
+    return _SECTION_OFFSET_RE.sub(r"(\1)", _CUDAFE_OBJECT_RE.sub(r"\g<unit>.cu", text))
 
 
 def first_compiler_error(log: str) -> str:
@@ -942,11 +942,14 @@ def _owner_of(lock_path: Path, wait_s: float = 1.0) -> str:
 compiles_in_thread = threading.local()
 
 
-def build_artifact(spec: BuildSpec, root: Path, key: str, force: bool = False) -> Path:
+def build_artifact(
+    spec: BuildSpec, root: Path, key: str, force: bool = False, damaged: tuple[int, int] | None = None
+) -> Path:
     """Build ``spec`` unless a complete artifact for ``key`` exists; return the artifact's path.
 
     One lock per key serialises builders across processes; the build runs in a private staging
-    directory that is renamed into place only once complete.
+    directory that is renamed into place only once complete. ``damaged``: the (inode, mtime_ns) of
+    a library that failed to load as damaged; it is replaced unless another process already did.
 
     Raises
     ------
@@ -980,7 +983,7 @@ def build_artifact(spec: BuildSpec, root: Path, key: str, force: bool = False) -
                 continue
     try:
         lock_path.with_suffix(".owner").write_text(str(os.getpid()))
-        if artifact.exists() and not force:
+        if artifact.exists() and not force and (damaged is None or _identity(artifact) != damaged):
             return artifact
         staging_root = root / ".staging"
         staging_root.mkdir(exist_ok=True, mode=0o700)
@@ -1029,7 +1032,7 @@ def build_artifact(spec: BuildSpec, root: Path, key: str, force: bool = False) -
                 )
             # A forced rebuild, or an entry whose library is gone (deleted by hand, a full disk):
             # move the old entry aside, then publish.
-            if entry.exists() and (force or not artifact.exists()):
+            if entry.exists() and (force or damaged is not None or not artifact.exists()):
                 trash = staging_root / f"old-{entry.name}-{uuid.uuid4().hex[:8]}"
                 try:
                     os.rename(entry, trash)
@@ -1065,9 +1068,24 @@ _loaded: dict[Path, JITModule] = {}
 _forced: set[Path] = set()
 
 
-def _refuse_compile(spec: BuildSpec, artifact: Path, force: bool) -> None:
+def _identity(path: Path) -> tuple[int, int] | None:
+    """(inode, mtime_ns) of ``path``: which file a name refers to, to tell a replaced one; None if
+    there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+def _refuse_compile(spec: BuildSpec, artifact: Path, force: bool, damaged: bool = False) -> None:
     if env_flag(ENV_CRASH_ON_COMPILE):
-        why = f"{ENV_FORCE_RECOMPILE}=1 asks to rebuild it" if force else f"it is not in the cache ({artifact})"
+        if damaged:
+            why = f"its cached library is damaged ({artifact})"
+        elif force:
+            why = f"{ENV_FORCE_RECOMPILE}=1 asks to rebuild it"
+        else:
+            why = f"it is not in the cache ({artifact})"
         raise RuntimeError(
             f"JIT module '{spec.name}' would be compiled ({why}), but {ENV_CRASH_ON_COMPILE}=1 forbids "
             "compiling; prebuild it with `python -m sglang.jit_kernel build --all` (or `build OP ...`) "
@@ -1164,10 +1182,11 @@ def foreign_build(spec: BuildSpec) -> tuple[str, ...]:
 class ForeignModule:
     """What ``load_jit`` returns for a module built only for GPUs this process does not have
     (``override_jit_cuda_arch``, ``SGLANG_JIT_CUDA_ARCH``, ``cuda_archs=``, ``prebuild(archs=...)``):
-    the artifact is compiled and cached, but not loaded. Loading it would register its kernels in
-    this process's CUDA runtime ahead of the process's own build of the same kernels, whose launches
-    would then fail with "no kernel image". ``module.<name>`` of an exported function (read from the
-    file) is a stand-in whose call raises RuntimeError; another name raises AttributeError."""
+    the artifact is compiled and cached, but not loaded: loaded, such a build has made the process's
+    own build of the same kernel fail to launch ("no kernel image"; the mechanism inside the CUDA
+    runtime is not established). ``module.<name>`` of an exported function (read from the
+    file) is a stand-in whose call raises RuntimeError, as does an attribute of ``tvm_ffi.Module``
+    (``get_function``...); another name raises AttributeError."""
 
     __slots__ = ("_jit_artifact_", "_jit_archs_", "_jit_devices_", "_jit_functions_")
 
@@ -1182,7 +1201,8 @@ class ForeignModule:
 
         if name.startswith(("__", "_jit_")):
             raise AttributeError(name)
-        if name not in exported_functions(self) and not hasattr(tvm_ffi.Module, name):
+        module_attribute = hasattr(tvm_ffi.Module, name)  # get_function, kind...: nothing to give
+        if name not in exported_functions(self) and not module_attribute:
             raise AttributeError(missing_function_message(self, name))
         message = (
             f"JIT module {self._jit_artifact_.stem} was built for compute capability "
@@ -1192,6 +1212,9 @@ class ForeignModule:
             "SGLANG_JIT_CUDA_ARCH naming their capability or unset (an op wrapper keeps the module it "
             "got until its cache_clear() or a new process)"
         )
+
+        if module_attribute:
+            raise RuntimeError(message)
 
         def refuse(*args: object, **kwargs: object) -> NoReturn:
             raise RuntimeError(message)
@@ -1242,15 +1265,18 @@ def load_artifact(spec: BuildSpec, build_directory: str | None = None) -> JITMod
     try:
         module = tvm_ffi.load_module(str(artifact))
     except Exception as exc:
-        damaged = artifact.exists() and any(sign in str(exc) for sign in _DAMAGED_LIBRARY_SIGNS)
+        # dlopen names the file it could not read: this library, not one it depends on.
+        damaged = artifact.exists() and any(f"{artifact}: {sign}" in str(exc) for sign in _DAMAGED_LIBRARY_SIGNS)
         if built or (artifact.exists() and not damaged):
             raise
         # The entry vanished between the check and the dlopen (`cache clear` / `prune` elsewhere), or
-        # its library is damaged (truncated by a full disk or a copy): build it again.
+        # its library is damaged (truncated by a full disk or a copy): build it again, once for all
+        # the processes that find it so (build_artifact compares the file under the lock).
+        identity = _identity(artifact) if damaged else None
         if damaged:
             logger.warning("JIT module %s: %s is damaged (%s); rebuilding it", spec.name, artifact, exc)
-        _refuse_compile(spec, artifact, False)
-        artifact = build_artifact(spec, root, key, force=damaged)
+        _refuse_compile(spec, artifact, False, damaged=damaged)
+        artifact = build_artifact(spec, root, key, damaged=identity)
         built = True
         module = tvm_ffi.load_module(str(artifact))
     if not built:

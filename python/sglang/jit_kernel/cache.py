@@ -46,7 +46,7 @@ __all__ = [
 _ENTRY_RE = re.compile(r"^(?P<module>[A-Za-z0-9_]+)-(?P<key>[0-9a-f]{20})$")
 #: A builder's staging directory: ``<module>-<key>-<pid>-<8 hex>`` (``build_artifact``'s ``staging``).
 #: Anything else under ``.staging`` (``old-...`` entries moved aside for removal) has no live owner.
-_STAGING_RE = re.compile(r"^(?P<entry>[A-Za-z0-9_]+-[0-9a-f]{20})-(?P<pid>\d+)-[0-9a-f]{8}$")
+_STAGING_RE = re.compile(r"^(?P<entry>[A-Za-z0-9_]+-[0-9a-f]{20})-\d+-[0-9a-f]{8}$")
 #: A staging directory older than this is a leftover even if its key's lock is held (a builder on
 #: another host sharing the cache, where the lock may not reach): no JIT build takes an hour.
 STAGING_MAX_AGE_S = 3600.0
@@ -123,7 +123,8 @@ def _scan_entries(root: Path, now: float) -> list[CacheEntry]:
 def _lock_held(root: Path, entry: str) -> bool:
     """Whether a process holds the build lock of ``entry`` (``<module>-<key>``): a build of it is
     running. The file lock, not the builder's pid, decides: a builder in another container sharing
-    the cache has a pid this process cannot see."""
+    the cache has a pid this process cannot see. Asking takes the lock for a moment: a builder that
+    tries it then waits its next poll (0.5 s)."""
     from filelock import FileLock, Timeout  # noqa: PLC0415
 
     lock_path = root / ".locks" / f"{entry}.lock"

@@ -338,6 +338,7 @@ def test_toolchain_names_nvccs_own_host_compiler(cache_dir, monkeypatch, tmp_pat
     gcc = fake_bin / "gcc"
     gcc.write_text("#!/bin/sh\nexit 1\n")
     gcc.chmod(0o755)
+    monkeypatch.delenv("NVCC_CCBIN", raising=False)
     before = _build.toolchain_fingerprint()["nvcc_host"]
     monkeypatch.setenv("PATH", f"{fake_bin}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setattr(_build, "_memo", {})
@@ -359,12 +360,16 @@ def test_which_targets_run_on_a_gpu():
     assert _build.runs_on("9.0a", "9.0") and not _build.runs_on("10.0a", "10.3")
 
 
-# A CUDA module with a launcher: fill(out) writes SGL_CUDA_ARCH into out[0] on the current device.
+# A CUDA module with a launcher: fill(out) writes SGL_CUDA_ARCH into out[0] on the current device and
+# returns the launch's error code (0: cudaSuccess; 209: cudaErrorNoKernelImageForDevice).
 FILL_CUH = """\
 #include <cstdint>
 #include <tvm/ffi/container/tensor.h>
 __global__ void fill_arch_kernel(int64_t* out) { *out = SGL_CUDA_ARCH; }
-void fill(tvm::ffi::TensorView out) { fill_arch_kernel<<<1, 1>>>(static_cast<int64_t*>(out.data_ptr())); }
+int64_t fill(tvm::ffi::TensorView out) {
+  fill_arch_kernel<<<1, 1>>>(static_cast<int64_t*>(out.data_ptr()));
+  return static_cast<int64_t>(cudaGetLastError());
+}
 """
 
 
@@ -385,7 +390,7 @@ def test_build_for_other_gpus_leaves_this_process_build_working(cache_dir, tmp_p
     source.write_text(FILL_CUH)
     out = torch.zeros(1, dtype=torch.int64, device="cuda")  # CUDA initialised, as in any op's process
     assert isinstance(load(other), _build.ForeignModule)
-    load(f"{major}.{minor}").fill(out)
+    assert load(f"{major}.{minor}").fill(out) == 0
     torch.cuda.synchronize()
     assert out.item() == major * 100 + minor * 10
 
@@ -685,7 +690,8 @@ def test_cache_cli_info_prune_clear(cache_dir, answer_src):
     old, recent = entries(cache_dir)
     set_in_past(cache_dir / old, 40 * 86400)
     staging = cache_dir / ".staging"
-    (staging / f"answer-{'0' * 20}-{dead_pid()}-deadbeef").mkdir()  # a dead builder's leftover: lock free
+    (staging / f"answer-{'0' * 20}-{dead_pid()}-deadbeef").mkdir()  # a leftover: its key's lock is free
+    (cache_dir / ".locks" / f"answer-{'0' * 20}.lock").touch()
     live = staging / f"answer-{'2' * 20}-{dead_pid()}-0badcafe"
     live.mkdir()  # a pid this process cannot see (another container's builder)...
     held = FileLock(str(cache_dir / ".locks" / f"answer-{'2' * 20}.lock"))  # ...whose build lock is held: live
@@ -756,6 +762,18 @@ def test_damaged_library_is_rebuilt(cache_dir, answer_src):
     assert json.loads(out.strip().splitlines()[-1]) == {"answer": 41}
     assert "is damaged" in err and "rebuilding it" in err
     assert library.stat().st_size > 100 and len(entries(cache_dir)) == 1
+
+
+def test_damaged_library_replaced_elsewhere_is_not_rebuilt_again(cache_dir, ninja_runs, answer_src):
+    """Processes that found one library damaged rebuild it once: under the lock, a library that is no
+    longer the damaged file (another process replaced it) is taken as it is."""
+    artifact = Path(str(load_answer(answer_src)._jit_artifact_))
+    spec = _build.make_spec("answer", [str(answer_src)], [], [("answer", "answer")], [], [], [], [], [], None)
+    key = _build.stamped_key(spec, cache_dir)
+    assert _build.build_artifact(spec, cache_dir, key, damaged=(0, 0)) == artifact  # replaced already
+    assert len(ninja_runs) == 1
+    assert _build.build_artifact(spec, cache_dir, key, damaged=_build._identity(artifact)) == artifact
+    assert len(ninja_runs) == 2 and len(entries(cache_dir)) == 1
 
 
 def test_stopped_builds_end_a_wait_on_another_builders_lock(cache_dir, ninja_runs, answer_src, monkeypatch):
