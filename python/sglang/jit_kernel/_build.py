@@ -744,8 +744,12 @@ def first_compiler_error(log: str) -> str:
             if "ld: " in line and "collect2" not in line and "ld: warning:" not in line:
                 shown = lines[i : i + 2] if line.rstrip().endswith("':") else [line]
                 return _linker_text("\n".join(part.strip() for part in shown))
-        for line in lines:
+        for i, line in enumerate(lines):
             if "error" in line.lower() or "fatal" in line.lower():  # e.g. "nvcc fatal : Unsupported gpu architecture"
+                # A tool's own complaint just before it ("/x/gcc: No such file or directory") is the cause.
+                before = lines[i - 1].strip() if i > 0 else ""
+                if before and not before.startswith(("[", "FAILED:", "/", "ninja:")) or ": No such file" in before:
+                    return f"{before}\n{line.strip()}"
                 return line.strip()
         return log.strip().splitlines()[-1] if log.strip() else "(no compiler output)"
     rest = log[match.end() :].lstrip("\n").splitlines()

@@ -607,6 +607,14 @@ def test_first_compiler_error_shows_the_linkers_cause():
 def test_first_compiler_error_finds_nvcc_fatal():
     log = "[1/2] nvcc ... -gencode=arch=compute_70,code=sm_70 ...\nnvcc fatal   : Unsupported gpu architecture 'compute_70'\nninja: build stopped: subcommand failed.\n"
     assert _build.first_compiler_error(log) == "nvcc fatal   : Unsupported gpu architecture 'compute_70'"
+    # The complaint of the tool nvcc ran, just before nvcc's own line, names the cause.
+    log = (
+        "FAILED: [code=1] main_cu.o \n/usr/local/cuda/bin/nvcc -std=c++20 -x cu -c main.cu -o main_cu.o\n"
+        "/nope/gcc: No such file or directory\nnvcc fatal   : Failed to preprocess host compiler properties.\n"
+    )
+    assert _build.first_compiler_error(log) == (
+        "/nope/gcc: No such file or directory\nnvcc fatal   : Failed to preprocess host compiler properties."
+    )
 
 
 # ---------------------------------------------------------------------------------------------
