@@ -228,9 +228,8 @@ def toolchain_fingerprint() -> dict[str, str]:
 
     nvcc is identified by the toolkit's ``version.json`` and the nvcc binary (path, size, mtime); the host
     compiler (``$CXX``, and nvcc's own: ``NVCC_CCBIN`` or ``gcc``) by its resolved binary; tvm-ffi by
-    its version; and the environment variables that nvcc and
-    the host compiler read themselves (extra flags, include paths: ``NVCC_ENV_FLAGS``), as this process
-    sees them first.
+    its version; and the environment variables that nvcc and the host compiler read themselves (extra
+    flags, include paths: ``NVCC_ENV_FLAGS``), as this process sees them first.
     """
 
     def compute() -> dict[str, str]:
@@ -746,9 +745,10 @@ def first_compiler_error(log: str) -> str:
                 return _linker_text("\n".join(part.strip() for part in shown))
         for i, line in enumerate(lines):
             if "error" in line.lower() or "fatal" in line.lower():  # e.g. "nvcc fatal : Unsupported gpu architecture"
-                # A tool's own complaint just before it ("/x/gcc: No such file or directory") is the cause.
+                # A tool's own complaint just before it ("/x/gcc: No such file or directory") is the
+                # cause; ninja's lines and the echoed command line are not.
                 before = lines[i - 1].strip() if i > 0 else ""
-                if before and not before.startswith(("[", "FAILED:", "/", "ninja:")) or ": No such file" in before:
+                if ": " in before and not before.startswith(("[", "FAILED:", "ninja:")):
                     return f"{before}\n{line.strip()}"
                 return line.strip()
         return log.strip().splitlines()[-1] if log.strip() else "(no compiler output)"

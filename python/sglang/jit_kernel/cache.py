@@ -27,8 +27,12 @@ import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sglang.jit_kernel._build import ENV_CUDA_ARCH, cache_root, resolve_cuda_archs, terminate_builds
+
+if TYPE_CHECKING:
+    from filelock import BaseFileLock
 
 __all__ = [
     "CacheEntry",
@@ -120,20 +124,29 @@ def _scan_entries(root: Path, now: float) -> list[CacheEntry]:
     return sorted(items, key=lambda item: item.last_used)
 
 
-def _lock_held(root: Path, entry: str) -> bool:
-    """Whether a process holds the build lock of ``entry`` (``<module>-<key>``): a build of it is
-    running. The file lock, not the builder's pid, decides: a builder in another container sharing
-    the cache has a pid this process cannot see. Asking takes the lock for a moment: a builder that
-    tries it then waits its next poll (0.5 s)."""
+def _take_free_lock(lock_path: Path) -> BaseFileLock | None:
+    """The build lock at ``lock_path``, acquired, if no process holds it (a build of its key is
+    running otherwise); the caller releases it. A builder that tries the lock meanwhile waits its next
+    poll (0.5 s)."""
     from filelock import FileLock, Timeout  # noqa: PLC0415
 
-    lock_path = root / ".locks" / f"{entry}.lock"
-    if not lock_path.exists():
-        return False
     lock = FileLock(str(lock_path))
     try:
         lock.acquire(timeout=0)
     except Timeout:
+        return None
+    return lock
+
+
+def _lock_held(root: Path, entry: str) -> bool:
+    """Whether a process holds the build lock of ``entry`` (``<module>-<key>``): a build of it is
+    running. The file lock, not the builder's pid, decides: a builder in another container sharing
+    the cache has a pid this process cannot see."""
+    lock_path = root / ".locks" / f"{entry}.lock"
+    if not lock_path.exists():
+        return False
+    lock = _take_free_lock(lock_path)
+    if lock is None:
         return True
     lock.release()
     return False
@@ -178,8 +191,6 @@ def _remove_tree(path: Path, root: Path) -> bool:
 
 def _remove_unheld_locks(root: Path, only: set[str] | None = None) -> int:
     """Delete lock files (and their ``.owner``) that no process holds; ``only``: entry names to consider."""
-    from filelock import FileLock, Timeout  # noqa: PLC0415
-
     locks = root / ".locks"
     if not locks.is_dir():
         return 0
@@ -187,10 +198,8 @@ def _remove_unheld_locks(root: Path, only: set[str] | None = None) -> int:
     for lock_path in locks.glob("*.lock"):
         if only is not None and lock_path.stem not in only:
             continue
-        lock = FileLock(str(lock_path))
-        try:
-            lock.acquire(timeout=0)
-        except Timeout:  # a build of this key is running
+        lock = _take_free_lock(lock_path)
+        if lock is None:  # a build of this key is running
             continue
         try:
             lock_path.with_suffix(".owner").unlink(missing_ok=True)
