@@ -286,6 +286,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def age_days(text: str) -> float:
+    """argparse type: a number of days >= 0 (not NaN)."""
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of days >= 0, got {text}")
+    return value
+
+
 @contextlib.contextmanager
 def _stop_builds_on_sigterm() -> Iterator[None]:
     """Inside: SIGTERM (``kill``, a job scheduler) stops the builds in progress, then exits with status
@@ -349,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cch = sub.add_parser("cache", help="inspect or clean the JIT cache")
     cch.add_argument("action", choices=["info", "clear", "prune"])
-    cch.add_argument("--days", type=float, default=30.0, help="prune: entries unused for this many days")
+    cch.add_argument("--days", type=age_days, default=30.0, help="prune: entries unused for this many days")
 
     args = parser.parse_args(argv)
     if args.command in (None, "clangd"):

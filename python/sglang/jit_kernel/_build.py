@@ -27,8 +27,10 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import stat
+import struct
 import subprocess
 import sys
 import threading
@@ -259,7 +261,7 @@ def toolchain_fingerprint() -> dict[str, str]:
     return _memoized("toolchain", compute)  # type: ignore[return-value]
 
 
-_ARCH_RE = re.compile(r"^(\d+)\.(\d+)([af]?)$")
+_ARCH_RE = re.compile(r"^(\d+)\.(\d)([af]?)$")  # minor 0-9, as nvcc spells them
 _ARCH_DIGITS_RE = re.compile(r"\d{2,3}[af]?")
 _ARCH_SEPARATOR_RE = re.compile(r"[\s,;]+")
 _IDENTIFIER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # compiled at import: load_jit runs on warm paths
@@ -303,7 +305,10 @@ def resolve_cuda_archs(archs: Sequence[str] | str | None = None) -> tuple[str, .
         With no GPU visible and ``SGLANG_JIT_CUDA_ARCH`` unset, or a visible GPU below compute
         capability 8.0 (``_arch.check_devices``: the message names it).
     ValueError
-        For a malformed architecture, or a target below 8.0 (``_arch.check_target_arch``).
+        For a malformed architecture, a target below 8.0 (``_arch.check_target_arch``), or targets
+        given (``archs``, the override, the variable) that name none.
+    TypeError
+        For ``archs`` neither a string nor a list of strings.
     """
     source = "the requested architectures"  # where the targets came from, for check_target_arch
     if archs is None:
@@ -316,6 +321,16 @@ def resolve_cuda_archs(archs: Sequence[str] | str | None = None) -> tuple[str, .
             archs, source = env, f"{ENV_CUDA_ARCH}={env}"
     if isinstance(archs, str):
         archs = [a for a in _ARCH_SEPARATOR_RE.split(archs) if a]
+    elif archs is not None:
+        try:
+            archs = list(archs)
+        except TypeError:
+            raise TypeError(f"CUDA architectures must be a string or a list of strings, got {archs!r}") from None
+        for a in archs:
+            if not isinstance(a, str):
+                raise TypeError(f"CUDA architecture {a!r} ({type(a).__name__}): expected a string like '9.0'")
+    if archs is not None and not archs:  # given, but naming none: not the same as "not given"
+        raise ValueError(f"no CUDA architecture in {source}: expected e.g. '9.0' or ['8.0', '9.0']")
     if archs:
         out = []
         for a in archs:
@@ -640,6 +655,13 @@ def _ninja_escape(text: str) -> str:
     return text.replace("$", "$$").replace(":", "$:").replace(" ", "$ ")
 
 
+def _command_words(words: Sequence[str | Path]) -> str:
+    """``words`` as one ninja variable of a command line: each word shell-quoted (a flag with a
+    space, a parenthesis or a semicolon reaches the compiler as one argument, not the shell), then
+    ``$`` escaped for ninja (``-DX=$HOME`` stays literal)."""
+    return " ".join(shlex.quote(str(word)) for word in words).replace("$", "$$")
+
+
 def _write_build_files(spec: BuildSpec, directory: Path) -> None:
     import tvm_ffi.libinfo as libinfo  # noqa: PLC0415
 
@@ -656,11 +678,11 @@ def _write_build_files(spec: BuildSpec, directory: Path) -> None:
     ldflags += spec.ldflags
     lines = [
         "ninja_required_version = 1.3",
-        f"nvcc = {cuda_home / 'bin' / 'nvcc'}",
-        f"cxx = {cxx}",
-        f"cuda_cflags = {' '.join(spec.cuda_cflags + includes)} --resource-usage",
-        f"cflags = {' '.join(spec.cflags + includes)}",
-        f"ldflags = {' '.join(ldflags)}",
+        f"nvcc = {_command_words([cuda_home / 'bin' / 'nvcc'])}",
+        f"cxx = {cxx.replace('$', '$$')}",  # CXX may be a command with arguments ("ccache g++")
+        f"cuda_cflags = {_command_words([*spec.cuda_cflags, *includes, '--resource-usage'])}",
+        f"cflags = {_command_words(spec.cflags + includes)}",
+        f"ldflags = {_command_words(ldflags)}",
         # -x: a listed .cuh / .h compiled as its own unit (header_only=False) is CUDA / C++ source,
         # not a header (g++ would write a precompiled header for a .h)
         "rule cuda_compile",
@@ -1233,6 +1255,35 @@ class ForeignModule:
 _DAMAGED_LIBRARY_SIGNS = ("file too short", "cannot read file data", "invalid ELF header")
 
 
+def _truncated_library(path: Path) -> str | None:
+    """Why the ELF shared library at ``path`` is shorter than its own headers say, or None.
+
+    dlopen maps a library by its program headers, so one cut short past them (a full disk, a partial
+    copy) maps pages beyond the end of the file and the process dies of SIGBUS at the first touch;
+    a check of the header and section tables against the file's size, before the dlopen, turns that
+    into a rebuild. Files that are no 64-bit ELF are left to dlopen, which refuses them cleanly."""
+    try:
+        with open(path, "rb") as f:
+            header = f.read(64)
+            size = os.fstat(f.fileno()).st_size
+            if len(header) < 64 or header[:5] != b"\x7fELF\x02":
+                return None
+            order = "<" if header[5] == 1 else ">"
+            phoff, shoff = struct.unpack_from(order + "QQ", header, 0x20)
+            phentsize, phnum, shentsize, shnum = struct.unpack_from(order + "HHHH", header, 0x36)
+            if phoff + phnum * phentsize > size or shoff + shnum * shentsize > size:
+                return f"{size} bytes, shorter than its header and section tables"
+            f.seek(phoff)
+            table = f.read(phnum * phentsize)
+    except OSError:
+        return None
+    for i in range(phnum):
+        kind, _flags, offset, _vaddr, _paddr, filesz = struct.unpack_from(order + "IIQQQQ", table, i * phentsize)
+        if kind == 1 and offset + filesz > size:  # PT_LOAD
+            return f"{size} bytes, shorter than its loadable segments ({offset + filesz} bytes)"
+    return None
+
+
 def load_artifact(spec: BuildSpec, build_directory: str | None = None) -> JITModule | ForeignModule:
     """Return the module for ``spec``: from this process, from the cache, or by compiling it. A CUDA
     build with code for none of the visible GPUs is compiled (or found) but not loaded: a
@@ -1267,6 +1318,9 @@ def load_artifact(spec: BuildSpec, build_directory: str | None = None) -> JITMod
             _mark_used(artifact.parent)
         return ForeignModule(artifact, spec.archs, devices)
     try:
+        truncated = None if built else _truncated_library(artifact)
+        if truncated is not None:
+            raise OSError(f"{artifact}: file too short ({truncated})")
         module = tvm_ffi.load_module(str(artifact))
     except Exception as exc:
         # dlopen names the file it could not read: this library, not one it depends on.

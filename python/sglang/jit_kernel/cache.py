@@ -272,12 +272,16 @@ def prune_cache(max_age_days: float) -> int:
 
     Raises
     ------
+    TypeError
+        If ``max_age_days`` is not a number.
     ValueError
-        If ``max_age_days`` is negative.
+        If ``max_age_days`` is negative or NaN.
     RuntimeError
         If the cache directory is unsafe (see ``cache_info``).
     """
-    if max_age_days < 0:
+    if isinstance(max_age_days, bool) or not isinstance(max_age_days, (int, float)):
+        raise TypeError(f"prune_cache: max_age_days must be a number of days, got {type(max_age_days).__name__}")
+    if not max_age_days >= 0:  # NaN too
         raise ValueError(f"prune_cache: max_age_days must be >= 0, got {max_age_days}")
     root = cache_root()
     now = time.time()
@@ -332,7 +336,7 @@ def _build_one(
 
 
 def build_variants(
-    ops: Sequence[str] | None = None,
+    ops: Sequence[str] | str | None = None,
     archs: Sequence[str] | str | None = None,
     jobs: int | None = None,
     on_done: Callable[[VariantResult, int, int], None] | None = None,
@@ -388,7 +392,7 @@ def build_variants(
 
 
 def prebuild(
-    ops: Sequence[str] | None = None,
+    ops: Sequence[str] | str | None = None,
     archs: Sequence[str] | str | None = None,
     jobs: int | None = None,
 ) -> list[str]:
@@ -400,8 +404,9 @@ def prebuild(
 
     Parameters
     ----------
-    ops : sequence of str, optional
-        Op names from ``registry.all_ops()`` (``["scale"]``); default every op.
+    ops : str or sequence of str, optional
+        Op names from ``registry.all_ops()`` (``["scale"]``, or one name as ``"scale"``); default
+        every op.
     archs : str or sequence of str, optional
         Target architectures (``"9.0"``, ``["8.0", "9.0"]``); default ``SGLANG_JIT_CUDA_ARCH``, else
         the visible GPUs'. ``SGLANG_JIT_CUDA_ARCH`` is set to them for the duration of the call
@@ -418,6 +423,8 @@ def prebuild(
     ------
     ValueError
         For an unknown op name or a malformed arch (before any build).
+    TypeError
+        For an op name or an arch that is not a string (before any build).
     RuntimeError
         Without a target architecture (no ``archs``, no ``SGLANG_JIT_CUDA_ARCH``, no GPU); or, after
         every variant was tried, if any failed: one line per failure (a ``JITCompileError`` names the

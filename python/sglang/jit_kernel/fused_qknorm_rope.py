@@ -182,8 +182,8 @@ def fused_qk_norm_rope(
         argument not a number, ``is_neox`` not a bool.
     ValueError
         Negative head counts or eps, ``head_dim < 1``, ``base <= 0`` or ``factor <= 0`` (NaN fails
-        these ranges too), ``rotary_dim`` not even in ``[2, head_dim]``, ``low``, ``high`` or
-        ``attention_factor`` not finite in float32 (``fused_qk_norm_rope: low value: expected a
+        these ranges too), ``rotary_dim`` not even in ``[2, head_dim]``, ``base``, ``factor``, ``eps``, ``low``,
+        ``high`` or ``attention_factor`` not finite in float32 (``fused_qk_norm_rope: low value: expected a
         finite number, got nan``; magnitudes past 3.4028235e+38 too).
     RuntimeError
         As ``fused_qk_norm_rope: <arg> <what>: expected X, got Y``: not on CUDA or another device,
@@ -200,6 +200,8 @@ def fused_qk_norm_rope(
     check_scalar(op, "base", base, float, minimum=0.0, exclusive_minimum=True)
     check_scalar(op, "is_neox", is_neox, bool)
     check_scalar(op, "factor", factor, float, minimum=0.0, exclusive_minimum=True)
+    for name, value in (("base", base), ("factor", factor), ("eps", eps)):  # the kernel takes float32
+        check_finite_float32(op, name, value)
     for name, value in (("low", low), ("high", high), ("attention_factor", attention_factor)):
         check_scalar(op, name, value, float)
         check_finite_float32(op, name, value)

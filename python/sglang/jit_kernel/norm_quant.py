@@ -307,7 +307,7 @@ def _prepare(
     check_shape(op, "weight", weight, [("hidden_size", hidden_size)])
     if not weight.is_contiguous():
         fail(RuntimeError, op, "weight", "layout", "contiguous", weight.stride())
-    if residual is not None:
+    if residual is not None or op == "fused_add_rmsnorm_quant":  # the fused add's residual is required
         residual = _check_tensor_type(op, "residual", residual)
         check_dtype_as(op, "residual", residual, input, "input")
         if residual.shape != input.shape:

@@ -18,7 +18,9 @@ from sglang.jit_kernel._quant_8bit import (
 )
 from sglang.jit_kernel._validate import (
     FAST_PATH_REFUSALS,
+    FLOAT32_MAX,
     FLOAT_DTYPES,
+    check_finite_float32,
     check_scalar,
     check_shape,
     check_tensor,
@@ -138,10 +140,11 @@ def _check(
     if group_size & (group_size - 1):
         fail(ValueError, _OP, "group_size", "value", "a power of two", group_size)
     check_scalar(_OP, "eps", eps, float, minimum=0.0)
-    check_scalar(_OP, "fp8_min", fp8_min, float)
-    check_scalar(_OP, "fp8_max", fp8_max, float)
+    for arg, bound in (("fp8_min", fp8_min), ("fp8_max", fp8_max)):
+        check_scalar(_OP, arg, bound, float)
+        check_finite_float32(_OP, arg, bound)  # the kernel takes float32 bounds
     if not fp8_min < fp8_max:
-        fail(ValueError, _OP, "fp8_max", "value", f"> fp8_min ({fp8_min})", fp8_max)
+        fail(ValueError, _OP, "fp8_min", "value", f"< fp8_max ({fp8_max})", fp8_min)
     if output_q.dtype == torch.int8:  # the rounded value is stored as int8: bounds past it would wrap
         check_scalar(_OP, "fp8_min", fp8_min, float, minimum=-128.0, maximum=127.0)
         check_scalar(_OP, "fp8_max", fp8_max, float, minimum=-128.0, maximum=127.0)
@@ -237,8 +240,8 @@ def per_token_group_quant_8bit(
     eps : float
         Floor of each group's maximum (>= 0; typically 1e-10).
     fp8_min, fp8_max : float
-        Clamp bounds (``fp8_min < fp8_max``), e.g. -448 / 448 for fp8, -128 / 127 for int8 (int8
-        output: both within [-128, 127]).
+        Clamp bounds (``fp8_min < fp8_max``, both finite float32 values), e.g. -448 / 448 for fp8,
+        -128 / 127 for int8 (int8 output: both within [-128, 127]).
     scale_ue8m0 : bool
         Power-of-two scales stored as exponent bytes (fp8 output only). Default False.
 
@@ -253,8 +256,8 @@ def per_token_group_quant_8bit(
     TypeError
         A tensor argument that is not a tensor, or a scalar of the wrong type.
     ValueError
-        ``group_size`` not a power of two in range, ``eps`` negative or NaN, ``fp8_min >= fp8_max``
-        (or either NaN), a bound outside [-128, 127] with int8 output, e.g. ``per_token_group_quant_8bit: group_size value: expected a power of two,
+        ``group_size`` not a power of two in range, ``eps`` negative or NaN, ``fp8_min >= fp8_max``,
+        a bound NaN, infinite or past the float32 range, a bound outside [-128, 127] with int8 output, e.g. ``per_token_group_quant_8bit: group_size value: expected a power of two,
         got 48``.
     RuntimeError
         Before any launch, naming the argument: a tensor not on CUDA or on another device than
@@ -275,6 +278,7 @@ def per_token_group_quant_8bit(
                 and type(fp8_min) is float
                 and type(fp8_max) is float
                 and eps >= 0
+                and -FLOAT32_MAX <= fp8_min < fp8_max <= FLOAT32_MAX  # finite float32 bounds (NaN fails)
             ):
                 fn(input, output_q, output_s, group_size, eps, fp8_min, fp8_max, scale_ue8m0)
                 return output_q, output_s

@@ -286,13 +286,14 @@ def all_ops() -> dict[str, OpEntry]:
     return {e.name: e for e in entries}
 
 
-def all_modules(ops: Sequence[str] | None = None) -> list[JitModule]:
+def all_modules(ops: Sequence[str] | str | None = None) -> list[JitModule]:
     """The modules serving ``ops`` (every op if None), each once, in op order.
 
     Parameters
     ----------
-    ops : sequence of str, optional
-        Op names; None (default) means every registered op, an empty sequence none.
+    ops : str or sequence of str, optional
+        Op names (one name as a string); None (default) means every registered op, an empty
+        sequence none.
 
     Returns
     -------
@@ -303,7 +304,14 @@ def all_modules(ops: Sequence[str] | None = None) -> list[JitModule]:
     ------
     ValueError
         For an unknown op name: :func:`unknown_op_message`.
+    TypeError
+        For a name that is not a string.
     """
+    if isinstance(ops, str):
+        ops = [ops]
+    for name in ops or []:
+        if not isinstance(name, str):
+            raise TypeError(f"op names must be strings, got {type(name).__name__} {name!r}")
     registry = all_ops()
     unknown = [name for name in (ops or []) if name not in registry]
     if unknown:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
+import os
 import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple, TypeVar
@@ -183,8 +185,32 @@ def _marker_name(marker: Sequence[Any]) -> str:
     if not marker:
         raise ValueError("load_jit: give at least one marker part (the module's name)")
     text = "_".join(str(part) for part in marker)
-    name = re.sub(r"[^A-Za-z0-9_]+", "_", text).strip("_")
-    return name or "module"
+    name = re.sub(r"[^A-Za-z0-9_]+", "_", text).strip("_") or "module"
+    if len(name) > _MAX_NAME:  # a file name has 255 bytes: keep a readable prefix and a digest of the rest
+        name = f"{name[: _MAX_NAME - 17]}_{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+    return name
+
+
+#: Longest module name; the cache entry adds "-" and a 20-character key, the library ".so".
+_MAX_NAME = 120
+
+
+def _words(label: str, value: object, path_ok: bool = False) -> list[str]:
+    """A list-of-strings argument of load_jit as a list; TypeError for a bare string (which would be
+    taken character by character) or an item that is not a string (or a path, with ``path_ok``)."""
+    if value is None:
+        return []
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"load_jit: {label} must be a list of strings, got the string {value!r} (wrap it in a list)")
+    try:
+        items = list(value)  # type: ignore[call-overload]
+    except TypeError:
+        raise TypeError(f"load_jit: {label} must be a list of strings, got {type(value).__name__}") from None
+    kinds = (str, os.PathLike) if path_ok else (str,)
+    for item in items:
+        if not isinstance(item, kinds):
+            raise TypeError(f"load_jit: {label} entries must be strings, got {type(item).__name__} {item!r}")
+    return [os.fspath(item) for item in items]
 
 
 def load_jit(
@@ -256,26 +282,34 @@ def load_jit(
     RuntimeError
         No CUDA toolkit; no GPU and no ``SGLANG_JIT_CUDA_ARCH``; an unsafe cache directory;
         ``SGLANG_JIT_CRASH_ON_COMPILE=1`` and the module is not cached.
+    TypeError
+        For a list argument given as a bare string (``cuda_files="k.cuh"``) or holding a non-string,
+        a ``header_only`` that is not a bool, or a ``cuda_archs`` entry that is not a string.
     FileNotFoundError, ValueError
-        For a missing source file or malformed wrappers; ``ValueError`` for an unknown
+        For a missing source file or malformed wrappers; ``ValueError`` for a ``cuda_archs`` that names
+        no architecture (``""``, ``[]``) or a malformed one; ``ValueError`` for an unknown
         ``extra_dependencies`` name (listing the known ones) or wrappers with ``header_only=False``;
         ``FileNotFoundError`` for an include directory that an installed dependency lacks.
     ModuleNotFoundError
         If the package behind an ``extra_dependencies`` name is not installed: names it and how to
         install it (``pip install flashinfer-python``).
     """
+    if not isinstance(header_only, bool):
+        raise TypeError(f"load_jit: header_only must be a bool, got {type(header_only).__name__} {header_only!r}")
+    if isinstance(cuda_wrappers, str) or isinstance(cpp_wrappers, str):
+        raise TypeError("load_jit: cuda_wrappers / cpp_wrappers must be lists of (export_name, cpp_symbol)")
     spec = make_spec(
         _marker_name(marker),
-        cpp_files=list(cpp_files or []),
-        cuda_files=list(cuda_files or []),
+        cpp_files=_words("cpp_files", cpp_files, path_ok=True),
+        cuda_files=_words("cuda_files", cuda_files, path_ok=True),
         cpp_wrappers=list(cpp_wrappers or []),
         cuda_wrappers=list(cuda_wrappers or []),
-        extra_cflags=list(extra_cflags or []),
-        extra_cuda_cflags=list(extra_cuda_cflags or []),
-        extra_ldflags=list(extra_ldflags or []),
-        extra_include_paths=list(extra_include_paths or []),
+        extra_cflags=_words("extra_cflags", extra_cflags),
+        extra_cuda_cflags=_words("extra_cuda_cflags", extra_cuda_cflags),
+        extra_ldflags=_words("extra_ldflags", extra_ldflags),
+        extra_include_paths=_words("extra_include_paths", extra_include_paths, path_ok=True),
         archs=cuda_archs,
-        extra_dependencies=list(extra_dependencies or []),
+        extra_dependencies=_words("extra_dependencies", extra_dependencies),
         header_only=header_only,
     )
     return load_artifact(spec, build_directory)

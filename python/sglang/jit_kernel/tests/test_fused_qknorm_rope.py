@@ -215,6 +215,10 @@ def test_cpu_and_scalar_errors():
         call(low=float("nan"))
     with pytest.raises(ValueError, match=rf"^{op}: attention_factor value: expected a magnitude of at most"):
         call(attention_factor=1e39)
+    with pytest.raises(ValueError, match=rf"^{op}: base value: expected a magnitude of at most"):
+        call(base=1e300)
+    with pytest.raises(ValueError, match=rf"^{op}: factor value: expected a finite number, got inf$"):
+        call(factor=float("inf"))
     with pytest.raises(TypeError, match=rf"^{op}: is_neox type: expected a bool, got int$"):
         call(is_neox=1)
 

@@ -733,8 +733,14 @@ def test_cache_cli_info_prune_clear(cache_dir, answer_src):
         held.release()
     assert clear_cache() == 0
     assert list((cache_dir / ".locks").iterdir()) == []
-    with pytest.raises(ValueError, match="max_age_days"):
-        prune_cache(-1)
+    for bad in (-1, float("nan")):
+        with pytest.raises(ValueError, match="max_age_days must be >= 0"):
+            prune_cache(bad)
+    with pytest.raises(TypeError, match="max_age_days must be a number of days, got str"):
+        prune_cache("30")
+    for bad in ("-1", "nan"):
+        result = run_cli("cache", "prune", "--days", bad)
+        assert result.returncode == 2 and "must be a number of days >= 0" in result.stderr, result.stderr
 
 
 def test_reload_after_entry_removed_elsewhere(cache_dir, ninja_runs, answer_src):
@@ -757,19 +763,68 @@ def test_entry_without_its_library_is_rebuilt(cache_dir, ninja_runs, answer_src)
     assert library.exists() and len(ninja_runs) == 2 and len(entries(cache_dir)) == 1
 
 
-def test_damaged_library_is_rebuilt(cache_dir, answer_src):
-    """A truncated .so (a full disk, a partial copy) fails dlopen with "file too short": the entry is
-    built again instead of failing every later load."""
+@pytest.mark.parametrize(
+    "flag,answer",
+    [
+        ("-DANSWER_BONUS=(1 + 1)", 43),  # a space and parentheses: one argument, no shell syntax error
+        ('-DANSWER_BONUS=sizeof("$HOME;x")-1', 48),  # "$" and ";" reach the compiler literally
+    ],
+)
+def test_extra_flags_reach_the_compiler_verbatim(cache_dir, answer_src, flag, answer):
+    """A flag is one argument of the compiler as written: build.ninja quotes it for the shell and
+    escapes ninja's "$", so it neither splits, nor runs a command, nor expands a variable."""
+    assert load_answer(answer_src, extra_cflags=[flag]).answer() == answer
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,pattern",
+    [
+        (dict(cpp_files="answer.h"), TypeError, r"cpp_files must be a list of strings, got the string 'answer.h'"),
+        (dict(extra_cflags="-O0"), TypeError, r"extra_cflags must be a list of strings, got the string '-O0'"),
+        (dict(extra_dependencies="cutlass"), TypeError, r"extra_dependencies must be a list of strings"),
+        (dict(extra_cuda_cflags=[None]), TypeError, r"extra_cuda_cflags entries must be strings, got NoneType"),
+        (dict(extra_ldflags=3), TypeError, r"extra_ldflags must be a list of strings, got int"),
+        (dict(header_only="no"), TypeError, r"header_only must be a bool, got str 'no'"),
+        (dict(cuda_archs=""), ValueError, r"no CUDA architecture in the requested architectures"),
+        (dict(cuda_archs=[]), ValueError, r"no CUDA architecture"),
+        (dict(cuda_archs=[9.0]), TypeError, r"CUDA architecture 9.0 \(float\): expected a string"),
+        (dict(cuda_archs=90), TypeError, r"CUDA architectures must be a string or a list of strings, got 90"),
+        (dict(cuda_archs="9.10"), ValueError, r"invalid CUDA architecture '9.10'"),
+    ],
+)
+def test_malformed_arguments_raise_before_a_build(cache_dir, ninja_runs, answer_src, kwargs, error, pattern):
+    kwargs = {"cuda_files": [str(answer_src)], **kwargs} if "cpp_files" not in kwargs else kwargs
+    with pytest.raises(error, match=pattern):
+        load_jit("answer", **kwargs)
+    assert not ninja_runs
+
+
+def test_long_marker_is_a_short_unique_name(cache_dir, answer_src):
+    """A marker longer than a file name allows becomes a readable prefix and a digest of the whole."""
+    first = load_jit("x" * 300, "a", cpp_files=[str(answer_src)], cpp_wrappers=[("answer", "answer")])
+    second = load_jit("x" * 300, "b", cpp_files=[str(answer_src)], cpp_wrappers=[("answer", "answer")])
+    assert first.answer() == second.answer() == 41
+    names = {Path(str(m._jit_artifact_)).name for m in (first, second)}
+    assert len(names) == 2 and all(len(n) <= 123 and n.startswith("x" * 100) for n in names)
+
+
+@pytest.mark.parametrize("kept", [0.002, 0.4, 0.9])
+def test_damaged_library_is_rebuilt(cache_dir, answer_src, kept):
+    """A truncated .so (a full disk, a partial copy) is built again instead of failing every later
+    load: cut inside its ELF header dlopen says "file too short"; cut further on, dlopen would map
+    pages past the end of the file and the process would die of SIGBUS, so the loader checks the
+    library's tables against its size first."""
     library = Path(str(load_answer(answer_src)._jit_artifact_))
     damaged = library.with_name("damaged.tmp")  # a new file: this process maps the old one
-    damaged.write_bytes(library.read_bytes()[:100])
+    content = library.read_bytes()
+    damaged.write_bytes(content[: max(100, int(len(content) * kept))])
     os.replace(damaged, library)
     child = start_child(answer_src)  # a new process: this one's dlopen would return its loaded copy
     out, err = child.communicate(timeout=120)
     assert child.returncode == 0, err
     assert json.loads(out.strip().splitlines()[-1]) == {"answer": 41}
     assert "is damaged" in err and "rebuilding it" in err
-    assert library.stat().st_size > 100 and len(entries(cache_dir)) == 1
+    assert library.stat().st_size == len(content) and len(entries(cache_dir)) == 1
 
 
 def test_damaged_library_replaced_elsewhere_is_not_rebuilt_again(cache_dir, ninja_runs, answer_src):

@@ -409,6 +409,7 @@ def bad_cases(op: str) -> list[tuple[str, type, str, tuple, dict]]:
             ),
             ("residual_dtype", RuntimeError, "residual dtype", *cpu_args(op, r=torch.randn(4, 256).to(FP16))),
             ("residual_shape", RuntimeError, "residual shape", *cpu_args(op, r=torch.randn(4, 128).to(BF16))),
+            ("residual_none", TypeError, "residual type", *cpu_args(op, r=None)),
         ]
     return cases
 

@@ -491,7 +491,10 @@ def _args(m=4, k=512, g=128, in_dtype=torch.bfloat16):
         (dict(group_size=2048), ValueError, r"group_size value: expected >= 16 and <= 1024, got 2048"),
         (dict(group_size=128.0), TypeError, r"group_size type: expected an int, got float"),
         (dict(eps=-1.0), ValueError, r"eps value: expected >= 0.0, got -1.0"),
-        (dict(fp8_min=448.0), ValueError, r"fp8_max value: expected > fp8_min \(448.0\), got 448.0"),
+        (dict(fp8_min=448.0), ValueError, r"fp8_min value: expected < fp8_max \(448.0\), got 448.0"),
+        (dict(fp8_min=2**31), ValueError, r"fp8_min value: expected < fp8_max \(448.0\), got 2147483648"),
+        (dict(fp8_min=float("nan")), ValueError, r"fp8_min value: expected a finite number"),
+        (dict(fp8_max=float("inf")), ValueError, r"fp8_max value: expected a finite number"),
         (dict(fp8_max="448"), TypeError, r"fp8_max type: expected a real number"),
         (dict(scale_ue8m0=1), TypeError, r"scale_ue8m0 type: expected a bool, got int"),
         # int8 output: bounds past its range would wrap in the store
