@@ -859,6 +859,65 @@ def generated_file_hint(first_error: str, spec: BuildSpec, log: str = "") -> str
     return ""
 
 
+_UNDEFINED_SYMBOL_RE = re.compile(
+    r"undefined reference to [`'](?P<symbol>[^`']+)'|Unresolved extern function '(?P<mangled>[^']+)'"
+)
+_EXPORT_FUNCTION_RE = re.compile(r"in function [`']__tvm_ffi_(?P<export>[A-Za-z_][A-Za-z0-9_]*)'")
+_NVCC_ERROR_COUNT_RE = re.compile(r"^(?P<count>\d+) errors? detected in the compilation", re.M)
+
+
+def _demangle(symbol: str) -> str:
+    """``symbol`` demangled by c++filt (``_Z3fooi`` -> ``foo(int)``), or as it is without one."""
+    tool = shutil.which("c++filt")
+    if tool is None:
+        return symbol
+    try:
+        done = subprocess.run([tool, symbol], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return symbol
+    return done.stdout.strip() or symbol
+
+
+def undefined_symbol_hint(first_error: str, spec: BuildSpec) -> str:
+    """For a link error about a function declared but defined nowhere (ld's "undefined reference",
+    ptxas's "Unresolved extern function" for device code): a line with its demangled name, the first
+    line of the listed files that names it, the export that calls it, and what to do; "" otherwise."""
+    match = _UNDEFINED_SYMBOL_RE.search(first_error)
+    if match is None:
+        return ""
+    device = match.group("mangled") is not None
+    symbol = _demangle(match.group("mangled")) if device else match.group("symbol")
+    base = re.sub(r"<.*", "", symbol.split("(", 1)[0]).rsplit("::", 1)[-1].strip()
+    where = ""
+    use = re.compile(rf"\b{re.escape(base)}\s*[(<]") if base else None
+    for path in spec.sources if use is not None else ():
+        try:
+            lines = Path(path).read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        number = next((i for i, line in enumerate(lines, 1) if use.search(line)), 0)
+        if number:
+            where = f", named at {Path(path).name}:{number},"
+            break
+    caller = _EXPORT_FUNCTION_RE.search(first_error)
+    called = f" (called from the export '{caller.group('export')}')" if caller else ""
+    if device:
+        fix = (
+            "define the device function in a file of the build: its device code is one translation "
+            "unit, compiled without relocatable device code (-rdc)"
+        )
+    else:
+        fix = "define it in a listed file, or link the library that defines it (extra_ldflags)"
+    return f"({symbol}{where} is declared but defined nowhere in the build{called}: {fix})\n"
+
+
+def error_count_note(log: str) -> str:
+    """"(the first of N errors; the full log has them all)" when the log holds more than one error."""
+    counts = [int(m.group("count")) for m in _NVCC_ERROR_COUNT_RE.finditer(log)]
+    count = max(sum(counts), len(_ERROR_RE.findall(log)))
+    return f"(the first of {count} errors; the full log has them all)\n" if count > 1 else ""
+
+
 def shown_compiler_error(spec: BuildSpec, log: str) -> str:
     """The first error as a ``JITCompileError`` shows it (its ``first_error``): ``first_compiler_error``,
     with an error located on an export line of the generated file shown with that line instead of the
@@ -1051,7 +1110,7 @@ def build_artifact(
                 first = shown_compiler_error(spec, log)
                 raise JITCompileError(
                     f"JIT module '{spec.name}' failed to compile:\n{first}\n{generated_file_hint(first, spec, log)}"
-                    f"Full log: {log_path}",
+                    f"{undefined_symbol_hint(first, spec)}{error_count_note(log)}Full log: {log_path}",
                     module_name=spec.name,
                     first_error=first,
                     log_path=log_path,

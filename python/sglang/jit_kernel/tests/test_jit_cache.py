@@ -570,8 +570,37 @@ def test_undefined_symbol_fails_the_build_not_the_first_call(cache_dir, tmp_path
     header.write_text("#include <cstdint>\nint64_t missing_helper();\nint64_t answer() { return missing_helper(); }\n")
     with pytest.raises(
         JITCompileError, match=r"in function `answer\(\)':\n.*undefined reference to `missing_helper\(\)'"
-    ):
+    ) as info:
         load_jit("undefined_symbol", cpp_files=[str(header)], cpp_wrappers=[("answer", "answer")])
+    assert (
+        "(missing_helper(), named at undefined.h:2, is declared but defined nowhere in the build: define it "
+        "in a listed file, or link the library that defines it (extra_ldflags))"
+    ) in str(info.value)
+
+
+def test_undefined_device_function_names_it_and_its_file(cache_dir, tmp_path):
+    """ptxas names a device function that is declared but not defined by its mangled name only; the
+    error shows it demangled, with the line of the listed file that names it."""
+    header = tmp_path / "undefined_device.cuh"
+    header.write_text(
+        "#include <tvm/ffi/container/tensor.h>\n"
+        "__device__ float scale_of(float x);\n"
+        "__global__ void scale_kernel(float* x) { x[0] = scale_of(x[0]); }\n"
+        "void run(tvm::ffi::TensorView x) { scale_kernel<<<1, 1>>>(static_cast<float*>(x.data_ptr())); }\n"
+    )
+    with pytest.raises(JITCompileError, match=r"Unresolved extern function '_Z8scale_off'") as info:
+        load_jit("undefined_device", cuda_files=[str(header)], cuda_wrappers=[("run", "run")])
+    if shutil.which("c++filt"):
+        assert "(scale_of(float), named at undefined_device.cuh:2, is declared but defined nowhere" in str(info.value)
+    assert "without relocatable device code (-rdc)" in str(info.value)
+
+
+def test_compile_error_says_how_many_errors_there_are(cache_dir, tmp_path):
+    header = tmp_path / "two_errors.cuh"
+    header.write_text("int first() { return undeclared_one; }\nint second() { return undeclared_two; }\n")
+    with pytest.raises(JITCompileError, match=r'identifier "undeclared_one" is undefined') as info:
+        load_jit("two_errors", cuda_files=[str(header)], cuda_wrappers=[("first", "first")])
+    assert "(the first of 2 errors; the full log has them all)" in str(info.value)
 
 
 def test_first_compiler_error_cuts_a_wide_context_line_around_the_caret():
