@@ -912,7 +912,7 @@ def undefined_symbol_hint(first_error: str, spec: BuildSpec) -> str:
 
 
 def error_count_note(log: str) -> str:
-    """"(the first of N errors; the full log has them all)" when the log holds more than one error."""
+    """A note saying how many errors the log holds, when it holds more than one."""
     counts = [int(m.group("count")) for m in _NVCC_ERROR_COUNT_RE.finditer(log)]
     count = max(sum(counts), len(_ERROR_RE.findall(log)))
     return f"(the first of {count} errors; the full log has them all)\n" if count > 1 else ""
