@@ -30,6 +30,7 @@ from sglang.jit_kernel._validate import (
     check_tensor,
     fail,
     launcher_errors,
+    tracing,
     unit_last_stride,
 )
 from sglang.jit_kernel.utils import load_jit, make_cpp_args
@@ -167,7 +168,7 @@ def check_routing_args(
         check_tensor(
             op, bias_arg, bias, dtypes=FLOAT_DTYPES, device_as=(gating, gating_arg), dims=[("num_experts", num_experts)]
         )
-    if not torch.compiler.is_compiling():
+    if not tracing():
         # The launcher's aliasing checks, named for the op. dense_only: interleaved views that share
         # no element are left to the launcher's exact test. The bias is checked as given (the
         # launcher may get an fp32 copy of it).

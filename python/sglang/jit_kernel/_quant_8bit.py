@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from sglang.jit_kernel._validate import check_no_partial_overlap, fail, rows_are_views
+from sglang.jit_kernel._validate import check_no_partial_overlap, fail, rows_are_views, tracing
 
 #: Output dtypes and the largest finite value of each (q_type_max of the scale).
 TYPE_MAX = {torch.float8_e4m3fn: 448.0, torch.int8: 127.0}
@@ -45,7 +45,7 @@ def check_outputs_disjoint(op: str, input: torch.Tensor, output_q: torch.Tensor,
     (q and its scales packed in the rows of one buffer) are left to the launcher's element test,
     except against an input the wrapper copies first (the launcher would only see the copy).
     Skipped while torch.compile traces (fake tensors have no addresses; the launcher checks again)."""
-    if torch.compiler.is_compiling():
+    if tracing():
         return
     exact = rows_are_views(input)  # else the byte-range test: the launcher gets a copy of input
     check_no_partial_overlap(op, "output_q", output_q, input, "input", allow_same=False, dense_only=exact)

@@ -67,6 +67,18 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 #: The range of an int scalar the launchers take (int64_t).
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 #: What an eager fast path (a loaded launcher called directly) may raise before any launch: the
+_FAKE_MODE_KEY = torch._C._TorchDispatchModeKey.FAKE
+_active_dispatch_mode = torch._C._get_dispatch_mode
+
+
+def tracing() -> bool:
+    """True while torch.compile / torch.export trace, or while a ``FakeTensorMode`` is active (shape
+    propagation outside dynamo): the tensors are fake, with no data pointers. The ops then take their
+    ``torch.library`` path, whose fake implementation runs instead of a launch, and skip the checks
+    that read data pointers or values (the launcher makes them when the op really runs)."""
+    return torch.compiler.is_compiling() or _active_dispatch_mode(_FAKE_MODE_KEY) is not None
+
+
 #: launcher's checks and the FFI's argument conversion (OverflowError included, which converting a
 #: Python int may raise). The wrapper catches these and runs its checked path, whose error names
 #: the argument.
@@ -212,7 +224,7 @@ def check_no_partial_overlap(
     interleaved views (q and k of a fused qkv buffer, strided rows). Skipped while ``torch.compile`` traces (no data pointers then): the
     launcher's own overlap test runs at call time.
     """
-    if torch.compiler.is_compiling():
+    if tracing():
         return  # data pointers do not exist while tracing; the launcher checks overlap when the op runs
     a0, a1 = _byte_span(out)
     b0, b1 = _byte_span(ref)
@@ -275,7 +287,7 @@ def check_no_self_overlap(op: str, arg: str, tensor: torch.Tensor) -> None:
     smaller strides (no overlapping rows). The C++ launchers' verify_no_self_overlap, with the op's
     argument name; an empty tensor passes. Skipped while torch.compile traces (symbolic strides; the
     launcher checks when the op runs)."""
-    if tensor.numel() == 0 or torch.compiler.is_compiling():
+    if tensor.numel() == 0 or tracing():
         return
     dims = [(tensor.stride(d), tensor.shape[d], d) for d in range(tensor.dim()) if tensor.shape[d] > 1]
     for stride, size, d in dims:
@@ -402,7 +414,7 @@ def check_finite_float32(op: str, arg: str, value: float) -> None:
     the kernel takes: NaN and inf are refused (``expected a finite number``), and so is a magnitude
     past ``FLOAT32_MAX``, which the conversion would turn into inf. While torch.compile traces, an int
     is not checked (it may be symbolic)."""
-    if torch.compiler.is_compiling() and not isinstance(value, float):
+    if tracing() and not isinstance(value, float):
         return  # an int may be symbolic while tracing (dynamic shapes); ints are finite anyway
     if not math.isfinite(value):
         fail(ValueError, op, arg, "value", "a finite number", value)
@@ -478,7 +490,7 @@ def check_indices(
     message reads ``store_cache: indices value: expected entries in [0, 64) (num_slots) or -1
     (skipped), got 70 at position 3``.
     """
-    if not check_indices_enabled() or indices.numel() == 0 or torch.compiler.is_compiling():
+    if not check_indices_enabled() or indices.numel() == 0 or tracing():
         return
     if indices.is_cuda and torch.cuda.is_current_stream_capturing():
         return

@@ -27,6 +27,7 @@ from sglang.jit_kernel._validate import (
     fail,
     launcher_errors,
     rows_are_views,
+    tracing,
 )
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
@@ -102,7 +103,7 @@ _BUILDERS: dict[str, Callable[[torch.dtype], Module]] = {
 _FNS: dict[str, dict[torch.dtype, Callable[..., None]]] = {op: {} for op, _ in _OPS.values()}
 # The eager fast path's tracing test, as norm.py's: True under any tracing (dynamo, and
 # torch.export's non-strict mode, where dynamo's own flag stays False).
-_is_tracing = torch.compiler.is_compiling
+_is_tracing = tracing
 
 
 def _load(op: str, dtype: torch.dtype) -> Callable[..., None]:
@@ -211,7 +212,7 @@ def _gated_checked(
     enable_pdl: bool | None,
     pdl: int,
 ) -> torch.Tensor:
-    compiling = torch.compiler.is_compiling()
+    compiling = tracing()
     check_tensor(op, "input", input, dtypes=FLOAT_DTYPES, last_dim_contiguous=True)
     width = input.shape[-1]
     if width % 2 != 0:

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sglang.jit_kernel._validate import check_scalar, check_tensor, prepare_elementwise_out
+from sglang.jit_kernel._validate import check_scalar, check_tensor, prepare_elementwise_out, tracing
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
 
@@ -77,7 +77,7 @@ def add_constant(src: torch.Tensor, constant: int, out: torch.Tensor | None = No
     src, out = prepare_elementwise_out("add_constant", src, out)
     if src.numel() == 0:
         return out
-    if torch.compiler.is_compiling():
+    if tracing():
         torch.ops.sglang_jit_kernel.add_constant_out(out, src, constant)
     else:
         _jit_add_constant_module(constant).add_constant(out.view(-1), src.view(-1))

@@ -29,6 +29,7 @@ from sglang.jit_kernel._validate import (
     check_tensor,
     fail,
     launcher_errors,
+    tracing,
     unit_last_stride,
 )
 from sglang.jit_kernel.registry import CheckCase, register_op
@@ -296,7 +297,7 @@ def downcast_fp8(
     IndexError
         With ``SGLANG_JIT_CHECK_INDICES=1``: a ``loc`` (other than -1) whose row is outside the cache.
     """
-    if not torch.compiler.is_compiling() and not check_indices_enabled():
+    if not tracing() and not check_indices_enabled():
         fn = _FNS.get(getattr(k, "dtype", None))
         if fn is not None and type(mult) is int and type(offset) is int:  # the FFI would take a bool
             try:
@@ -308,7 +309,7 @@ def downcast_fp8(
     k, v, k_out, v_out = _check_downcast("downcast_fp8", k, v, k_out, v_out, k_scale, v_scale, loc, mult, offset)
     if k.shape[0] == 0:
         return
-    if torch.compiler.is_compiling():
+    if tracing():
         torch.ops.sglang_jit_kernel.downcast_fp8(k, v, k_out, v_out, k_scale, v_scale, loc, mult, offset)
     else:
         _run(k, v, k_out, v_out, k_scale.reshape(1), v_scale.reshape(1), loc, mult, offset)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sglang.jit_kernel._validate import FAST_PATH_REFUSALS, INDEX_DTYPES, check_tensor
+from sglang.jit_kernel._validate import FAST_PATH_REFUSALS, INDEX_DTYPES, check_tensor, tracing
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit
 
@@ -77,7 +77,7 @@ def clamp_position_cuda(seq_lens: torch.Tensor) -> torch.Tensor:
         ``seq_lens`` not on a CUDA device, not int32/int64 or not 1-D. Raised before any launch, as
         ``clamp_position_cuda: seq_lens <what>: expected X, got Y``.
     """
-    if not torch.compiler.is_compiling():
+    if not tracing():
         fn = _FNS.get("clamp_position")
         if fn is not None and isinstance(seq_lens, torch.Tensor):
             out = torch.empty(seq_lens.shape, dtype=seq_lens.dtype, device=seq_lens.device)
@@ -88,7 +88,7 @@ def clamp_position_cuda(seq_lens: torch.Tensor) -> torch.Tensor:
                 pass
     op = "clamp_position_cuda"
     check_tensor(op, "seq_lens", seq_lens, dtypes=INDEX_DTYPES, dims=[("num_seqs", None)])
-    if torch.compiler.is_compiling():
+    if tracing():
         return torch.ops.sglang_jit_kernel.clamp_position(seq_lens)
     out = torch.empty(seq_lens.shape, dtype=seq_lens.dtype, device=seq_lens.device)
     if seq_lens.numel() > 0:

@@ -23,6 +23,7 @@ from sglang.jit_kernel._validate import (
     check_tensor,
     fail,
     launcher_errors,
+    tracing,
     unit_last_stride,
 )
 from sglang.jit_kernel.registry import CheckCase, register_module, register_op
@@ -96,7 +97,7 @@ def _check_parts(
             f"a last dim of {x.shape[2]} + {y.shape[2]} = {x.shape[2] + y.shape[2]} ({a_arg} + {b_arg})",
             tuple(o.shape),
         )
-    if not torch.compiler.is_compiling():  # fake tensors have no data pointer; the launcher checks it
+    if not tracing():  # fake tensors have no data pointer; the launcher checks it
         check_no_self_overlap(op, out_arg, o)
         check_no_partial_overlap(op, out_arg, o, x, a_arg, allow_same=False, dense_only=True)
         check_no_partial_overlap(op, out_arg, o, y, b_arg, allow_same=False, dense_only=True)
@@ -159,7 +160,7 @@ def concat_mla_k(k: torch.Tensor, k_nope: torch.Tensor, k_rope: torch.Tensor) ->
         Raised before any launch, as
         ``concat_mla_k: <arg> <what>: expected X, got Y``.
     """
-    if not torch.compiler.is_compiling():
+    if not tracing():
         try:
             fn = _FNS.get((k_nope.shape[-1] * k_nope.element_size(), k_rope.shape[-1] * k_rope.element_size()))
         except (AttributeError, IndexError):  # not a tensor / 0-d: the checked path raises
@@ -180,7 +181,7 @@ def concat_mla_k(k: torch.Tensor, k_nope: torch.Tensor, k_rope: torch.Tensor) ->
     _check_parts(op, ("k", k), ("k_nope", k_nope), ("k_rope", k_rope), b_heads_one_ok=True)
     if k.numel() == 0:
         return
-    if torch.compiler.is_compiling():
+    if tracing():
         torch.ops.sglang_jit_kernel.concat_mla_k(k, k_nope, k_rope)
     else:
         _call(k, k_nope, k_rope, "concat_mla_k", ("k", "k_nope", "k_rope"))
@@ -228,7 +229,7 @@ def concat_mla_absorb_q(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         last dim); a last dim that is not contiguous. Raised before any launch, as
         ``concat_mla_absorb_q: <arg> <what>: expected X, got Y``.
     """
-    if not torch.compiler.is_compiling():
+    if not tracing():
         try:
             fn = _FNS.get((a.shape[-1] * a.element_size(), b.shape[-1] * b.element_size()))
         except (AttributeError, IndexError):  # not a tensor / 0-d: the checked path raises
@@ -250,7 +251,7 @@ def concat_mla_absorb_q(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     out = a.new_empty(a.shape[0], a.shape[1], a.shape[2] + b.shape[2])
     if out.numel() == 0:
         return out
-    if torch.compiler.is_compiling():
+    if tracing():
         torch.ops.sglang_jit_kernel.concat_mla_absorb_q_out(out, a, b)
     else:
         _call(out, a, b, "concat_mla_absorb_q", ("out", "a", "b"))

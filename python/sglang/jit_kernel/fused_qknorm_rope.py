@@ -21,6 +21,7 @@ from sglang.jit_kernel._validate import (
     check_tensor,
     fail,
     launcher_errors,
+    tracing,
 )
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.rope import _pdl_flag
@@ -214,7 +215,7 @@ def fused_qk_norm_rope(
     check_tensor(
         op, "qkv", qkv, dtypes=FLOAT_DTYPES, dims=[("num_tokens", None), ("row", row)], last_dim_contiguous=True
     )
-    if not torch.compiler.is_compiling():  # tokens of their own (written in place by racing CTAs otherwise)
+    if not tracing():  # tokens of their own (written in place by racing CTAs otherwise)
         check_no_self_overlap(op, "qkv", qkv)
     check_tensor(op, "q_weight", q_weight, dtype_as=(qkv, "qkv"), dims=[("head_dim", head_dim)], contiguous=True)
     check_tensor(op, "k_weight", k_weight, dtype_as=(qkv, "qkv"), dims=[("head_dim", head_dim)], contiguous=True)
@@ -248,7 +249,7 @@ def fused_qk_norm_rope(
         r,
         _pdl_flag(enable_pdl),
     )
-    if torch.compiler.is_compiling():
+    if tracing():
         torch.ops.sglang_jit_kernel.fused_qk_norm_rope(*args)
     else:
         with launcher_errors(op):  # the launcher's exact overlap checks, named for the op

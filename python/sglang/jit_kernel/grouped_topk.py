@@ -13,7 +13,7 @@ from sglang.jit_kernel._moe import (
     no_bias,
     routing_engine,
 )
-from sglang.jit_kernel._validate import FLOAT_DTYPES, check_finite_float32, check_scalar, check_tensor, fail
+from sglang.jit_kernel._validate import FLOAT_DTYPES, check_finite_float32, check_scalar, check_tensor, fail, tracing
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once
 
@@ -175,7 +175,7 @@ def grouped_topk(
         )
         if bias.dtype != torch.float32 or not bias.is_contiguous():
             bias = bias.to(torch.float32).contiguous()
-    if torch.compiler.is_compiling():
+    if tracing():
         return torch.ops.sglang_jit_kernel.grouped_topk(
             scores, bias, num_expert_group, topk_group, topk, renormalize, float(scaling_factor)
         )

@@ -40,6 +40,7 @@ from sglang.jit_kernel._validate import (
     check_tensor,
     fail,
     launcher_errors,
+    tracing,
     unit_last_stride,
 )
 from sglang.jit_kernel.registry import CheckCase, register_op
@@ -192,7 +193,7 @@ def _kv_rows(
 
 
 def _check_disjoint(op: str, cache_args: dict[str, torch.Tensor], source_args: dict[str, torch.Tensor]) -> None:
-    if torch.compiler.is_compiling():  # fake tensors have no data pointer; the launcher checks it
+    if tracing():  # fake tensors have no data pointer; the launcher checks it
         return
     caches = list(cache_args.items())
     # dense_only: interleaved views of one buffer (k and v halves of each slot of a fused kv cache)
@@ -317,7 +318,7 @@ def store_cache(
     IndexError
         With ``SGLANG_JIT_CHECK_INDICES=1``: an index outside ``[0, num_slots)`` other than ``-1``.
     """
-    if not torch.compiler.is_compiling():
+    if not tracing():
         fn = _fast_fn("store_cache")
         # exact ints only: the FFI would pass a bool as 0 / 1 (the checked path raises TypeError)
         if fn is not None and type(row_bytes) is int and type(num_split) is int:
@@ -342,7 +343,7 @@ def store_cache(
     _check_disjoint(op, {"k_cache": k_cache, "v_cache": v_cache}, {"k": k, "v": v, "indices": indices})
     if indices.shape[0] == 0:
         return
-    if torch.compiler.is_compiling():
+    if tracing():
         torch.ops.sglang_jit_kernel.store_cache(k, v, k_cache, v_cache, indices, num_split)
     else:
         _run_store_cache(k2, v2, k_cache2, v_cache2, indices, num_split)
@@ -507,7 +508,7 @@ def store_cache_quant(
     IndexError
         With ``SGLANG_JIT_CHECK_INDICES=1``: an index outside ``[0, num_slots)`` other than ``-1``.
     """
-    if not torch.compiler.is_compiling():
+    if not tracing():
         fn = _fast_fn("store_cache_quant", getattr(k, "dtype", None))
         # exact types only: the FFI would pass a bool as a number (the checked path raises TypeError)
         if fn is not None and type(k_inv_scale) is float and type(v_inv_scale) is float and type(size_limit) is int:
@@ -535,7 +536,7 @@ def store_cache_quant(
     if indices.shape[0] == 0:
         return
     args = (k, v, k_cache, v_cache, indices, k_scale, v_scale, float(k_inv_scale), float(v_inv_scale), size_limit)
-    if torch.compiler.is_compiling():
+    if tracing():
         torch.ops.sglang_jit_kernel.store_cache_quant(*args)
     else:
         _launch_store_cache_quant(*args)
@@ -636,7 +637,7 @@ def set_mla_kv_buffer(
     IndexError
         With ``SGLANG_JIT_CHECK_INDICES=1``: a ``loc`` outside ``[0, num_slots)`` other than ``-1``.
     """
-    if not torch.compiler.is_compiling():
+    if not tracing():
         fn = _fast_fn("set_mla_kv_buffer")
         if fn is not None:
             try:
@@ -667,7 +668,7 @@ def set_mla_kv_buffer(
     )
     if loc.shape[0] == 0:
         return
-    if torch.compiler.is_compiling():
+    if tracing():
         torch.ops.sglang_jit_kernel.set_mla_kv_buffer(kv_buffer, loc, cache_k_nope, cache_k_rope)
     else:
         _run_set_mla_kv_buffer(kv, loc, nope, rope)

@@ -13,6 +13,7 @@ from sglang.jit_kernel._validate import (
     check_scalar,
     check_tensor,
     fail,
+    tracing,
 )
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit
@@ -285,7 +286,7 @@ def moe_align_block_size(
     if tuple(num_tokens_post_pad.shape) != (1,):
         fail(RuntimeError, _OP, "num_tokens_post_pad", "shape", "(1,)", tuple(num_tokens_post_pad.shape))
     flat = topk_ids.reshape(-1).contiguous()  # a copy only where no contiguous view exists
-    if not torch.compiler.is_compiling():
+    if not tracing():
         outputs = (
             ("sorted_token_ids", sorted_token_ids),
             ("expert_ids", expert_ids),

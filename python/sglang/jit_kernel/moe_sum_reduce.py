@@ -14,6 +14,7 @@ from sglang.jit_kernel._validate import (
     check_scalar,
     check_tensor,
     launcher_errors,
+    tracing,
     unit_last_stride,
 )
 from sglang.jit_kernel.registry import CheckCase, register_op
@@ -109,13 +110,13 @@ def moe_sum_reduce(input: torch.Tensor, output: torch.Tensor, routed_scaling_fac
     )
     check_scalar(_OP, "routed_scaling_factor", routed_scaling_factor, float)
     check_finite_float32(_OP, "routed_scaling_factor", routed_scaling_factor)
-    if not torch.compiler.is_compiling():
+    if not tracing():
         # the launcher's checks, named for the op (interleaved views: its exact element test)
         check_no_self_overlap(_OP, "output", output)
         check_no_partial_overlap(_OP, "output", output, input, "input", allow_same=False, dense_only=True)
     if output.numel() == 0:
         return
-    if torch.compiler.is_compiling():
+    if tracing():
         torch.ops.sglang_jit_kernel.moe_sum_reduce(input, output, float(routed_scaling_factor))
     else:
         _launch(input, output, float(routed_scaling_factor))

@@ -14,7 +14,7 @@ from sglang.jit_kernel._moe import (
     routing_check_inputs,
     routing_engine,
 )
-from sglang.jit_kernel._validate import check_scalar
+from sglang.jit_kernel._validate import check_scalar, tracing
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once
 
@@ -121,7 +121,7 @@ def topk_sigmoid(
     check_scalar(_OP, "renormalize", renormalize, bool)
     if gating_output.shape[0] == 0:
         return
-    if torch.compiler.is_compiling():
+    if tracing():
         torch.ops.sglang_jit_kernel.topk_sigmoid(topk_weights, topk_ids, gating_output, bias, renormalize)
     else:
         launch_routing(

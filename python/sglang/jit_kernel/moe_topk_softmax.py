@@ -14,7 +14,7 @@ from sglang.jit_kernel._moe import (
     routing_check_inputs,
     routing_engine,
 )
-from sglang.jit_kernel._validate import check_finite_float32, check_scalar
+from sglang.jit_kernel._validate import check_finite_float32, check_scalar, tracing
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once
 
@@ -137,7 +137,7 @@ def topk_softmax(
     check_finite_float32(_OP, "moe_softcapping", moe_softcapping)  # inf would make every weight NaN
     if gating_output.shape[0] == 0:
         return
-    if torch.compiler.is_compiling():
+    if tracing():
         torch.ops.sglang_jit_kernel.topk_softmax(
             topk_weights, topk_ids, gating_output, bias, renormalize, float(moe_softcapping)
         )

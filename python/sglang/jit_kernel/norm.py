@@ -38,6 +38,7 @@ from sglang.jit_kernel._validate import (
     fail,
     launcher_errors,
     rows_are_views,
+    tracing,
 )
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
@@ -173,9 +174,10 @@ def _load_qknorm(dtype: torch.dtype, across_heads: bool) -> Callable[..., None]:
     return _any_width(_jit_qknorm_module, dtype, name)
 
 
-# The fast paths' guard: True under any tracing (dynamo, and torch.export's non-strict mode, where
-# dynamo's own flag stays False and the fast path would hand fake tensors to the launcher).
-_is_tracing = torch.compiler.is_compiling
+# The fast paths' guard: True under any tracing (dynamo; torch.export's non-strict mode, where
+# dynamo's own flag stays False; a FakeTensorMode outside both), where the fast path would hand fake
+# tensors to the launcher.
+_is_tracing = tracing
 
 
 def _pdl_flag(enable_pdl: bool | None) -> int:
@@ -344,7 +346,7 @@ def _rmsnorm_checked(
         check_no_partial_overlap(op, "out", out, input, "input", allow_same=True, dense_only=rows_are_views(input))
         check_no_partial_overlap(op, "out", out, weight, "weight", allow_same=False, dense_only=True)
     pdl = _pdl_flag(enable_pdl)
-    if torch.compiler.is_compiling():
+    if tracing():
         torch.ops.sglang_jit_kernel.rmsnorm_out(out, input, weight, eps, weight_offset, cast_x_before_out_mul, pdl)
     else:
         with launcher_errors(op):  # the exact overlap and aliasing checks are the launcher's
@@ -616,7 +618,7 @@ def _fused_add_rmsnorm(
     check_no_partial_overlap(op, "input", input, weight, "weight", allow_same=False, dense_only=True)
     check_no_partial_overlap(op, "residual", residual, weight, "weight", allow_same=False, dense_only=True)
     pdl = _pdl_flag(enable_pdl)
-    if torch.compiler.is_compiling():
+    if tracing():
         torch.ops.sglang_jit_kernel.fused_add_rmsnorm_inplace(input, residual, weight, eps, weight_offset, pdl)
     else:
         with launcher_errors(op):
@@ -822,7 +824,7 @@ def fused_inplace_qknorm(
     check_tensor(op, "k_weight", k_weight, dtype_as=(q, "q"), dims=[("head_dim", dim)], contiguous=True)
     _check_qk_overlaps(op, q, k, q_weight, k_weight)
     pdl = _pdl_flag(enable_pdl)
-    if torch.compiler.is_compiling():
+    if tracing():
         torch.ops.sglang_jit_kernel.qknorm_inplace(q, k, q_weight, k_weight, eps, pdl, False)
     else:
         with launcher_errors(op):
@@ -933,7 +935,7 @@ def fused_inplace_qknorm_across_heads(
     check_tensor(op, "k_weight", k_weight, dtype_as=(q, "q"), dims=[("hidden_k", k.shape[1])], contiguous=True)
     _check_qk_overlaps(op, q, k, q_weight, k_weight)
     pdl = _pdl_flag(enable_pdl)
-    if torch.compiler.is_compiling():
+    if tracing():
         torch.ops.sglang_jit_kernel.qknorm_inplace(q, k, q_weight, k_weight, eps, pdl, True)
     else:
         with launcher_errors(op):

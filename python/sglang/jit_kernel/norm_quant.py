@@ -30,6 +30,7 @@ from sglang.jit_kernel._validate import (
     check_shape,
     fail,
     launcher_errors,
+    tracing,
 )
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
@@ -401,7 +402,7 @@ def _prepare(
 
     # Aliasing (dense views here; strided ones by the launcher's exact test). Meta tensors have no
     # storage to alias: they reach the device check below.
-    if not torch.compiler.is_compiling() and input.device.type != "meta":
+    if not tracing() and input.device.type != "meta":
         if residual is not None:
             check_no_partial_overlap(op, "residual", residual, input, "input", allow_same=False, dense_only=True)
             check_no_partial_overlap(op, "residual", residual, weight, "weight", allow_same=False, dense_only=True)
@@ -489,7 +490,7 @@ def _run(
     if input.numel() == 0:
         return result
     pdl = -1 if enable_pdl is None else int(enable_pdl)
-    if torch.compiler.is_compiling():
+    if tracing():
         torch.ops.sglang_jit_kernel.norm_quant(
             input, residual, weight, q, s, scale, y, eps, quant_eps, group, scale_ue8m0, pdl
         )

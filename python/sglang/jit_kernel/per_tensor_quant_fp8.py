@@ -22,6 +22,7 @@ from sglang.jit_kernel._validate import (
     check_tensor,
     fail,
     launcher_errors,
+    tracing,
 )
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
@@ -183,7 +184,7 @@ def per_tensor_quant_fp8(
         shape mismatch (``output_s`` not one element), ``output_q`` with a
         strided last dim or leading dims that do not flatten, outputs overlapping ``input`` or each other.
     """
-    if not torch.compiler.is_compiling():
+    if not tracing():
         try:  # the launcher checks shapes, dtypes, devices, layouts and overlaps
             fn = _FNS.get(input.dtype)
             if (
@@ -204,7 +205,7 @@ def per_tensor_quant_fp8(
     eps = float(eps)  # the FFI takes a double: an int past int64 would not pass as one
     if input.numel() == 0:
         return
-    if torch.compiler.is_compiling():
+    if tracing():
         torch.ops.sglang_jit_kernel.per_tensor_quant_fp8(input, output_q, output_s, is_static, eps, accumulate)
     else:
         _launch(input, output_q, output_s, is_static, eps, accumulate)

@@ -36,6 +36,7 @@ from sglang.jit_kernel._validate import (
     check_shape,
     dtype_name,
     fail,
+    tracing,
 )
 from sglang.jit_kernel.per_token_group_quant_8bit import max_group_size, per_token_group_quant_8bit
 from sglang.jit_kernel.registry import CheckCase, register_op
@@ -432,7 +433,7 @@ def per_token_group_quant(
         s = as_rows(op, "output_s", output_s, num_tokens, copy_ok=False).unsqueeze(0)
         launch_rows = 0
     args = (x, q, s, masked_m, group_size, float(eps), scale_ue8m0, silu_and_mul_mode == "dense", launch_rows)
-    if torch.compiler.is_compiling():
+    if tracing():
         torch.ops.sglang_jit_kernel.per_token_group_quant_fused(*args, activation)
     else:
         _launch_fused(*args, activation)

@@ -27,6 +27,7 @@ from sglang.jit_kernel._validate import (
     dtype_name,
     fail,
     launcher_errors,
+    tracing,
 )
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
@@ -267,7 +268,7 @@ def per_token_group_quant_8bit(
         leading dims that do not flatten, ``output_s`` with a stride 0 or leading dims that do not
         flatten, outputs overlapping ``input`` or each other.
     """
-    if not torch.compiler.is_compiling():
+    if not tracing():
         try:  # the launcher checks shapes, dtypes, devices, layouts, overlaps, group_size, the bounds
             fn = _FNS.get((input.dtype, output_q.dtype)) if input.dim() == 2 and output_s.dim() == 2 else None
             if (
@@ -289,7 +290,7 @@ def per_token_group_quant_8bit(
     eps, fp8_min, fp8_max = float(eps), float(fp8_min), float(fp8_max)
     if input.numel() == 0:
         return output_q, output_s
-    if torch.compiler.is_compiling():
+    if tracing():
         torch.ops.sglang_jit_kernel.per_token_group_quant_8bit(
             input, output_q, output_s, group_size, eps, fp8_min, fp8_max, scale_ue8m0
         )

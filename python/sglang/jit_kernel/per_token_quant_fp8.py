@@ -23,6 +23,7 @@ from sglang.jit_kernel._validate import (
     check_tensor,
     fail,
     launcher_errors,
+    tracing,
 )
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
@@ -169,7 +170,7 @@ def per_token_quant_fp8(
         ``output_s`` whose dims do not flatten to one stride, outputs overlapping ``input`` or each
         other (``per_token_quant_fp8: output_q shape: expected (4, 64) (the shape of input), got ...``).
     """
-    if not torch.compiler.is_compiling():
+    if not tracing():
         try:  # the launcher checks shapes, dtypes, devices, layouts and overlaps
             fn = _FNS.get(input.dtype) if input.dim() == 2 and output_s.dim() == 1 else None
             if fn is not None and isinstance(eps, float) and eps >= 0:  # a bool or int eps: the checked path
@@ -181,7 +182,7 @@ def per_token_quant_fp8(
     eps = float(eps)  # the FFI takes a double: an int past int64 would not pass as one
     if output_s.numel() == 0:
         return
-    if torch.compiler.is_compiling():
+    if tracing():
         torch.ops.sglang_jit_kernel.per_token_quant_fp8(input, output_q, output_s, eps)
     else:
         _launch(input, output_q, output_s, eps)

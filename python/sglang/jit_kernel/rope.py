@@ -47,6 +47,7 @@ from sglang.jit_kernel._validate import (
     dtype_name,
     fail,
     launcher_errors,
+    tracing,
 )
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
@@ -365,7 +366,7 @@ def apply_rope_inplace(
     IndexError
         With ``SGLANG_JIT_CHECK_INDICES=1``: a position outside ``[0, max_position)``.
     """
-    if not torch.compiler.is_compiling():
+    if not tracing():
         try:
             fn = _ROPE_FNS.get(q.dtype)
         except AttributeError:  # not a tensor: the checked path raises TypeError
@@ -387,7 +388,7 @@ def apply_rope_inplace(
     _check_rope_args(op, q, k, cos_sin_cache, positions, is_neox, rope_dim)
     positions = positions.contiguous()  # read only: a strided index tensor is copied
     pdl = _pdl_flag(enable_pdl)
-    if torch.compiler.is_compiling():
+    if tracing():
         torch.ops.sglang_jit_kernel.apply_rope_inplace(q, k, cos_sin_cache, positions, is_neox, rope_dim, pdl)
     else:
         with launcher_errors(op):  # the launcher's exact overlap checks, named for the op
@@ -412,7 +413,7 @@ def _cache_rows(op: str, arg: str, cache: torch.Tensor, row: int) -> torch.Tenso
     check_tensor(
         op, arg, cache, dims=[("cache_size", None), ("num_kv_heads * head_dim", row)], last_dim_contiguous=True
     )
-    if not torch.compiler.is_compiling():  # slot rows of their own
+    if not tracing():  # slot rows of their own
         check_no_self_overlap(op, arg, cache)
     return cache
 
@@ -490,7 +491,7 @@ def apply_rope_inplace_with_kvcache(
         not ``[num_tokens]``, a cache with overlapping slot rows (expanded); from the launcher, a
         cache sharing memory with another argument.
     """
-    if not torch.compiler.is_compiling():
+    if not tracing():
         try:
             fn = _ROPE_KV_FNS.get((q.dtype, k_cache.dtype)) if k_cache.dim() == 2 and v_cache.dim() == 2 else None
         except AttributeError:
@@ -582,7 +583,7 @@ def apply_rope_inplace_with_kvcache(
     positions, out_loc = positions.contiguous(), out_loc.contiguous()  # read only: strided indices are copied
     args = (q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, is_neox, rope_dim, _pdl_flag(enable_pdl))
     scales = (k_scale, v_scale, float(k_inv_scale), float(v_inv_scale))
-    if torch.compiler.is_compiling():
+    if tracing():
         torch.ops.sglang_jit_kernel.apply_rope_inplace_with_kvcache(*args, *scales)
     else:
         with launcher_errors(op):  # the launcher's exact overlap checks, named for the op
@@ -888,7 +889,7 @@ def _rotary_embedding(
     if key is None and not key_required:
         # no key: k with 0 heads. Eager: a view of q (no allocation); traced: a tensor of its own, so
         # that the op's two mutated arguments never alias
-        k = q.new_empty((num_tokens, 0, head_size)) if torch.compiler.is_compiling() else q[:, :0]
+        k = q.new_empty((num_tokens, 0, head_size)) if tracing() else q[:, :0]
     else:
         check_tensor(op, "key", key, dtype_as=(query, "query"))
         k = _heads_view(op, "key", key, tuple(positions.shape), head_size)
@@ -908,7 +909,7 @@ def _rotary_embedding(
     pos = positions.reshape(-1).contiguous()
     check_indices(op, "positions", pos, cos_sin_cache.shape[0], skip_value=None, dim_name="max_position")
     if num_tokens > 0:
-        if torch.compiler.is_compiling():
+        if tracing():
             torch.ops.sglang_jit_kernel.rotary_embedding(q, k, cos_sin_cache, pos, is_neox)
         else:
             with launcher_errors(op):  # the launcher's exact overlap checks, named for the op

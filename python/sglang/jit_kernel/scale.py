@@ -13,6 +13,7 @@ from sglang.jit_kernel._validate import (
     check_scalar,
     check_tensor,
     prepare_elementwise_out,
+    tracing,
 )
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
@@ -88,7 +89,7 @@ def scale(src: torch.Tensor, factor: float, out: torch.Tensor | None = None) -> 
         shape, dtype or device, is not contiguous, or partially overlaps ``src`` in memory (``out``
         may be ``src`` itself). Raised before any launch, as ``scale: <arg> <what>: expected X, got Y``.
     """
-    if not torch.compiler.is_compiling():
+    if not tracing():
         try:
             fn = _SCALE_FNS.get(src.dtype) if src.is_cuda and src.dim() == 1 else None
         except AttributeError:  # not a tensor: the checked path raises TypeError
@@ -107,7 +108,7 @@ def scale(src: torch.Tensor, factor: float, out: torch.Tensor | None = None) -> 
     src, out = prepare_elementwise_out("scale", src, out)
     if src.numel() == 0:
         return out
-    if torch.compiler.is_compiling():
+    if tracing():
         torch.ops.sglang_jit_kernel.scale_out(out, src, factor)
     else:
         _load(src.dtype).scale(out.view(-1), src.view(-1), factor)

@@ -1,0 +1,46 @@
+"""Every registered op under a FakeTensorMode outside torch.compile (shape propagation, memory
+planning): it takes its torch.library path, whose fake implementation returns outputs of the right
+shapes and dtypes, without compiling, launching or reading the fake tensors' (absent) data. Runs
+without a GPU: fake CUDA tensors need no device."""
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorMode,
+)
+
+from sglang.jit_kernel.registry import all_ops
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=20, suite="stage-a-kernel-cpu")
+
+OPS = sorted(all_ops())
+
+
+def _tensors(value: object) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for item in value for t in _tensors(item)]
+    return []
+
+
+@pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")  # references copying layouts
+@pytest.mark.parametrize("op", OPS)
+def test_op_under_fake_tensor_mode_propagates_shapes(op, monkeypatch):
+    monkeypatch.setenv("SGLANG_JIT_CRASH_ON_COMPILE", "1")  # a first call would compile: refuse it
+    (case, *_) = all_ops()[op].check_cases()
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        inputs = case.make_inputs()
+        try:  # the fp32 reference, where its torch ops have shapes without data (moe_align's have not)
+            expected = case.reference(*inputs)
+        except (DataDependentOutputException, DynamicOutputShapeException):
+            expected = None
+        result = case.call(*inputs)
+        compared = case.compared(result, inputs)
+    assert all(isinstance(t, FakeTensor) for t in _tensors(result) + [compared])
+    if expected is not None:
+        assert (compared.shape, compared.dtype) == (expected.shape, expected.dtype)
