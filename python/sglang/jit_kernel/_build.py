@@ -656,10 +656,17 @@ def _ninja_escape(text: str) -> str:
 
 
 def _command_words(words: Sequence[str | Path]) -> str:
-    """``words`` as one ninja variable of a command line: each word shell-quoted (a flag with a
-    space, a parenthesis or a semicolon reaches the compiler as one argument, not the shell), then
-    ``$`` escaped for ninja (``-DX=$HOME`` stays literal)."""
+    """Paths and other single arguments as part of a ninja variable of a command line: each one
+    shell-quoted (a directory with a space stays one argument), ``$`` escaped for ninja."""
     return " ".join(shlex.quote(str(word)) for word in words).replace("$", "$$")
+
+
+def _shell_flags(flags: Sequence[str]) -> str:
+    """Compiler and linker flags as part of a ninja variable: shell text, as torch's cpp_extension
+    takes them (an entry may hold several words, ``'-DMSG="a b"'`` quotes as in a shell, an empty
+    entry is nothing), with ``$`` escaped so that ninja hands it to the shell instead of reading it as
+    one of its own variables."""
+    return " ".join(flag for flag in flags if flag.strip()).replace("$", "$$")
 
 
 def _write_build_files(spec: BuildSpec, directory: Path) -> None:
@@ -675,14 +682,13 @@ def _write_build_files(spec: BuildSpec, directory: Path) -> None:
     if spec.cuda_source is not None or spec.cuda_units:
         lib64 = cuda_home / "lib64"
         ldflags += [f"-L{lib64}", "-lcudart", f"-Wl,-rpath,{lib64}"]
-    ldflags += spec.ldflags
     lines = [
         "ninja_required_version = 1.3",
         f"nvcc = {_command_words([cuda_home / 'bin' / 'nvcc'])}",
         f"cxx = {cxx.replace('$', '$$')}",  # CXX may be a command with arguments ("ccache g++")
-        f"cuda_cflags = {_command_words([*spec.cuda_cflags, *includes, '--resource-usage'])}",
-        f"cflags = {_command_words(spec.cflags + includes)}",
-        f"ldflags = {_command_words(ldflags)}",
+        f"cuda_cflags = {_shell_flags(spec.cuda_cflags)} {_command_words(includes)} --resource-usage",
+        f"cflags = {_shell_flags(spec.cflags)} {_command_words(includes)}",
+        f"ldflags = {_command_words(ldflags)} {_shell_flags(spec.ldflags)}",
         # -x: a listed .cuh / .h compiled as its own unit (header_only=False) is CUDA / C++ source,
         # not a header (g++ would write a precompiled header for a .h)
         "rule cuda_compile",
@@ -887,7 +893,13 @@ def undefined_symbol_hint(first_error: str, spec: BuildSpec) -> str:
         return ""
     device = match.group("mangled") is not None
     symbol = _demangle(match.group("mangled")) if device else match.group("symbol")
-    base = re.sub(r"<.*", "", symbol.split("(", 1)[0]).rsplit("::", 1)[-1].strip()
+    if symbol.startswith(("vtable for ", "typeinfo for ", "VTT for ")):
+        return ""  # a class's key function is missing: the linker's own words say it best
+    head = symbol.split("(", 1)[0]
+    while re.search(r"<[^<>]*>", head):  # template arguments out, innermost first
+        head = re.sub(r"<[^<>]*>", "", head)
+    names = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", head)
+    base = names[-1] if names else ""
     where = ""
     use = re.compile(rf"\b{re.escape(base)}\s*[(<]") if base else None
     for path in spec.sources if use is not None else ():
@@ -901,13 +913,13 @@ def undefined_symbol_hint(first_error: str, spec: BuildSpec) -> str:
             break
     caller = _EXPORT_FUNCTION_RE.search(first_error)
     called = f" (called from the export '{caller.group('export')}')" if caller else ""
-    if device:
-        fix = (
-            "define the device function in a file of the build: its device code is one translation "
-            "unit, compiled without relocatable device code (-rdc)"
+    if device:  # without -rdc a device function links only within its own translation unit
+        return (
+            f"({symbol}{where} is a device function declared but not defined in the translation unit "
+            "that calls it: define it there or in a header it includes (device code is compiled "
+            "without relocatable device code, -rdc, so another unit's definition does not link))\n"
         )
-    else:
-        fix = "define it in a listed file, or link the library that defines it (extra_ldflags)"
+    fix = "define it in a listed file, or link the library that defines it (extra_ldflags)"
     return f"({symbol}{where} is declared but defined nowhere in the build{called}: {fix})\n"
 
 
@@ -1330,11 +1342,13 @@ def _truncated_library(path: Path) -> str | None:
             order = "<" if header[5] == 1 else ">"
             phoff, shoff = struct.unpack_from(order + "QQ", header, 0x20)
             phentsize, phnum, shentsize, shnum = struct.unpack_from(order + "HHHH", header, 0x36)
+            if phentsize < 56:  # not a 64-bit program header: a header dlopen refuses by itself
+                return None
             if phoff + phnum * phentsize > size or shoff + shnum * shentsize > size:
                 return f"{size} bytes, shorter than its header and section tables"
             f.seek(phoff)
             table = f.read(phnum * phentsize)
-    except OSError:
+    except (OSError, struct.error):
         return None
     for i in range(phnum):
         kind, _flags, offset, _vaddr, _paddr, filesz = struct.unpack_from(order + "IIQQQQ", table, i * phentsize)

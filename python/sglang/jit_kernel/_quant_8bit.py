@@ -44,7 +44,7 @@ def check_outputs_disjoint(op: str, input: torch.Tensor, output_q: torch.Tensor,
     where that is exact without an element test (dense views, or the same view); interleaved views
     (q and its scales packed in the rows of one buffer) are left to the launcher's element test,
     except against an input the wrapper copies first (the launcher would only see the copy).
-    Skipped while torch.compile traces (fake tensors have no addresses; the launcher checks again)."""
+    Skipped while tracing (``tracing()``: fake tensors have no addresses; the launcher checks again)."""
     if tracing():
         return
     exact = rows_are_views(input)  # else the byte-range test: the launcher gets a copy of input

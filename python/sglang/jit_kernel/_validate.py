@@ -66,7 +66,6 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
 #: The range of an int scalar the launchers take (int64_t).
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-#: What an eager fast path (a loaded launcher called directly) may raise before any launch: the
 _FAKE_MODE_KEY = torch._C._TorchDispatchModeKey.FAKE
 _active_dispatch_mode = torch._C._get_dispatch_mode
 
@@ -75,10 +74,12 @@ def tracing() -> bool:
     """True while torch.compile / torch.export trace, or while a ``FakeTensorMode`` is active (shape
     propagation outside dynamo): the tensors are fake, with no data pointers. The ops then take their
     ``torch.library`` path, whose fake implementation runs instead of a launch, and skip the checks
-    that read data pointers or values (the launcher makes them when the op really runs)."""
+    that read data pointers or values (the launcher makes them when the op really runs). A tracer
+    over real tensors (``make_fx`` in its "real" mode) is not seen: the op runs, unrecorded."""
     return torch.compiler.is_compiling() or _active_dispatch_mode(_FAKE_MODE_KEY) is not None
 
 
+#: What an eager fast path (a loaded launcher called directly) may raise before any launch: the
 #: launcher's checks and the FFI's argument conversion (OverflowError included, which converting a
 #: Python int may raise). The wrapper catches these and runs its checked path, whose error names
 #: the argument.
@@ -221,7 +222,7 @@ def check_no_partial_overlap(
     (two disjoint column slices of one buffer are refused: ``got overlapping byte ranges (...)``).
     ``dense_only=True`` raises only where it is exact (both views dense, or the same view) and leaves
     every other intersecting pair to the launcher's exact element test: for ops whose launchers accept
-    interleaved views (q and k of a fused qkv buffer, strided rows). Skipped while ``torch.compile`` traces (no data pointers then): the
+    interleaved views (q and k of a fused qkv buffer, strided rows). Skipped while tracing (``tracing()``: no data pointers then): the
     launcher's own overlap test runs at call time.
     """
     if tracing():
@@ -285,7 +286,7 @@ def check_no_self_overlap(op: str, arg: str, tensor: torch.Tensor) -> None:
     """RuntimeError unless every element of ``tensor`` (an output) has an address of its own: no dim of
     size > 1 with stride 0 (an expanded tensor), and each stride at least the extent of the dims with
     smaller strides (no overlapping rows). The C++ launchers' verify_no_self_overlap, with the op's
-    argument name; an empty tensor passes. Skipped while torch.compile traces (symbolic strides; the
+    argument name; an empty tensor passes. Skipped while tracing (``tracing()``: symbolic strides; the
     launcher checks when the op runs)."""
     if tensor.numel() == 0 or tracing():
         return
@@ -412,7 +413,7 @@ def check_scalar(
 def check_finite_float32(op: str, arg: str, value: float) -> None:
     """ValueError unless the real number ``value`` (``check_scalar`` first) stays finite as the float32
     the kernel takes: NaN and inf are refused (``expected a finite number``), and so is a magnitude
-    past ``FLOAT32_MAX``, which the conversion would turn into inf. While torch.compile traces, an int
+    past ``FLOAT32_MAX``, which the conversion would turn into inf. While tracing (``tracing()``), an int
     is not checked (it may be symbolic)."""
     if tracing() and not isinstance(value, float):
         return  # an int may be symbolic while tracing (dynamic shapes); ints are finite anyway
@@ -486,7 +487,7 @@ def check_indices(
     The kernels never write out of bounds for such an index (they skip it); this check is for finding
     the caller's bug. It reads the indices on the host, so it synchronises the stream, and it is left
     out while the current stream is capturing a CUDA graph (no host read is possible there) and while
-    torch.compile traces (fake tensors: the op's torch.library body checks when it runs). The
+    tracing (``tracing()``; fake tensors: the op's torch.library body checks when it runs). The
     message reads ``store_cache: indices value: expected entries in [0, 64) (num_slots) or -1
     (skipped), got 70 at position 3``.
     """

@@ -19,6 +19,7 @@ Nothing here imports torch unless a prebuild needs the ops, so ``cache info`` st
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 import re
 import shutil
@@ -279,7 +280,7 @@ def prune_cache(max_age_days: float) -> int:
     RuntimeError
         If the cache directory is unsafe (see ``cache_info``).
     """
-    if isinstance(max_age_days, bool) or not isinstance(max_age_days, (int, float)):
+    if isinstance(max_age_days, bool) or not isinstance(max_age_days, numbers.Real):
         raise TypeError(f"prune_cache: max_age_days must be a number of days, got {type(max_age_days).__name__}")
     if not max_age_days >= 0:  # NaN too
         raise ValueError(f"prune_cache: max_age_days must be >= 0, got {max_age_days}")

@@ -402,7 +402,7 @@ def per_token_group_quant(
     if masked:
         check_same_device(op, "masked_m", masked_m, input, "input")
 
-    # Overlaps (data pointers do not exist while torch.compile traces: the launcher checks them again)
+    # Overlaps (data pointers do not exist while tracing: the launcher checks them again)
     if output_q is None:
         output_q = torch.empty(q_shape, dtype=q_dtype, device=input.device)
     else:

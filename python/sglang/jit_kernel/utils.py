@@ -245,7 +245,10 @@ def load_jit(
         ``export_name`` becomes an attribute of the returned module, e.g. ``("scale", "scale<bf16_t>")``.
     extra_cflags, extra_cuda_cflags, extra_ldflags, extra_include_paths : list of str
         Appended to the defaults (C++20, ``-O3``, ``--expt-relaxed-constexpr``, ``-gencode`` for the
-        target architectures and ``-DSGL_CUDA_ARCH=<major*100+minor*10>``).
+        target architectures and ``-DSGL_CUDA_ARCH=<major*100+minor*10>``). A flag entry is shell
+        text, as torch's cpp_extension takes it: it may hold several words, quotes as in a shell
+        (``'-DMSG="a b"'``), and an empty entry adds nothing; the cache key holds the text as written.
+        An include path is one directory, spaces and all.
     build_directory : str, optional
         Cache root for this module instead of ``SGLANG_JIT_CACHE_DIR``.
     cuda_archs : str or list of str, optional

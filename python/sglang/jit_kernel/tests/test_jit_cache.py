@@ -591,8 +591,38 @@ def test_undefined_device_function_names_it_and_its_file(cache_dir, tmp_path):
     with pytest.raises(JITCompileError, match=r"Unresolved extern function '_Z8scale_off'") as info:
         load_jit("undefined_device", cuda_files=[str(header)], cuda_wrappers=[("run", "run")])
     if shutil.which("c++filt"):
-        assert "(scale_of(float), named at undefined_device.cuh:2, is declared but defined nowhere" in str(info.value)
-    assert "without relocatable device code (-rdc)" in str(info.value)
+        assert "(scale_of(float), named at undefined_device.cuh:2, is a device function declared but not" in str(
+            info.value
+        )
+    assert "compiled without relocatable device code, -rdc" in str(info.value)
+
+
+def test_undefined_symbol_hint_finds_template_and_member_names(tmp_path):
+    source = tmp_path / "names.h"
+    source.write_text(
+        "namespace ns {\ntemplate <int N> struct Cls { int method(int); };\n}\ntemplate <typename T> T foo(T);\n"
+    )
+    spec = _build.make_spec("names", [str(source)], [], [], [], [], [], [], [], None)
+
+    def hint(symbol: str) -> str:
+        return _build.undefined_symbol_hint(f"/usr/bin/ld: main.cpp:(.text): undefined reference to `{symbol}'", spec)
+
+    assert "(int foo<int>(int), named at names.h:4, is declared" in hint("int foo<int>(int)")
+    assert "(ns::Cls<3>::method(int), named at names.h:2, is declared" in hint("ns::Cls<3>::method(int)")
+    assert hint("vtable for ns::Cls<3>") == ""  # the linker's own words (a missing key function) stand
+
+
+@pytest.mark.parametrize("field,value", [(0x36, 8), (0x38, 60000)])  # e_phentsize too small; e_phnum huge
+def test_truncation_check_leaves_a_malformed_header_to_dlopen(tmp_path, field, value):
+    """A header whose tables make no sense is not called truncated (nor does the check raise): dlopen
+    refuses it by itself, with its own message."""
+    library = tmp_path / "odd.so"
+    header = bytearray(b"\x7fELF\x02\x01\x01" + bytes(57))
+    header[0x20:0x28] = (64).to_bytes(8, "little")
+    header[field : field + 2] = value.to_bytes(2, "little")
+    library.write_bytes(bytes(header) + bytes(200))
+    result = _build._truncated_library(library)
+    assert result is None or "shorter than" in result
 
 
 def test_compile_error_says_how_many_errors_there_are(cache_dir, tmp_path):
@@ -793,16 +823,17 @@ def test_entry_without_its_library_is_rebuilt(cache_dir, ninja_runs, answer_src)
 
 
 @pytest.mark.parametrize(
-    "flag,answer",
+    "flags,answer",
     [
-        ("-DANSWER_BONUS=(1 + 1)", 43),  # a space and parentheses: one argument, no shell syntax error
-        ('-DANSWER_BONUS=sizeof("$HOME;x")-1', 48),  # "$" and ";" reach the compiler literally
+        (["-DANSWER_BONUS='(1 + 1)'"], 43),  # shell quotes: one argument with spaces and parentheses
+        (["-DANSWER_BONUS=2 -DUNUSED=1"], 43),  # several words in one entry
+        (["", "-DANSWER_BONUS=1", " "], 42),  # empty entries add nothing
+        (["'-DANSWER_BONUS=sizeof(\"$HOME;x\")-1'"], 48),  # "$" reaches the shell, not read by ninja
     ],
 )
-def test_extra_flags_reach_the_compiler_verbatim(cache_dir, answer_src, flag, answer):
-    """A flag is one argument of the compiler as written: build.ninja quotes it for the shell and
-    escapes ninja's "$", so it neither splits, nor runs a command, nor expands a variable."""
-    assert load_answer(answer_src, extra_cflags=[flag]).answer() == answer
+def test_extra_flags_are_shell_text(cache_dir, answer_src, flags, answer):
+    """Flags are shell text, as torch's cpp_extension takes them; ninja's "$" is escaped."""
+    assert load_answer(answer_src, extra_cflags=flags).answer() == answer
 
 
 @pytest.mark.parametrize(
