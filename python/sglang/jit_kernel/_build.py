@@ -1390,23 +1390,25 @@ def load_artifact(spec: BuildSpec, build_directory: str | None = None) -> JITMod
         if not built:
             _mark_used(artifact.parent)
         return ForeignModule(artifact, spec.archs, devices)
-    try:
-        truncated = None if built else _truncated_library(artifact)
-        if truncated is not None:
-            raise OSError(f"{artifact}: file too short ({truncated})")
-        module = tvm_ffi.load_module(str(artifact))
-    except Exception as exc:
-        # dlopen names the file it could not read: this library, not one it depends on.
-        damaged = artifact.exists() and any(f"{artifact}: {sign}" in str(exc) for sign in _DAMAGED_LIBRARY_SIGNS)
-        if built or (artifact.exists() and not damaged):
-            raise
+    module = None
+    damage = None if built else _truncated_library(artifact)  # dlopen of such a file ends in SIGBUS
+    if damage is None:
+        try:
+            module = tvm_ffi.load_module(str(artifact))
+        except Exception as exc:
+            vanished = not artifact.exists()
+            # dlopen names the file it could not read: this library, not one it depends on.
+            if built or not (vanished or any(f"{artifact}: {sign}" in str(exc) for sign in _DAMAGED_LIBRARY_SIGNS)):
+                raise
+            damage = None if vanished else str(exc)
+    if module is None:
         # The entry vanished between the check and the dlopen (`cache clear` / `prune` elsewhere), or
         # its library is damaged (truncated by a full disk or a copy): build it again, once for all
         # the processes that find it so (build_artifact compares the file under the lock).
-        identity = _identity(artifact) if damaged else None
-        if damaged:
-            logger.warning("JIT module %s: %s is damaged (%s); rebuilding it", spec.name, artifact, exc)
-        _refuse_compile(spec, artifact, False, damaged=damaged)
+        identity = _identity(artifact) if damage is not None else None
+        if damage is not None:
+            logger.warning("JIT module %s: %s is damaged (%s); rebuilding it", spec.name, artifact, damage)
+        _refuse_compile(spec, artifact, False, damaged=damage is not None)
         artifact = build_artifact(spec, root, key, damaged=identity)
         built = True
         module = tvm_ffi.load_module(str(artifact))
