@@ -76,6 +76,8 @@ struct NormQuantParams {
   bool scale_ue8m0;           // power-of-two scales stored as exponent bytes (kGroup, fp8)
   bool q_vec_aligned;         // output_q rows allow kVecN-byte stores (else byte stores)
   bool normed_vec_aligned;    // the normed rows allow 16-byte stores (else element stores)
+  int64_t prefetch_rows;      // sm_90+: a CTA's lane 0 prefetches into L2 the input (and residual)
+                              //   row this many rows ahead of its own (0: none)
 };
 
 /// Maximum of `value` (>= 0, NaN-free: an absolute maximum) over the tpr threads of each row, as
@@ -155,6 +157,21 @@ SGL_DEVICE void norm_quant_group(
   const bool active = row < rows.num_rows;
   RowPointers<T> ptrs{};
   if (active) ptrs = row_pointers<T, kKind>(rows, row);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Lane 0 of each row asks L2 for the row that a CTA about four waves later reads, so its bytes are
+  // on chip when that CTA starts. Rows are 16-byte aligned and a multiple of 16 bytes long (the
+  // launcher's layout check), as the bulk prefetch requires.
+  if (lane == 0 && active && p.prefetch_rows > 0 && row + p.prefetch_rows < rows.num_rows) {
+    const int64_t ahead = row + p.prefetch_rows;
+    const auto bytes = static_cast<uint32_t>(rows.num_vecs * 16);
+    const T* input = static_cast<const T*>(rows.input) + ahead * rows.input_token_stride;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(input), "r"(bytes) : "memory");
+    if constexpr (kKind == NormKind::kFusedAddRMSNorm) {
+      const T* residual = static_cast<const T*>(rows.residual) + ahead * rows.residual_token_stride;
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(residual), "r"(bytes) : "memory");
+    }
+  }
+#endif
   bool valid[kVecs];
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) valid[j] = active && lane + j * tpr < rows.num_vecs;
@@ -540,6 +557,8 @@ void norm_quant(
       " (rows held in registers), got ",
       h);
   set_row_geometry<kVecN>(params.norm.rows[0], geometry, h / kVecN);
+  // Prefetch distance: four waves of resident CTAs (4 per SM), as measured best (docs/perf_notes.md).
+  params.prefetch_rows = int64_t{4} * host::runtime::get_sm_count(device.device_id) * params.norm.rows[0].rows_per_cta;
 
   // Launch
   const bool pdl = resolve_pdl(enable_pdl, device);
