@@ -82,3 +82,31 @@ def visible_device_archs() -> tuple[str, ...]:
     ]
     check_devices(devices)
     return tuple(sorted({f"{major}.{minor}" for _, _, (major, minor) in devices}))
+
+
+def host_device_archs() -> tuple[str, ...] | None:
+    """The compute capabilities of every GPU of the host, sorted and normalised, asked of NVML
+    (``cuda.bindings.nvml``, which torch's CUDA builds install); None when NVML cannot answer (no
+    driver, no bindings, a device in a bad state).
+
+    NVML starts no CUDA context, so a process that has not initialised CUDA can ask without losing
+    the use of CUDA in a later fork. It counts every GPU of the host: ``CUDA_VISIBLE_DEVICES`` does
+    not apply, and NVML's order is not CUDA's."""
+    import importlib  # noqa: PLC0415
+
+    try:
+        nvml = importlib.import_module("cuda.bindings.nvml")
+    except ImportError:
+        return None
+    try:
+        nvml.init_v2()
+    except Exception:  # noqa: BLE001 - the library missing (RuntimeError) or NVML's own NvmlError
+        return None
+    try:
+        handles = [nvml.device_get_handle_by_index_v2(i) for i in range(nvml.device_get_count_v2())]
+        capabilities = {tuple(nvml.device_get_cuda_compute_capability(h)) for h in handles}
+    except Exception:  # noqa: BLE001 - NvmlError of a device NVML cannot query
+        return None
+    finally:
+        nvml.shutdown()
+    return tuple(sorted(f"{major}.{minor}" for major, minor in capabilities))

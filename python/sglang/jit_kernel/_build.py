@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from sglang.jit_kernel._arch import check_target_arch, visible_device_archs
+from sglang.jit_kernel._arch import check_target_arch, host_device_archs, visible_device_archs
 from sglang.jit_kernel._dependencies import resolve_dependencies
 
 if TYPE_CHECKING:
@@ -1255,9 +1255,11 @@ def runs_on(target: str, device: str) -> bool:
 
 
 def foreign_build(spec: BuildSpec) -> tuple[str, ...]:
-    """The visible GPUs' compute capabilities when ``spec`` is a CUDA build with code for none of them;
-    ``()`` when it runs on one of them, when no GPU is visible, or while torch has not initialised
-    CUDA in this process (a process that has launched nothing yet; asking would initialise it)."""
+    """The GPUs' compute capabilities when ``spec`` is a CUDA build with code for none of them; ``()``
+    when it runs on one of them, or when no GPU is known. Once torch has initialised CUDA, the
+    visible GPUs are asked; before (asking torch would initialise CUDA, and a later fork could not
+    use it), NVML is asked for the host's GPUs (``_arch.host_device_archs``), and with no answer
+    from NVML the build counts as runnable."""
     if spec.cuda_source is None and not spec.cuda_units:
         return ()
     generated = {f for f in arch_flags(spec.archs) if f.startswith("-gencode=")}
@@ -1265,12 +1267,13 @@ def foreign_build(spec: BuildSpec) -> tuple[str, ...]:
         return ()  # targets of the caller's own flags (PTX, say): spec.archs does not list them
     import torch  # noqa: PLC0415
 
-    if not torch.cuda.is_initialized():  # asking would start CUDA here (a later fork could not use it)
-        return ()
-    try:
-        devices = _memoized("device_archs", visible_device_archs)
-    except RuntimeError:  # a GPU below 8.0: resolve_cuda_archs names it where it matters
-        return ()
+    if torch.cuda.is_initialized():
+        try:
+            devices = _memoized("device_archs", visible_device_archs)
+        except RuntimeError:  # a GPU below 8.0: resolve_cuda_archs names it where it matters
+            return ()
+    else:  # loaded before CUDA starts, such a build breaks the own build's launches just the same
+        devices = _memoized("host_device_archs", host_device_archs) or ()
     if not devices or any(runs_on(t, d) for t in spec.archs for d in devices):
         return ()
     return devices  # type: ignore[return-value]
@@ -1279,9 +1282,9 @@ def foreign_build(spec: BuildSpec) -> tuple[str, ...]:
 class ForeignModule:
     """What ``load_jit`` returns for a module built only for GPUs this process does not have
     (``override_jit_cuda_arch``, ``SGLANG_JIT_CUDA_ARCH``, ``cuda_archs=``, ``prebuild(archs=...)``):
-    the artifact is compiled and cached, but not loaded: loaded, such a build has made the process's
-    own build of the same kernel fail to launch ("no kernel image"; the mechanism inside the CUDA
-    runtime is not established). ``module.<name>`` of an exported function (read from the
+    the artifact is compiled and cached, but not loaded: loaded, before or after CUDA starts, such a
+    build makes the process's own build of the same kernel fail to launch ("no kernel image"; the
+    mechanism inside the CUDA runtime is not established). ``module.<name>`` of an exported function (read from the
     file) is a stand-in whose call raises RuntimeError, as does an attribute of ``tvm_ffi.Module``
     (``get_function``...); another name raises AttributeError."""
 

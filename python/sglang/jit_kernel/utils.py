@@ -271,11 +271,12 @@ def load_jit(
         A thin proxy of the loaded ``tvm_ffi.Module``: ``module.<export_name>`` is the function (a
         plain instance-dict hit after its first use); a name the module does not export raises
         ``AttributeError`` naming the module and listing its functions; other attributes are forwarded.
-        Once torch has initialised CUDA, a CUDA build with code for none of this process's GPUs
-        (targets from ``cuda_archs``, :func:`override_jit_cuda_arch` or ``SGLANG_JIT_CUDA_ARCH``) is
-        compiled and cached but not loaded: a ``ForeignModule`` comes back, and calling one of its
-        functions raises ``RuntimeError``. Loaded, such a build has made the process's own build of
-        the same kernel fail to launch ("no kernel image").
+        A CUDA build with code for none of the GPUs (targets from ``cuda_archs``,
+        :func:`override_jit_cuda_arch` or ``SGLANG_JIT_CUDA_ARCH``; the visible GPUs once torch has
+        initialised CUDA, the host's as NVML reports them before) is compiled and cached but not
+        loaded: a ``ForeignModule`` comes back, and calling one of its functions raises
+        ``RuntimeError``. Loaded, such a build makes the process's own build of the same kernel
+        fail to launch ("no kernel image").
 
     Raises
     ------

@@ -289,7 +289,8 @@ def test_arch_change_gets_its_own_artifact(cache_dir, ninja_runs, tmp_path, monk
 def test_build_for_other_gpus_is_cached_not_loaded(cache_dir, ninja_runs, tmp_path, monkeypatch):
     """A CUDA module with code for none of the visible GPUs is compiled and cached, not loaded (its
     kernels would take over this process's own build of them in the CUDA runtime); calling one of its
-    functions says why. Before torch initialises CUDA, or with no GPU visible, it loads."""
+    functions says why. Before torch initialises CUDA, NVML's answer decides; with no GPU known, it
+    loads."""
     import torch
 
     monkeypatch.setitem(_build._memo, "device_archs", ("9.0",))
@@ -311,8 +312,14 @@ def test_build_for_other_gpus_is_cached_not_loaded(cache_dir, ninja_runs, tmp_pa
         foreign.get_function("compiled_arch")
     assert len(ninja_runs) == 1 and len(entries(cache_dir)) == 1
     assert load_arch_module(source, "9.0").compiled_arch() == 900
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)  # not asked: asking would start CUDA
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)  # torch not asked: NVML is
+    monkeypatch.setitem(_build._memo, "host_device_archs", ("9.0",))
+    assert isinstance(load_arch_module(source, "8.0"), _build.ForeignModule)
+    monkeypatch.setitem(_build._memo, "host_device_archs", ("8.6", "10.0"))  # 8.0 code runs on 8.6
     assert load_arch_module(source, "8.0").compiled_arch() == 800  # from the cache
+    _build._loaded.clear()
+    monkeypatch.setitem(_build._memo, "host_device_archs", None)  # NVML did not answer
+    assert load_arch_module(source, "8.0").compiled_arch() == 800
     _build._loaded.clear()
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setitem(_build._memo, "device_archs", ())
@@ -351,6 +358,51 @@ def test_toolchain_names_nvccs_own_host_compiler(cache_dir, monkeypatch, tmp_pat
     monkeypatch.setenv("NVCC_CCBIN", "/nonexistent/gcc")
     monkeypatch.chdir(tmp_path)
     assert _build._nvcc_host_fingerprint() == "/nonexistent/gcc:missing"
+
+
+class _FakeNvml:
+    """cuda.bindings.nvml's calls that host_device_archs makes, over the given capabilities."""
+
+    def __init__(self, capabilities, fail_at=None):
+        self.capabilities, self.fail_at, self.initialised = capabilities, fail_at, 0
+
+    def _maybe_fail(self, where):
+        if where == self.fail_at:
+            raise RuntimeError(f"NVML failed at {where}")
+
+    def init_v2(self):
+        self._maybe_fail("init")
+        self.initialised += 1
+
+    def shutdown(self):
+        self.initialised -= 1
+
+    def device_get_count_v2(self):
+        return len(self.capabilities)
+
+    def device_get_handle_by_index_v2(self, index):
+        return index
+
+    def device_get_cuda_compute_capability(self, handle):
+        self._maybe_fail("capability")
+        return self.capabilities[handle]
+
+
+def test_host_gpus_from_nvml(monkeypatch):
+    """Before CUDA starts, the host's GPUs come from NVML: sorted, without repeats; None when NVML
+    cannot answer, and NVML is shut down again after a query that got past init."""
+    from sglang.jit_kernel import _arch
+
+    nvml = _FakeNvml([(9, 0), (8, 6), (9, 0)])
+    monkeypatch.setitem(sys.modules, "cuda.bindings.nvml", nvml)
+    assert _arch.host_device_archs() == ("8.6", "9.0") and nvml.initialised == 0
+    nvml = _FakeNvml([(9, 0)], fail_at="capability")
+    monkeypatch.setitem(sys.modules, "cuda.bindings.nvml", nvml)
+    assert _arch.host_device_archs() is None and nvml.initialised == 0
+    monkeypatch.setitem(sys.modules, "cuda.bindings.nvml", _FakeNvml([(9, 0)], fail_at="init"))
+    assert _arch.host_device_archs() is None
+    monkeypatch.setitem(sys.modules, "cuda.bindings.nvml", None)  # not installed: import fails
+    assert _arch.host_device_archs() is None
 
 
 def test_which_targets_run_on_a_gpu():
@@ -393,6 +445,40 @@ def test_build_for_other_gpus_leaves_this_process_build_working(cache_dir, tmp_p
     assert load(f"{major}.{minor}").fill(out) == 0
     torch.cuda.synchronize()
     assert out.item() == major * 100 + minor * 10
+
+
+FOREIGN_FIRST = """\
+import sys, torch
+from sglang.jit_kernel.utils import ForeignModule, load_jit
+def load(archs):
+    return load_jit("fill_arch", cuda_files=[sys.argv[1]], cuda_wrappers=[("fill", "fill")], cuda_archs=archs)
+other = load(sys.argv[2])
+assert not torch.cuda.is_initialized() and isinstance(other, ForeignModule), other
+out = torch.zeros(1, dtype=torch.int64, device="cuda")
+print(load(sys.argv[3]).fill(out), out.item())
+"""
+
+
+@requires_cuda
+def test_build_for_other_gpus_before_cuda_starts_is_not_loaded(cache_dir, tmp_path):
+    """The same before the process's first CUDA use (NVML names the GPUs): a fresh process loads
+    the other GPU's build first, starts CUDA, then launches its own build."""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability()
+    other = "9.0" if major == 8 else "8.0"
+    source = tmp_path / "fill.cuh"
+    source.write_text(FILL_CUH)
+    env = dict(os.environ, SGLANG_JIT_CACHE_DIR=str(cache_dir))
+    run = subprocess.run(
+        [sys.executable, "-c", FOREIGN_FIRST, str(source), other, f"{major}.{minor}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split()[-2:] == ["0", str(major * 100 + minor * 10)]
 
 
 # ---------------------------------------------------------------------------------------------
