@@ -10,6 +10,8 @@ after the first call), so the checks cost nothing per call.
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Sequence
 
 #: The oldest compute capability any op supports (A100).
@@ -86,14 +88,20 @@ def visible_device_archs() -> tuple[str, ...]:
 
 def host_device_archs() -> tuple[str, ...] | None:
     """The compute capabilities of every GPU of the host, sorted and normalised, asked of NVML
-    (``cuda.bindings.nvml``, which torch's CUDA builds install); None when NVML cannot answer (no
-    driver, no bindings, a device in a bad state).
+    (``cuda.bindings.nvml``, a dependency of torch's CUDA 13 builds); None when NVML cannot answer
+    (no driver, no bindings, a device in a bad state); ``()`` when ``CUDA_VISIBLE_DEVICES`` hides
+    every GPU (empty, or its first entry not a device: ``-1``, ``none``).
 
     NVML starts no CUDA context, so a process that has not initialised CUDA can ask without losing
-    the use of CUDA in a later fork. It counts every GPU of the host: ``CUDA_VISIBLE_DEVICES`` does
-    not apply, and NVML's order is not CUDA's."""
+    the use of CUDA in a later fork. Otherwise it counts every GPU of the host: a list in
+    ``CUDA_VISIBLE_DEVICES`` does not narrow it (NVML's order is not CUDA's)."""
     import importlib  # noqa: PLC0415
 
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        first = visible.split(",")[0].strip()
+        if not (first.isdigit() or first.startswith(("GPU-", "MIG-"))):
+            return ()
     try:
         nvml = importlib.import_module("cuda.bindings.nvml")
     except ImportError:
@@ -108,5 +116,6 @@ def host_device_archs() -> tuple[str, ...] | None:
     except Exception:  # noqa: BLE001 - NvmlError of a device NVML cannot query
         return None
     finally:
-        nvml.shutdown()
+        with contextlib.suppress(Exception):  # an answer already read stands
+            nvml.shutdown()
     return tuple(sorted(f"{major}.{minor}" for major, minor in capabilities))

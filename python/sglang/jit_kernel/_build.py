@@ -1306,7 +1306,7 @@ class ForeignModule:
             raise AttributeError(missing_function_message(self, name))
         message = (
             f"JIT module {self._jit_artifact_.stem} was built for compute capability "
-            f"{', '.join(self._jit_archs_)}, and this process's GPUs are {', '.join(self._jit_devices_)}: "
+            f"{', '.join(self._jit_archs_)}, and the GPUs here are {', '.join(self._jit_devices_)}: "
             f"it is cached ({self._jit_artifact_.parent}) but not loaded, so {name} cannot run here. "
             "Build it for these GPUs: outside override_jit_cuda_arch, with cuda_archs= / "
             "SGLANG_JIT_CUDA_ARCH naming their capability or unset (an op wrapper keeps the module it "
@@ -1362,8 +1362,8 @@ def _truncated_library(path: Path) -> str | None:
 
 def load_artifact(spec: BuildSpec, build_directory: str | None = None) -> JITModule | ForeignModule:
     """Return the module for ``spec``: from this process, from the cache, or by compiling it. A CUDA
-    build with code for none of the visible GPUs is compiled (or found) but not loaded: a
-    :class:`ForeignModule` comes back."""
+    build with code for none of the GPUs (``foreign_build``) is compiled (or found) but not loaded:
+    a :class:`ForeignModule` comes back."""
     import tvm_ffi  # noqa: PLC0415
 
     root = Path(build_directory).expanduser() if build_directory else cache_root()

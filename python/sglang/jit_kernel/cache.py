@@ -400,8 +400,8 @@ def prebuild(
     """Compile (or find in the cache) every variant of the registered ops, in parallel.
 
     Call it before CUDA-graph capture or at image build time so that no op compiles later. Variants
-    already cached cost one hash and one ``dlopen`` each (none for a build for GPUs this process,
-    once it has initialised CUDA, does not have).
+    already cached cost one hash and one ``dlopen`` each (none for a build for GPUs this host does
+    not have: ``load_jit``, Returns).
 
     Parameters
     ----------

@@ -58,9 +58,10 @@ def test_every_module_compiles_for_8_0_and_10_0(target_env: Path):
     modules = one_variant_per_module()
     assert modules, "no op is registered"
     if torch.cuda.is_available():
-        # With CUDA initialised, load_jit leaves the builds this GPU cannot run unloaded; loaded,
-        # they would make the later tests' own builds of the same kernels in this worker fail to
-        # launch ("no kernel image"; jit_cache.md, "Target architecture from Python").
+        # load_jit leaves the builds this GPU cannot run unloaded (loaded, they would make the later
+        # tests' own builds of the same kernels in this worker fail to launch: "no kernel image";
+        # jit_cache.md, "Target architecture from Python"); with CUDA initialised it asks torch
+        # which GPUs this process sees, not NVML which the host has.
         torch.cuda.init()
 
     def build(item: tuple[str, tuple]) -> str | None:

@@ -269,6 +269,7 @@ def test_flag_change_gets_its_own_artifact(cache_dir, ninja_runs, answer_src):
 
 def test_arch_change_gets_its_own_artifact(cache_dir, ninja_runs, tmp_path, monkeypatch):
     monkeypatch.setitem(_build._memo, "device_archs", ("8.0", "9.0"))  # GPUs of both: both builds load
+    monkeypatch.setitem(_build._memo, "host_device_archs", ("8.0", "9.0"))  # (before CUDA starts)
     source = tmp_path / "arch.cuh"
     source.write_text(ARCH_CUH)
     assert load_arch_module(source, "9.0").compiled_arch() == 900
@@ -302,7 +303,7 @@ def test_build_for_other_gpus_is_cached_not_loaded(cache_dir, ninja_runs, tmp_pa
     call = foreign.compiled_arch  # an exported name: a stand-in that refuses to run
     with pytest.raises(
         RuntimeError,
-        match=r"^JIT module compiled_arch was built for compute capability 8\.0, and this process's GPUs are "
+        match=r"^JIT module compiled_arch was built for compute capability 8\.0, and the GPUs here are "
         r"9\.0: it is cached \(.*\) but not loaded, so compiled_arch cannot run here\. Build it ",
     ):
         call()
@@ -376,6 +377,7 @@ class _FakeNvml:
 
     def shutdown(self):
         self.initialised -= 1
+        self._maybe_fail("shutdown")
 
     def device_get_count_v2(self):
         return len(self.capabilities)
@@ -393,6 +395,7 @@ def test_host_gpus_from_nvml(monkeypatch):
     cannot answer, and NVML is shut down again after a query that got past init."""
     from sglang.jit_kernel import _arch
 
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     nvml = _FakeNvml([(9, 0), (8, 6), (9, 0)])
     monkeypatch.setitem(sys.modules, "cuda.bindings.nvml", nvml)
     assert _arch.host_device_archs() == ("8.6", "9.0") and nvml.initialised == 0
@@ -401,6 +404,14 @@ def test_host_gpus_from_nvml(monkeypatch):
     assert _arch.host_device_archs() is None and nvml.initialised == 0
     monkeypatch.setitem(sys.modules, "cuda.bindings.nvml", _FakeNvml([(9, 0)], fail_at="init"))
     assert _arch.host_device_archs() is None
+    monkeypatch.setitem(sys.modules, "cuda.bindings.nvml", _FakeNvml([(9, 0)], fail_at="shutdown"))
+    assert _arch.host_device_archs() == ("9.0",)  # the answer stands
+    for hidden in ("", "-1", "none"):  # CUDA_VISIBLE_DEVICES hiding every GPU: NVML not asked
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", hidden)
+        assert _arch.host_device_archs() == ()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    assert _arch.host_device_archs() == ("9.0",)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     monkeypatch.setitem(sys.modules, "cuda.bindings.nvml", None)  # not installed: import fails
     assert _arch.host_device_archs() is None
 
@@ -465,6 +476,10 @@ def test_build_for_other_gpus_before_cuda_starts_is_not_loaded(cache_dir, tmp_pa
     the other GPU's build first, starts CUDA, then launches its own build."""
     import torch
 
+    from sglang.jit_kernel import _arch
+
+    if _arch.host_device_archs() is None:
+        pytest.skip("NVML does not answer here (no cuda.bindings.nvml): builds load before CUDA starts")
     major, minor = torch.cuda.get_device_capability()
     other = "9.0" if major == 8 else "8.0"
     source = tmp_path / "fill.cuh"
