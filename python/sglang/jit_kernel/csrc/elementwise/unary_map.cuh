@@ -30,9 +30,9 @@ struct UnaryMapConfig {
   static constexpr int kUnroll = kUnrollV;         // vectors per thread per tile
   static constexpr int64_t kMaxBlocks = 1 << 20;   // grid cap; blocks loop over the remaining tiles
 };
-/// One 16-byte vector per thread per tile, 256 threads: the fastest of the swept configurations on
-/// H200 (benchmark/sweep_scale.py: 100.7 % of copy at 2^28 bf16, on par with torch at 2^24). The
-/// sweep is over bytes per access, so it holds for any 16-byte vector (8 bf16 or 4 int32).
+/// One 16-byte vector per thread per tile, 256 threads: the fastest of the swept configurations at
+/// large sizes (benchmark/sweep_scale.py; docs/perf_notes.md, scale). The sweep is over bytes per
+/// access, so it holds for any 16-byte vector (8 bf16 or 4 int32).
 using DefaultUnaryMapConfig = UnaryMapConfig<1, 256>;
 
 /// Kernel arguments of unary_map_kernel.
