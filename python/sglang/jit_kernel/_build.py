@@ -1284,9 +1284,9 @@ class ForeignModule:
     (``override_jit_cuda_arch``, ``SGLANG_JIT_CUDA_ARCH``, ``cuda_archs=``, ``prebuild(archs=...)``):
     the artifact is compiled and cached, but not loaded: loaded, before or after CUDA starts, such a
     build makes the process's own build of the same kernel fail to launch ("no kernel image"; the
-    mechanism inside the CUDA runtime is not established). ``module.<name>`` of an exported function (read from the
-    file) is a stand-in whose call raises RuntimeError, as does an attribute of ``tvm_ffi.Module``
-    (``get_function``...); another name raises AttributeError."""
+    mechanism inside the CUDA runtime is not established). ``module.<name>`` of an exported function
+    (read from the file) is a stand-in whose call raises RuntimeError, as does an attribute of
+    ``tvm_ffi.Module`` (``get_function``...); another name raises AttributeError."""
 
     __slots__ = ("_jit_artifact_", "_jit_archs_", "_jit_devices_", "_jit_functions_")
 

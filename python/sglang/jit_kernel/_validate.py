@@ -222,8 +222,8 @@ def check_no_partial_overlap(
     (two disjoint column slices of one buffer are refused: ``got overlapping byte ranges (...)``).
     ``dense_only=True`` raises only where it is exact (both views dense, or the same view) and leaves
     every other intersecting pair to the launcher's exact element test: for ops whose launchers accept
-    interleaved views (q and k of a fused qkv buffer, strided rows). Skipped while tracing (``tracing()``: no data pointers then): the
-    launcher's own overlap test runs at call time.
+    interleaved views (q and k of a fused qkv buffer, strided rows). Skipped while tracing
+    (``tracing()``: no data pointers then): the launcher's own overlap test runs at call time.
     """
     if tracing():
         return  # data pointers do not exist while tracing; the launcher checks overlap when the op runs

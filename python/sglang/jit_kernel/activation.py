@@ -101,9 +101,6 @@ _BUILDERS: dict[str, Callable[[torch.dtype], Module]] = {
 # The exported functions by op and dtype, filled when an op's module is loaded: the eager fast path
 # is one dict lookup (a dtype missing here takes the checked path, which loads the module).
 _FNS: dict[str, dict[torch.dtype, Callable[..., None]]] = {op: {} for op, _ in _OPS.values()}
-# The eager fast path's tracing test, as norm.py's: True under any tracing (dynamo, and
-# torch.export's non-strict mode, where dynamo's own flag stays False).
-_is_tracing = tracing
 
 
 def _load(op: str, dtype: torch.dtype) -> Callable[..., None]:
@@ -184,7 +181,7 @@ def _gated(
     enable_pdl: bool | None,
 ) -> torch.Tensor:
     pdl = -1 if enable_pdl is None else int(enable_pdl is True)
-    if not _is_tracing():
+    if not tracing():
         try:
             fn = _FNS[op].get(input.dtype) if input.is_cuda and input.dim() == 2 else None
         except AttributeError:  # not a tensor: the checked path raises TypeError

@@ -183,9 +183,10 @@ def fused_qk_norm_rope(
         argument not a number, ``is_neox`` not a bool.
     ValueError
         Negative head counts or eps, ``head_dim < 1``, ``base <= 0`` or ``factor <= 0`` (NaN fails
-        these ranges too), ``rotary_dim`` not even in ``[2, head_dim]``, ``base``, ``factor``, ``eps``, ``low``,
-        ``high`` or ``attention_factor`` not finite in float32 (``fused_qk_norm_rope: low value: expected a
-        finite number, got nan``; magnitudes past 3.4028235e+38 too).
+        these ranges too), ``rotary_dim`` not even in ``[2, head_dim]``, ``base``, ``factor``,
+        ``eps``, ``low``, ``high`` or ``attention_factor`` not finite in float32
+        (``fused_qk_norm_rope: low value: expected a finite number, got nan``; magnitudes past
+        3.4028235e+38 too).
     RuntimeError
         As ``fused_qk_norm_rope: <arg> <what>: expected X, got Y``: not on CUDA or another device,
         unsupported or mismatched dtypes, qkv not ``[num_tokens, row]`` of the heads' row, a weight not

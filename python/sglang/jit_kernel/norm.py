@@ -174,12 +174,6 @@ def _load_qknorm(dtype: torch.dtype, across_heads: bool) -> Callable[..., None]:
     return _any_width(_jit_qknorm_module, dtype, name)
 
 
-# The fast paths' guard: True under any tracing (dynamo; torch.export's non-strict mode, where
-# dynamo's own flag stays False; a FakeTensorMode outside both), where the fast path would hand fake
-# tensors to the launcher.
-_is_tracing = tracing
-
-
 def _pdl_flag(enable_pdl: bool | None) -> int:
     """enable_pdl as the launchers take it: -1 auto (SM90+), 1 on, 0 off."""
     return -1 if enable_pdl is None else int(enable_pdl)
@@ -422,7 +416,7 @@ def rmsnorm(
         launcher, naming both tensors: ``out`` partially overlapping ``input``, sharing memory with
         ``weight``, or with overlapping rows (stride 0, or a row stride below the row).
     """
-    if not _is_tracing():
+    if not tracing():
         try:
             fn = _RMSNORM_FNS.get(input.dtype) if input.dim() == 2 else None
         except AttributeError:  # not a tensor: the checked path raises TypeError
@@ -454,7 +448,7 @@ def _rmsnorm(
     enable_pdl: bool | None,
 ) -> torch.Tensor:
     """rmsnorm with a weight offset and a fixed multiply order: gemma_rmsnorm and rmsnorm_hf."""
-    if not _is_tracing():
+    if not tracing():
         try:
             fn = _RMSNORM_FNS.get(input.dtype) if input.dim() == 2 else None
         except AttributeError:
@@ -590,7 +584,7 @@ def _fused_add_rmsnorm(
     weight_offset: float,
     enable_pdl: bool | None,
 ) -> None:
-    if not _is_tracing():
+    if not tracing():
         try:
             fn = _FUSED_ADD_RMSNORM_FNS.get(input.dtype) if input.dim() == 2 else None
         except AttributeError:
@@ -779,7 +773,7 @@ def fused_inplace_qknorm(
         have the same largest stride (the token stride, or the head stride of head-major views);
         views of one buffer in a layout it cannot decide (e.g. different token strides) are refused.
     """
-    if not _is_tracing():
+    if not tracing():
         try:
             # head_dim: `is` the cached int 0 (the default) costs one comparison; other values a
             # type test and q's last size (a bool or float head_dim takes the checked path).
@@ -906,7 +900,7 @@ def fused_inplace_qknorm_across_heads(
         q or k sharing memory with a weight, or q or k with overlapping rows (stride 0, or a row
         stride below the row).
     """
-    if not _is_tracing():
+    if not tracing():
         try:
             fn = _QKNORM_ACROSS_HEADS_FNS.get(q.dtype)
         except AttributeError:  # not a tensor: the checked path raises TypeError

@@ -308,7 +308,7 @@ def _prepare(
     check_shape(op, "weight", weight, [("hidden_size", hidden_size)])
     if not weight.is_contiguous():
         fail(RuntimeError, op, "weight", "layout", "contiguous", weight.stride())
-    if residual is not None or op == "fused_add_rmsnorm_quant":  # the fused add's residual is required
+    if residual is not None:
         residual = _check_tensor_type(op, "residual", residual)
         check_dtype_as(op, "residual", residual, input, "input")
         if residual.shape != input.shape:
@@ -662,6 +662,7 @@ def fused_add_rmsnorm_quant(
     eps : float
         Added to the mean square (>= 0). Default 1e-6.
     """
+    _check_tensor_type("fused_add_rmsnorm_quant", "residual", residual)  # required: None is no rmsnorm_quant
     return _run(
         "fused_add_rmsnorm_quant", input, residual, weight, eps, group_size, scale, out_dtype, column_major_scales,
         scale_ue8m0, output_q, output_s, output_normed, return_normed, quant_eps, enable_pdl,

@@ -258,8 +258,9 @@ def per_token_group_quant_8bit(
         A tensor argument that is not a tensor, or a scalar of the wrong type.
     ValueError
         ``group_size`` not a power of two in range, ``eps`` negative or NaN, ``fp8_min >= fp8_max``,
-        a bound NaN, infinite or past the float32 range, a bound outside [-128, 127] with int8 output, e.g. ``per_token_group_quant_8bit: group_size value: expected a power of two,
-        got 48``.
+        a bound NaN, infinite or past the float32 range, a bound outside [-128, 127] with int8
+        output, e.g. ``per_token_group_quant_8bit: group_size value: expected a power of two, got
+        48``.
     RuntimeError
         Before any launch, naming the argument: a tensor not on CUDA or on another device than
         ``input``, an unsupported dtype (``output_q`` not fp8 e4m3 / int8, ``output_s`` not float32 /
