@@ -41,10 +41,20 @@ _OP = "per_token_group_quant_8bit"
 _OUT_DTYPES = (torch.float8_e4m3fn, torch.int8)
 
 
+_FP8_MAX = TYPE_MAX[torch.float8_e4m3fn]
+
+
+def _clamps(fp8_min: float, fp8_max: float) -> bool:
+    """Whether bounds need the clamping build: any inside +-448 (int8's always are); wider fp8
+    bounds are the satfinite conversion's own."""
+    return fp8_min > -_FP8_MAX or fp8_max < _FP8_MAX
+
+
 @cache_once
-def _jit_module(in_dtype: torch.dtype, out_dtype: torch.dtype) -> Module:
-    """Compile (first use) and cache the module for ``in_dtype`` -> ``out_dtype`` (its kernels only)."""
-    args = make_cpp_args(in_dtype, out_dtype)
+def _jit_module(in_dtype: torch.dtype, out_dtype: torch.dtype, clamp: bool) -> Module:
+    """Compile (first use) and cache the module for ``in_dtype`` -> ``out_dtype``, with the clamp or
+    without (int8 output: with), its kernels only."""
+    args = make_cpp_args(in_dtype, out_dtype, clamp)
     return load_jit(
         _OP,
         *args,
@@ -53,14 +63,14 @@ def _jit_module(in_dtype: torch.dtype, out_dtype: torch.dtype) -> Module:
     )
 
 
-# The exported function by (input dtype, output_q dtype), filled when its module is loaded (the eager
-# fast path).
-_FNS: dict[tuple[torch.dtype, torch.dtype], Callable[..., None]] = {}
+# The exported function by (input dtype, output_q dtype, clamp), filled when its module is loaded
+# (the eager fast path).
+_FNS: dict[tuple[torch.dtype, torch.dtype, bool], Callable[..., None]] = {}
 
 
-def _fn(in_dtype: torch.dtype, out_dtype: torch.dtype) -> Callable[..., None]:
-    fn = _jit_module(in_dtype, out_dtype).per_token_group_quant_8bit
-    _FNS[(in_dtype, out_dtype)] = fn
+def _fn(in_dtype: torch.dtype, out_dtype: torch.dtype, clamp: bool) -> Callable[..., None]:
+    fn = _jit_module(in_dtype, out_dtype, clamp).per_token_group_quant_8bit
+    _FNS[(in_dtype, out_dtype, clamp)] = fn
     return fn
 
 
@@ -118,7 +128,8 @@ def _launch(
         as_rows(_OP, "output_s", output_s, num_tokens, copy_ok=False),
     )
     with launcher_errors(_OP):  # the launcher's exact overlap checks, named for the op
-        _fn(input.dtype, output_q.dtype)(*rows, group_size, eps, fp8_min, fp8_max, scale_ue8m0)
+        fn = _fn(input.dtype, output_q.dtype, _clamps(fp8_min, fp8_max))
+        fn(*rows, group_size, eps, fp8_min, fp8_max, scale_ue8m0)
 
 
 def _check(
@@ -271,9 +282,9 @@ def per_token_group_quant_8bit(
     """
     if not tracing():
         try:  # the launcher checks shapes, dtypes, devices, layouts, overlaps, group_size, the bounds
-            fn = _FNS.get((input.dtype, output_q.dtype)) if input.dim() == 2 and output_s.dim() == 2 else None
             if (
-                fn is not None
+                input.dim() == 2
+                and output_s.dim() == 2
                 and type(group_size) is int
                 and type(scale_ue8m0) is bool
                 and type(eps) is float
@@ -281,6 +292,7 @@ def per_token_group_quant_8bit(
                 and type(fp8_max) is float
                 and eps >= 0
                 and -FLOAT32_MAX <= fp8_min < fp8_max <= FLOAT32_MAX  # finite float32 bounds (NaN fails)
+                and (fn := _FNS.get((input.dtype, output_q.dtype, _clamps(fp8_min, fp8_max)))) is not None
             ):
                 fn(input, output_q, output_s, group_size, eps, fp8_min, fp8_max, scale_ue8m0)
                 return output_q, output_s
@@ -351,6 +363,6 @@ def _check_cases() -> list[CheckCase]:
 register_op(
     _OP,
     build=_jit_module,
-    variants=[(d, o) for d in FLOAT_DTYPES for o in _OUT_DTYPES],
+    variants=[(d, o, c) for d in FLOAT_DTYPES for o in _OUT_DTYPES for c in (True, False) if c or o != torch.int8],
     check_cases=_check_cases,
 )

@@ -555,7 +555,7 @@ def test_launcher_rejects_mismatch_from_cpp():
     naming the tensor, never a CUDA fault."""
     from sglang.jit_kernel.per_token_group_quant_8bit import _fn
 
-    fn = _fn(torch.bfloat16, FP8)
+    fn = _fn(torch.bfloat16, FP8, False)
     x, q, s = _args()
     with pytest.raises(RuntimeError, match="output_q"):
         fn(x, q.view(torch.uint8), s, 128, EPS, -448.0, 448.0, False)
@@ -566,7 +566,9 @@ def test_launcher_rejects_mismatch_from_cpp():
     with pytest.raises(RuntimeError, match="output_s"):
         fn(x, q, s[:, :3], 128, EPS, -448.0, 448.0, False)
     with pytest.raises(RuntimeError, match="scale_ue8m0 is for fp8"):
-        _fn(torch.bfloat16, torch.int8)(x, q.view(torch.int8), s.int()[:, :1], 128, EPS, -128.0, 127.0, True)
+        _fn(torch.bfloat16, torch.int8, True)(x, q.view(torch.int8), s.int()[:, :1], 128, EPS, -128.0, 127.0, True)
+    with pytest.raises(RuntimeError, match="without a clamp takes bounds at or past"):  # the clamp build's bounds
+        fn(x, q, s, 128, EPS, -100.0, 300.0, False)
     assert math.isclose(float(s[0, 0]), -1.0)
 
 

@@ -520,8 +520,11 @@ inline void verify_group_quant_outputs_disjoint(
 /// [num_tokens, ceil(num_groups / 4)]; any strides that do not make two elements share an address.
 /// group_size: a power of two in [16, 32 * 4 * (16 / sizeof(TIn))] dividing hidden_size. All tensors
 /// on one CUDA device; output_s must not overlap the others. Empty inputs return without a launch.
+/// kClamp: the build that clamps to [q_min, q_max]. int8 output always clamps; fp8 output clamps
+/// only for bounds inside +-448 (wider ones are the satfinite conversion's own), so the caller
+/// loads the build its bounds need and the first call compiles one set of kernels.
 /// Throws PanicError (Python RuntimeError) naming the tensor on any mismatch.
-template <typename TIn, typename TOut>
+template <typename TIn, typename TOut, bool kClamp>
 void per_token_group_quant_8bit(
     tvm::ffi::TensorView input,
     tvm::ffi::TensorView output_q,
@@ -536,6 +539,7 @@ void per_token_group_quant_8bit(
       std::is_same_v<TOut, fp8_e4m3_t> || std::is_same_v<TOut, int8_t>,
       "per_token_group_quant_8bit: TOut must be fp8_e4m3_t or int8_t");
   constexpr bool kInt8 = std::is_same_v<TOut, int8_t>;
+  static_assert(kClamp || !kInt8, "per_token_group_quant_8bit: int8 output always clamps");
   constexpr int64_t kVecN = 16 / sizeof(TIn);
   constexpr int64_t kMaxGroupSize = GroupQuantConfig::kTileChunks * kVecN;
 
@@ -575,6 +579,13 @@ void per_token_group_quant_8bit(
       q_min,
       " and ",
       q_max);
+  constexpr double kFp8Max = device::quant::kTypeMax<fp8_e4m3_t>;
+  RuntimeCheck(
+      kClamp || (q_min <= -kFp8Max && q_max >= kFp8Max),
+      "per_token_group_quant_8bit: the build without a clamp takes bounds at or past +-448, got ",
+      q_min,
+      " and ",
+      q_max);
 
   // Unwrap
   const int64_t row_chunks = hidden_size.unwrap() / kVecN;
@@ -607,15 +618,7 @@ void per_token_group_quant_8bit(
   const bool pair_aligned =
       aligned && quant::is_aligned(params.output_q, 2 * kVecN) && quant::is_aligned(params.q_row_stride, 2 * kVecN);
 
-  // Launch: fp8 with bounds at or past +-448 needs no clamp (the conversion saturates the same way)
-  constexpr double kFp8Max = device::quant::kTypeMax<fp8_e4m3_t>;
-  if constexpr (kInt8) {
-    dispatch_per_token_group_quant_8bit<TIn, TOut, true>(params, aligned, pair_aligned, device);
-  } else if (q_min <= -kFp8Max && q_max >= kFp8Max) {
-    dispatch_per_token_group_quant_8bit<TIn, TOut, false>(params, aligned, pair_aligned, device);
-  } else {
-    dispatch_per_token_group_quant_8bit<TIn, TOut, true>(params, aligned, pair_aligned, device);
-  }
+  dispatch_per_token_group_quant_8bit<TIn, TOut, kClamp>(params, aligned, pair_aligned, device);
 }
 
 }  // namespace
