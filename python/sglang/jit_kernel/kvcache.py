@@ -3,10 +3,11 @@
 latent and rotary parts into one cache row), with ``can_use_store_cache`` and
 ``can_use_set_mla_kv_buffer``.
 
-One module per op. store_cache and set_mla_kv_buffer are bit copies of any dtype, served by the
-byte-copy engine (``csrc/kvcache/row_scatter.cuh``, with the launchers ``store_cache.cuh`` and
-``set_mla_kv_buffer.cuh``); their modules have no dtype templates, so one build serves every dtype
-and row size. store_cache_quant (``csrc/kvcache/store_cache_quant.cuh``) converts as it scatters
+store_cache and set_mla_kv_buffer are bit copies of any dtype, served by the byte-copy engine
+(``csrc/kvcache/row_scatter.cuh``, with the launchers ``store_cache.cuh`` and
+``set_mla_kv_buffer.cuh``); their modules have no dtype templates, so one build serves every dtype.
+store_cache has a module per index dtype and vector widths (16-byte rows, the rest), each compiled on
+the first call that needs it; set_mla_kv_buffer one. store_cache_quant (``csrc/kvcache/store_cache_quant.cuh``) converts as it scatters
 (row_scatter's flat layout, the quantizers' e4m3 conversion) and is built per source dtype.
 
 Slot indices outside ``[0, num_slots)`` (``-1`` marks the padding rows of a CUDA-graph batch) copy
@@ -52,11 +53,25 @@ if TYPE_CHECKING:
 __all__ = ["can_use_set_mla_kv_buffer", "can_use_store_cache", "set_mla_kv_buffer", "store_cache", "store_cache_quant"]
 
 
+#: store_cache's module widths, in the order a launch tries them: "wide", the 16-byte vectors of
+#: aligned rows (loaded on the first call), "narrow", the 8 / 4 / 2 / 1-byte vectors of rows that do
+#: not allow 16 bytes (loaded on the first such call). A wide launcher returns False, launching
+#: nothing, for such rows.
+STORE_CACHE_WIDTHS = ("wide", "narrow")
+
+
 @cache_once
-def _jit_store_cache_module() -> Module:
-    """Compile (first use) and cache ``store_cache``'s module."""
+def _jit_store_cache_module(index_dtype: torch.dtype = torch.int64, widths: str = "wide") -> Module:
+    """Compile (first use) and cache ``store_cache``'s module for indices of ``index_dtype`` (int32 /
+    int64) and vector ``widths`` (STORE_CACHE_WIDTHS)."""
+    if widths not in STORE_CACHE_WIDTHS:
+        raise ValueError(f"store_cache module: widths: expected one of {STORE_CACHE_WIDTHS}, got {widths!r}")
+    args = make_cpp_args(index_dtype, f"ScatterWidths::k{widths.capitalize()}")
     return load_jit(
-        "store_cache", cuda_files=["kvcache/store_cache.cuh"], cuda_wrappers=[("store_cache", "store_cache")]
+        "store_cache",
+        *args,
+        cuda_files=["kvcache/store_cache.cuh"],
+        cuda_wrappers=[("store_cache", f"store_cache<{args}>")],
     )
 
 
@@ -102,8 +117,8 @@ _FNS: dict[tuple, Callable[..., None]] = {}
 
 
 def _load(name: str, *args: object) -> Callable[..., None]:
-    """The launcher ``name`` (a key of ``_BUILDERS``) built for ``args`` (store_cache_quant: the source
-    dtype), its module compiled on first use."""
+    """The launcher ``name`` (a key of ``_BUILDERS``) built for ``args`` (store_cache: the index dtype and
+    widths; store_cache_quant: the source dtype), its module compiled on first use."""
     fn = _FNS[(name, *args)] = getattr(_BUILDERS[name](*args), name)
     return fn
 
@@ -217,10 +232,12 @@ def _run_store_cache(
     indices: torch.Tensor,
     num_split: int,
 ) -> None:
-    """The checked call on 2-D views: the optional host index check, then the launcher."""
+    """The checked call on 2-D views: the optional host index check, then the wide launcher, and the
+    narrow one for rows the wide one declines."""
     check_indices("store_cache", "indices", indices, k_cache.shape[0], dim_name="num_slots")
     with launcher_errors("store_cache"):  # the launcher's exact overlap checks, named for the op
-        _load("store_cache")(k, v, k_cache, v_cache, indices, 0, num_split)
+        if not _load("store_cache", indices.dtype, "wide")(k, v, k_cache, v_cache, indices, 0, num_split):
+            _load("store_cache", indices.dtype, "narrow")(k, v, k_cache, v_cache, indices, 0, num_split)
 
 
 @torch.library.custom_op("sglang_jit_kernel::store_cache", mutates_args=("k_cache", "v_cache"), device_types="cuda")
@@ -319,12 +336,13 @@ def store_cache(
         With ``SGLANG_JIT_CHECK_INDICES=1``: an index outside ``[0, num_slots)`` other than ``-1``.
     """
     if not tracing():
-        fn = _fast_fn("store_cache")
+        fn = _fast_fn("store_cache", getattr(indices, "dtype", None), "wide")
         # exact ints only: the FFI would pass a bool as 0 / 1 (the checked path raises TypeError)
         if fn is not None and type(row_bytes) is int and type(num_split) is int:
             try:
-                fn(k, v, k_cache, v_cache, indices, row_bytes, num_split)  # the launcher checks everything
-                return
+                # the launcher checks everything; False: rows for the narrow module (the checked path)
+                if fn(k, v, k_cache, v_cache, indices, row_bytes, num_split):
+                    return
             except FAST_PATH_REFUSALS:  # raised before any launch: the checked path explains
                 pass
     op = "store_cache"
@@ -372,7 +390,7 @@ def can_use_store_cache(size: int) -> bool:
     check_scalar("can_use_store_cache", "size", size, int)
     if size < 1:
         return False
-    _load("store_cache")
+    _load("store_cache", torch.int64, "wide")
     return True
 
 
@@ -774,7 +792,12 @@ def _set_mla_kv_buffer_cases() -> list[CheckCase]:
     ]
 
 
-register_op("store_cache", build=_jit_store_cache_module, variants=[()], check_cases=_store_cache_cases)
+register_op(
+    "store_cache",
+    build=_jit_store_cache_module,
+    variants=[(i, w) for i in INDEX_DTYPES for w in STORE_CACHE_WIDTHS],
+    check_cases=_store_cache_cases,
+)
 # set_mla_kv_buffer registers in its own module, sglang.jit_kernel.set_mla_kv_buffer (the original
 # package's path for it), which re-exports it from here.
 

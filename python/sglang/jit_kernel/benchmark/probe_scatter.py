@@ -66,7 +66,7 @@ def slot_map(pattern: str, t: int) -> tuple[int, torch.Tensor]:
 
 
 def store_rows(t: int) -> list[BenchRow]:
-    launch = _load("store_cache")
+    launch = _load("store_cache", torch.int64, "wide")
     nbytes = 2 * t * (ROW + ROW) * 2 + t * 8
     rows = []
     for pattern in PATTERNS:

@@ -564,7 +564,7 @@ def test_store_cache_ffi_rejects_mismatch_from_cpp():
     RuntimeError naming the tensor, never a CUDA fault."""
     from sglang.jit_kernel.kvcache import _jit_store_cache_module
 
-    module = _jit_store_cache_module()
+    module = _jit_store_cache_module(torch.int64, "wide")
     k, v, k_cache, v_cache, indices = _store_args()
     with pytest.raises(RuntimeError, match="k_cache"):
         module.store_cache(k, v, k_cache.half(), v_cache, indices, 0, 0)
@@ -576,6 +576,12 @@ def test_store_cache_ffi_rejects_mismatch_from_cpp():
         module.store_cache(k, v, k_cache, v_cache, indices, 7, 0)
     with pytest.raises(RuntimeError, match="overlaps"):
         module.store_cache(k, v, k, v_cache[:8], indices, 0, 0)
+    with pytest.raises(RuntimeError, match="indices"):  # the int64 build takes no int32 indices
+        module.store_cache(k, v, k_cache, v_cache, indices.int(), 0, 0)
+    # rows that do not allow 16-byte vectors: the wide build declines (False) and writes nothing
+    before = k_cache.clone()
+    assert module.store_cache(k[:, 1:], v[:, 1:], k_cache[:, 1:], v_cache[:, 1:], indices, 0, 0) is False
+    assert torch.equal(k_cache, before)
 
 
 # ---- set_mla_kv_buffer ----

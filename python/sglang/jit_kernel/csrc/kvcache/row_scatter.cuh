@@ -237,36 +237,46 @@ void launch_row_scatter(RowScatterParams params, int64_t requested_split, bool w
       .enable_pdl()(row_scatter_kernel<IndexT, kVecBytes>, params);
 }
 
-/// Launches row_scatter for int32 (`int32_indices`) or int64 indices and `vec_bytes` (from
-/// row_scatter_vector_bytes); num_vecs of both parts are derived from `part*_bytes` here. `wide`:
-/// launch_row_scatter's two vectors per thread (16-byte vectors, auto split).
-inline void dispatch_row_scatter(
+/// The vector widths a row_scatter build compiles: kWide the 16-byte vectors of aligned rows (every
+/// KV-cache layout in use), kNarrow the 8 / 4 / 2 / 1-byte ones of rows that do not allow 16 bytes,
+/// kAll both. store_cache builds kWide and kNarrow as two modules (per index type), so that its first
+/// call compiles 3 kernels rather than 22; set_mla_kv_buffer builds kAll.
+enum class ScatterWidths { kWide, kNarrow, kAll };
+
+/// Launches row_scatter with IndexT indices and the widest vector of kWidths' that `vec_bytes`
+/// (from row_scatter_vector_bytes) allows; num_vecs of both parts are derived from `part*_bytes`
+/// here. `wide`: launch_row_scatter's two vectors per thread (16-byte vectors, auto split). Returns
+/// false, launching nothing, for rows narrower than 16 bytes in a kWide build (the kNarrow one's); a
+/// kNarrow build takes 16-byte rows with 8-byte vectors.
+template <typename IndexT, ScatterWidths kWidths>
+bool dispatch_row_scatter(
     RowScatterParams params,
     int64_t part0_bytes,
     int64_t part1_bytes,
     int vec_bytes,
-    bool int32_indices,
     int64_t requested_split,
     bool wide,
     DLDevice device) {
-  params.part0.num_vecs = part0_bytes / vec_bytes;
-  params.part1.num_vecs = part1_bytes / vec_bytes;
-  const auto launch = [&]<typename IndexT>() {
-    switch (vec_bytes) {
-      case 16:
-        return launch_row_scatter<IndexT, 16>(params, requested_split, wide, device);
-      case 8:
-        return launch_row_scatter<IndexT, 8>(params, requested_split, wide, device);
-      case 4:
-        return launch_row_scatter<IndexT, 4>(params, requested_split, wide, device);
-      case 2:
-        return launch_row_scatter<IndexT, 2>(params, requested_split, wide, device);
-      default:
-        return launch_row_scatter<IndexT, 1>(params, requested_split, wide, device);
-    }
+  const auto launch = [&]<int kVecBytes>() {
+    params.part0.num_vecs = part0_bytes / kVecBytes;
+    params.part1.num_vecs = part1_bytes / kVecBytes;
+    launch_row_scatter<IndexT, kVecBytes>(params, requested_split, wide, device);
+    return true;
   };
-  if (int32_indices) return launch.template operator()<int32_t>();
-  return launch.template operator()<int64_t>();
+  if constexpr (kWidths != ScatterWidths::kNarrow) {
+    if (vec_bytes >= 16) return launch.template operator()<16>();
+    if constexpr (kWidths == ScatterWidths::kWide) return false;
+  }
+  switch (vec_bytes) {
+    case 4:
+      return launch.template operator()<4>();
+    case 2:
+      return launch.template operator()<2>();
+    case 1:
+      return launch.template operator()<1>();
+    default:  // 8, or 16 in a kNarrow build
+      return launch.template operator()<8>();
+  }
 }
 
 }  // namespace

@@ -108,16 +108,11 @@ void set_mla_kv_buffer(
   const int vec_bytes = row_scatter_vector_bytes(params, nope_bytes, rope_bytes);
 
   // Launch (auto split, one vector per thread)
-  const bool int32_indices = index_dtype.is_type<int32_t>();
-  dispatch_row_scatter(
-      params,
-      nope_bytes,
-      rope_bytes,
-      vec_bytes,
-      int32_indices,
-      /*requested_split=*/0,
-      /*wide=*/false,
-      device);
+  if (index_dtype.is_type<int32_t>()) {
+    dispatch_row_scatter<int32_t, ScatterWidths::kAll>(params, nope_bytes, rope_bytes, vec_bytes, 0, false, device);
+  } else {
+    dispatch_row_scatter<int64_t, ScatterWidths::kAll>(params, nope_bytes, rope_bytes, vec_bytes, 0, false, device);
+  }
 }
 
 }  // namespace

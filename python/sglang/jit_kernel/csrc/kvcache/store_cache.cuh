@@ -12,8 +12,8 @@
 #include <dlpack/dlpack.h>
 #include <tvm/ffi/container/tensor.h>
 
-#include "access.cuh"  // For verify_kv_caches_disjoint
-#include "row_scatter.cuh"  // For RowScatterParams, RowPart, row_scatter_element_bytes, row_scatter_vector_bytes, dispatch_row_scatter
+#include "access.cuh"       // For verify_kv_caches_disjoint
+#include "row_scatter.cuh"  // For RowScatterParams, RowPart, ScatterWidths, row_scatter_element_bytes, row_scatter_vector_bytes, dispatch_row_scatter
 
 namespace {
 
@@ -23,17 +23,20 @@ namespace {
 /// (docs/perf_notes.md, store_cache).
 inline constexpr int64_t kStoreCacheWideMinBytes = int64_t{32} << 20;
 
-/// store_cache(k, v, k_cache, v_cache, indices, row_bytes, num_split).
+/// store_cache(k, v, k_cache, v_cache, indices, row_bytes, num_split) of the build for IndexT
+/// indices and kWidths' vectors.
 ///
 /// k [num_tokens, k_row], v [num_tokens, v_row]: rows of one dtype each, row strides free, last
 /// stride 1. k_cache [num_slots, k_row] of k's dtype, v_cache [num_slots, v_row] of v's dtype, row
-/// strides free, last stride 1. indices [num_indices] int32 or int64, any stride, num_indices <=
+/// strides free, last stride 1. indices [num_indices] of IndexT (int32_t | int64_t), any stride, num_indices <=
 /// num_tokens (the rows after num_indices are not read). All on one CUDA device; the caches share
 /// no memory with k, v or indices. row_bytes: 0, or k_row * element size (checked). num_split: 0
 /// (auto: the flat kernel, a wide copy from kStoreCacheWideMinBytes on) or the warps per row part.
 /// Throws PanicError (Python RuntimeError) before any launch on a mismatch; nothing is launched
-/// when num_indices or num_slots is 0.
-void store_cache(
+/// when num_indices or num_slots is 0. Returns true once launched (or with nothing to launch);
+/// false, launching nothing, for rows a kWide build does not take (dispatch_row_scatter).
+template <typename IndexT, ScatterWidths kWidths>
+bool store_cache(
     tvm::ffi::TensorView k,
     tvm::ffi::TensorView v,
     tvm::ffi::TensorView k_cache,
@@ -48,8 +51,7 @@ void store_cache(
   SymbolicSize num_indices{"num_indices"}, k_stride{"k_row_stride"}, v_stride{"v_row_stride"};
   SymbolicSize k_cache_stride{"k_cache_row_stride"}, v_cache_stride{"v_cache_row_stride"};
   SymbolicSize index_stride{"index_stride"};
-  SymbolicDType k_dtype, v_dtype, index_dtype;
-  index_dtype.set_options<int32_t, int64_t>();
+  SymbolicDType k_dtype, v_dtype;
   SymbolicDevice device_;
   device_.set_options<kDLCUDA>();
   TensorMatcher({num_tokens, k_row})  //
@@ -74,7 +76,7 @@ void store_cache(
       .verify(v_cache, "v_cache");
   TensorMatcher({num_indices})
       .with_strides({index_stride})
-      .with_dtype(index_dtype)
+      .with_dtype<IndexT>()
       .with_device(device_)
       .verify(indices, "indices");
   RuntimeCheck(
@@ -115,7 +117,7 @@ void store_cache(
   params.num_rows = rows;
   params.num_slots = num_slots.unwrap();
   const DLDevice device = device_.unwrap();
-  if (rows == 0 || params.num_slots == 0 || (k_bytes == 0 && v_bytes == 0)) return;
+  if (rows == 0 || params.num_slots == 0 || (k_bytes == 0 && v_bytes == 0)) return true;
 
   // Configure: the widest vector every address, row stride and row size allows; two vectors per
   // thread from kStoreCacheWideMinBytes of sources on
@@ -123,7 +125,7 @@ void store_cache(
   const bool wide = rows * (k_bytes + v_bytes) >= kStoreCacheWideMinBytes;
 
   // Launch
-  dispatch_row_scatter(params, k_bytes, v_bytes, vec_bytes, index_dtype.is_type<int32_t>(), num_split, wide, device);
+  return dispatch_row_scatter<IndexT, kWidths>(params, k_bytes, v_bytes, vec_bytes, num_split, wide, device);
 }
 
 }  // namespace
