@@ -71,6 +71,17 @@ def _import_ci_register():
 ci_register, _ADDED_PYTHON_PATH = _import_ci_register()
 CIRegistration = ci_register.CIRegistration
 
+#: The per-commit (PR) suites of each backend, e.g. ``PER_COMMIT_SUITES["cuda"]`` holds
+#: "stage-b-kernel-unit-1-gpu-large" (the JIT unit tests) and the benchmark smoke suite. Defined
+#: once in ``ci_register.SUITES``, where ``False`` marks a per-commit suite and ``True`` a nightly one.
+PER_COMMIT_SUITES: dict[str, list[str]] = {
+    backend: [name for name, nightly in suites.items() if not nightly] for backend, suites in ci_register.SUITES.items()
+}
+#: The nightly suites of each backend (run with ``--nightly``).
+NIGHTLY_SUITES: dict[str, list[str]] = {
+    backend: [name for name, nightly in suites.items() if nightly] for backend, suites in ci_register.SUITES.items()
+}
+
 
 # ---------------------------------------------------------------------------
 # Discovery and selection.

@@ -118,6 +118,15 @@ def mixed_repo(tmp_path):
 # ---------------------------------------------------------------------------
 # Discovery and selection.
 # ---------------------------------------------------------------------------
+def test_per_commit_and_nightly_suite_tables():
+    """PER_COMMIT_SUITES (the tutorial's pointer for the PR suites) and NIGHTLY_SUITES split
+    ci_register.SUITES by its nightly flag: the JIT unit tests run per commit, the full tests nightly."""
+    assert "stage-b-kernel-unit-1-gpu-large" in run_suite.PER_COMMIT_SUITES["cuda"]
+    assert run_suite.NIGHTLY_SUITES["cuda"] == ["nightly-kernel-1-gpu"]
+    for backend, suites in run_suite.ci_register.SUITES.items():
+        assert sorted(run_suite.PER_COMMIT_SUITES[backend] + run_suite.NIGHTLY_SUITES[backend]) == sorted(suites)
+
+
 def test_discovery(mixed_repo):
     found = [p.relative_to(mixed_repo).as_posix() for p in run_suite.discover_files(mixed_repo)]
     assert found == [
