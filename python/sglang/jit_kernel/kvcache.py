@@ -7,8 +7,9 @@ store_cache and set_mla_kv_buffer are bit copies of any dtype, served by the byt
 (``csrc/kvcache/row_scatter.cuh``, with the launchers ``store_cache.cuh`` and
 ``set_mla_kv_buffer.cuh``); their modules have no dtype templates, so one build serves every dtype.
 store_cache has a module per index dtype and vector widths (16-byte rows, the rest), each compiled on
-the first call that needs it; set_mla_kv_buffer one. store_cache_quant (``csrc/kvcache/store_cache_quant.cuh``) converts as it scatters
-(row_scatter's flat layout, the quantizers' e4m3 conversion) and is built per source dtype.
+the first call that needs it; set_mla_kv_buffer one. store_cache_quant
+(``csrc/kvcache/store_cache_quant.cuh``) converts as it scatters (row_scatter's flat layout, the
+quantizers' e4m3 conversion) and is built per source dtype.
 
 Slot indices outside ``[0, num_slots)`` (``-1`` marks the padding rows of a CUDA-graph batch) copy
 nothing for their row: the kernels never write out of bounds or into another slot, and the CUDA

@@ -292,7 +292,9 @@ def per_token_group_quant_8bit(
                 and type(fp8_max) is float
                 and eps >= 0
                 and -FLOAT32_MAX <= fp8_min < fp8_max <= FLOAT32_MAX  # finite float32 bounds (NaN fails)
-                and (fn := _FNS.get((input.dtype, output_q.dtype, _clamps(fp8_min, fp8_max)))) is not None
+                # the module key's clamp flag is _clamps(fp8_min, fp8_max), inlined (no call per launch)
+                and (fn := _FNS.get((input.dtype, output_q.dtype, fp8_min > -_FP8_MAX or fp8_max < _FP8_MAX)))
+                is not None
             ):
                 fn(input, output_q, output_s, group_size, eps, fp8_min, fp8_max, scale_ue8m0)
                 return output_q, output_s
