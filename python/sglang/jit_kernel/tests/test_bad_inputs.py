@@ -1627,7 +1627,7 @@ def warm_quant_module() -> None:
     import sglang.jit_kernel.per_tensor_quant_fp8 as ptq
 
     for dtype in FLOAT_DTYPES:
-        ptgq._fn(dtype, FP8)
+        ptgq._fn(dtype, FP8, False)
         ptq._fn(dtype)
 
 
