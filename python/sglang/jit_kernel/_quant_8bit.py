@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from sglang.jit_kernel._validate import check_no_partial_overlap, fail, rows_are_views, tracing
+from sglang.jit_kernel._validate import VIEW_ERRORS, check_no_partial_overlap, fail, rows_are_views, tracing
 
 #: Output dtypes and the largest finite value of each (q_type_max of the scale).
 TYPE_MAX = {torch.float8_e4m3fn: 448.0, torch.int8: 127.0}
@@ -26,7 +26,7 @@ def as_rows(op: str, arg: str, tensor: torch.Tensor, num_rows: int, copy_ok: boo
         return tensor
     try:
         return tensor.view(num_rows, tensor.shape[-1] if tensor.dim() else 1)
-    except RuntimeError:
+    except VIEW_ERRORS:
         if copy_ok:
             return tensor.reshape(num_rows, tensor.shape[-1])
         fail(

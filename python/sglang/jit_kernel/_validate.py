@@ -39,6 +39,7 @@ __all__ = [
     "INDEX_DTYPES",
     "INT64_MAX",
     "INT64_MIN",
+    "VIEW_ERRORS",
     "check_contiguous",
     "check_cuda",
     "check_dtype",
@@ -66,6 +67,9 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
 #: The range of an int scalar the launchers take (int64_t).
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+#: What ``Tensor.view`` raises for a shape its strides cannot give without a copy: RuntimeError on
+#: real tensors, ValueError on the fake tensors of tracing (torch.compile, FakeTensorMode).
+VIEW_ERRORS = (RuntimeError, ValueError)
 _FAKE_MODE_KEY = torch._C._TorchDispatchModeKey.FAKE
 _active_dispatch_mode = torch._C._get_dispatch_mode
 
@@ -269,7 +273,7 @@ def rows_are_views(tensor: torch.Tensor) -> bool:
         return False
     try:
         tensor.view(-1, tensor.shape[-1])
-    except RuntimeError:
+    except VIEW_ERRORS:
         return False
     return True
 

@@ -20,6 +20,7 @@ from sglang.jit_kernel._validate import (
     FAST_PATH_REFUSALS,
     FLOAT_DTYPES,
     INT64_MAX,
+    VIEW_ERRORS,
     check_no_partial_overlap,
     check_scalar,
     check_shape,
@@ -121,7 +122,7 @@ def _out_rows(op: str, out: torch.Tensor) -> torch.Tensor:
     if out.dim() != 2:
         try:
             return out.view(-1, out.shape[-1])
-        except RuntimeError:
+        except VIEW_ERRORS:
             fail(
                 RuntimeError,
                 op,

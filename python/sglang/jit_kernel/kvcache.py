@@ -33,6 +33,7 @@ from sglang.jit_kernel._validate import (
     FAST_PATH_REFUSALS,
     INDEX_DTYPES,
     INT64_MAX,
+    VIEW_ERRORS,
     check_indices,
     check_indices_enabled,
     check_no_partial_overlap,
@@ -142,7 +143,7 @@ def _rows(op: str, arg: str, tensor: torch.Tensor, dim_name: str) -> torch.Tenso
     if tensor.dim() != 2:
         try:
             tensor = tensor.view(tensor.shape[0], -1)
-        except RuntimeError:
+        except VIEW_ERRORS:
             fail(
                 RuntimeError,
                 op,

@@ -32,6 +32,7 @@ import torch
 from sglang.jit_kernel._validate import (
     FAST_PATH_REFUSALS,
     FLOAT_DTYPES,
+    VIEW_ERRORS,
     check_no_partial_overlap,
     check_scalar,
     check_tensor,
@@ -186,7 +187,7 @@ def _as_rows(op: str, name: str, tensor: torch.Tensor, copy_ok: bool = False) ->
         return tensor
     try:
         return tensor.view(-1, tensor.shape[-1])
-    except RuntimeError:
+    except VIEW_ERRORS:
         if copy_ok:
             return tensor.reshape(-1, tensor.shape[-1])
         fail(

@@ -18,6 +18,7 @@ from sglang.jit_kernel._quant_8bit import (
 from sglang.jit_kernel._validate import (
     FAST_PATH_REFUSALS,
     FLOAT_DTYPES,
+    VIEW_ERRORS,
     check_scalar,
     check_shape,
     check_tensor,
@@ -75,7 +76,7 @@ def _launch(input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor,
     num_tokens = output_s.numel()
     try:
         scales = output_s.view(num_tokens)
-    except RuntimeError:
+    except VIEW_ERRORS:
         fail(
             RuntimeError,
             _OP,

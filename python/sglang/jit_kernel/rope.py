@@ -38,6 +38,7 @@ from sglang.jit_kernel._validate import (
     FAST_PATH_REFUSALS,
     FLOAT_DTYPES,
     INDEX_DTYPES,
+    VIEW_ERRORS,
     check_indices,
     check_indices_enabled,
     check_no_self_overlap,
@@ -401,7 +402,7 @@ def _cache_rows(op: str, arg: str, cache: torch.Tensor, row: int) -> torch.Tenso
     if cache.dim() == 3:
         try:
             cache = cache.view(cache.shape[0], -1)
-        except RuntimeError:
+        except VIEW_ERRORS:
             fail(
                 RuntimeError,
                 op,
@@ -725,7 +726,7 @@ def _heads_view(op: str, arg: str, tensor: torch.Tensor, lead_shape: tuple, head
         inner *= n
     try:
         return tensor.view(num_tokens, inner // head_size, head_size)
-    except RuntimeError:
+    except VIEW_ERRORS:
         fail(
             RuntimeError,
             op,

@@ -51,3 +51,31 @@ def test_op_under_fake_tensor_mode_propagates_shapes(op, monkeypatch):
     assert all(isinstance(t, FakeTensor) for t in _tensors(result) + [compared])
     if expected is not None:
         assert (compared.shape, compared.dtype) == (expected.shape, expected.dtype)
+
+
+def _cannot_flatten(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+    """A [shape[0], ...] CUDA tensor whose trailing dims do not flatten to one contiguous row."""
+    return torch.empty(shape[0], shape[2], shape[1], dtype=dtype, device="cuda").transpose(1, 2)
+
+
+@pytest.mark.parametrize("case", ["store_cache", "per_token_group_quant"])
+def test_layout_refusal_under_fake_tensor_mode_names_the_argument(case):
+    """A layout that needs a copy gets the op's RuntimeError naming the argument while tracing too
+    (fake tensors' view raises ValueError where real tensors' raises RuntimeError)."""
+    from sglang.jit_kernel.kvcache import store_cache
+    from sglang.jit_kernel.per_token_group_quant import per_token_group_quant
+
+    with FakeTensorMode():
+        if case == "store_cache":
+            kv = torch.empty(4, 8, dtype=torch.float16, device="cuda")
+            cache = torch.empty(16, 8, dtype=torch.float16, device="cuda")
+            indices = torch.arange(4, device="cuda")
+            call = lambda: store_cache(kv, kv, _cannot_flatten(16, 4, 2, dtype=torch.float16), cache, indices)  # noqa: E731
+            arg = "k_cache"
+        else:
+            x = torch.empty(2, 2, 512, dtype=torch.bfloat16, device="cuda")
+            q = torch.empty(2, 2, 256, dtype=torch.float8_e4m3fn, device="cuda").transpose(0, 1)
+            call = lambda: per_token_group_quant(x, q.contiguous().transpose(0, 1), fuse_silu_and_mul=True)  # noqa: E731
+            arg = "output_q"
+        with pytest.raises(RuntimeError, match=f"{case}: {arg} layout"):
+            call()
