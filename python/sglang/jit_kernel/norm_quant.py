@@ -160,6 +160,9 @@ def _launch(
     else:
         s, mode = _token_scales(op, output_s, num_tokens), _TOKEN
     if not _kernel_takes(rows, weight, res):
+        # The composition writes through fresh intermediates, so no launcher sees these tensors
+        # together: refuse every intersecting byte range here (strided views included).
+        _check_aliasing(op, input, residual, weight, output_q, output_s, scale, output_normed, dense_only=False)
         _compose(
             rows, res, weight, q, s if mode != _STATIC else None, scale, y, eps, quant_eps, group_size, scale_ue8m0
         )
@@ -239,6 +242,49 @@ def _check_rows_layout(op: str, arg: str, tensor: torch.Tensor) -> None:
 
 def _group_scale_shape(num_tokens: int, cols: int) -> list[tuple[str, int]]:
     return [("num_tokens", num_tokens), ("scale_cols", cols)]
+
+
+def _check_aliasing(
+    op: str,
+    input: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    output_q: torch.Tensor | None,
+    output_s: torch.Tensor | None,
+    scale: torch.Tensor | None,
+    output_normed: torch.Tensor | None,
+    *,
+    dense_only: bool,
+) -> None:
+    """RuntimeError naming the pair if ``residual`` overlaps ``input`` or ``weight``, or an output
+    overlaps an input or another output (``output_normed`` may be exactly ``input``).
+    ``dense_only``: only where the byte-range test is exact (check_no_partial_overlap), leaving
+    interleaved views to the launcher's element test; without it any intersecting byte ranges."""
+    if residual is not None:
+        check_no_partial_overlap(op, "residual", residual, input, "input", allow_same=False, dense_only=dense_only)
+        check_no_partial_overlap(op, "residual", residual, weight, "weight", allow_same=False, dense_only=dense_only)
+    for arg, t in (("output_q", output_q), ("output_s", output_s)):
+        if t is None:
+            continue
+        for ref_arg, ref in (("input", input), ("weight", weight), ("residual", residual), ("scale", scale)):
+            if ref is not None:
+                check_no_partial_overlap(op, arg, t, ref, ref_arg, allow_same=False, dense_only=dense_only)
+    if output_q is not None and output_s is not None:
+        check_no_partial_overlap(
+            op, "output_s", output_s, output_q, "output_q", allow_same=False, dense_only=dense_only
+        )
+    if output_normed is not None:
+        check_no_partial_overlap(op, "output_normed", output_normed, input, "input", dense_only=dense_only)
+        for ref_arg, ref in (
+            ("weight", weight),
+            ("residual", residual),
+            ("output_q", output_q),
+            ("output_s", output_s),
+        ):
+            if ref is not None:
+                check_no_partial_overlap(
+                    op, "output_normed", output_normed, ref, ref_arg, allow_same=False, dense_only=dense_only
+                )
 
 
 def _prepare(
@@ -400,35 +446,11 @@ def _prepare(
             )
         _check_rows_layout(op, "output_normed", output_normed)
 
-    # Aliasing (dense views here; strided ones by the launcher's exact test). Meta tensors have no
-    # storage to alias: they reach the device check below.
+    # Aliasing (dense views here; strided ones by the launcher's exact test, or by _launch's byte
+    # ranges before the composition). Meta tensors have no storage to alias: they reach the device
+    # check below.
     if not tracing() and input.device.type != "meta":
-        if residual is not None:
-            check_no_partial_overlap(op, "residual", residual, input, "input", allow_same=False, dense_only=True)
-            check_no_partial_overlap(op, "residual", residual, weight, "weight", allow_same=False, dense_only=True)
-        written = [("output_q", output_q), ("output_s", output_s)]
-        for arg, t in written:
-            if t is None:
-                continue
-            for ref_arg, ref in (("input", input), ("weight", weight), ("residual", residual), ("scale", scale)):
-                if ref is not None:
-                    check_no_partial_overlap(op, arg, t, ref, ref_arg, allow_same=False, dense_only=True)
-        if output_q is not None and output_s is not None:
-            check_no_partial_overlap(op, "output_s", output_s, output_q, "output_q", allow_same=False, dense_only=True)
-        if output_normed is not None:
-            check_no_partial_overlap(
-                op, "output_normed", output_normed, input, "input", allow_same=True, dense_only=True
-            )
-            for ref_arg, ref in (
-                ("weight", weight),
-                ("residual", residual),
-                ("output_q", output_q),
-                ("output_s", output_s),
-            ):
-                if ref is not None:
-                    check_no_partial_overlap(
-                        op, "output_normed", output_normed, ref, ref_arg, allow_same=False, dense_only=True
-                    )
+        _check_aliasing(op, input, residual, weight, output_q, output_s, scale, output_normed, dense_only=True)
 
     # Devices
     check_cuda(op, "input", input)
@@ -560,7 +582,10 @@ _DOC_COMMON = """group_size : int or None
         non-contiguous ``weight``, a stride 0, ``output_s`` not in the layout ``column_major_scales``
         names, leading dims that do not flatten), a tensor not on CUDA or on another device than ``input``, and aliasing:
         ``residual`` overlapping ``input`` (the same tensor included), an output overlapping an input
-        or another output (``output_normed`` may be exactly ``input``).
+        or another output (``output_normed`` may be exactly ``input``). Interleaved strided views of one
+        buffer that share no element are accepted where the fused kernel runs; rows it does not take
+        (not 16-byte aligned, or longer than 32768 bytes: the unfused composition) refuse any
+        intersecting byte ranges.
 """
 
 

@@ -213,6 +213,61 @@ def test_given_outputs_in_poisoned_buffers(op, q_pad):
     assert_poison_intact(y_buf, guard, n * h)
 
 
+def _interleaved(device: str) -> dict[str, torch.Tensor]:
+    """Views of [4, 1024]-byte buffers whose byte ranges intersect but share no element: x and q in
+    one buffer (x at bf16 columns 1..256, q at bytes 516..771), a residual and q2 in another.
+    Misaligned by 2 bytes, so the composition (not the fused kernel) takes them."""
+    buf = torch.zeros(4, 1024, dtype=torch.uint8, device=device)
+    rbuf = torch.zeros(4, 1024, dtype=torch.uint8, device=device)
+    return {
+        "x": buf.view(BF16)[:, 1:257],
+        "q": buf.view(FP8)[:, 516:772],
+        "r": rbuf.view(BF16)[:, 1:257],
+        "q2": rbuf.view(FP8)[:, 516:772],
+        "w": torch.ones(256, dtype=BF16, device=device),
+    }
+
+
+def _interleaved_case(v: dict[str, torch.Tensor], name: str) -> tuple:
+    """(op, the error's words, x, residual, output_q) of case ``name``."""
+    if name == "q_beside_input":
+        return "rmsnorm_quant", "output_q overlaps input", v["x"], None, v["q"]
+    return "fused_add_rmsnorm_quant", "output_q overlaps residual", torch.zeros_like(v["x"]), v["r"], v["q2"]
+
+
+@pytest.mark.parametrize("name", ["q_beside_input", "q_beside_residual"])
+def test_composition_path_refuses_intersecting_byte_ranges(name, monkeypatch):
+    """Rows the fused kernel does not take run the unfused composition, whose fresh intermediates hide
+    the outputs from any launcher's element test: _launch refuses every intersecting byte range
+    before composing (CPU tensors: _launch itself, past the wrappers' device check)."""
+    v = _interleaved("cpu")
+    op, message, x, r, q = _interleaved_case(v, name)
+    composed = []
+    monkeypatch.setattr(nq, "_compose", lambda *a: composed.append(a))
+    n, h = x.shape
+    s = torch.empty(n, h // 128)
+    with pytest.raises(RuntimeError, match=message):
+        nq._launch(op, x, r, v["w"], q, s, None, None, EPS, 1e-10, 128, False, -1)
+    assert not composed
+    # The same views with output_q in a buffer of its own compose.
+    nq._launch(op, x, r, v["w"], torch.empty(n, h, dtype=FP8), s, None, None, EPS, 1e-10, 128, False, -1)
+    assert len(composed) == 1
+
+
+@requires_cuda
+@pytest.mark.parametrize("name", ["q_beside_input", "q_beside_residual"])
+def test_composition_path_overlap_raises_and_writes_nothing(name):
+    v = _interleaved("cuda")
+    op, message, x, r, q = _interleaved_case(v, name)
+    watched = (v["x"], v["q"], v["r"], v["q2"])
+    before = [t.clone() for t in watched]
+    with pytest.raises(RuntimeError, match=message):
+        call(op, x, r, v["w"], output_q=q)
+    torch.cuda.synchronize()
+    for t, b in zip(watched, before):
+        assert_bits_equal(t, b)
+
+
 @requires_cuda
 def test_normed_in_place_over_input():
     """output_normed=input gives fused_add_rmsnorm's in-place result as well."""
