@@ -58,6 +58,7 @@ __all__ = [
     "launcher_errors",
     "prepare_elementwise_out",
     "rows_are_views",
+    "type_name",
     "unit_last_stride",
 ]
 
@@ -102,6 +103,14 @@ def _names(dtypes: Sequence[torch.dtype]) -> str:
     return ", ".join(dtype_name(d) for d in dtypes)
 
 
+def type_name(value: object) -> str:
+    """The type of ``value`` for a message: ``float``, ``NoneType`` for built-ins; module-qualified
+    otherwise (``numpy.bool``, ``torch.Tensor``), so a foreign type is not mistaken for a built-in
+    one of the same name."""
+    kind = type(value)
+    return kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
 def fail(error: type[Exception], op: str, arg: str, what: str, expected: object, got: object) -> NoReturn:
     """Raise ``error("<op>: <arg> <what>: expected <expected>, got <got>")``; the one formatter."""
     raise error(f"{op}: {arg} {what}: expected {expected}, got {got}")
@@ -114,7 +123,7 @@ def _layout(tensor: torch.Tensor) -> str:
 def check_cuda(op: str, arg: str, tensor: object) -> None:
     """TypeError unless ``tensor`` is a ``torch.Tensor``; RuntimeError unless it is on a CUDA device."""
     if not isinstance(tensor, torch.Tensor):
-        fail(TypeError, op, arg, "type", "a torch.Tensor", type(tensor).__name__)
+        fail(TypeError, op, arg, "type", "a torch.Tensor", type_name(tensor))
     if not tensor.is_cuda:
         fail(RuntimeError, op, arg, "device", "a CUDA device", tensor.device)
 
@@ -397,7 +406,7 @@ def check_scalar(
         ok = not isinstance(value, bool) and isinstance(value, (int,) if kind is int else (int, float))
     if not ok:
         word = _KIND_WORDS.get(kind, kind.__name__)
-        fail(TypeError, op, arg, "type", f"{word}{' or None' if optional else ''}", type(value).__name__)
+        fail(TypeError, op, arg, "type", f"{word}{' or None' if optional else ''}", type_name(value))
     if kind is float and isinstance(value, int) and abs(value) > _FLOAT_MAX:  # float(value) would overflow
         fail(ValueError, op, arg, "value", "a real number in the float range", f"an int of {value.bit_length()} bits")
     if minimum is None and maximum is None:

@@ -22,6 +22,7 @@ from sglang.jit_kernel._validate import (
     fail,
     launcher_errors,
     tracing,
+    type_name,
 )
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.rope import _pdl_flag
@@ -302,7 +303,7 @@ def can_use_fused_qk_norm_rope(head_dim: int, is_neox: bool, dtype: torch.dtype,
     check_scalar(op, "head_dim", head_dim, int)
     check_scalar(op, "is_neox", is_neox, bool)
     if not isinstance(dtype, torch.dtype):
-        fail(TypeError, op, "dtype", "type", "a torch.dtype", type(dtype).__name__)
+        fail(TypeError, op, "dtype", "type", "a torch.dtype", type_name(dtype))
     check_scalar(op, "yarn", yarn, bool)
     if dtype not in FLOAT_DTYPES or head_dim < 2 or head_dim % 2 != 0:
         return False

@@ -31,6 +31,7 @@ from sglang.jit_kernel._validate import (
     fail,
     launcher_errors,
     tracing,
+    type_name,
 )
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
@@ -229,7 +230,7 @@ def _(
 # ---------------------------------------------------------------------------------------------
 def _check_tensor_type(op: str, arg: str, tensor: object) -> torch.Tensor:
     if not isinstance(tensor, torch.Tensor):
-        fail(TypeError, op, arg, "type", "a torch.Tensor", type(tensor).__name__)
+        fail(TypeError, op, arg, "type", "a torch.Tensor", type_name(tensor))
     return tensor
 
 
@@ -324,7 +325,7 @@ def _prepare(
         if group_size not in GROUP_SIZES:
             fail(ValueError, op, "group_size", "value", f"one of {GROUP_SIZES}, None or -1 (per token)", group_size)
     if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
-        fail(TypeError, op, "out_dtype", "type", "a torch.dtype or None", type(out_dtype).__name__)
+        fail(TypeError, op, "out_dtype", "type", "a torch.dtype or None", type_name(out_dtype))
     if out_dtype is None and isinstance(output_q, torch.Tensor):
         check_dtype(op, "output_q", output_q, OUT_DTYPES)
         if mode != _GROUP and output_q.dtype == torch.int8:

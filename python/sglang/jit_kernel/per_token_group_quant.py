@@ -37,6 +37,7 @@ from sglang.jit_kernel._validate import (
     dtype_name,
     fail,
     tracing,
+    type_name,
 )
 from sglang.jit_kernel.per_token_group_quant_8bit import max_group_size, per_token_group_quant_8bit
 from sglang.jit_kernel.registry import CheckCase, register_op
@@ -137,7 +138,7 @@ def _(
 def _check_choice(arg: str, value: object, choices: tuple[str, ...] | dict) -> None:
     """ValueError unless ``value`` is one of ``choices`` (TypeError unless a str)."""
     if not isinstance(value, str):
-        fail(TypeError, _OP, arg, "type", "a str", type(value).__name__)
+        fail(TypeError, _OP, arg, "type", "a str", type_name(value))
     if value not in choices:
         fail(ValueError, _OP, arg, "value", f"one of {', '.join(repr(c) for c in choices)}", repr(value))
 
@@ -297,7 +298,7 @@ def per_token_group_quant(
     op = _OP
     # Scalars and names
     if not isinstance(input, torch.Tensor):
-        fail(TypeError, op, "input", "type", "a torch.Tensor", type(input).__name__)
+        fail(TypeError, op, "input", "type", "a torch.Tensor", type_name(input))
     check_scalar(op, "group_size", group_size, int)
     check_scalar(op, "scale_ue8m0", scale_ue8m0, bool)
     check_scalar(op, "fuse_silu_and_mul", fuse_silu_and_mul, bool)
@@ -307,7 +308,7 @@ def per_token_group_quant(
     _check_choice("activation", activation, ACTIVATIONS)
     _check_choice("silu_and_mul_mode", silu_and_mul_mode, MODES)
     if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
-        fail(TypeError, op, "out_dtype", "type", "a torch.dtype or None", type(out_dtype).__name__)
+        fail(TypeError, op, "out_dtype", "type", "a torch.dtype or None", type_name(out_dtype))
     if out_dtype is not None and out_dtype not in _OUT_DTYPES:
         fail(ValueError, op, "out_dtype", "value", "float8_e4m3fn or int8", out_dtype)
     if not fuse_silu_and_mul and activation != "silu":
@@ -339,7 +340,7 @@ def per_token_group_quant(
     masked = masked_m is not None
     if masked:
         if not isinstance(masked_m, torch.Tensor):
-            fail(TypeError, op, "masked_m", "type", "a torch.Tensor", type(masked_m).__name__)
+            fail(TypeError, op, "masked_m", "type", "a torch.Tensor", type_name(masked_m))
         if input.dim() != 3:
             fail(
                 RuntimeError,
@@ -363,7 +364,7 @@ def per_token_group_quant(
         q_dtype = out_dtype if out_dtype is not None else FP8
     else:
         if not isinstance(output_q, torch.Tensor):
-            fail(TypeError, op, "output_q", "type", "a torch.Tensor", type(output_q).__name__)
+            fail(TypeError, op, "output_q", "type", "a torch.Tensor", type_name(output_q))
         if out_dtype is not None:
             check_dtype(op, "output_q", output_q, (out_dtype,))
         check_dtype(op, "output_q", output_q, _OUT_DTYPES)
@@ -383,7 +384,7 @@ def per_token_group_quant(
     scale_cols = (num_groups + 3) // 4 if scale_ue8m0 else num_groups
     if output_s is not None:
         if not isinstance(output_s, torch.Tensor):
-            fail(TypeError, op, "output_s", "type", "a torch.Tensor", type(output_s).__name__)
+            fail(TypeError, op, "output_s", "type", "a torch.Tensor", type_name(output_s))
         check_dtype(op, "output_s", output_s, (s_dtype,))
         col = ("num_groups / 4 rounded up" if scale_ue8m0 else "num_groups", scale_cols)
         if not masked and output_s.dim() == 2 and input.dim() != 2 and output_s.shape[0] == num_tokens:

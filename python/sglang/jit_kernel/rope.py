@@ -49,6 +49,7 @@ from sglang.jit_kernel._validate import (
     fail,
     launcher_errors,
     tracing,
+    type_name,
 )
 from sglang.jit_kernel.registry import CheckCase, register_op
 from sglang.jit_kernel.utils import cache_once, load_jit, make_cpp_args
@@ -673,7 +674,7 @@ def apply_rope_with_cos_sin_cache_inplace(
             "fused_args",
             "type",
             "a FusedSetKVBufferArg or None",
-            type(fused_args).__name__,
+            type_name(fused_args),
         )
     value = fused_args.value
     if isinstance(value, torch.Tensor) and isinstance(k, torch.Tensor) and value.dim() == 2 and k.dim() == 3:

@@ -2623,3 +2623,12 @@ if __name__ == "__main__":
     import sys
 
     sys.exit(pytest.main([__file__, "-v", "-s"]))
+
+
+def test_foreign_scalar_type_is_named_with_its_module():
+    """A numpy bool is not a bool: the message names numpy's type, not a bare ``bool``."""
+    np = pytest.importorskip("numpy")
+    from sglang.jit_kernel.per_token_group_quant import per_token_group_quant  # noqa: PLC0415
+
+    with pytest.raises(TypeError, match=r"scale_ue8m0 type: expected a bool, got numpy\.bool_?$"):
+        per_token_group_quant(torch.zeros(4, 256, dtype=torch.bfloat16), scale_ue8m0=np.True_)
