@@ -426,10 +426,10 @@ def check_scalar(
 def check_finite_float32(op: str, arg: str, value: float) -> None:
     """ValueError unless the real number ``value`` (``check_scalar`` first) stays finite as the float32
     the kernel takes: NaN and inf are refused (``expected a finite number``), and so is a magnitude
-    past ``FLOAT32_MAX``, which the conversion would turn into inf. While tracing (``tracing()``), an int
-    is not checked (it may be symbolic)."""
-    if tracing() and not isinstance(value, float):
-        return  # an int may be symbolic while tracing (dynamic shapes); ints are finite anyway
+    past ``FLOAT32_MAX``, which the conversion would turn into inf. A symbolic value (``torch.SymInt`` /
+    ``SymFloat`` while tracing with dynamic shapes) is not checked: it has no value yet."""
+    if not isinstance(value, (int, float)):
+        return  # symbolic while tracing: the launcher's own check runs at call time
     if not math.isfinite(value):
         fail(ValueError, op, arg, "value", "a finite number", value)
     if abs(value) > FLOAT32_MAX:

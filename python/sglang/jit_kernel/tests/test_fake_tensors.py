@@ -79,3 +79,16 @@ def test_layout_refusal_under_fake_tensor_mode_names_the_argument(case):
             arg = "output_q"
         with pytest.raises(RuntimeError, match=f"{case}: {arg} layout"):
             call()
+
+
+def test_int_bound_past_float32_is_refused_while_tracing():
+    """A plain int is checked while tracing as in eager mode (only symbolic values wait for the
+    launcher): -2**200 would become -inf as the kernel's float32 bound."""
+    from sglang.jit_kernel.per_token_group_quant_8bit import per_token_group_quant_8bit
+
+    with FakeTensorMode():
+        x = torch.empty(4, 256, dtype=torch.bfloat16, device="cuda")
+        q = torch.empty(4, 256, dtype=torch.float8_e4m3fn, device="cuda")
+        s = torch.empty(4, 2, device="cuda")
+        with pytest.raises(ValueError, match="per_token_group_quant_8bit: fp8_min value: expected a magnitude"):
+            per_token_group_quant_8bit(x, q, s, 128, 1e-10, -(2**200), 448.0)
