@@ -21,6 +21,7 @@ import torch
 
 from sglang.jit_kernel._quant_8bit import as_rows
 from sglang.jit_kernel._validate import (
+    check_contiguous,
     check_cuda,
     check_dtype,
     check_dtype_as,
@@ -353,8 +354,7 @@ def _prepare(
     weight = _check_tensor_type(op, "weight", weight)
     check_dtype_as(op, "weight", weight, input, "input")
     check_shape(op, "weight", weight, [("hidden_size", hidden_size)])
-    if not weight.is_contiguous():
-        fail(RuntimeError, op, "weight", "layout", "contiguous", weight.stride())
+    check_contiguous(op, "weight", weight)
     if residual is not None:
         residual = _check_tensor_type(op, "residual", residual)
         check_dtype_as(op, "residual", residual, input, "input")
@@ -430,7 +430,14 @@ def _prepare(
                 or output_s.dim() not in (1, 2)
                 or (output_s.dim() == 2 and output_s.shape[1] != 1)
             ):
-                check_shape(op, "output_s", output_s, [("num_tokens", num_tokens), ("1", 1)])
+                fail(
+                    RuntimeError,
+                    op,
+                    "output_s",
+                    "shape",
+                    f"[num_tokens={num_tokens}] or [num_tokens={num_tokens}, 1] (one scale per token)",
+                    tuple(output_s.shape),
+                )
         if output_s.numel() > 1 and 0 in output_s.stride():
             fail(RuntimeError, op, "output_s", "layout", "no stride 0 (an expanded tensor)", output_s.stride())
     if output_normed is not None:

@@ -26,6 +26,7 @@ from sglang.jit_kernel._quant_8bit import (
 )
 from sglang.jit_kernel._validate import (
     FLOAT_DTYPES,
+    check_contiguous,
     check_cuda,
     check_dtype,
     check_last_dim_contiguous,
@@ -352,8 +353,7 @@ def per_token_group_quant(
             )
         check_dtype(op, "masked_m", masked_m, (torch.int32,))
         check_shape(op, "masked_m", masked_m, [("num_experts", input.shape[0])])
-        if not masked_m.is_contiguous():
-            fail(RuntimeError, op, "masked_m", "layout", "contiguous", f"strides {masked_m.stride()}")
+        check_contiguous(op, "masked_m", masked_m)
     leading = tuple(input.shape[:-1])
     q_shape = (*leading, hidden_size)
     num_tokens = input.numel() // width if width else 0
@@ -373,6 +373,8 @@ def per_token_group_quant(
             fail(RuntimeError, op, "output_q", "shape", f"{q_shape} ({what})", tuple(output_q.shape))
         check_last_dim_contiguous(op, "output_q", output_q)
         check_no_self_overlap(op, "output_q", output_q)
+        if not masked:  # leading dims that flatten to rows, before the device checks
+            as_rows(op, "output_q", output_q, num_tokens, copy_ok=False)
         q_dtype = output_q.dtype
     if scale_ue8m0 and q_dtype != FP8 and output_q is None:
         fail(ValueError, op, "out_dtype", "value", "float8_e4m3fn with scale_ue8m0 (ue8m0 is for fp8)", "int8")
@@ -393,6 +395,8 @@ def per_token_group_quant(
             dims = ["num_experts", "T_pad"] if masked else [f"dim{i}" for i in range(len(leading))]
             check_shape(op, "output_s", output_s, [*zip(dims, leading), col])
         check_no_self_overlap(op, "output_s", output_s)
+        if not masked:
+            as_rows(op, "output_s", output_s, num_tokens, copy_ok=False)
 
     # Devices
     check_cuda(op, "input", input)

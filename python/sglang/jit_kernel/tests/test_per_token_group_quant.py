@@ -462,6 +462,14 @@ def test_bad_tensors():
         (dict(output_q=q.view(torch.int8), out_dtype=FP8), r"output_q dtype: expected float8_e4m3fn, got int8"),
         (dict(), r"input device: expected a CUDA device, got cpu$"),
     ]
+    # Leading dims that do not flatten to rows (3-D input, each output's dims 0 and 1 swapped in memory).
+    x3, q3 = x.view(2, 2, -1), torch.empty(2, 2, 512, dtype=FP8)
+    s3 = torch.empty(2, 2, 4)
+    unflat = "layout: expected leading dims that flatten to one stride"
+    cases += [
+        (dict(input=x3, output_q=q3.transpose(0, 1).contiguous().transpose(0, 1), output_s=s3), "output_q " + unflat),
+        (dict(input=x3, output_q=q3, output_s=s3.transpose(0, 1).contiguous().transpose(0, 1)), "output_s " + unflat),
+    ]
     for change, pattern in cases:
         kwargs = dict(input=x, output_q=q, output_s=s, group_size=128, fuse_silu_and_mul=True)
         kwargs.update(change)
