@@ -15,8 +15,8 @@ Slot indices outside ``[0, num_slots)`` (``-1`` marks the padding rows of a CUDA
 nothing for their row: the kernels never write out of bounds or into another slot, and the CUDA
 context stays usable. ``SGLANG_JIT_CHECK_INDICES=1`` makes the wrappers raise ``IndexError`` naming
 the first index outside the cache other than ``-1`` (a host read: it synchronises the stream, and is
-left out while a CUDA graph is being captured). A slot named by several indices gets one of their
-rows, which one is not defined (the rows are copied in parallel): a slot map names each slot once.
+left out while a CUDA graph is being captured). A slot named by several indices gets bytes of those
+rows in no defined order (rows are copied in parallel, in parts): a slot map names each slot once.
 
 Bytes moved (for bandwidth figures): store_cache ``2 * n * (k_row_bytes + v_row_bytes) + n * index
 size`` for ``n`` indices; store_cache_quant ``n * (k_row + v_row) * (element_size + 1) + n * index
