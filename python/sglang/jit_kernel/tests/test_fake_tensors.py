@@ -43,9 +43,10 @@ def test_op_under_fake_tensor_mode_propagates_shapes(op, monkeypatch):
             result = case.call(*inputs)
         except Exception as exc:  # noqa: BLE001 (any failure is the op's: name the rule it breaks)
             pytest.fail(
-                f"{op} under a FakeTensorMode raised {type(exc).__name__}: {exc}\nA registered op's wrapper "
-                "takes its torch.library path while sglang.jit_kernel._validate.tracing() is true "
-                "(docs/developer_guide/development_jit_kernel_guide.md, 'Register the op')"
+                f"{op}: a registered op's wrapper takes its torch.library path while "
+                "sglang.jit_kernel._validate.tracing() is true (docs/developer_guide/"
+                "development_jit_kernel_guide.md, 'Register the op'); under a FakeTensorMode it raised "
+                f"{type(exc).__name__}: {exc}"
             )
         compared = case.compared(result, inputs)
     assert all(isinstance(t, FakeTensor) for t in _tensors(result) + [compared])
