@@ -58,6 +58,7 @@ __all__ = [
     "launcher_errors",
     "prepare_elementwise_out",
     "rows_are_views",
+    "share_bytes",
     "type_name",
     "unit_last_stride",
 ]
@@ -269,6 +270,30 @@ def check_no_partial_overlap(
     )
 
 
+def share_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether views ``a`` and ``b`` share a byte: exact for 2-D views of contiguous rows with one row
+    stride in bytes (or a single row), conservative (their byte spans intersect) otherwise. For a
+    wrapper that runs several ops whose launchers never see a pair of its tensors together."""
+    a0, a1 = _byte_span(a)
+    b0, b1 = _byte_span(b)
+    if a0 >= b1 or b0 >= a1:
+        return False
+    if any(t.dim() != 2 or (t.shape[1] > 1 and t.stride(1) != 1) for t in (a, b)):
+        return True
+    strides = {t.stride(0) * t.element_size() for t in (a, b) if t.shape[0] > 1}
+    if len(strides) != 1:
+        return True  # two row strides: conservative; two single rows: their spans intersect (above)
+    (stride,) = strides
+    if stride <= 0:
+        return True
+    len_a, len_b = a.shape[1] * a.element_size(), b.shape[1] * b.element_size()
+    d = b0 - a0
+    # row i of a and row j of b share a byte iff -len_b < d + (j - i) * stride < len_a
+    k_lo = max(-(a.shape[0] - 1), (-len_b - d) // stride + 1)
+    k_hi = min(b.shape[0] - 1, -((d - len_a) // stride) - 1)
+    return k_lo <= k_hi
+
+
 def rows_are_views(tensor: torch.Tensor) -> bool:
     """Whether ``tensor`` reaches its launcher as a view of its own memory: a contiguous last dim
     (or one of size <= 1) and leading dims that flatten without a copy. Inputs that fail it are
@@ -430,7 +455,8 @@ def check_finite_float32(op: str, arg: str, value: float) -> None:
     ``SymFloat`` while tracing with dynamic shapes) is not checked: it has no value yet."""
     if not isinstance(value, (int, float)):
         return  # symbolic while tracing: the launcher's own check runs at call time
-    if not math.isfinite(value):
+    # ints are finite: only their magnitude is checked (a comparison dynamo traces symbolically)
+    if isinstance(value, float) and not math.isfinite(value):
         fail(ValueError, op, arg, "value", "a finite number", value)
     if abs(value) > FLOAT32_MAX:
         fail(ValueError, op, arg, "value", f"a magnitude of at most {FLOAT32_MAX:.8g} (float32)", value)

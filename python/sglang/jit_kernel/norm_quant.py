@@ -31,6 +31,7 @@ from sglang.jit_kernel._validate import (
     check_shape,
     fail,
     launcher_errors,
+    share_bytes,
     tracing,
     type_name,
 )
@@ -162,9 +163,7 @@ def _launch(
     else:
         s, mode = _token_scales(op, output_s, num_tokens), _TOKEN
     if not _kernel_takes(rows, weight, res):
-        # The composition writes through fresh intermediates, so no launcher sees these tensors
-        # together: refuse every intersecting byte range here (strided views included).
-        _check_aliasing(op, input, residual, weight, output_q, output_s, scale, output_normed, dense_only=False)
+        _check_composition_aliasing(op, input, residual, weight, output_q, output_s, output_normed)
         _compose(
             rows, res, weight, q, s if mode != _STATIC else None, scale, y, eps, quant_eps, group_size, scale_ue8m0
         )
@@ -255,28 +254,24 @@ def _check_aliasing(
     output_s: torch.Tensor | None,
     scale: torch.Tensor | None,
     output_normed: torch.Tensor | None,
-    *,
-    dense_only: bool,
 ) -> None:
     """RuntimeError naming the pair if ``residual`` overlaps ``input`` or ``weight``, or an output
-    overlaps an input or another output (``output_normed`` may be exactly ``input``).
-    ``dense_only``: only where the byte-range test is exact (check_no_partial_overlap), leaving
-    interleaved views to the launcher's element test; without it any intersecting byte ranges."""
+    overlaps an input or another output (``output_normed`` may be exactly ``input``), where the
+    byte-range test is exact (dense views, or the same view: check_no_partial_overlap's
+    ``dense_only``); interleaved views are left to the launcher's element test."""
     if residual is not None:
-        check_no_partial_overlap(op, "residual", residual, input, "input", allow_same=False, dense_only=dense_only)
-        check_no_partial_overlap(op, "residual", residual, weight, "weight", allow_same=False, dense_only=dense_only)
+        check_no_partial_overlap(op, "residual", residual, input, "input", allow_same=False, dense_only=True)
+        check_no_partial_overlap(op, "residual", residual, weight, "weight", allow_same=False, dense_only=True)
     for arg, t in (("output_q", output_q), ("output_s", output_s)):
         if t is None:
             continue
         for ref_arg, ref in (("input", input), ("weight", weight), ("residual", residual), ("scale", scale)):
             if ref is not None:
-                check_no_partial_overlap(op, arg, t, ref, ref_arg, allow_same=False, dense_only=dense_only)
+                check_no_partial_overlap(op, arg, t, ref, ref_arg, allow_same=False, dense_only=True)
     if output_q is not None and output_s is not None:
-        check_no_partial_overlap(
-            op, "output_s", output_s, output_q, "output_q", allow_same=False, dense_only=dense_only
-        )
+        check_no_partial_overlap(op, "output_s", output_s, output_q, "output_q", allow_same=False, dense_only=True)
     if output_normed is not None:
-        check_no_partial_overlap(op, "output_normed", output_normed, input, "input", dense_only=dense_only)
+        check_no_partial_overlap(op, "output_normed", output_normed, input, "input", dense_only=True)
         for ref_arg, ref in (
             ("weight", weight),
             ("residual", residual),
@@ -285,8 +280,38 @@ def _check_aliasing(
         ):
             if ref is not None:
                 check_no_partial_overlap(
-                    op, "output_normed", output_normed, ref, ref_arg, allow_same=False, dense_only=dense_only
+                    op, "output_normed", output_normed, ref, ref_arg, allow_same=False, dense_only=True
                 )
+
+
+def _check_composition_aliasing(
+    op: str,
+    input: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    output_q: torch.Tensor,
+    output_s: torch.Tensor | None,
+    output_normed: torch.Tensor | None,
+) -> None:
+    """The pairs the unfused composition hides from every launcher's element test (its ops see the
+    normalised rows through a fresh intermediate, or a torch copy of the input): RuntimeError if they
+    share a byte (exact for 2-D row views, by byte spans otherwise). The other pairs reach a launcher
+    together (rmsnorm / fused_add_rmsnorm: the normalised rows, input, residual, weight; the quant
+    op: the normalised rows, output_q, output_s, scale), which tests them element by element."""
+    pairs = [
+        (arg, t, ref_arg, ref)
+        for arg, t in (("output_q", output_q), ("output_s", output_s))
+        for ref_arg, ref in (("input", input), ("residual", residual), ("weight", weight))
+    ]
+    if residual is not None:  # fused_add_rmsnorm runs on a copy of input (or on output_normed is input)
+        pairs += [("residual", residual, "input", input), ("output_normed", output_normed, "input", input)]
+    for arg, t, ref_arg, ref in pairs:
+        if t is None or ref is None:
+            continue
+        if arg == "output_normed" and (t.data_ptr(), t.shape, t.stride()) == (ref.data_ptr(), ref.shape, ref.stride()):
+            continue  # in place over input
+        if share_bytes(t, ref):
+            fail(RuntimeError, op, arg, f"overlaps {ref_arg}", "disjoint memory", "shared bytes")
 
 
 def _prepare(
@@ -458,7 +483,7 @@ def _prepare(
     # ranges before the composition). Meta tensors have no storage to alias: they reach the device
     # check below.
     if not tracing() and input.device.type != "meta":
-        _check_aliasing(op, input, residual, weight, output_q, output_s, scale, output_normed, dense_only=True)
+        _check_aliasing(op, input, residual, weight, output_q, output_s, scale, output_normed)
 
     # Devices
     check_cuda(op, "input", input)
@@ -591,9 +616,9 @@ _DOC_COMMON = """group_size : int or None
         names, leading dims that do not flatten), a tensor not on CUDA or on another device than ``input``, and aliasing:
         ``residual`` overlapping ``input`` (the same tensor included), an output overlapping an input
         or another output (``output_normed`` may be exactly ``input``). Interleaved strided views of one
-        buffer that share no element are accepted where the fused kernel runs; rows it does not take
-        (not 16-byte aligned, or longer than 32768 bytes: the unfused composition) refuse any
-        intersecting byte ranges.
+        buffer that share no byte are accepted (tested element by element, or, on rows the fused
+        kernel does not take, row by row for 2-D views with one row stride and by byte ranges for
+        other layouts).
 """
 
 

@@ -93,3 +93,22 @@ def test_int_bound_past_float32_is_refused_while_tracing():
         s = torch.empty(4, 2, device="cuda")
         with pytest.raises(ValueError, match="per_token_group_quant_8bit: fp8_min value: expected a magnitude"):
             per_token_group_quant_8bit(x, q, s, 128, 1e-10, -(2**200), 448.0)
+
+
+def test_dynamic_int_scalar_traces_under_dynamo():
+    """torch.compile(dynamic=True, fullgraph=True) traces an op's finite-float32 check of a dynamic
+    int (its magnitude only: math.isfinite would break the graph) and reaches the op's own checks;
+    on CPU tensors that is the device refusal."""
+    from sglang.jit_kernel.fused_qknorm_rope import fused_qk_norm_rope
+
+    qkv = torch.zeros(2, 384, dtype=torch.bfloat16)
+    w = torch.ones(128, dtype=torch.bfloat16)
+    positions = torch.zeros(2, dtype=torch.int64)
+
+    def f(qkv: torch.Tensor, base: int) -> None:
+        fused_qk_norm_rope(qkv, 1, 1, 1, 128, 1e-6, w, w, base, True, positions, 1.0, 1.0, 1.0, 1.0)
+
+    torch._dynamo.reset()
+    with pytest.raises(Exception) as info:  # noqa: PT011 (dynamo wraps the op's RuntimeError)
+        torch.compile(f, backend="eager", fullgraph=True, dynamic=True)(qkv, 10000)
+    assert "qkv device: expected a CUDA device, got cpu" in str(info.value), str(info.value)[:2000]

@@ -213,52 +213,104 @@ def test_given_outputs_in_poisoned_buffers(op, q_pad):
     assert_poison_intact(y_buf, guard, n * h)
 
 
-def _interleaved(device: str) -> dict[str, torch.Tensor]:
-    """Views of [4, 1024]-byte buffers whose byte ranges intersect but share no element: x and q in
-    one buffer (x at bf16 columns 1..256, q at bytes 516..771), a residual and q2 in another.
-    Misaligned by 2 bytes, so the composition (not the fused kernel) takes them."""
+def _strided_views(device: str, q_start: int) -> dict[str, torch.Tensor]:
+    """Strided views in [4, 1024]-byte buffers: x at bf16 columns 1..256 (bytes 2..513 of each row)
+    and q at fp8 bytes q_start.. q_start + 255 of the same rows; a residual and q2 laid out alike in
+    another buffer. Misaligned by 2 bytes, so the composition (not the fused kernel) takes them.
+    q_start 500 shares bytes 500..513 of each row; 516 shares none (interleaved)."""
     buf = torch.zeros(4, 1024, dtype=torch.uint8, device=device)
     rbuf = torch.zeros(4, 1024, dtype=torch.uint8, device=device)
     return {
         "x": buf.view(BF16)[:, 1:257],
-        "q": buf.view(FP8)[:, 516:772],
+        "q": buf.view(FP8)[:, q_start : q_start + 256],
         "r": rbuf.view(BF16)[:, 1:257],
-        "q2": rbuf.view(FP8)[:, 516:772],
+        "q2": rbuf.view(FP8)[:, q_start : q_start + 256],
         "w": torch.ones(256, dtype=BF16, device=device),
     }
 
 
-def _interleaved_case(v: dict[str, torch.Tensor], name: str) -> tuple:
+def _strided_case(v: dict[str, torch.Tensor], name: str) -> tuple:
     """(op, the error's words, x, residual, output_q) of case ``name``."""
-    if name == "q_beside_input":
+    if name == "q_in_input":
         return "rmsnorm_quant", "output_q overlaps input", v["x"], None, v["q"]
     return "fused_add_rmsnorm_quant", "output_q overlaps residual", torch.zeros_like(v["x"]), v["r"], v["q2"]
 
 
-@pytest.mark.parametrize("name", ["q_beside_input", "q_beside_residual"])
-def test_composition_path_refuses_intersecting_byte_ranges(name, monkeypatch):
+@pytest.mark.parametrize("name", ["q_in_input", "q_in_residual"])
+def test_composition_path_refuses_shared_bytes(name, monkeypatch):
     """Rows the fused kernel does not take run the unfused composition, whose fresh intermediates hide
-    the outputs from any launcher's element test: _launch refuses every intersecting byte range
-    before composing (CPU tensors: _launch itself, past the wrappers' device check)."""
-    v = _interleaved("cpu")
-    op, message, x, r, q = _interleaved_case(v, name)
+    the outputs from any launcher's element test: _launch refuses outputs sharing bytes with input or
+    residual before composing, and composes interleaved views that share none (CPU tensors: _launch
+    itself, past the wrappers' device check)."""
     composed = []
     monkeypatch.setattr(nq, "_compose", lambda *a: composed.append(a))
-    n, h = x.shape
-    s = torch.empty(n, h // 128)
-    with pytest.raises(RuntimeError, match=message):
-        nq._launch(op, x, r, v["w"], q, s, None, None, EPS, 1e-10, 128, False, -1)
-    assert not composed
-    # The same views with output_q in a buffer of its own compose.
-    nq._launch(op, x, r, v["w"], torch.empty(n, h, dtype=FP8), s, None, None, EPS, 1e-10, 128, False, -1)
+    for q_start, shares in ((500, True), (516, False)):
+        v = _strided_views("cpu", q_start)
+        op, message, x, r, q = _strided_case(v, name)
+        s = torch.empty(x.shape[0], x.shape[1] // 128)
+        args = (op, x, r, v["w"], q, s, None, None, EPS, 1e-10, 128, False, -1)
+        if shares:
+            with pytest.raises(RuntimeError, match=message):
+                nq._launch(*args)
+            assert not composed
+        else:
+            nq._launch(*args)
+            assert len(composed) == 1
+
+
+def test_share_bytes_against_byte_sets():
+    """_validate.share_bytes: exact on 2-D row views with one row stride (or a single row), never
+    False where the views share a byte (a byte-set model of random views of one buffer)."""
+    import itertools
+    import random
+
+    from sglang.jit_kernel._validate import share_bytes
+
+    def byte_set(t: torch.Tensor) -> set[int]:
+        size = t.element_size()
+        offsets = (sum(i * st for i, st in zip(idx, t.stride())) for idx in itertools.product(*map(range, t.shape)))
+        return {t.data_ptr() + o * size + b for o in offsets for b in range(size)}
+
+    buf = torch.zeros(2048, dtype=torch.uint8)
+    rng = random.Random(0)
+
+    def view() -> torch.Tensor:
+        dtype = rng.choice([torch.uint8, torch.bfloat16, torch.float32])
+        size = torch.empty(0, dtype=dtype).element_size()
+        rows, stride = rng.randint(1, 5), rng.choice([16, 20, 32, 40, 64]) // size
+        width, offset = rng.randint(1, stride + 2), rng.randrange(0, 200, size)
+        return (
+            buf[offset : offset + (rows - 1) * stride * size + width * size]
+            .view(dtype)
+            .as_strided((rows, width), (stride, 1))
+        )
+
+    for _ in range(400):
+        a, b = view(), view()
+        exact = bool(byte_set(a) & byte_set(b))
+        got = share_bytes(a, b)
+        one_stride = len({t.stride(0) * t.element_size() for t in (a, b) if t.shape[0] > 1}) <= 1
+        assert got == exact if one_stride else got >= exact, (a.shape, a.stride(), b.shape, b.stride())
+
+
+def test_composition_path_takes_packed_q_and_scales(monkeypatch):
+    """output_q and output_s packed in the rows of one buffer reach the quant op together (its
+    launcher tests them element by element): the composition takes them, as the fused kernel does."""
+    composed = []
+    monkeypatch.setattr(nq, "_compose", lambda *a: composed.append(a))
+    n, h, g = 3, 16512, 128  # 33024-byte rows: the composition
+    x, w = torch.randn(n, h, dtype=BF16), torch.ones(h, dtype=BF16)
+    pack = torch.empty(n, h + 4 * (h // g), dtype=torch.uint8)
+    q, s = pack[:, :h].view(FP8), pack[:, h:].view(torch.float32)
+    nq._launch("rmsnorm_quant", x, None, w, q, s, None, None, EPS, 1e-10, g, False, -1)
     assert len(composed) == 1
 
 
 @requires_cuda
-@pytest.mark.parametrize("name", ["q_beside_input", "q_beside_residual"])
-def test_composition_path_overlap_raises_and_writes_nothing(name):
-    v = _interleaved("cuda")
-    op, message, x, r, q = _interleaved_case(v, name)
+@pytest.mark.parametrize("name", ["q_in_input", "q_in_residual"])
+def test_composition_path_shared_bytes_raise_and_write_nothing(name):
+    v = _strided_views("cuda", 500)
+    op, message, x, r, q = _strided_case(v, name)
     watched = (v["x"], v["q"], v["r"], v["q2"])
     before = [t.clone() for t in watched]
     with pytest.raises(RuntimeError, match=message):
@@ -266,6 +318,22 @@ def test_composition_path_overlap_raises_and_writes_nothing(name):
     torch.cuda.synchronize()
     for t, b in zip(watched, before):
         assert_bits_equal(t, b)
+
+
+@requires_cuda
+@pytest.mark.parametrize("op", OPS)
+def test_composition_path_interleaved_outputs(op):
+    """Interleaved views that share no byte: the composition's result, input left as it was."""
+    v = _strided_views("cuda", 516)
+    v["x"].copy_(torch.randn(4, 256, device="cuda").to(BF16))
+    v["r"].copy_(torch.randn(4, 256, device="cuda").to(BF16))
+    x_before = v["x"].clone()
+    r = v["r"] if op == "fused_add_rmsnorm_quant" else None
+    rq, rs, _ = expected(op, v["x"].clone(), None if r is None else r.clone(), v["w"], 128)
+    q, s = call(op, v["x"], r, v["w"], output_q=v["q"])[:2]
+    assert_bits_equal(q, rq)
+    assert_bits_equal(s, rs)
+    assert_bits_equal(v["x"], x_before)
 
 
 @requires_cuda
