@@ -2619,12 +2619,6 @@ def test_moe_align_block_size(bad_input_case: Case) -> None:
     bad_input_case.run()
 
 
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(pytest.main([__file__, "-v", "-s"]))
-
-
 def test_foreign_scalar_type_is_named_with_its_module():
     """A numpy bool is not a bool: the message names numpy's type, not a bare ``bool``."""
     np = pytest.importorskip("numpy")
@@ -2632,3 +2626,9 @@ def test_foreign_scalar_type_is_named_with_its_module():
 
     with pytest.raises(TypeError, match=r"scale_ue8m0 type: expected a bool, got numpy\.bool_?$"):
         per_token_group_quant(torch.zeros(4, 256, dtype=torch.bfloat16), scale_ue8m0=np.True_)
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(pytest.main([__file__, "-v", "-s"]))
