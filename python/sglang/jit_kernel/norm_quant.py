@@ -479,9 +479,9 @@ def _prepare(
             )
         _check_rows_layout(op, "output_normed", output_normed)
 
-    # Aliasing (dense views here; strided ones by the launcher's exact test, or by _launch's byte
-    # ranges before the composition). Meta tensors have no storage to alias: they reach the device
-    # check below.
+    # Aliasing (dense views here; strided ones by the launcher's exact test, or, before the
+    # composition, by _check_composition_aliasing). Meta tensors have no storage to alias: they reach
+    # the device check below.
     if not tracing() and input.device.type != "meta":
         _check_aliasing(op, input, residual, weight, output_q, output_s, scale, output_normed)
 
