@@ -28,16 +28,18 @@
 // contiguous last dims of input and output_q. With masked_m (int32 [num_experts]) only rows
 // t < masked_m[e] (clamped to [0, rows_per_expert]) of expert e are read or written.
 //
-// Work layout: a warp takes a tile of kTileChunks = 32 * kItems chunks (kVecN elements of h, read
-// as kVecN gate and kVecN up elements) of one row; step c of lane l is chunk c * 32 + l of the tile,
-// so each step loads 512 contiguous bytes of gate and of up per warp. A group (group_size / kVecN
-// chunks, at most kTileChunks) is lanes_per_group consecutive lanes of one step, or both steps of
-// every lane; its maximum is a butterfly over those lanes. The grid is (tiles of a row / warps per
-// CTA, row blocks, experts): gridDim.y covers launch_rows rows per expert (expected_m when given,
-// so a masked launch sized for the expected count starts no CTA for rows it never computes; CTAs
-// loop over the rest), gridDim.z the experts (looped past 65535). Offsets are 64-bit across rows
-// and experts, 32-bit within a row. PDL: the kernel waits for the previous kernel before its first
-// global access.
+// Work layout: a warp takes a tile of 32 * lane_items chunks (kVecN elements of h, read as kVecN
+// gate and kVecN up elements) of one row, lane_items 1 or 2 (at most kItems); step c of lane l is
+// chunk c * 32 + l of the tile, so each step loads 512 contiguous bytes of gate and of up per warp.
+// A group (group_size / kVecN chunks, at most kTileChunks) is lanes_per_group consecutive lanes of
+// one step, or both steps of every lane (lane_items 2); its maximum is a butterfly over those lanes.
+// The launcher takes one step per lane when a group fits in one step and the one-step tiles number
+// at most kOneStepWarpsPerSm per SM (decode sizes: twice the warps, each with half the serial
+// work), two otherwise. The grid is (tiles of a row / warps per CTA, row blocks, experts):
+// gridDim.y covers launch_rows rows per expert (expected_m when given, so a masked launch sized for
+// the expected count starts no CTA for rows it never computes; CTAs loop over the rest), gridDim.z
+// the experts (looped past 65535). Offsets are 64-bit across rows and experts, 32-bit within a row.
+// PDL: the kernel waits for the previous kernel before its first global access.
 #pragma once
 
 #include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDevice, kAnySize, data_ptr, verify_no_*
@@ -78,11 +80,13 @@ struct ActQuantParams {
   int64_t input_expert_stride;  // elements of T between experts
   int64_t q_expert_stride;      // elements of TOut
   int64_t s_expert_stride;      // elements of output_s (fp32, or int32 words with ue8m0)
+  int32_t lane_items;           // steps of a lane's tile: 1 or 2 (2 when a group spans 32 chunks)
 };
 
 /// Launch facts.
 struct ActQuantConfig {
-  static constexpr int kItems = 2;                            // chunks of gate and of up per lane
+  static constexpr int kItems = 2;                            // steps (chunks of gate and of up) per lane, at most
+  static constexpr int64_t kOneStepWarpsPerSm = 8;            // one step per lane up to this many tiles per SM
   static constexpr int64_t kTileChunks = 32 * kItems;         // group_size <= kTileChunks * kVecN
   static constexpr uint32_t kMaxThreads = 256;                // tile_grid's largest CTA
   static constexpr int64_t kMaxGridZ = 65535;                 // CUDA's limit on gridDim.z
@@ -126,8 +130,10 @@ __global__ void __launch_bounds__(ActQuantConfig::kMaxThreads) act_and_mul_group
   const int32_t lane = threadIdx.x % device::kWarpThreads;
   const int32_t tile = blockIdx.x * (blockDim.x / device::kWarpThreads) + threadIdx.x / device::kWarpThreads;
   if (tile >= static_cast<int32_t>(q.tiles_per_row)) return;  // whole warps: no shuffle partner lost
-  const int32_t row_chunks = static_cast<int32_t>(q.row_chunks);
-  const int32_t first = tile * static_cast<int32_t>(ActQuantConfig::kTileChunks) + lane;
+  const int32_t tile_chunks = p.lane_items * device::kWarpThreads;
+  // Chunks of this tile are below tile_end (the row's end, or the tile's for one step per lane).
+  const int32_t tile_end = min(static_cast<int32_t>(q.row_chunks), (tile + 1) * tile_chunks);
+  const int32_t first = tile * tile_chunks + lane;
   const int32_t group_chunks = 1 << q.log2_group_chunks;
   const int32_t lanes_per_group = min(group_chunks, device::kWarpThreads);
   const float type_max = kTypeMax<TOut>;
@@ -149,7 +155,7 @@ __global__ void __launch_bounds__(ActQuantConfig::kMaxThreads) act_and_mul_group
 #pragma unroll
       for (int c = 0; c < kItems; ++c) {
         const int32_t index = first + c * device::kWarpThreads;
-        if (index < row_chunks) {
+        if (index < tile_end) {
           gate[c].load(gate_row, index);
           up[c].load(up_row, index);
         }
@@ -158,7 +164,7 @@ __global__ void __launch_bounds__(ActQuantConfig::kMaxThreads) act_and_mul_group
 #pragma unroll
       for (int c = 0; c < kItems; ++c) {
         amax[c] = 0.0f;
-        if (first + c * device::kWarpThreads < row_chunks) {
+        if (first + c * device::kWarpThreads < tile_end) {
           act_and_mul_values<kAct, kMath>(gate[c], up[c], h[c]);
           amax[c] = values_absmax(h[c], 0.0f);
         }
@@ -172,7 +178,7 @@ __global__ void __launch_bounds__(ActQuantConfig::kMaxThreads) act_and_mul_group
 #pragma unroll
       for (int c = 0; c < kItems; ++c) {
         const int32_t index = first + c * device::kWarpThreads;
-        if (index < row_chunks) {
+        if (index < tile_end) {
           const float scale = block_scale(amax[c], q.eps, type_max, q.scale_ue8m0);
           const float inv_scale = __fdiv_rn(1.0f, scale);
           quantize_values<TOut, kClamp, kVecN, kAligned>(h[c], inv_scale, q.q_min, q.q_max).store(dst, index);
@@ -183,19 +189,25 @@ __global__ void __launch_bounds__(ActQuantConfig::kMaxThreads) act_and_mul_group
   }
 }
 
-/// The kernel of one math and alignment over the grid of the file comment. CTAs of tile_grid (all of
-/// a row's tiles when there are at most 8, else 4 warps of a row; or several short rows), except launches of at most one tile per SM: one warp
-/// per CTA then, so every tile gets its own SM ([1, 2 x 14336] bf16: 28 CTAs instead of 7).
+/// The kernel of one math and alignment over the grid of the file comment: tiles of one or two steps
+/// per lane (lane_items), in CTAs of tile_grid (all of a row's tiles when there are at most 8, else 4
+/// warps of a row; or several short rows), except launches of at most one tile per SM: one warp per
+/// CTA then, so every tile gets its own SM ([1, 2 x 14336] bf16: 56 one-step CTAs instead of 14).
 template <typename T, typename TOut, GatedActivation kAct, ActQuantMath kMath>
 void launch_act_and_mul_group_quant(const ActQuantParams& params, int64_t launch_rows, bool aligned, DLDevice device) {
   ActQuantParams p = params;
   GroupQuantParams sizing = p.quant;
   sizing.num_tokens = launch_rows;
-  TileGrid g = tile_grid(sizing, ActQuantConfig::kTileChunks);  // sets tiles_per_row
-  p.quant.tiles_per_row = sizing.tiles_per_row;
   const int64_t experts = std::min(p.num_experts, ActQuantConfig::kMaxGridZ);
+  const int64_t sms = host::runtime::get_sm_count(device.device_id);
+  const int64_t one_step_tiles = host::div_ceil(p.quant.row_chunks, int64_t{device::kWarpThreads});
+  const bool one_step = (int64_t{1} << p.quant.log2_group_chunks) <= device::kWarpThreads &&
+                        one_step_tiles * launch_rows * experts <= ActQuantConfig::kOneStepWarpsPerSm * sms;
+  p.lane_items = one_step ? 1 : ActQuantConfig::kItems;
+  TileGrid g = tile_grid(sizing, int64_t{p.lane_items} * device::kWarpThreads);  // sets tiles_per_row
+  p.quant.tiles_per_row = sizing.tiles_per_row;
   const int64_t tiles = sizing.tiles_per_row * launch_rows * experts;
-  if (tiles <= int64_t{host::runtime::get_sm_count(device.device_id)}) {
+  if (tiles <= sms) {
     g.block = dim3(device::kWarpThreads, 1);
     g.grid = dim3(static_cast<uint32_t>(sizing.tiles_per_row), static_cast<uint32_t>(launch_rows));
   }
@@ -322,6 +334,7 @@ void per_token_group_quant(
       .input_expert_stride = input.stride(0),
       .q_expert_stride = output_q.stride(0),
       .s_expert_stride = output_s.stride(0),
+      .lane_items = ActQuantConfig::kItems,  // set with the grid
   };
   const DLDevice device = device_.unwrap();
   const int64_t num_rows = params.num_experts * params.quant.num_tokens;
