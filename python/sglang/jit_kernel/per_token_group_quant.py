@@ -79,8 +79,8 @@ def _jit_module(in_dtype: torch.dtype, out_dtype: torch.dtype, activation: str) 
 
 
 def max_fused_group_size(dtype: torch.dtype) -> int:
-    """Largest group_size of the fused path for input ``dtype``: a warp's tile of 64 chunks of 16
-    bytes (512 for 16-bit inputs, 256 for float32)."""
+    """Largest group_size of the fused path for input ``dtype``: a warp's largest tile, two steps of 32
+    chunks of 16 bytes (512 for 16-bit inputs, 256 for float32)."""
     return 64 * (16 // torch.empty((), dtype=dtype).element_size())
 
 

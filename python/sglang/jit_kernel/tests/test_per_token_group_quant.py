@@ -34,10 +34,12 @@ UNFUSED = {"silu": silu_and_mul, "gelu": gelu_and_mul, "gelu_tanh": gelu_tanh_an
 NAMES = sorted(ACTIVATIONS)
 
 #: (num_tokens, hidden_size): decode rows (the unfused activation narrows its vectors and takes the
-#: formulas), rows where it takes 16-byte vectors (the branch-free activations), awkward counts.
+#: formulas), rows where it takes 16-byte vectors (the branch-free activations), awkward counts;
+#: launches of one step per lane and of two (with a partial last tile: 384 = 1.5 tiles of 64 chunks
+#: in fp32, 48 of 64 chunks in 16-bit types).
 SHAPES = get_ci_test_range(
     full_range=[(1, 14336), (7, 384), (64, 14336), (129, 512), (256, 1024), (2048, 14336), (4097, 256)],
-    ci_range=[(1, 14336), (7, 384), (129, 512), (2048, 2048)],
+    ci_range=[(1, 14336), (7, 384), (129, 512), (2048, 2048), (2048, 384)],
 )
 GROUP_SIZES = get_ci_test_range(full_range=[16, 32, 64, 128, 256, 512], ci_range=[16, 128, 512])
 LAYOUTS = ("row", "col", "ue8m0")
@@ -242,22 +244,24 @@ def test_empty_inputs(shape, fuse):
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("expected_m", [None, 1, 8, 64])
 @pytest.mark.parametrize("mode", ["legacy", "dense"])
-def test_masked_layout(in_dtype, layout, expected_m, mode):
+@pytest.mark.parametrize("t_pad", [37, 96])
+def test_masked_layout(in_dtype, layout, expected_m, mode, t_pad):
     """Rows t < masked_m[e] equal the unfused composition over all E * T_pad rows (legacy) or the fp32
     reference (dense); the other rows of output_q / output_s keep their poison; masked_m entries
-    outside [0, T_pad] are clamped; expected_m changes nothing but the grid."""
-    e, t_pad, hidden = 5, 37, 7 * 128
+    outside [0, T_pad] are clamped; expected_m changes nothing but the grid. T_pad 37 launches one
+    step per lane on a 132-SM GPU, 96 two (unless expected_m is small)."""
+    e, hidden = 5, 7 * 128
     ue8m0 = layout == "ue8m0"
     cols = 2 if ue8m0 else 7
     x = gate_up(e * t_pad, hidden, in_dtype).view(e, t_pad, 2 * hidden)
     masked_m = torch.tensor([0, 1, 20, 37, 1000], dtype=torch.int32, device="cuda")
-    valid = [0, 1, 20, 37, 37]
+    valid = [0, 1, 20, 37, t_pad]
     q = torch.full((e, t_pad, hidden), 0x7F, dtype=torch.uint8, device="cuda").view(FP8)
     s_dtype = torch.int32 if ue8m0 else torch.float32
     if layout == "row":
         s = torch.full((e, t_pad, cols), -7, dtype=s_dtype, device="cuda")
-    else:  # per expert column-major, T_pad padded to 40
-        s = torch.full((e, cols, 40), -7, dtype=s_dtype, device="cuda").transpose(1, 2)[:, :t_pad]
+    else:  # per expert column-major, T_pad padded by 3
+        s = torch.full((e, cols, t_pad + 3), -7, dtype=s_dtype, device="cuda").transpose(1, 2)[:, :t_pad]
     per_token_group_quant(x, q, s, 128, ue8m0, True, masked_m, expected_m, activation="silu", silu_and_mul_mode=mode)
     if mode == "legacy":
         q_ref, s_ref = unfused(x, "silu", 128, FP8, "ue8m0" if ue8m0 else "row")

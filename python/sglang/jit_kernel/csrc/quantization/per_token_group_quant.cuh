@@ -80,7 +80,7 @@ struct ActQuantParams {
   int64_t input_expert_stride;  // elements of T between experts
   int64_t q_expert_stride;      // elements of TOut
   int64_t s_expert_stride;      // elements of output_s (fp32, or int32 words with ue8m0)
-  int32_t lane_items;           // steps of a lane's tile: 1 or 2 (2 when a group spans 32 chunks)
+  int32_t lane_items;           // steps of a lane's tile, 1 or 2 (the launcher's rule, file comment)
 };
 
 /// Launch facts.
@@ -192,7 +192,8 @@ __global__ void __launch_bounds__(ActQuantConfig::kMaxThreads) act_and_mul_group
 /// The kernel of one math and alignment over the grid of the file comment: tiles of one or two steps
 /// per lane (lane_items), in CTAs of tile_grid (all of a row's tiles when there are at most 8, else 4
 /// warps of a row; or several short rows), except launches of at most one tile per SM: one warp per
-/// CTA then, so every tile gets its own SM ([1, 2 x 14336] bf16: 56 one-step CTAs instead of 14).
+/// CTA then, so every tile gets its own SM ([1, 2 x 14336] bf16: 56 CTAs of one warp instead of
+/// tile_grid's 14 CTAs of 4 warps).
 template <typename T, typename TOut, GatedActivation kAct, ActQuantMath kMath>
 void launch_act_and_mul_group_quant(const ActQuantParams& params, int64_t launch_rows, bool aligned, DLDevice device) {
   ActQuantParams p = params;

@@ -45,7 +45,7 @@ struct GroupQuantParams {
   int64_t num_tokens;         // rows
   int64_t num_groups;         // hidden_size / group_size, groups per row
   int64_t row_chunks;         // hidden_size / kVecN, 16-byte chunks per row
-  int64_t tiles_per_row;      // ceil(row_chunks / kTileChunks)
+  int64_t tiles_per_row;      // ceil(row_chunks / the launch's chunks per tile)
   int64_t input_row_stride;   // elements of TIn
   int64_t q_row_stride;       // elements of TOut
   int64_t s_row_stride;       // elements of output_s (fp32, or int32 words for ue8m0)
