@@ -339,6 +339,7 @@ def per_token_group_quant(
             tuple(input.shape),
         )
     masked = masked_m is not None
+    q_rows = s_rows = None  # the outputs' row views, once checked
     if masked:
         if not isinstance(masked_m, torch.Tensor):
             fail(TypeError, op, "masked_m", "type", "a torch.Tensor", type_name(masked_m))
@@ -374,7 +375,7 @@ def per_token_group_quant(
         check_last_dim_contiguous(op, "output_q", output_q)
         check_no_self_overlap(op, "output_q", output_q)
         if not masked:  # leading dims that flatten to rows, before the device checks
-            as_rows(op, "output_q", output_q, num_tokens, copy_ok=False)
+            q_rows = as_rows(op, "output_q", output_q, num_tokens, copy_ok=False)
         q_dtype = output_q.dtype
     if scale_ue8m0 and q_dtype != FP8 and output_q is None:
         fail(ValueError, op, "out_dtype", "value", "float8_e4m3fn with scale_ue8m0 (ue8m0 is for fp8)", "int8")
@@ -396,7 +397,7 @@ def per_token_group_quant(
             check_shape(op, "output_s", output_s, [*zip(dims, leading), col])
         check_no_self_overlap(op, "output_s", output_s)
         if not masked:
-            as_rows(op, "output_s", output_s, num_tokens, copy_ok=False)
+            s_rows = as_rows(op, "output_s", output_s, num_tokens, copy_ok=False)
 
     # Devices
     check_cuda(op, "input", input)
@@ -434,8 +435,11 @@ def per_token_group_quant(
         launch_rows = 0 if expected_m is None else min(max(expected_m, 1), input.shape[1])
     else:
         x = as_rows(op, "input", last_dim_contiguous(input), num_tokens, copy_ok=True).unsqueeze(0)
-        q = as_rows(op, "output_q", output_q, num_tokens, copy_ok=False).unsqueeze(0)
-        s = as_rows(op, "output_s", output_s, num_tokens, copy_ok=False).unsqueeze(0)
+        if q_rows is None:  # allocated here
+            q_rows = as_rows(op, "output_q", output_q, num_tokens, copy_ok=False)
+        if s_rows is None:
+            s_rows = as_rows(op, "output_s", output_s, num_tokens, copy_ok=False)
+        q, s = q_rows.unsqueeze(0), s_rows.unsqueeze(0)
         launch_rows = 0
     args = (x, q, s, masked_m, group_size, float(eps), scale_ue8m0, silu_and_mul_mode == "dense", launch_rows)
     if tracing():
