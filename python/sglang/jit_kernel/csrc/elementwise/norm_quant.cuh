@@ -103,18 +103,18 @@ SGL_DEVICE float row_reduce_max(float value, int tpr, int slot, float* smem) {
   return device::warp::reduce_max<float>(value);
 }
 
-/// Writes the scale of group `group` of row `row` (one lane per group): fp32, or with ue8m0 its
-/// exponent byte at byte group % 4 of word group / 4 (the last group's lane zeroes the word's
-/// remaining bytes), as per_token_group_quant_8bit lays them out.
-SGL_DEVICE void store_group_scale(const NormQuantParams& p, int64_t row, int64_t group, float scale) {
+/// Writes the scale of group `group` of a row whose scales start at `row_scales` (one lane per
+/// group): fp32, or with ue8m0 its exponent byte at byte group % 4 of word group / 4 (the last
+/// group's lane zeroes the word's remaining bytes), as per_token_group_quant_8bit lays them out.
+SGL_DEVICE void store_group_scale(const NormQuantParams& p, void* row_scales, uint32_t group, float scale) {
   if (!p.scale_ue8m0) {
-    static_cast<float*>(p.output_s)[row * p.s_row_stride + group * p.s_group_stride] = scale;
+    static_cast<float*>(row_scales)[group * p.s_group_stride] = scale;
     return;
   }
-  auto* word = static_cast<uint8_t*>(p.output_s) + 4 * (row * p.s_row_stride + (group / 4) * p.s_group_stride);
-  word[group % 4] = device::quant::scale_exponent(scale);
+  auto* word = static_cast<uint8_t*>(row_scales) + 4 * ((group >> 2) * p.s_group_stride);
+  word[group & 3u] = device::quant::scale_exponent(scale);
   if (group == p.num_groups - 1) {
-    for (int64_t b = group % 4 + 1; b < 4; ++b) word[b] = 0;
+    for (uint32_t b = (group & 3u) + 1; b < 4; ++b) word[b] = 0;
   }
 }
 
@@ -255,17 +255,44 @@ SGL_DEVICE void norm_quant_group(
         }
       }
     }
-    const int lanes = group_vecs < tpr ? group_vecs : tpr;  // a power of two <= 32: inside a warp
-    for (int mask = lanes / 2; mask > 0; mask >>= 1) {
+    // A group's lanes: a power of two <= 32, aligned inside a warp (tpr is a multiple of it).
+    const int lanes = group_vecs < tpr ? group_vecs : tpr;
 #pragma unroll
-      for (int j = 0; j < kVecs; ++j) amax[j] = fmaxf(amax[j], __shfl_xor_sync(0xffffffffu, amax[j], mask));
+    for (int mask = device::kWarpThreads / 2; mask > 0; mask >>= 1) {
+      if (mask < lanes) {
+#pragma unroll
+        for (int j = 0; j < kVecs; ++j) amax[j] = fmaxf(amax[j], __shfl_xor_sync(0xffffffffu, amax[j], mask));
+      }
     }
+    void* const row_scales = active ? static_cast<uint8_t*>(p.output_s) + 4 * row * p.s_row_stride : nullptr;
+    if (kVecs > 1 && lanes >= kVecs) {
+      // Every lane of a group holds the group's kVecs maxima: lane l finds the scale of slot
+      // own = l % kVecs only, and takes the other slots' inverse scales from its kVecs-aligned
+      // neighbours (one division chain per lane instead of kVecs). Lane base + j stores slot j's scale.
+      const int own = lane & (kVecs - 1);
+      float m = amax[0];
 #pragma unroll
-    for (int j = 0; j < kVecs; ++j) {
-      const float scale = block_scale(amax[j], p.quant_eps, kQMax, p.scale_ue8m0);
-      inv_scale[j] = __fdiv_rn(1.0f, scale);
-      const int64_t index = lane + j * tpr;
-      if (valid[j] && (index & (group_vecs - 1)) == 0) store_group_scale(p, row, index >> p.log2_group_vecs, scale);
+      for (int j = 1; j < kVecs; ++j) m = own == j ? amax[j] : m;
+      const float scale = block_scale(m, p.quant_eps, kQMax, p.scale_ue8m0);
+      const float inv = __fdiv_rn(1.0f, scale);
+      const int base = static_cast<int>(threadIdx.x % device::kWarpThreads) & ~(kVecs - 1);
+#pragma unroll
+      for (int j = 0; j < kVecs; ++j) inv_scale[j] = __shfl_sync(0xffffffffu, inv, base + j);
+      bool own_valid = valid[0];
+#pragma unroll
+      for (int j = 1; j < kVecs; ++j) own_valid = own == j ? valid[j] : own_valid;
+      const auto first = static_cast<uint32_t>(lane - own + own * tpr);  // slot own's vector at lane base
+      if (own_valid && (first & (group_vecs - 1)) == 0)
+        store_group_scale(p, row_scales, first >> p.log2_group_vecs, scale);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kVecs; ++j) {
+        const float scale = block_scale(amax[j], p.quant_eps, kQMax, p.scale_ue8m0);
+        inv_scale[j] = __fdiv_rn(1.0f, scale);
+        const auto index = static_cast<uint32_t>(lane + j * tpr);
+        if (valid[j] && (index & (group_vecs - 1)) == 0)
+          store_group_scale(p, row_scales, index >> p.log2_group_vecs, scale);
+      }
     }
   } else if (mode == QuantMode::kToken) {
     float row_max = 0.0f;
