@@ -50,7 +50,7 @@
 #include <tvm/ffi/optional.h>
 #include <type_traits>
 
-#include "../quantization/quantize_8bit.cuh"  // For quant::block_scale, quantize_values, kTypeMax, scale_exponent
+#include "../quantization/quantize_8bit.cuh"  // For quant::block_scale, quantize_values, kTypeMax, store_row_group_scale
 #include "norm_rows.cuh"  // For NormParams, NormRows, choose_geometry, set_row_geometry, normalize, row_reduce_sum
 
 namespace {
@@ -101,21 +101,6 @@ SGL_DEVICE float row_reduce_max(float value, int tpr, int slot, float* smem) {
   __syncthreads();
   value = static_cast<int>(lane) < warps_per_row ? smem[slot * warps_per_row + lane] : 0.0f;
   return device::warp::reduce_max<float>(value);
-}
-
-/// Writes the scale of group `group` of a row whose scales start at `row_scales` (one lane per
-/// group): fp32, or with ue8m0 its exponent byte at byte group % 4 of word group / 4 (the last
-/// group's lane zeroes the word's remaining bytes), as per_token_group_quant_8bit lays them out.
-SGL_DEVICE void store_group_scale(const NormQuantParams& p, void* row_scales, uint32_t group, float scale) {
-  if (!p.scale_ue8m0) {
-    static_cast<float*>(row_scales)[group * p.s_group_stride] = scale;
-    return;
-  }
-  auto* word = static_cast<uint8_t*>(row_scales) + 4 * ((group >> 2) * p.s_group_stride);
-  word[group & 3u] = device::quant::scale_exponent(scale);
-  if (group == p.num_groups - 1) {
-    for (uint32_t b = (group & 3u) + 1; b < 4; ++b) word[b] = 0;
-  }
 }
 
 /// Stores kN values of T (one vector store of kN * sizeof(T) bytes when `aligned`, element stores
@@ -266,9 +251,12 @@ SGL_DEVICE void norm_quant_group(
     }
     void* const row_scales = active ? static_cast<uint8_t*>(p.output_s) + 4 * row * p.s_row_stride : nullptr;
     if (kVecs > 1 && lanes >= kVecs) {
-      // Every lane of a group holds the group's kVecs maxima: lane l finds the scale of slot
+      // Every lane of an aligned block of `lanes` lanes holds the same kVecs slot maxima (one group
+      // per slot, or one shared group when a group spans slots): lane l finds the scale of slot
       // own = l % kVecs only, and takes the other slots' inverse scales from its kVecs-aligned
-      // neighbours (one division chain per lane instead of kVecs). Lane base + j stores slot j's scale.
+      // neighbours (warp lanes base .. base + kVecs - 1; one division chain per lane instead of
+      // kVecs). Lane base + j stores slot j's scale when slot j's vector at row lane lane - own starts
+      // a group.
       const int own = lane & (kVecs - 1);
       float m = amax[0];
 #pragma unroll
@@ -281,9 +269,10 @@ SGL_DEVICE void norm_quant_group(
       bool own_valid = valid[0];
 #pragma unroll
       for (int j = 1; j < kVecs; ++j) own_valid = own == j ? valid[j] : own_valid;
-      const auto first = static_cast<uint32_t>(lane - own + own * tpr);  // slot own's vector at lane base
+      const auto first = static_cast<uint32_t>(lane - own + own * tpr);  // slot own's vector at row lane lane - own
       if (own_valid && (first & (group_vecs - 1)) == 0)
-        store_group_scale(p, row_scales, first >> p.log2_group_vecs, scale);
+        store_row_group_scale(
+            row_scales, first >> p.log2_group_vecs, scale, p.s_group_stride, p.num_groups, p.scale_ue8m0);
     } else {
 #pragma unroll
       for (int j = 0; j < kVecs; ++j) {
@@ -291,7 +280,8 @@ SGL_DEVICE void norm_quant_group(
         inv_scale[j] = __fdiv_rn(1.0f, scale);
         const auto index = static_cast<uint32_t>(lane + j * tpr);
         if (valid[j] && (index & (group_vecs - 1)) == 0)
-          store_group_scale(p, row_scales, index >> p.log2_group_vecs, scale);
+          store_row_group_scale(
+              row_scales, index >> p.log2_group_vecs, scale, p.s_group_stride, p.num_groups, p.scale_ue8m0);
       }
     }
   } else if (mode == QuantMode::kToken) {

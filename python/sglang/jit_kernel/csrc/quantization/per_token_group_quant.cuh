@@ -33,6 +33,8 @@
 // chunk c * 32 + l of the tile, so each step loads 512 contiguous bytes of gate and of up per warp.
 // A group (group_size / kVecN chunks, at most kTileChunks) is lanes_per_group consecutive lanes of
 // one step, or both steps of every lane (lane_items 2); its maximum is a butterfly over those lanes.
+// Lanes l and l ^ 1 share one group in each step (a group is at least two chunks), so each finds the
+// scale of one step (l % 2) and takes the other step's inverse scale from its neighbour.
 // The launcher takes one step per lane when a group fits in one step and the one-step tiles number
 // at most kOneStepWarpsPerSm per SM (decode sizes: twice the warps, each with half the serial
 // work), two otherwise. The grid is (tiles of a row / warps per CTA, row blocks, experts):
@@ -57,8 +59,8 @@
 #include <type_traits>
 
 #include "../elementwise/activation.cuh"  // For GatedActivation, act_and_mul, activate_vector, gated_act_launch_vector_bytes
-#include "per_token_group_quant_8bit.cuh"  // For GroupQuantParams, store_group_scale, tile_grid, check_group_quant_sizes
-#include "quantize_8bit.cuh"               // For quant::Chunk, block_scale, quantize_values, values_absmax
+#include "per_token_group_quant_8bit.cuh"  // For GroupQuantParams, tile_grid, check_group_quant_sizes
+#include "quantize_8bit.cuh"  // For quant::Chunk, block_scale, quantize_values, values_absmax, store_row_group_scale
 
 namespace {
 
@@ -144,9 +146,6 @@ __global__ void __launch_bounds__(ActQuantConfig::kMaxThreads) act_and_mul_group
   for (int64_t e = blockIdx.z; e < p.num_experts; e += gridDim.z) {
     int64_t rows = q.num_tokens;
     if (p.masked_m != nullptr) rows = min(max(int64_t{p.masked_m[e]}, int64_t{0}), rows);
-    // This expert's scale view: store_group_scale addresses rows and groups from output_s.
-    GroupQuantParams expert = q;
-    expert.output_s = static_cast<char*>(q.output_s) + e * p.s_expert_stride * 4;  // fp32 / int32 elements
     for (int64_t row = int64_t{blockIdx.y} * blockDim.y + threadIdx.y; row < rows; row += row_step) {
       const T* gate_row = static_cast<const T*>(q.input) + e * p.input_expert_stride + row * q.input_row_stride;
       const T* up_row = gate_row + p.hidden_size;
@@ -171,19 +170,35 @@ __global__ void __launch_bounds__(ActQuantConfig::kMaxThreads) act_and_mul_group
       }
       // A group of 2 * 32 chunks is both steps of every lane.
       if (group_chunks > device::kWarpThreads) amax[0] = amax[1] = fmaxf(amax[0], amax[1]);
-      for (int mask = lanes_per_group / 2; mask > 0; mask /= 2) {
 #pragma unroll
-        for (int c = 0; c < kItems; ++c) amax[c] = fmaxf(amax[c], __shfl_xor_sync(0xffffffffu, amax[c], mask));
+      for (int mask = device::kWarpThreads / 2; mask > 0; mask /= 2) {
+        if (mask < lanes_per_group) {  // uniform: the same group size for every lane
+#pragma unroll
+          for (int c = 0; c < kItems; ++c) amax[c] = fmaxf(amax[c], __shfl_xor_sync(0xffffffffu, amax[c], mask));
+        }
+      }
+      // Every lane of a group (at least two lanes: group_size >= 16) holds the maxima of its kItems
+      // steps: lane l finds the scale of step own = l % kItems only and takes the other steps'
+      // inverse scales from its kItems-aligned neighbours (one division chain per lane). Lane
+      // base + c stores step c's scale when the chunk of step c at lane base starts a group.
+      static_assert(kItems == 2, "the shared scale below pairs lanes l and l ^ 1");
+      const int own = lane & 1;
+      const float scale = block_scale(own ? amax[1] : amax[0], q.eps, type_max, q.scale_ue8m0);
+      const float inv = __fdiv_rn(1.0f, scale);
+      float inv_scale[kItems];
+#pragma unroll
+      for (int c = 0; c < kItems; ++c) inv_scale[c] = __shfl_sync(0xffffffffu, inv, (lane & ~1) | c);
+      const int32_t own_index = first - own + own * device::kWarpThreads;  // step own's chunk at lane base
+      if (own_index < tile_end && (own_index & (group_chunks - 1)) == 0) {
+        void* const row_scales = static_cast<char*>(q.output_s) + (e * p.s_expert_stride + row * q.s_row_stride) * 4;
+        store_row_group_scale(
+            row_scales, own_index >> q.log2_group_chunks, scale, q.s_group_stride, q.num_groups, q.scale_ue8m0);
       }
 #pragma unroll
       for (int c = 0; c < kItems; ++c) {
         const int32_t index = first + c * device::kWarpThreads;
-        if (index < tile_end) {
-          const float scale = block_scale(amax[c], q.eps, type_max, q.scale_ue8m0);
-          const float inv_scale = __fdiv_rn(1.0f, scale);
-          quantize_values<TOut, kClamp, kVecN, kAligned>(h[c], inv_scale, q.q_min, q.q_max).store(dst, index);
-          if ((index & (group_chunks - 1)) == 0) store_group_scale(expert, row, index >> q.log2_group_chunks, scale);
-        }
+        if (index < tile_end)
+          quantize_values<TOut, kClamp, kVecN, kAligned>(h[c], inv_scale[c], q.q_min, q.q_max).store(dst, index);
       }
     }
   }

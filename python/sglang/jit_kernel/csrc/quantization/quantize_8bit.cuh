@@ -46,6 +46,23 @@ SGL_DEVICE float block_scale(float amax, float eps, float type_max, bool ue8m0) 
 /// The exponent byte (ue8m0) of a power-of-two scale from block_scale(..., ue8m0 = true).
 SGL_DEVICE uint8_t scale_exponent(float s) { return static_cast<uint8_t>(__float_as_uint(s) >> 23); }
 
+/// Writes the scale of group `group` of a row whose scales start at `row_scales` (one lane per group
+/// calls it): fp32 at element group * group_stride, or with `ue8m0` its exponent byte at byte
+/// group % 4 of int32 word group / 4 (words group_stride apart); the lane of the row's last group
+/// (num_groups - 1) zeroes the bytes of its word past it.
+SGL_DEVICE void store_row_group_scale(
+    void* row_scales, uint32_t group, float scale, int64_t group_stride, int64_t num_groups, bool ue8m0) {
+  if (!ue8m0) {
+    static_cast<float*>(row_scales)[group * group_stride] = scale;
+    return;
+  }
+  auto* word = static_cast<uint8_t*>(row_scales) + 4 * ((group >> 2) * group_stride);
+  word[group & 3u] = scale_exponent(scale);
+  if (group == num_groups - 1) {
+    for (uint32_t b = (group & 3u) + 1; b < 4; ++b) word[b] = 0;
+  }
+}
+
 /// The multiplier of a static per-tensor scale: 1 / scale[0] (the correctly rounded fp32 reciprocal)
 /// when the scale is given on the device, else `inv_scale` (the caller's own multiplier). Reading the
 /// scale in the kernel keeps a captured CUDA graph correct when the scale changes between replays.
