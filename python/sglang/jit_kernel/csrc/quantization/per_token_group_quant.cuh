@@ -179,8 +179,9 @@ __global__ void __launch_bounds__(ActQuantConfig::kMaxThreads) act_and_mul_group
       }
       // Every lane of a group (at least two lanes: group_size >= 16) holds the maxima of its kItems
       // steps: lane l finds the scale of step own = l % kItems only and takes the other steps'
-      // inverse scales from its kItems-aligned neighbours (one division chain per lane). Lane
-      // base + c stores step c's scale when the chunk of step c at lane base starts a group.
+      // inverse scales from its kItems-aligned neighbours (one division chain per lane; with one
+      // step per lane the odd lanes' step-1 scale is computed and unused). Lane base + c stores step
+      // c's scale when the chunk of step c at lane base is below tile_end and starts a group.
       static_assert(kItems == 2, "the shared scale below pairs lanes l and l ^ 1");
       const int own = lane & 1;
       const float scale = block_scale(own ? amax[1] : amax[0], q.eps, type_max, q.scale_ue8m0);
