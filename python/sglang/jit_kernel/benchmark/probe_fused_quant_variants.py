@@ -30,6 +30,8 @@ from types import ModuleType
 
 import torch
 
+import sglang.jit_kernel.norm_quant as NQ
+import sglang.jit_kernel.per_token_group_quant as PQ
 from sglang.jit_kernel.benchmark.utils import (
     BenchRow,
     bench_rotating,
@@ -38,13 +40,7 @@ from sglang.jit_kernel.benchmark.utils import (
     format_rows,
     num_rotating_sets,
 )
-
-if __name__ == "__main__":
-    exit_unless_gpu(__file__)  # before importing triton, which a CPU-only install lacks
-
-import sglang.jit_kernel.norm_quant as NQ  # noqa: E402
-import sglang.jit_kernel.per_token_group_quant as PQ  # noqa: E402
-from sglang.jit_kernel.utils import load_jit, make_cpp_args  # noqa: E402
+from sglang.jit_kernel.utils import load_jit, make_cpp_args
 
 FP8, BF16 = torch.float8_e4m3fn, torch.bfloat16
 MLP = 14336  # Llama-3-8B intermediate size: the activation input is [T, 2 * MLP]
@@ -273,11 +269,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("variants", nargs="*", help="NAME=DIR[:FLAGS]: a copy of csrc/ and extra nvcc flags")
     parser.add_argument("--ops", default="norm,act", help="comma-separated families: norm, act")
-    args = parser.parse_args()
+    args = parser.parse_args()  # --help and argument errors work without a GPU
     families = set(args.ops.split(","))
     if not families <= {"norm", "act"}:
         raise SystemExit(f"--ops: expected names from norm, act, got {args.ops!r}")
     variants = [Variant("package"), *map(parse_variant, args.variants)]
+    exit_unless_gpu(__file__)  # before anything imports triton, which a CPU-only install lacks
     tables = [builders(v) for v in variants]
     checks = (list(norm_checks()) if "norm" in families else []) + (list(act_checks()) if "act" in families else [])
     differ = bit_check(variants, tables, checks)
