@@ -36,7 +36,7 @@
 // Lanes l and l ^ 1 share one group in each step (a group is at least two chunks), so each finds the
 // scale of one step (l % 2) and takes the other step's inverse scale from its neighbour.
 // The launcher takes one step per lane when a group fits in one step and the one-step tiles number
-// at most kOneStepWarpsPerSm per SM (decode sizes: twice the warps, each with half the serial
+// at most kOneStepWarpsPerSm per SM (decode and small batches: twice the warps, each with half the serial
 // work), two otherwise. The grid is (tiles of a row / warps per CTA, row blocks, experts):
 // gridDim.y covers launch_rows rows per expert (expected_m when given, so a masked launch sized for
 // the expected count starts no CTA for rows it never computes; CTAs loop over the rest), gridDim.z
@@ -88,7 +88,7 @@ struct ActQuantParams {
 /// Launch facts.
 struct ActQuantConfig {
   static constexpr int kItems = 2;                            // steps (chunks of gate and of up) per lane, at most
-  static constexpr int64_t kOneStepWarpsPerSm = 8;            // one step per lane up to this many tiles per SM
+  static constexpr int64_t kOneStepWarpsPerSm = 32;           // one step per lane up to this many tiles per SM
   static constexpr int64_t kTileChunks = 32 * kItems;         // group_size <= kTileChunks * kVecN
   static constexpr uint32_t kMaxThreads = 256;                // tile_grid's largest CTA
   static constexpr int64_t kMaxGridZ = 65535;                 // CUDA's limit on gridDim.z
