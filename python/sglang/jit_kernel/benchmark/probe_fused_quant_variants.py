@@ -161,7 +161,15 @@ def act_checks() -> Iterator[tuple[str, Callable[[], list[torch.Tensor]]]]:
     ]
     for dtype, out, activation in combos:
         top = PQ.max_fused_group_size(dtype)
-        for t, h, g in [(1, MLP, 128), (5, 2048, 16), (37, 1024, top), (300, 7168, 128), (64, 256, 64), (19, 384, 32)]:
+        for t, h, g in [
+            (1, MLP, 128),
+            (5, 2048, 16),
+            (37, 1024, top),
+            (300, 7168, 128),
+            (64, 256, 64),
+            (19, 384, 32),
+            (4097, 384, 128),
+        ]:
             x = torch.randn(t, 2 * h, dtype=dtype, device="cuda") * 2
             x[-1, 7] = float("nan")
             for mode in PQ.MODES:

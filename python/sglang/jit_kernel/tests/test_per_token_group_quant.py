@@ -36,10 +36,11 @@ NAMES = sorted(ACTIVATIONS)
 #: (num_tokens, hidden_size): decode rows (the unfused activation narrows its vectors and takes the
 #: formulas), rows where it takes 16-byte vectors (the branch-free activations), awkward counts;
 #: launches of one step per lane and of two (with a partial last tile: 384 = 1.5 tiles of 64 chunks
-#: in fp32, 48 of 64 chunks in 16-bit types).
+#: in fp32, 48 of 64 chunks in 16-bit types; 4097 rows of 384 are over the one-step rule's 32 tiles
+#: per SM on a 132-SM GPU, 7 rows are under it).
 SHAPES = get_ci_test_range(
-    full_range=[(1, 14336), (7, 384), (64, 14336), (129, 512), (256, 1024), (2048, 14336), (4097, 256)],
-    ci_range=[(1, 14336), (7, 384), (129, 512), (2048, 2048), (2048, 384)],
+    full_range=[(1, 14336), (7, 384), (64, 14336), (129, 512), (256, 1024), (2048, 14336), (4097, 256), (4097, 384)],
+    ci_range=[(1, 14336), (7, 384), (129, 512), (2048, 2048), (4097, 384)],
 )
 GROUP_SIZES = get_ci_test_range(full_range=[16, 32, 64, 128, 256, 512], ci_range=[16, 128, 512])
 LAYOUTS = ("row", "col", "ue8m0")
@@ -244,12 +245,12 @@ def test_empty_inputs(shape, fuse):
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("expected_m", [None, 1, 8, 64])
 @pytest.mark.parametrize("mode", ["legacy", "dense"])
-@pytest.mark.parametrize("t_pad", [37, 96])
+@pytest.mark.parametrize("t_pad", [37, 256])
 def test_masked_layout(in_dtype, layout, expected_m, mode, t_pad):
     """Rows t < masked_m[e] equal the unfused composition over all E * T_pad rows (legacy) or the fp32
     reference (dense); the other rows of output_q / output_s keep their poison; masked_m entries
-    outside [0, T_pad] are clamped; expected_m changes nothing but the grid. T_pad 37 launches one
-    step per lane on a 132-SM GPU, 96 two (unless expected_m is small)."""
+    outside [0, T_pad] are clamped; expected_m changes nothing but the grid. On a 132-SM GPU T_pad 37
+    launches one step per lane, 256 two (one when expected_m is given: at most 64 rows per expert)."""
     e, hidden = 5, 7 * 128
     ue8m0 = layout == "ue8m0"
     cols = 2 if ue8m0 else 7
