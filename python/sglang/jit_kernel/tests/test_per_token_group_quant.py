@@ -243,14 +243,15 @@ def test_empty_inputs(shape, fuse):
 @requires_cuda
 @pytest.mark.parametrize("in_dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("expected_m", [None, 1, 8, 64])
+@pytest.mark.parametrize("expected_m", [None, 1, 8, 64, 240])
 @pytest.mark.parametrize("mode", ["legacy", "dense"])
 @pytest.mark.parametrize("t_pad", [37, 256])
 def test_masked_layout(in_dtype, layout, expected_m, mode, t_pad):
     """Rows t < masked_m[e] equal the unfused composition over all E * T_pad rows (legacy) or the fp32
     reference (dense); the other rows of output_q / output_s keep their poison; masked_m entries
     outside [0, T_pad] are clamped; expected_m changes nothing but the grid. On a 132-SM GPU T_pad 37
-    launches one step per lane, 256 two (one when expected_m is given: at most 64 rows per expert)."""
+    launches one step per lane; 256 two, one with expected_m <= 64, and two over 240 rows with CTAs
+    looping over the other 16 with expected_m 240."""
     e, hidden = 5, 7 * 128
     ue8m0 = layout == "ue8m0"
     cols = 2 if ue8m0 else 7

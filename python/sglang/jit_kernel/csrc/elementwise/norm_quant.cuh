@@ -143,9 +143,10 @@ SGL_DEVICE void norm_quant_group(
   RowPointers<T> ptrs{};
   if (active) ptrs = row_pointers<T, kKind>(rows, row);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Lane 0 of each row asks L2 for the row prefetch_rows ahead (read by a CTA that starts up to half
-  // a wave later: the launcher's distance), so its bytes are on chip when that CTA starts. Rows are 16-byte aligned and a multiple of 16 bytes long (the
-  // launcher's layout check), as the bulk prefetch requires.
+  // Lane 0 of each row asks L2 for the row prefetch_rows ahead (the launcher's distance: a row that
+  // a CTA starting a fraction of a wave later reads), so its bytes are on chip when that CTA starts.
+  // Rows are 16-byte aligned and a multiple of 16 bytes long (the launcher's layout check), as the
+  // bulk prefetch requires.
   if (lane == 0 && active && p.prefetch_rows > 0 && row + p.prefetch_rows < rows.num_rows) {
     const int64_t ahead = row + p.prefetch_rows;
     const auto bytes = static_cast<uint32_t>(rows.num_vecs * 16);
@@ -574,8 +575,8 @@ void norm_quant(
       " (rows held in registers), got ",
       h);
   set_row_geometry<kVecN>(params.norm.rows[0], geometry, h / kVecN);
-  // Prefetch distance, in CTAs' rows per SM (a wave is 4 resident CTAs per SM): 2 for rmsnorm_quant,
-  // 1 for the fused add, which also prefetches the residual and writes it back (docs/perf_notes.md).
+  // Prefetch distance, in CTAs' rows per SM: 2 for rmsnorm_quant, 1 for the fused add, which also
+  // prefetches the residual and writes it back (measured best on the H100, docs/perf_notes.md).
   const int64_t prefetch_ctas_per_sm = kKind == NormKind::kFusedAddRMSNorm ? 1 : 2;
   params.prefetch_rows =
       prefetch_ctas_per_sm * host::runtime::get_sm_count(device.device_id) * params.norm.rows[0].rows_per_cta;
