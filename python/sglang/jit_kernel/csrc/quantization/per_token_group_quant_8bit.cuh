@@ -33,7 +33,7 @@
 #include <tvm/ffi/container/tensor.h>
 #include <type_traits>
 
-#include "quantize_8bit.cuh"  // For quant::Chunk, block_scale, quantize_chunk, chunk_absmax, is_aligned
+#include "quantize_8bit.cuh"  // For quant::Chunk, block_scale, quantize_chunk, chunk_absmax, is_aligned, store_row_group_scale
 
 namespace {
 
@@ -69,19 +69,16 @@ struct GroupQuantConfig {
   static constexpr int kSectorSlots = 4;               // the sector kernel's chunks per lane
 };
 
-/// Writes the scale of group `group` of row `row` (one lane per group calls it).
+/// Writes the scale of group `group` of row `row` (one lane per group calls it). Scale rows are
+/// s_row_stride 4-byte elements apart in both layouts (fp32 scales, or int32 words of ue8m0 bytes).
 SGL_DEVICE void store_group_scale(const GroupQuantParams& p, int64_t row, int64_t group, float scale) {
-  if (!p.scale_ue8m0) {
-    static_cast<float*>(p.output_s)[row * p.s_row_stride + group * p.s_group_stride] = scale;
-    return;
-  }
-  // Four exponent bytes per int32 word, group % 4 at byte group % 4 (little-endian); the word's
-  // bytes past the last group are written 0 by the last group's lane.
-  auto* word = static_cast<uint8_t*>(p.output_s) + 4 * (row * p.s_row_stride + (group / 4) * p.s_group_stride);
-  word[group % 4] = device::quant::scale_exponent(scale);
-  if (group == p.num_groups - 1) {
-    for (int64_t b = group % 4 + 1; b < 4; ++b) word[b] = 0;
-  }
+  device::quant::store_row_group_scale(
+      static_cast<float*>(p.output_s) + row * p.s_row_stride,
+      group,
+      scale,
+      p.s_group_stride,
+      p.num_groups,
+      p.scale_ue8m0);
 }
 
 /// The 1-D kernel, for rows of 2^30 chunks or more (its tile offsets are 64-bit). A warp takes a

@@ -51,15 +51,15 @@ SGL_DEVICE uint8_t scale_exponent(float s) { return static_cast<uint8_t>(__float
 /// group % 4 of int32 word group / 4 (words group_stride apart); the lane of the row's last group
 /// (num_groups - 1) zeroes the bytes of its word past it.
 SGL_DEVICE void store_row_group_scale(
-    void* row_scales, uint32_t group, float scale, int64_t group_stride, int64_t num_groups, bool ue8m0) {
+    void* row_scales, int64_t group, float scale, int64_t group_stride, int64_t num_groups, bool ue8m0) {
   if (!ue8m0) {
     static_cast<float*>(row_scales)[group * group_stride] = scale;
     return;
   }
   auto* word = static_cast<uint8_t*>(row_scales) + 4 * ((group >> 2) * group_stride);
-  word[group & 3u] = scale_exponent(scale);
+  word[group & 3] = scale_exponent(scale);
   if (group == num_groups - 1) {
-    for (uint32_t b = (group & 3u) + 1; b < 4; ++b) word[b] = 0;
+    for (int64_t b = (group & 3) + 1; b < 4; ++b) word[b] = 0;
   }
 }
 
