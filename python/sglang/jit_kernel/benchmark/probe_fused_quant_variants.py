@@ -125,13 +125,26 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
 
 def norm_checks() -> Iterator[tuple[str, Callable[[], list[torch.Tensor]]]]:
     """(label, call) pairs of the norm ops; a call returns every output, the residual included."""
-    for n, h in [(1, 4096), (5, 4096), (4099, 4096), (3, 7168), (33, 256), (7, 128), (9, 16384)]:
+    for n, h in [
+        (1, 4096),
+        (5, 4096),
+        (4099, 4096),
+        (3, 7168),
+        (33, 256),
+        (7, 128),
+        (9, 16384),
+        (2401, 512),
+        (1, 2048),
+        (601, 2048),
+        (1201, 896),
+    ]:
         x = torch.randn(n, h, dtype=BF16, device="cuda") * 3
         x[0, 5] = float("nan")
         w = torch.rand(h, dtype=BF16, device="cuda") + 0.5
         r0 = torch.randn(n, h, dtype=BF16, device="cuda")
         for out in (FP8, torch.int8):
             modes = [dict(group_size=128), dict(group_size=64, column_major_scales=True), dict(group_size=16)]
+            modes += [dict(group_size=32)]
             modes += [dict(group_size=None), dict(scale=torch.tensor([0.37], device="cuda"))]
             if out == FP8:
                 modes.append(dict(group_size=128, scale_ue8m0=True))
@@ -221,7 +234,7 @@ def norm_rows(variants: list[Variant], tables: list[dict]) -> list[BenchRow]:
     """rmsnorm_quant / fused_add_rmsnorm_quant group-128 rows at the issue's sizes, per variant."""
     rows = []
     for op, fused in (("rmsnorm_quant", False), ("fused_add_rmsnorm_quant", True)):
-        for n, h in [(1, 4096), (64, 4096), (2048, 4096), (16384, 4096), (16384, 7168)]:
+        for n, h in [(1, 4096), (64, 4096), (256, 4096), (2048, 4096), (16384, 4096), (16384, 2048), (16384, 7168)]:
             nbytes = n * h * 2 * (3 if fused else 1) + h * 2 + n * h + n * (h // GROUP) * 4
             sets = [
                 (

@@ -111,6 +111,29 @@ def test_group_column_major_and_ue8m0(op, n, h, ue8m0):
 
 @requires_cuda
 @pytest.mark.parametrize("op", OPS)
+# rmsnorm_quant's pair CTAs (two reduction lanes a thread; launches of more CTAs than SMs): rows of
+# 32 to 256 reduction lanes, one to eight rows a CTA, a row whose last vectors are past its end; and
+# a decode row, which keeps one lane a thread.
+@pytest.mark.parametrize("n,h", [(2401, 512), (1201, 1024), (601, 2048), (301, 4096), (1201, 896), (1, 4096)])
+@pytest.mark.parametrize("group_size,ue8m0", [(16, False), (32, True), (64, False), (128, True)])
+def test_group_sizes_across_reduction_lanes(op, n, h, group_size, ue8m0):
+    if h % group_size:
+        pytest.skip("hidden_size not a multiple of group_size")
+    x, r, w = make_inputs(op, n, h, BF16, seed=4)
+    rq, rs, ry = expected(op, x, r, w, group_size, FP8, ue8m0=ue8m0)
+    q, s, y = call(op, x, r, w, group_size=group_size, scale_ue8m0=ue8m0, return_normed=True)
+    assert_bits_equal(q, rq)
+    assert_bits_equal(s, rs)
+    assert_bits_equal(y, ry)
+    x, r, w = make_inputs(op, n, h, BF16, seed=5)
+    rq, rs, _ = expected(op, x, r, w, None)
+    q, s = call(op, x, r, w, group_size=None)
+    assert_bits_equal(q, rq)
+    assert_bits_equal(s.view(n), rs)
+
+
+@requires_cuda
+@pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("n,h", SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_token_and_static_bit_identical(op, n, h, dtype):
@@ -623,8 +646,9 @@ def test_registered_with_variants_and_check_cases():
 # Every variant compiles for sm_90 without a GPU: no spills, only its own kernels
 # ---------------------------------------------------------------------------------------------
 _KIND = {"rmsnorm_quant": "NormKindE0", "fused_add_rmsnorm_quant": "NormKindE1"}
-#: Kernels of each module: one, two and four vectors per thread, and the wide CTA builds of one and two.
-KERNELS_PER_MODULE = 5
+#: Kernels of each module: one, two and four vectors per thread, and the wide CTA builds of one and
+#: two; rmsnorm_quant also the pair build (two reduction lanes a thread) of two.
+KERNELS_PER_MODULE = {"rmsnorm_quant": 6, "fused_add_rmsnorm_quant": 5}
 
 
 @requires_nvcc
@@ -654,7 +678,7 @@ def test_every_variant_compiles_without_spills(monkeypatch, sm90_cache_dir):
         assert len(logs) >= 2 * len(dtypes), f"expected {2 * len(dtypes)} {op} builds, found {[str(p) for p in logs]}"
         for log in logs:
             kernels = kernels_without_local_memory(log)
-            assert len(kernels) == KERNELS_PER_MODULE, (log, kernels)
+            assert len(kernels) == KERNELS_PER_MODULE[op], (log, kernels)
             for kernel in kernels:
                 assert "norm_quant_kernel" in kernel and _KIND[op] in kernel, kernel
 

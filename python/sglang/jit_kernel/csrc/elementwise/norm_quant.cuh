@@ -14,7 +14,10 @@
 // fused add's (norm_rows.cuh's norm_group_in_registers): the same geometry (choose_geometry of the
 // op's NormKind with 16-byte vectors), the same loads, the same sum of squares in the same order
 // and the same row_reduce_sum, hence the same rstd bit for bit. Only their store is replaced: the
-// rounded vectors stay in registers and are quantized there.
+// rounded vectors stay in registers and are quantized there. rmsnorm_quant launches of more CTAs
+// than SMs at two vectors per reduction lane run that geometry with half the threads, each holding
+// two of its reduction lanes (pair CTAs, row_reduce_sum_pairs: the same sums in the same order),
+// which halves the per-row instructions per element of a kernel otherwise bound by their issue.
 //
 // Quant modes (runtime, uniform per launch):
 //   kGroup   a scale per group_size consecutive values; a group is G = group_size / kVecN vectors,
@@ -103,6 +106,35 @@ SGL_DEVICE float row_reduce_max(float value, int tpr, int slot, float* smem) {
   return device::warp::reduce_max<float>(value);
 }
 
+/// row_reduce_sum for a pair CTA (norm_quant_kernel with kPair): thread t holds the reduction
+/// lanes i and i + 16 (i = t % 16) of warp t / 16 of the CTA rmsnorm launches (twice as many
+/// threads), and `value` is their two sums added: warp::reduce_sum's first step (fp32 addition
+/// commutes, so the same bits). Then its four other steps inside each half-warp, the warp sums to
+/// smem[t / 16], one __syncthreads(), and row_reduce_sum's tree of the row's partials: the total is
+/// bit for bit rmsnorm's. tpr: the row's reduction lanes (a multiple of 32).
+SGL_DEVICE float row_reduce_sum_pairs(float value, int tpr, int slot, float* smem) {
+  const uint32_t lane = threadIdx.x % device::kWarpThreads;
+  const int warps_per_row = tpr / static_cast<int>(device::kWarpThreads);
+  float* const warp_partial = smem + threadIdx.x / 16;
+  const int first_partial = slot * warps_per_row;
+  const float4* const row_partials = reinterpret_cast<const float4*>(smem + first_partial);
+  value = device::warp::reduce_sum<float, 16>(value);
+  if (tpr == static_cast<int>(device::kWarpThreads)) return value;
+  if ((lane & 15) == 0) *warp_partial = value;
+  __syncthreads();
+  if (warps_per_row == 4 || warps_per_row == 8) {
+    const float4 a = row_partials[0];
+    float total = (a.x + a.y) + (a.z + a.w);
+    if (warps_per_row == 8) {
+      const float4 b = row_partials[1];
+      total += (b.x + b.y) + (b.z + b.w);
+    }
+    return total;
+  }
+  value = static_cast<int>(lane) < warps_per_row ? smem[first_partial + lane] : 0.0f;
+  return device::warp::reduce_sum<float>(value);
+}
+
 /// Stores kN values of T (one vector store of kN * sizeof(T) bytes when `aligned`, element stores
 /// otherwise).
 template <typename V>
@@ -120,7 +152,7 @@ SGL_DEVICE void store_vector(const V& v, void* row, int64_t index, bool aligned)
 /// One group of rows: norm_group_in_registers' loads, fused add, sum of squares and rstd (the same
 /// order of operations, so the same bits), the rounded normalised vectors kept in registers, then
 /// the scale of each value's block and the quantized bytes.
-template <typename T, typename TOut, NormKind kKind, int kVecs>
+template <typename T, typename TOut, NormKind kKind, int kVecs, bool kPair>
 SGL_DEVICE void norm_quant_group(
     const NormQuantParams& p,
     const NormRows& rows,
@@ -138,6 +170,10 @@ SGL_DEVICE void norm_quant_group(
   constexpr float kQMin = std::is_same_v<TOut, int8_t> ? -128.0f : -kQMax;
   const NormParams& params = p.norm;
   const int tpr = rows.threads_per_row;
+  // Vectors a thread holds: kVecs, or with kPair kVecs for each of its two reduction lanes.
+  constexpr int kSlots = kPair ? 2 * kVecs : kVecs;
+  // The row's vector of slot k of the thread whose (first) reduction lane is l.
+  const auto vec_index = [tpr](int l, int k) { return kPair ? l + (k / kVecs) * 16 + (k % kVecs) * tpr : l + k * tpr; };
   const int64_t row = group * rows.rows_per_cta + slot;
   const bool active = row < rows.num_rows;
   RowPointers<T> ptrs{};
@@ -158,28 +194,29 @@ SGL_DEVICE void norm_quant_group(
     }
   }
 #endif
-  bool valid[kVecs];
+  bool valid[kSlots];
 #pragma unroll
-  for (int j = 0; j < kVecs; ++j) valid[j] = active && lane + j * tpr < rows.num_vecs;
+  for (int j = 0; j < kSlots; ++j) valid[j] = active && vec_index(lane, j) < rows.num_vecs;
 
   // As norm_group_in_registers: up to two vectors the arithmetic runs unpredicated on zeros.
   constexpr bool kStraight = kVecs <= 2;
-  vec_t x[kVecs], w[kVecs];
+  vec_t x[kSlots], w[kSlots];
 #pragma unroll
-  for (int j = 0; j < kVecs; ++j) {
+  for (int j = 0; j < kSlots; ++j) {
     x[j].fill(device::cast<T>(0.0f));
     w[j].fill(device::cast<T>(0.0f));
   }
   pdl_wait_then_release();
 #pragma unroll
-  for (int j = 0; j < kVecs; ++j) {
-    if (valid[j]) x[j].load(ptrs.input, lane + j * tpr);
+  for (int j = 0; j < kSlots; ++j) {
+    if (valid[j]) x[j].load(ptrs.input, vec_index(lane, j));
   }
 #pragma unroll
-  for (int j = 0; j < kVecs; ++j) {
-    if (valid[j]) w[j].load(rows.weight, lane + j * tpr);
+  for (int j = 0; j < kSlots; ++j) {
+    if (valid[j]) w[j].load(rows.weight, vec_index(lane, j));
   }
   if constexpr (kKind == NormKind::kFusedAddRMSNorm) {
+    static_assert(!kPair, "norm_quant: pair CTAs are rmsnorm_quant's");
     vec_t r[kVecs];
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
@@ -195,7 +232,16 @@ SGL_DEVICE void norm_quant_group(
   // norm_group_in_registers' reduction, statement for statement (the same rstd bits). Duplicated on
   // purpose: a helper shared with norm_rows.cuh alters the SASS of a fused_add_rmsnorm build.
   float sum = 0.0f;
-  if constexpr (kStraight) {
+  if constexpr (kPair) {
+    static_assert(kStraight, "norm_quant: pair CTAs hold at most two vectors per reduction lane");
+    vec_t first[kVecs], second[kVecs];
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      first[j] = x[j];
+      second[j] = x[kVecs + j];
+    }
+    sum = sum_squares_all(first) + sum_squares_all(second);
+  } else if constexpr (kStraight) {
     sum = sum_squares_all(x);
   } else {
 #pragma unroll
@@ -203,18 +249,18 @@ SGL_DEVICE void norm_quant_group(
       if (valid[j]) sum += sum_squares(x[j]);
     }
   }
-  const float total = row_reduce_sum(sum, tpr, slot, sum_smem);
+  const float total = kPair ? row_reduce_sum_pairs(sum, tpr, slot, sum_smem) : row_reduce_sum(sum, tpr, slot, sum_smem);
   const float rstd = rsqrtf(total * rows.inv_hidden_size + params.eps);
   const RowScale row_factors = row_scale(rstd, params.weight_offset);
 
   // y = round(x * (w * rstd)) as rmsnorm stores it; its fp32 values (exact) and |y| maxima.
-  float y[kVecs][kVecN];
-  float amax[kVecs];
+  float y[kSlots][kVecN];
+  float amax[kSlots];
   T* const normed = rows.out == nullptr ? nullptr : static_cast<T*>(rows.out) + row * rows.out_token_stride;
 #pragma unroll
-  for (int j = 0; j < kVecs; ++j) {
+  for (int j = 0; j < kSlots; ++j) {
     const vec_t rounded = normalize(x[j], w[j], row_factors, params.weight_offset, false, false);
-    if (valid[j] && normed != nullptr) store_vector(rounded, normed, lane + j * tpr, p.normed_vec_aligned);
+    if (valid[j] && normed != nullptr) store_vector(rounded, normed, vec_index(lane, j), p.normed_vec_aligned);
 #pragma unroll
     for (int i = 0; i < kVecN / 2; ++i) {
       const float2 f = pair_as_float2(rounded, i);
@@ -225,61 +271,64 @@ SGL_DEVICE void norm_quant_group(
     amax[j] = valid[j] ? values_absmax(y[j], 0.0f) : 0.0f;
   }
 
-  float inv_scale[kVecs];
+  float inv_scale[kSlots];
   const auto mode = static_cast<QuantMode>(p.mode);
   if (mode == QuantMode::kGroup) {
     const int group_vecs = 1 << p.log2_group_vecs;
-    // A group longer than a row's lanes spans group_vecs / tpr consecutive slots of every lane.
+    if constexpr (!kPair) {
+      // A group longer than a row's lanes spans group_vecs / tpr consecutive slots of every lane.
 #pragma unroll
-    for (int span = 2; span <= kVecs; span *= 2) {
-      if (group_vecs >= span * tpr) {
+      for (int span = 2; span <= kVecs; span *= 2) {
+        if (group_vecs >= span * tpr) {
 #pragma unroll
-        for (int j = 0; j < kVecs; j += span) {
-          const float m = fmaxf(amax[j], amax[j + span / 2]);
+          for (int j = 0; j < kVecs; j += span) {
+            const float m = fmaxf(amax[j], amax[j + span / 2]);
 #pragma unroll
-          for (int i = 0; i < span; ++i) amax[j + i] = m;
+            for (int i = 0; i < span; ++i) amax[j + i] = m;
+          }
         }
       }
     }
-    // A group's lanes: a power of two <= 32, aligned inside a warp (tpr is a multiple of it).
-    const int lanes = group_vecs < tpr ? group_vecs : tpr;
+    // A group's threads: a power of two <= 32, aligned inside a warp (pair CTAs: groups of at most
+    // 16 vectors, each inside one of a thread's two reduction lanes; use_pair_ctas).
+    const int lanes = kPair || group_vecs < tpr ? group_vecs : tpr;
 #pragma unroll
     for (int mask = device::kWarpThreads / 2; mask > 0; mask >>= 1) {
       if (mask < lanes) {
 #pragma unroll
-        for (int j = 0; j < kVecs; ++j) amax[j] = fmaxf(amax[j], __shfl_xor_sync(0xffffffffu, amax[j], mask));
+        for (int j = 0; j < kSlots; ++j) amax[j] = fmaxf(amax[j], __shfl_xor_sync(0xffffffffu, amax[j], mask));
       }
     }
     void* const row_scales = active ? static_cast<uint8_t*>(p.output_s) + 4 * row * p.s_row_stride : nullptr;
-    if (kVecs > 1 && lanes >= kVecs) {
-      // Every lane of an aligned block of `lanes` lanes holds the same kVecs slot maxima (one group
-      // per slot, or one shared group when a group spans slots): lane l finds the scale of slot
-      // own = l % kVecs only, and takes the other slots' inverse scales from its kVecs-aligned
-      // neighbours (warp lanes base .. base + kVecs - 1; one division chain per lane instead of
-      // kVecs). Lane base + j stores slot j's scale when slot j's vector at row lane lane - own starts
-      // a group.
-      const int own = lane & (kVecs - 1);
+    if (kSlots > 1 && lanes >= kSlots) {
+      // Every thread of an aligned block of `lanes` threads holds the same kSlots slot maxima (one
+      // group per slot, or one group shared by slots): thread l finds the scale of slot
+      // own = l % kSlots only, and takes the other slots' inverse scales from its kSlots-aligned
+      // neighbours (warp lanes base .. base + kSlots - 1; one division chain per thread instead of
+      // kSlots). Thread base + j stores slot j's scale when slot j's vector of thread base starts a
+      // group.
+      const int own = lane & (kSlots - 1);
       float m = amax[0];
 #pragma unroll
-      for (int j = 1; j < kVecs; ++j) m = own == j ? amax[j] : m;
+      for (int j = 1; j < kSlots; ++j) m = own == j ? amax[j] : m;
       const float scale = block_scale(m, p.quant_eps, kQMax, p.scale_ue8m0);
       const float inv = __fdiv_rn(1.0f, scale);
-      const int base = static_cast<int>(threadIdx.x % device::kWarpThreads) & ~(kVecs - 1);
+      const int base = static_cast<int>(threadIdx.x % device::kWarpThreads) & ~(kSlots - 1);
 #pragma unroll
-      for (int j = 0; j < kVecs; ++j) inv_scale[j] = __shfl_sync(0xffffffffu, inv, base + j);
+      for (int j = 0; j < kSlots; ++j) inv_scale[j] = __shfl_sync(0xffffffffu, inv, base + j);
       bool own_valid = valid[0];
 #pragma unroll
-      for (int j = 1; j < kVecs; ++j) own_valid = own == j ? valid[j] : own_valid;
-      const auto first = static_cast<uint32_t>(lane - own + own * tpr);  // slot own's vector at row lane lane - own
+      for (int j = 1; j < kSlots; ++j) own_valid = own == j ? valid[j] : own_valid;
+      const auto first = static_cast<uint32_t>(vec_index(lane - own, own));  // slot own's vector of thread base
       if (own_valid && (first & (group_vecs - 1)) == 0)
         store_row_group_scale(
             row_scales, first >> p.log2_group_vecs, scale, p.s_group_stride, p.num_groups, p.scale_ue8m0);
     } else {
 #pragma unroll
-      for (int j = 0; j < kVecs; ++j) {
+      for (int j = 0; j < kSlots; ++j) {
         const float scale = block_scale(amax[j], p.quant_eps, kQMax, p.scale_ue8m0);
         inv_scale[j] = __fdiv_rn(1.0f, scale);
-        const auto index = static_cast<uint32_t>(lane + j * tpr);
+        const auto index = static_cast<uint32_t>(vec_index(lane, j));
         if (valid[j] && (index & (group_vecs - 1)) == 0)
           store_row_group_scale(
               row_scales, index >> p.log2_group_vecs, scale, p.s_group_stride, p.num_groups, p.scale_ue8m0);
@@ -288,24 +337,25 @@ SGL_DEVICE void norm_quant_group(
   } else if (mode == QuantMode::kToken) {
     float row_max = 0.0f;
 #pragma unroll
-    for (int j = 0; j < kVecs; ++j) row_max = fmaxf(row_max, amax[j]);
-    row_max = row_reduce_max(row_max, tpr, slot, max_smem);
+    for (int j = 0; j < kSlots; ++j) row_max = fmaxf(row_max, amax[j]);
+    // The maximum needs no order: a pair row is tpr / 2 threads.
+    row_max = row_reduce_max(row_max, kPair ? tpr / 2 : tpr, slot, max_smem);
     const float scale = block_scale(row_max, p.quant_eps, kQMax, false);
 #pragma unroll
-    for (int j = 0; j < kVecs; ++j) inv_scale[j] = __fdiv_rn(1.0f, scale);
+    for (int j = 0; j < kSlots; ++j) inv_scale[j] = __fdiv_rn(1.0f, scale);
     if (active && lane == 0) static_cast<float*>(p.output_s)[row * p.s_row_stride] = scale;
   } else {
     const float inv = __fdiv_rn(1.0f, fminf(fmaxf(*p.static_scale, FLT_MIN), FLT_MAX));
 #pragma unroll
-    for (int j = 0; j < kVecs; ++j) inv_scale[j] = inv;
+    for (int j = 0; j < kSlots; ++j) inv_scale[j] = inv;
   }
 
   TOut* const q_row = static_cast<TOut*>(p.output_q) + row * p.q_row_stride;
 #pragma unroll
-  for (int j = 0; j < kVecs; ++j) {
+  for (int j = 0; j < kSlots; ++j) {
     if (valid[j]) {
       const Chunk<TOut, kVecN, true> q = quantize_values<TOut, kClamp, kVecN, true>(y[j], inv_scale[j], kQMin, kQMax);
-      store_vector(q.vec, q_row, lane + j * tpr, p.q_vec_aligned);
+      store_vector(q.vec, q_row, vec_index(lane, j), p.q_vec_aligned);
     }
   }
 }
@@ -317,29 +367,39 @@ inline constexpr int kNormQuantThreadBytes = kVecs * 16;
 /// Minimum resident CTAs of a narrow build (__launch_bounds__): norm_rows_kernel's, capped so that
 /// the quant epilogue (the rounded row in fp32, the block maxima) fits without spills: 4 CTAs of
 /// 256 threads (64 registers) up to two vectors per thread; four vectors: 2 (128 registers) for
-/// rmsnorm_quant, 1 for the fused add (norm_rows' own bound).
-template <NormKind kKind, int kVecs, bool kWide>
+/// rmsnorm_quant, 1 for the fused add (norm_rows' own bound). The pair build (CTAs of at most 128
+/// threads, four vectors a thread): 6 CTAs (80 registers), without spills.
+template <NormKind kKind, int kVecs, bool kWide, bool kPair>
 inline constexpr int kNormQuantMinBlocks =
-    std::min(NormConfig::bound_blocks(kKind, kVecs * 16, false, kWide, kVecs), kWide ? 1 : (kVecs >= 4 ? 2 : 4));
+    kPair
+        ? 6
+        : std::min(NormConfig::bound_blocks(kKind, kVecs * 16, false, kWide, kVecs), kWide ? 1 : (kVecs >= 4 ? 2 : 4));
 
 /// Normalises and quantizes every row of params.norm.rows[0]. Block: rows_per_cta * threads_per_row
-/// threads (choose_geometry of kKind with 16-byte vectors), grid: any size, CTAs stride over groups of
-/// rows. kVecs: vectors per thread (1, 2 or 4); kWide: the build for CTAs of more than
-/// NormConfig::kBlockThreads threads. Register budgets: kNormQuantMinBlocks.
-template <typename T, typename TOut, NormKind kKind, int kVecs, bool kWide>
+/// threads (choose_geometry of kKind with 16-byte vectors), half that with kPair; grid: any size,
+/// CTAs stride over groups of rows. kVecs: vectors per reduction lane (1, 2 or 4); kWide: the build
+/// for CTAs of more than NormConfig::kBlockThreads threads. kPair (rmsnorm_quant, kVecs = 2; when:
+/// use_pair_ctas): each thread holds two reduction lanes of rmsnorm's geometry, i and i + 16 of a
+/// warp of it (row_reduce_sum_pairs), so the per-row work of a thread (its reduction steps, scale,
+/// pointers) is spread over twice the elements, with the same bits. Register budgets:
+/// kNormQuantMinBlocks.
+template <typename T, typename TOut, NormKind kKind, int kVecs, bool kWide, bool kPair>
 __global__ void __launch_bounds__(
-    NormConfig::bound_threads(kKind, kNormQuantThreadBytes<T, kVecs>, false, kWide, kVecs),
-    kNormQuantMinBlocks<kKind, kVecs, kWide>) norm_quant_kernel(const NormQuantParams p) {
+    kPair ? NormConfig::kBlockThreads / 2
+          : NormConfig::bound_threads(kKind, kNormQuantThreadBytes<T, kVecs>, false, kWide, kVecs),
+    kNormQuantMinBlocks<kKind, kVecs, kWide, kPair>) norm_quant_kernel(const NormQuantParams p) {
   __shared__ alignas(16) float sum_partials[2][NormConfig::kMaxWarps];  // alternated per group
   __shared__ float max_partials[NormConfig::kMaxWarps];
   const NormRows& rows = p.norm.rows[0];
   const int tpr = rows.threads_per_row;
   const int tid = static_cast<int>(threadIdx.x);
-  const int slot = rows.rows_per_cta == 1 ? 0 : (rows.tpr_shift >= 0 ? tid >> rows.tpr_shift : tid / tpr);
-  const int lane = tid - slot * tpr;
+  // The thread's (first) reduction lane in the CTA: its own id, or for pairs lane t % 16 of warp t / 16.
+  const int first_lane = kPair ? (tid >> 4) * 32 + (tid & 15) : tid;
+  const int slot = rows.rows_per_cta == 1 ? 0 : (rows.tpr_shift >= 0 ? first_lane >> rows.tpr_shift : first_lane / tpr);
+  const int lane = first_lane - slot * tpr;
   int parity = 0;
   for (int64_t group = blockIdx.x; group < rows.num_groups; group += gridDim.x) {
-    norm_quant_group<T, TOut, kKind, kVecs>(p, rows, group, slot, lane, sum_partials[parity], max_partials);
+    norm_quant_group<T, TOut, kKind, kVecs, kPair>(p, rows, group, slot, lane, sum_partials[parity], max_partials);
     parity ^= 1;
   }
 }
@@ -348,18 +408,33 @@ __global__ void __launch_bounds__(
 // Host side
 // ---------------------------------------------------------------------------------------------
 
+/// Whether an rmsnorm_quant launch of `geometry` takes the pair build: two vectors per reduction
+/// lane, rows of whole warps of reduction lanes in CTAs of an even number of warps, no
+/// quant group wider than 16 vectors (group_vecs; 0 for per-token and static scales), and more
+/// groups of rows than SMs. At most one CTA per SM (decode) the launch is latency-bound, and a
+/// thread with one reduction lane has the shorter chain.
+inline bool use_pair_ctas(const NormGeometry& geometry, int64_t group_vecs, int64_t row_groups, int64_t sm_count) {
+  return geometry.vecs_per_thread == 2 && geometry.threads_per_row >= 32 &&
+         geometry.block_threads <= NormConfig::kBlockThreads && geometry.block_threads % 64 == 0 && group_vecs <= 16 &&
+         row_groups > sm_count;
+}
+
 template <typename T, typename TOut, NormKind kKind, int kVecs>
-void launch_norm_quant_bucket(const NormQuantParams& params, const NormGeometry& geometry, DLDevice device, bool pdl) {
+void launch_norm_quant_bucket(
+    const NormQuantParams& params, const NormGeometry& geometry, DLDevice device, bool pdl, bool pair) {
   const int64_t grid = std::min(params.norm.rows[0].num_groups, NormConfig::kMaxGridCtas);
-  auto launch = [&](auto kernel) {
-    host::LaunchKernel(static_cast<uint32_t>(grid), geometry.block_threads, device).enable_pdl(pdl)(kernel, params);
+  auto launch = [&](auto kernel, uint32_t threads) {
+    host::LaunchKernel(static_cast<uint32_t>(grid), threads, device).enable_pdl(pdl)(kernel, params);
   };
+  if constexpr (kKind == NormKind::kRMSNorm && kVecs == 2) {
+    if (pair) return launch(norm_quant_kernel<T, TOut, kKind, kVecs, false, true>, geometry.block_threads / 2);
+  }
   constexpr int kBytes = kNormQuantThreadBytes<T, kVecs>;
   if constexpr (NormConfig::max_threads(kKind, kBytes, false, kVecs) > NormConfig::kBlockThreads) {
     if (geometry.block_threads > NormConfig::kBlockThreads)
-      return launch(norm_quant_kernel<T, TOut, kKind, kVecs, true>);
+      return launch(norm_quant_kernel<T, TOut, kKind, kVecs, true, false>, geometry.block_threads);
   }
-  launch(norm_quant_kernel<T, TOut, kKind, kVecs, false>);
+  launch(norm_quant_kernel<T, TOut, kKind, kVecs, false, false>, geometry.block_threads);
 }
 
 /// The launcher of both ops, exported per kKind: kRMSNorm is rmsnorm_quant (residual absent),
@@ -566,7 +641,8 @@ void norm_quant(
       (n == 1 || static_cast<uint64_t>(params.norm.rows[0].out_token_stride) * sizeof(T) % 16 == 0);
 
   // The geometry rmsnorm / fused_add_rmsnorm choose for these rows: the same reduction order.
-  const NormGeometry geometry = choose_geometry(kKind, h / kVecN, 16, n, host::runtime::get_sm_count(device.device_id));
+  const int64_t sm_count = host::runtime::get_sm_count(device.device_id);
+  const NormGeometry geometry = choose_geometry(kKind, h / kVecN, 16, n, sm_count);
   RuntimeCheck(
       geometry.vecs_per_thread > 0,
       op,
@@ -578,18 +654,21 @@ void norm_quant(
   // Prefetch distance, in CTAs' rows per SM: 2 for rmsnorm_quant, 1 for the fused add, which also
   // prefetches the residual and writes it back (measured best on the H100, docs/perf_notes.md).
   const int64_t prefetch_ctas_per_sm = kKind == NormKind::kFusedAddRMSNorm ? 1 : 2;
-  params.prefetch_rows =
-      prefetch_ctas_per_sm * host::runtime::get_sm_count(device.device_id) * params.norm.rows[0].rows_per_cta;
+  params.prefetch_rows = prefetch_ctas_per_sm * sm_count * params.norm.rows[0].rows_per_cta;
 
   // Launch
   const bool pdl = resolve_pdl(enable_pdl, device);
+  const bool pair =
+      kKind == NormKind::kRMSNorm &&
+      use_pair_ctas(
+          geometry, quant_mode == QuantMode::kGroup ? group_size / kVecN : 0, params.norm.rows[0].num_groups, sm_count);
   switch (geometry.vecs_per_thread) {
     case 1:
-      return launch_norm_quant_bucket<T, TOut, kKind, 1>(params, geometry, device, pdl);
+      return launch_norm_quant_bucket<T, TOut, kKind, 1>(params, geometry, device, pdl, pair);
     case 2:
-      return launch_norm_quant_bucket<T, TOut, kKind, 2>(params, geometry, device, pdl);
+      return launch_norm_quant_bucket<T, TOut, kKind, 2>(params, geometry, device, pdl, pair);
     case 4:
-      return launch_norm_quant_bucket<T, TOut, kKind, 4>(params, geometry, device, pdl);
+      return launch_norm_quant_bucket<T, TOut, kKind, 4>(params, geometry, device, pdl, pair);
     default:
       Panic(op, ": unexpected vectors per thread ", geometry.vecs_per_thread);
   }
