@@ -234,7 +234,16 @@ def norm_rows(variants: list[Variant], tables: list[dict]) -> list[BenchRow]:
     """rmsnorm_quant / fused_add_rmsnorm_quant group-128 rows at the issue's sizes, per variant."""
     rows = []
     for op, fused in (("rmsnorm_quant", False), ("fused_add_rmsnorm_quant", True)):
-        for n, h in [(1, 4096), (64, 4096), (256, 4096), (2048, 4096), (16384, 4096), (16384, 2048), (16384, 7168)]:
+        for n, h in [
+            (1, 4096),
+            (64, 4096),
+            (256, 4096),
+            (2048, 4096),
+            (16384, 4096),
+            (16384, 2048),
+            (16384, 7168),
+            (8192, 8192),
+        ]:
             nbytes = n * h * 2 * (3 if fused else 1) + h * 2 + n * h + n * (h // GROUP) * 4
             sets = [
                 (

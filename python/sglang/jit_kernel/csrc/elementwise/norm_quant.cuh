@@ -364,16 +364,14 @@ SGL_DEVICE void norm_quant_group(
 template <typename T, int kVecs>
 inline constexpr int kNormQuantThreadBytes = kVecs * 16;
 
-/// Minimum resident CTAs of a narrow build (__launch_bounds__): norm_rows_kernel's, capped so that
-/// the quant epilogue (the rounded row in fp32, the block maxima) fits without spills: 4 CTAs of
-/// 256 threads (64 registers) up to two vectors per thread; four vectors: 2 (128 registers) for
-/// rmsnorm_quant, 1 for the fused add (norm_rows' own bound). The pair build (CTAs of at most 128
-/// threads, four vectors a thread): 6 CTAs (80 registers), without spills.
+/// Minimum resident CTAs of a build (__launch_bounds__): norm_rows_kernel's, capped at 4 CTAs of
+/// 256 threads (64 registers: the quant epilogue's rounded row in fp32 and block maxima fit without
+/// spills at up to four vectors per thread); the fused add with four vectors keeps norm_rows' 1, and
+/// wide builds 1. The pair build (CTAs of at most 128 threads, four vectors a thread): 6 CTAs (80
+/// registers).
 template <NormKind kKind, int kVecs, bool kWide, bool kPair>
 inline constexpr int kNormQuantMinBlocks =
-    kPair
-        ? 6
-        : std::min(NormConfig::bound_blocks(kKind, kVecs * 16, false, kWide, kVecs), kWide ? 1 : (kVecs >= 4 ? 2 : 4));
+    kPair ? 6 : std::min(NormConfig::bound_blocks(kKind, kVecs * 16, false, kWide, kVecs), kWide ? 1 : 4);
 
 /// Normalises and quantizes every row of params.norm.rows[0]. Block: rows_per_cta * threads_per_row
 /// threads (choose_geometry of kKind with 16-byte vectors), half that with kPair; grid: any size,
