@@ -109,12 +109,16 @@ def test_group_column_major_and_ue8m0(op, n, h, ue8m0):
     assert_bits_equal(s.contiguous(), rs)
 
 
+# rmsnorm_quant's pair CTAs (two reduction lanes a thread; launches of more CTAs than SMs): rows of
+# 32 to 256 reduction lanes, one to eight rows a CTA, a row of 192 lanes (six warps' partials), a row
+# whose last vectors are past its end; rows of 96 lanes two to a CTA, which take no pairs; and a
+# decode row, which keeps one lane a thread.
+PAIR_SHAPES = [(2401, 512), (1201, 1024), (601, 2048), (301, 4096), (1201, 896), (301, 3072), (601, 1536), (1, 4096)]
+
+
 @requires_cuda
 @pytest.mark.parametrize("op", OPS)
-# rmsnorm_quant's pair CTAs (two reduction lanes a thread; launches of more CTAs than SMs): rows of
-# 32 to 256 reduction lanes, one to eight rows a CTA, a row whose last vectors are past its end; and
-# a decode row, which keeps one lane a thread.
-@pytest.mark.parametrize("n,h", [(2401, 512), (1201, 1024), (601, 2048), (301, 4096), (1201, 896), (1, 4096)])
+@pytest.mark.parametrize("n,h", PAIR_SHAPES)
 @pytest.mark.parametrize("group_size,ue8m0", [(16, False), (32, True), (64, False), (128, True)])
 def test_group_sizes_across_reduction_lanes(op, n, h, group_size, ue8m0):
     if h % group_size:
@@ -130,6 +134,29 @@ def test_group_sizes_across_reduction_lanes(op, n, h, group_size, ue8m0):
     q, s = call(op, x, r, w, group_size=None)
     assert_bits_equal(q, rq)
     assert_bits_equal(s.view(n), rs)
+
+
+@requires_cuda
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("n,h", [(301, 4096), (601, 1536), (301, 3072)])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("out_dtype", (FP8, INT8))
+def test_pair_rows_dtypes_and_modes(op, n, h, dtype, out_dtype):
+    x, r, w = make_inputs(op, n, h, dtype, seed=6)
+    rq, rs, _ = expected(op, x, r, w, 128, out_dtype)
+    q, s = call(op, x, r, w, group_size=128, out_dtype=out_dtype)
+    assert_bits_equal(q, rq)
+    assert_bits_equal(s, rs)
+    x, r, w = make_inputs(op, n, h, dtype, seed=7)
+    rq, rs, _ = expected(op, x, r, w, None, out_dtype)
+    q, s = call(op, x, r, w, group_size=None, out_dtype=out_dtype)
+    assert_bits_equal(q, rq)
+    assert_bits_equal(s.view(n), rs)
+    scale = torch.tensor([0.0123], device="cuda")
+    x, r, w = make_inputs(op, n, h, dtype, seed=8)
+    rq, _, _ = expected(op, x, r, w, None, out_dtype, scale=scale)
+    q, _ = call(op, x, r, w, scale=scale, out_dtype=out_dtype)
+    assert_bits_equal(q, rq)
 
 
 @requires_cuda

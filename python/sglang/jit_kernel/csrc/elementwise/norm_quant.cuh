@@ -407,12 +407,13 @@ __global__ void __launch_bounds__(
 // ---------------------------------------------------------------------------------------------
 
 /// Whether an rmsnorm_quant launch of `geometry` takes the pair build: two vectors per reduction
-/// lane, rows of whole warps of reduction lanes in CTAs of an even number of warps, no
-/// quant group wider than 16 vectors (group_vecs; 0 for per-token and static scales), and more
-/// groups of rows than SMs. At most one CTA per SM (decode) the launch is latency-bound, and a
-/// thread with one reduction lane has the shorter chain.
+/// lane; rows of 32 reduction lanes (a half-warp of pair threads each) or of a multiple of 64 (whole
+/// warps of pair threads: a row of 96 would share a warp with the next row), in CTAs of an even
+/// number of warps; no quant group wider than 16 vectors (group_vecs; 0 for per-token and static
+/// scales); and more groups of rows than SMs. At most one CTA per SM (decode) the launch is
+/// latency-bound, and a thread with one reduction lane has the shorter chain.
 inline bool use_pair_ctas(const NormGeometry& geometry, int64_t group_vecs, int64_t row_groups, int64_t sm_count) {
-  return geometry.vecs_per_thread == 2 && geometry.threads_per_row >= 32 &&
+  return geometry.vecs_per_thread == 2 && (geometry.threads_per_row == 32 || geometry.threads_per_row % 64 == 0) &&
          geometry.block_threads <= NormConfig::kBlockThreads && geometry.block_threads % 64 == 0 && group_vecs <= 16 &&
          row_groups > sm_count;
 }
