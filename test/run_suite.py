@@ -19,6 +19,7 @@ Examples
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shutil
 import signal
@@ -418,7 +419,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     -------
     int
         Exit code: 0 when everything selected passed (or ``--list``), 1 on a
-        failure, timeout or registry error, 2 on a usage error.
+        failure, timeout or registry error, 2 on a usage error or when this
+        interpreter cannot import torch (nothing is run).
     """
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -475,6 +477,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.stdout.flush()
     if args.list:
         return 0
+    if enabled and importlib.util.find_spec("torch") is None:
+        # Every file runs under this interpreter: without torch each would fail on import.
+        print(
+            f"run_suite: torch is not importable by {sys.executable}, which runs every selected file; "
+            "run this script with the Python of the environment the package is installed in "
+            "(README: .venv/bin/python test/run_suite.py ...). Nothing was run.",
+            file=sys.stderr,
+        )
+        return 2
 
     no_gpu = args.hw == "cuda" and not cuda_gpu_visible()
     if no_gpu:

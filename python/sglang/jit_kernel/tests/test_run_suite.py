@@ -350,6 +350,21 @@ def test_stops_at_first_failure_by_default(tmp_path):
     assert out.rstrip().splitlines()[-1] == "0 passed, 1 failed"
 
 
+def test_interpreter_without_torch_runs_nothing(tmp_path, monkeypatch, capsys):
+    root = tmp_path / "repo"
+    marker = tmp_path / "ran.txt"
+    body = f"open({str(marker)!r}, 'w').write('x')"
+    _write(root, TESTS_REL / "test_one.py", _script(f'register_cpu_ci(1, "{CPU}")', body))
+    real_find_spec = run_suite.importlib.util.find_spec
+    monkeypatch.setattr(
+        run_suite.importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real_find_spec(name, *a)
+    )
+    assert _main(root, "--hw", "cpu", "--suite", CPU, "--list") == 0  # listing needs no torch
+    assert _main(root, "--hw", "cpu", "--suite", CPU) == 2
+    assert "torch is not importable by" in capsys.readouterr().err
+    assert not marker.exists()
+
+
 def test_all_pass_and_nightly_env(tmp_path):
     root = tmp_path / "repo"
     body = "import os; print('FULL_TESTS=' + os.environ.get('SGLANG_JIT_KERNEL_RUN_FULL_TESTS', '0'))"
