@@ -19,6 +19,7 @@ Examples
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.util
 import os
 import shutil
@@ -124,6 +125,27 @@ def _rel(path: Path, root: Path) -> str:
         return str(path)
 
 
+def has_main_block(source: str) -> bool:
+    """Whether a file has a top-level ``if __name__ == "__main__":`` block.
+
+    run_suite runs each file as a script, so a test file without one would
+    exit 0 without running any of its tests (and count as passed).
+    """
+    for node in ast.parse(source).body:
+        test = node.test if isinstance(node, ast.If) else None
+        if (
+            isinstance(test, ast.Compare)
+            and isinstance(test.left, ast.Name)
+            and test.left.id == "__name__"
+            and len(test.ops) == 1
+            and isinstance(test.ops[0], ast.Eq)
+            and isinstance(test.comparators[0], ast.Constant)
+            and test.comparators[0].value == "__main__"
+        ):
+            return True
+    return False
+
+
 def collect_all(root: Path, files: Sequence[Path]) -> tuple[list[CIRegistration], list[str]]:
     """Collect registrations of all files, gathering every error.
 
@@ -138,8 +160,9 @@ def collect_all(root: Path, files: Sequence[Path]) -> tuple[list[CIRegistration]
     -------
     tuple of (list of CIRegistration, list of str)
         The registrations (``filename`` relative to ``root``) and the error
-        messages; a registration with a suite unknown to its backend is an
-        error.
+        messages; a registration with a suite unknown to its backend, and a
+        registered file without an ``if __name__ == "__main__":`` block
+        (``has_main_block``), are errors.
     """
     regs: list[CIRegistration] = []
     errors: list[str] = []
@@ -150,6 +173,13 @@ def collect_all(root: Path, files: Sequence[Path]) -> tuple[list[CIRegistration]
             found = ci_register.collect_registrations(rel, source=source)
         except (ValueError, OSError, UnicodeDecodeError) as e:
             errors.append(str(e))
+            continue
+        if found and not has_main_block(source):
+            errors.append(
+                f'{rel}: no top-level `if __name__ == "__main__":` block; run_suite runs each file as a '
+                "script, so none of its tests would run (end it with "
+                '`if __name__ == "__main__": sys.exit(pytest.main([__file__, "-v", "-s"]))`)'
+            )
             continue
         for reg in found:
             if reg.suite not in ci_register.SUITES[reg.backend]:
@@ -481,8 +511,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Every file runs under this interpreter: without torch each would fail on import.
         print(
             f"run_suite: torch is not importable by {sys.executable}, which runs every selected file; "
-            "run this script with the Python of the environment the package is installed in "
-            "(README: .venv/bin/python test/run_suite.py ...). Nothing was run.",
+            "run it in the environment the package is installed in (README: `source .venv/bin/activate`, "
+            "then `cd test && python3 run_suite.py ...`). Nothing was run.",
             file=sys.stderr,
         )
         return 2

@@ -61,3 +61,9 @@ def test_forced_capture_count(monkeypatch):
     assert len(captures) == 1
     with pytest.raises(ValueError, match="captures must be >= 1"):
         utils.bench_rotating(lambda a: None, [(0,)], captures=0)
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(pytest.main([__file__, "-v", "-s"]))

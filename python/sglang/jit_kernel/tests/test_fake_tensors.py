@@ -112,3 +112,9 @@ def test_dynamic_int_scalar_traces_under_dynamo():
     with pytest.raises(Exception) as info:  # noqa: PT011 (dynamo wraps the op's RuntimeError)
         torch.compile(f, backend="eager", fullgraph=True, dynamic=True)(qkv, 10000)
     assert "qkv device: expected a CUDA device, got cpu" in str(info.value), str(info.value)[:2000]
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(pytest.main([__file__, "-v", "-s"]))

@@ -94,6 +94,7 @@ register_op("double_it", build=_jit_double_it_module, variants=[(torch.float32,)
 '''
 
 TEST = """\
+import pytest
 import torch
 from sglang.jit_kernel.double_it import double_it
 from sglang.test.ci.ci_register import register_cuda_ci
@@ -104,6 +105,12 @@ register_cuda_ci(est_time=10, suite="stage-b-kernel-unit-1-gpu-large")
 def test_double_it():
     x = torch.randn(1000, device="cuda")
     torch.testing.assert_close(double_it(x), x * 2)
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(pytest.main([__file__, "-v", "-s"]))
 """
 
 BENCH = """\
@@ -252,3 +259,7 @@ def test_torch_library_ops_never_use_the_sgl_kernel_namespace():
         if p.name != Path(__file__).name and ("sgl_kernel::" in p.read_text() or "ops.sgl_kernel" in p.read_text())
     ]
     assert not offenders, f"sources naming the sgl_kernel torch.library namespace: {offenders}"
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v", "-s"]))

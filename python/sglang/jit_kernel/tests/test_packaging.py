@@ -351,3 +351,7 @@ def test_beside_real_sglang(built, tmp_path, ours_first):
     assert not [p for p in _record(real) if p.startswith("sglang/jit_kernel/")]
     # sglang's __init__ needs its dependencies (not installed, --no-deps): probe its package unexecuted.
     _beside(built, tmp_path / "venv", built["wheel"], real, ours_first, exec_init=False)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v", "-s"]))

@@ -266,6 +266,31 @@ def test_unregistered_file_fails_before_running(tmp_path):
     assert not marker.exists()
 
 
+def test_file_without_main_block_fails_before_running(tmp_path):
+    """run_suite runs files as scripts: a registered file without a __main__ block would run no test."""
+    root = tmp_path / "repo"
+    marker = tmp_path / "ran.txt"
+    body = f"open({str(marker)!r}, 'w').write('x')"
+    _write(root, TESTS_REL / "test_ok.py", _script(f'register_cpu_ci(1, "{CPU}")', body))
+    _write(
+        root,
+        TESTS_REL / "test_no_main.py",
+        f'from sglang.test.ci.ci_register import *  # noqa\nregister_cpu_ci(1, "{CPU}")\ndef test_x():\n    pass\n',
+    )
+    res = _cli(root, "--hw", "cpu", "--suite", CPU)
+    assert res.returncode == 1
+    assert "python/sglang/jit_kernel/tests/test_no_main.py: no top-level `if __name__" in res.stderr
+    assert not marker.exists()
+    assert run_suite.has_main_block("if __name__ == '__main__':\n    pass\n")
+    assert not run_suite.has_main_block("def f():\n    if __name__ == '__main__':\n        pass\n")
+
+
+def test_every_registered_file_of_this_repo_has_a_main_block():
+    regs, errors = run_suite.collect_all(REPO, run_suite.discover_files(REPO))
+    assert not errors, errors
+    assert regs
+
+
 def test_list_runs_nothing_from_test_dir(tmp_path):
     root = tmp_path / "repo"
     marker = tmp_path / "ran.txt"
