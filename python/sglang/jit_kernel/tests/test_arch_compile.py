@@ -26,7 +26,7 @@ from sglang.jit_kernel.testing import requires_nvcc
 from sglang.jit_kernel.utils import load_jit
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=90, suite="stage-a-kernel-cpu")
+register_cpu_ci(est_time=160, suite="stage-a-kernel-cpu")
 
 ARCHS = "8.0 10.0"
 

@@ -19,7 +19,7 @@ from sglang.jit_kernel.testing import requires_nvcc
 from sglang.jit_kernel.utils import load_jit, register_dependency
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=60, suite="stage-a-kernel-cpu")
+register_cpu_ci(est_time=15, suite="stage-a-kernel-cpu")
 
 KERNEL_H = """\
 #include <cstdint>

@@ -34,7 +34,7 @@ except ImportError:  # running from a checkout without installing the package
 
 from sglang.jit_kernel.ci_register import register_cpu_ci  # noqa: E402
 
-register_cpu_ci(est_time=60, suite="stage-a-kernel-cpu")
+register_cpu_ci(est_time=30, suite="stage-a-kernel-cpu")
 
 DIST = "sglang_jit_kernel"
 COMPAT = "sglang_jit_kernel_compat"
