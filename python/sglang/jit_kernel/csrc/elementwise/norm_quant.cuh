@@ -110,29 +110,19 @@ SGL_DEVICE float row_reduce_max(float value, int tpr, int slot, float* smem) {
 /// lanes i and i + 16 (i = t % 16) of warp t / 16 of the CTA rmsnorm launches (twice as many
 /// threads), and `value` is their two sums added: warp::reduce_sum's first step (fp32 addition
 /// commutes, so the same bits). Then its four other steps inside each half-warp, the warp sums to
-/// smem[t / 16], one __syncthreads(), and row_reduce_sum's tree of the row's partials: the total is
-/// bit for bit rmsnorm's. tpr: the row's reduction lanes (a multiple of 32).
+/// smem[t / 16], one __syncthreads(), and row_reduce_sum's tree of the row's partials
+/// (sum_row_partials): the total is bit for bit rmsnorm's. tpr: the row's reduction lanes (a
+/// multiple of 32).
 SGL_DEVICE float row_reduce_sum_pairs(float value, int tpr, int slot, float* smem) {
-  const uint32_t lane = threadIdx.x % device::kWarpThreads;
   const int warps_per_row = tpr / static_cast<int>(device::kWarpThreads);
   float* const warp_partial = smem + threadIdx.x / 16;
   const int first_partial = slot * warps_per_row;
   const float4* const row_partials = reinterpret_cast<const float4*>(smem + first_partial);
   value = device::warp::reduce_sum<float, 16>(value);
   if (tpr == static_cast<int>(device::kWarpThreads)) return value;
-  if ((lane & 15) == 0) *warp_partial = value;
+  if ((threadIdx.x & 15) == 0) *warp_partial = value;
   __syncthreads();
-  if (warps_per_row == 4 || warps_per_row == 8) {
-    const float4 a = row_partials[0];
-    float total = (a.x + a.y) + (a.z + a.w);
-    if (warps_per_row == 8) {
-      const float4 b = row_partials[1];
-      total += (b.x + b.y) + (b.z + b.w);
-    }
-    return total;
-  }
-  value = static_cast<int>(lane) < warps_per_row ? smem[first_partial + lane] : 0.0f;
-  return device::warp::reduce_sum<float>(value);
+  return sum_row_partials(row_partials, smem, first_partial, warps_per_row);
 }
 
 /// Stores kN values of T (one vector store of kN * sizeof(T) bytes when `aligned`, element stores

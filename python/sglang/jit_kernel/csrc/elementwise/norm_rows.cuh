@@ -368,6 +368,25 @@ SGL_DEVICE void pdl_wait_then_release() {
   device::pdl_launch_dependents();
 }
 
+/// After the barrier of a row reduction: the total of the row's warp partials smem[first_partial ..
+/// first_partial + warps_per_row - 1] (`row_partials` is smem + first_partial as float4, computed
+/// before the barrier): by every thread from two broadcast LDS.128 for rows of 4 or 8 warps (a tree,
+/// shorter than five more shuffles; wider rows keep the shuffles, as eight float4 would cost
+/// registers), by a shuffle reduction in each warp otherwise. Every warp of the CTA gets the same bits.
+SGL_DEVICE float sum_row_partials(const float4* row_partials, const float* smem, int first_partial, int warps_per_row) {
+  if (warps_per_row == 4 || warps_per_row == 8) {
+    const float4 a = row_partials[0];
+    float total = (a.x + a.y) + (a.z + a.w);
+    if (warps_per_row == 8) {
+      const float4 b = row_partials[1];
+      total += (b.x + b.y) + (b.z + b.w);
+    }
+    return total;
+  }
+  const int lane = static_cast<int>(threadIdx.x % device::kWarpThreads);
+  return device::warp::reduce_sum<float>(lane < warps_per_row ? smem[first_partial + lane] : 0.0f);
+}
+
 /// Sum of `value` over the `tpr` threads of each row; every thread of the row gets the total.
 /// tpr <= 32: rows are aligned groups of tpr lanes, reduced by shuffles (no barrier).
 /// tpr > 32 (a multiple of 32): warp sums go to smem[warp]; one __syncthreads(); the row's warps
@@ -399,20 +418,7 @@ SGL_DEVICE float row_reduce_sum(float value, int tpr, int slot, float* smem) {
   if (tpr == static_cast<int>(device::kWarpThreads)) return value;
   if (lane == 0) *warp_partial = value;
   __syncthreads();
-  if (warps_per_row == 4 || warps_per_row == 8) {
-    // Rows of 128 or 256 threads (decode rmsnorm): every thread reads the row's partials (broadcast
-    // LDS.128) and sums them as a tree, shorter than five more shuffles. Wider rows keep the
-    // shuffles (eight float4 would cost registers).
-    const float4 a = row_partials[0];
-    float total = (a.x + a.y) + (a.z + a.w);
-    if (warps_per_row == 8) {
-      const float4 b = row_partials[1];
-      total += (b.x + b.y) + (b.z + b.w);
-    }
-    return total;
-  }
-  value = static_cast<int>(lane) < warps_per_row ? smem[first_partial + lane] : 0.0f;
-  return device::warp::reduce_sum<float>(value);
+  return sum_row_partials(row_partials, smem, first_partial, warps_per_row);
 }
 
 /// The tensor a CTA serves (0, or 1 = k of qknorm) and its place among that tensor's CTAs.
