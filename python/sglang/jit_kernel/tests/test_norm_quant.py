@@ -227,8 +227,9 @@ def test_special_values(op):
 @requires_cuda
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("offset", (0, 1, 8))
-def test_strided_and_offset_views(op, offset):
-    n, h, wide = 37, 2048, 2048 + 64
+@pytest.mark.parametrize("n", (37, 601))  # 601 rows: more CTAs than SMs, rmsnorm_quant's pair CTAs
+def test_strided_and_offset_views(op, offset, n):
+    h, wide = 2048, 2048 + 64
     x_buf, r_buf, w = make_inputs(op, n, wide + offset, BF16, seed=5)
     x = x_buf[:, offset : offset + h]
     r = None if r_buf is None else r_buf[:, offset : offset + h]
@@ -243,8 +244,9 @@ def test_strided_and_offset_views(op, offset):
 @requires_cuda
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("q_pad", (0, 3))
-def test_given_outputs_in_poisoned_buffers(op, q_pad):
-    n, h, g, guard = 9, 1024, 128, 64
+@pytest.mark.parametrize("n", (9, 1201))  # 1201 rows: more CTAs than SMs, rmsnorm_quant's pair CTAs
+def test_given_outputs_in_poisoned_buffers(op, q_pad, n):
+    h, g, guard = 1024, 128, 64
     x, r, w = make_inputs(op, n, h, BF16, seed=6)
     rq, rs, ry = expected(op, x, r, w, g)
     q_buf = torch.full((n * (h + q_pad) + 2 * guard,), 0x5A, dtype=torch.uint8, device="cuda")
