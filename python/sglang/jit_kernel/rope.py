@@ -7,8 +7,9 @@ sin_{R/2-1}]``, each pair of a head becomes ``(x*c - y*s, x*s + y*c)``, evaluate
 Elements ``[R, head_dim)`` of each head are untouched. Kernels: ``csrc/elementwise/rope.cuh``; each op
 has a module of its own per dtype (the first call compiles only the kernels that op dispatches to).
 ``apply_rope_inplace_with_kvcache`` into float8_e4m3fn caches (quantized with per-tensor scales as
-``store_cache_quant`` does) is served by ``csrc/elementwise/rope_fp8_kvcache.cuh``, a module of its
-own per q dtype, chosen by the caches' dtype, so that caches of the model dtype never compile it.
+``store_cache_quant`` does) runs the same kernels with a quantizing store
+(``csrc/elementwise/rope_fp8_kvcache.cuh``), in a module of its own per q dtype, chosen by the
+caches' dtype, so that caches of the model dtype never compile it.
 
 Bytes moved (the benchmark's count), ``s`` the element size, ``N`` tokens, ``Hq``/``Hk`` heads:
 ``apply_rope_inplace`` ``2*N*(Hq+Hk)*R*s + N*R*4 + N*p`` (``p`` the position size: read + write of

@@ -1,15 +1,18 @@
 """Same-process A/B of the FP8 fusion kernels against copies of ``csrc/``: rmsnorm_quant and
-fused_add_rmsnorm_quant (``elementwise/norm_quant.cuh``), and per_token_group_quant with
-``fuse_silu_and_mul`` (``quantization/per_token_group_quant.cuh``).
+fused_add_rmsnorm_quant (``elementwise/norm_quant.cuh``), per_token_group_quant with
+``fuse_silu_and_mul`` (``quantization/per_token_group_quant.cuh``), and apply_rope_inplace_with_kvcache
+into fp8 and bf16 caches (``elementwise/rope_fp8_kvcache.cuh``, ``elementwise/rope.cuh``).
 
-    python python/sglang/jit_kernel/benchmark/probe_fused_quant_variants.py [--ops norm,act] NAME=DIR[:FLAGS] ...
+    python python/sglang/jit_kernel/benchmark/probe_fused_quant_variants.py [--ops norm,act,rope] NAME=DIR[:FLAGS] ...
 
 ``NAME=DIR[:FLAGS]`` is a variant built from the kernel files under ``DIR`` (a copy of ``csrc/``:
 ``git archive`` of an earlier commit, or one with an experimental change) with comma-separated
 extra nvcc flags (e.g. ``-DMY_SWITCH=1`` for an ``#ifdef`` in the copy). The package's own build is
 the first column and the reference of the bit check: every variant's outputs (q, the scales, the
 updated residual) must equal it on the check cases (odd row counts, group sizes 16 to 512, ue8m0,
-column-major scales, token and static modes, int8, a NaN, the masked MoE layout). A difference is
+column-major scales, token and static modes, int8, a NaN, the masked MoE layout; for rope, q, k and
+both caches over NeoX / GPT-J, partial rotation, device and inverse scales, an unaligned view, and
+more heads than a CTA's v rows leave room for). A difference is
 printed and the script exits 1 after the tables. Timing: each op family's table, CUDA-graph medians
 with cold L2 (``bench_rotating``), GB/s of the op's minimum bytes and % of a 1 GiB copy measured in
 the same process. Every call goes through the public wrapper with the module builder swapped for
@@ -32,6 +35,7 @@ import torch
 
 import sglang.jit_kernel.norm_quant as NQ
 import sglang.jit_kernel.per_token_group_quant as PQ
+import sglang.jit_kernel.rope as R
 from sglang.jit_kernel.benchmark.utils import (
     BenchRow,
     bench_rotating,
@@ -98,16 +102,33 @@ def builders(variant: Variant) -> dict[tuple[ModuleType, str], Callable[..., obj
             extra_cuda_cflags=list(variant.flags),
         )
 
+    @functools.cache
+    def rope_kv(dtype: torch.dtype, cache_dtype: torch.dtype | None = None) -> object:
+        args = make_cpp_args(dtype)
+        op = "apply_rope_inplace_with_kvcache"
+        fp8 = cache_dtype not in (None, dtype)
+        return load_jit(
+            f"probe_{op}{'_fp8' if fp8 else ''}",
+            variant.name,
+            *args,
+            cuda_files=[os.path.join(variant.root, f"elementwise/{'rope_fp8_kvcache' if fp8 else 'rope'}.cuh")],
+            cuda_wrappers=[(op, f"{op}{'_fp8' if fp8 else ''}<{args}>")],
+            extra_cuda_cflags=list(variant.flags),
+        )
+
     return {
         (NQ, "_jit_rmsnorm_quant_module"): norm("rmsnorm_quant"),
         (NQ, "_jit_fused_add_rmsnorm_quant_module"): norm("fused_add_rmsnorm_quant"),
         (PQ, "_jit_module"): act,
+        (R, "_jit_apply_rope_inplace_with_kvcache_module"): rope_kv,
     }
 
 
 @contextlib.contextmanager
 def swapped(table: dict[tuple[ModuleType, str], Callable[..., object]]) -> Iterator[None]:
     """Route the wrappers' module builders to ``table``'s for the duration (restored after)."""
+    # rope's launcher memo holds the loaded functions: an empty one for the duration
+    table = {**table, (R, "_ROPE_KV_FNS"): {}} if table else table
     saved = {key: getattr(*key) for key in table}
     for (module, attr), build in table.items():
         setattr(module, attr, build)
@@ -210,6 +231,56 @@ def act_checks() -> Iterator[tuple[str, Callable[[], list[torch.Tensor]]]]:
     yield "silu masked [4, 37, 2 x 2048], masked_m 0 / 5 / 37 / 20", masked
 
 
+HQ, HK, HEAD_DIM, MAX_POS = 32, 8, 128, 8192  # the decode layer's attention heads
+
+
+def rope_inputs(n: int, hq: int, hk: int, d: int, slots: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """q, k, v [n, heads, d] bf16, positions and distinct random cache rows (int64) of ``slots``."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (torch.randn(n, h, d, device="cuda", generator=g).to(BF16) for h in (hq, hk, hk))
+    positions = torch.randint(0, MAX_POS, (n,), device="cuda", generator=g)
+    loc = torch.randperm(slots, device="cuda", generator=g)[:n]
+    return q, k, v, positions, loc
+
+
+def rope_checks() -> Iterator[tuple[str, Callable[[], list[torch.Tensor]]]]:
+    """(label, call) pairs of apply_rope_inplace_with_kvcache; a call returns q, k and both caches."""
+    for n, hq, hk, d, r in [
+        (1, HQ, HK, HEAD_DIM, 0),
+        (5, HQ, HK, HEAD_DIM, 0),
+        (300, HQ, HK, HEAD_DIM, 64),
+        (4099, HQ, HK, HEAD_DIM, 0),
+        (33, 64, 64, HEAD_DIM, 0),  # 128 heads of 8 lanes fill a CTA: no v rows
+        (2049, 64, 64, HEAD_DIM, 0),
+        (7, 16, 2, 256, 128),
+    ]:
+        for neox in (True, False):
+            for cache_dtype, scales in (
+                (BF16, {}),
+                (FP8, {"k_scale": torch.tensor([0.37], device="cuda"), "v_inv_scale": 1 / 1.7}),
+                (FP8, {}),
+            ):
+                for unaligned in (False, True) if n == 5 else (False,):
+                    label = f"rope+kv [{n}, {hq}+{hk}, {d}] rope_dim {r} neox={neox} {cache_dtype} {sorted(scales)}"
+                    label += " unaligned" if unaligned else ""
+
+                    def call(
+                        n=n, hq=hq, hk=hk, d=d, r=r, neox=neox, cache_dtype=cache_dtype, scales=scales, u=unaligned
+                    ):
+                        q, k, v, positions, loc = rope_inputs(n, hq, hk, d, 2 * n + 3)
+                        if u:  # every tensor one element off 16 bytes: the narrow kernels
+                            q, k, v = (torch.cat([x.new_zeros(n, x.shape[1], 1), x], -1)[..., 1:] for x in (q, k, v))
+                        k_cache = torch.zeros(2 * n + 3, hk * d, dtype=cache_dtype, device="cuda")
+                        v_cache = torch.zeros_like(k_cache)
+                        cos_sin = R.make_cos_sin_cache(MAX_POS, r or d)
+                        R.apply_rope_inplace_with_kvcache(
+                            q, k, v, k_cache, v_cache, cos_sin, positions, loc, is_neox=neox, rope_dim=r, **scales
+                        )
+                        return [q, k, k_cache, v_cache]
+
+                    yield label, call
+
+
 def bit_check(variants: list[Variant], tables: list[dict], checks: list[tuple[str, Callable]]) -> int:
     """Runs every check under every variant; prints each difference from the first. Returns the count."""
     differ = 0
@@ -295,23 +366,54 @@ def act_rows(variants: list[Variant], tables: list[dict]) -> list[BenchRow]:
     return rows
 
 
+def rope_rows(variants: list[Variant], tables: list[dict]) -> list[BenchRow]:
+    """apply_rope_inplace_with_kvcache [T, 32 + 8 heads, 128] bf16 into bf16 and fp8 caches (random
+    rows of 2T + 4096 slots), per variant."""
+    rows = []
+    cos_sin = R.make_cos_sin_cache(MAX_POS, HEAD_DIM)
+    for fp8 in (True, False):
+        scales = {"k_scale": torch.tensor([0.37], device="cuda"), "v_inv_scale": 1 / 1.7} if fp8 else {}
+        for n in (1, 64, 256, 2048, 16384):
+            slots = 2 * n + 4096
+            cache_element = 1 if fp8 else 2
+            nbytes = 2 * n * (HQ + HK) * HEAD_DIM * 2 + n * HEAD_DIM * 4 + n * 8  # rotation
+            nbytes += n * HK * HEAD_DIM * 2 + 2 * n * HK * HEAD_DIM * cache_element + n * 8  # v, caches, out_loc
+            k_cache = torch.zeros(slots, HK * HEAD_DIM, dtype=FP8 if fp8 else BF16, device="cuda")
+            v_cache = torch.zeros_like(k_cache)
+            sets = [rope_inputs(n, HQ, HK, HEAD_DIM, slots, seed=i) for i in range(num_rotating_sets(nbytes))]
+
+            def call(q, k, v, positions, loc, k_cache=k_cache, v_cache=v_cache, scales=scales) -> None:
+                R.apply_rope_inplace_with_kvcache(
+                    q, k, v, k_cache, v_cache, cos_sin, positions, loc, is_neox=True, **scales
+                )  # fmt: skip
+
+            op = f"rope + kv {'e4m3' if fp8 else 'bf16'}"
+            for variant, table in zip(variants, tables):
+                with swapped(table):
+                    rows.append(BenchRow(op, f"[{n}, 32+8, 128]", variant.name, bench_rotating(call, sets)[0], nbytes))
+            del sets, k_cache, v_cache
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("variants", nargs="*", help="NAME=DIR[:FLAGS]: a copy of csrc/ and extra nvcc flags")
-    parser.add_argument("--ops", default="norm,act", help="comma-separated families: norm, act")
+    parser.add_argument("--ops", default="norm,act,rope", help="comma-separated families: norm, act, rope")
     args = parser.parse_args()  # --help and argument errors work without a GPU
     families = set(args.ops.split(","))
-    if not families <= {"norm", "act"}:
-        raise SystemExit(f"--ops: expected names from norm, act, got {args.ops!r}")
+    if not families <= {"norm", "act", "rope"}:
+        raise SystemExit(f"--ops: expected names from norm, act, rope, got {args.ops!r}")
     variants = [Variant("package"), *map(parse_variant, args.variants)]
     exit_unless_gpu(__file__)  # before anything imports triton, which a CPU-only install lacks
     tables = [builders(v) for v in variants]
     checks = (list(norm_checks()) if "norm" in families else []) + (list(act_checks()) if "act" in families else [])
+    checks += list(rope_checks()) if "rope" in families else []
     differ = bit_check(variants, tables, checks)
     roof = copy_roof_gbps()
     rows = (norm_rows(variants, tables) if "norm" in families else []) + (
         act_rows(variants, tables) if "act" in families else []
     )
+    rows += rope_rows(variants, tables) if "rope" in families else []
     print(format_rows(rows, roof))
     if differ:
         raise SystemExit(1)

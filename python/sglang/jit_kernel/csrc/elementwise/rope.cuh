@@ -1,7 +1,9 @@
 // Rotary position embedding (RoPE) of q and k in place, optionally storing the rotated k and an
 // untouched v into paged KV caches in the same launch. The engine of apply_rope_inplace,
 // apply_rope_inplace_with_kvcache and rotary_embedding (each op's module instantiates only its own
-// launcher); fused_qknorm_rope.cuh reuses its rotation math.
+// launcher); fused_qknorm_rope.cuh reuses its rotation math. The KV store writes through a policy
+// (the kernels' Kv parameter): RopeKvCopy, bit copies into caches of T, or rope_fp8_kvcache.cuh's
+// RopeKvFp8, quantized into fp8 e4m3 caches.
 //
 //   c = cache[pos, i], s = cache[pos, R/2 + i]            (i < R/2, R = rope_dim)
 //   NeoX  (is_neox):  (x[i], x[i + R/2])  <- (x*c - y*s, x*s + y*c)
@@ -39,7 +41,7 @@
 // [0, cache_size) skips that token's cache writes. Bytes moved: 2 * N * (Hq + Hk) * R * sizeof(T)
 // (read + write of the rotated elements) + N * R * sizeof(CacheT) + N * sizeof(position), and with
 // the KV store + N * Hk * (2 * D - R) * sizeof(T) (the rest of k and all of v read) + 2 * N * Hk * D
-// * sizeof(T) (both caches written) + N * sizeof(out_loc) (rope.py's formula).
+// * sizeof(cache element) (both caches written) + N * sizeof(out_loc) (rope.py's formula).
 #pragma once
 
 #include <sgl_kernel/tensor.h>  // For TensorMatcher, SymbolicSize, SymbolicDevice, kAnySize, data_ptr, verify_no_partial_overlap
@@ -113,6 +115,11 @@ struct RopeParams {
   int64_t cache_size;
   int64_t v_rows;  // the last v_rows rows of blockDim.y copy v (rope_early_kernel<kKvStore>, and
                    // kKvMode kKvSplit); 0 otherwise
+  // KV store into caches of another dtype (a quantizing Kv policy): per-tensor scales
+  const float* k_scale;  // [1] on the device, or nullptr: k_inv_scale is used
+  const float* v_scale;  // [1] on the device, or nullptr: v_inv_scale is used
+  float k_inv_scale;
+  float v_inv_scale;
 };
 
 /// Global vector accesses of q/k with or without the L2 hint (loads evict_last, stores
@@ -156,6 +163,20 @@ template <typename V>
 SGL_DEVICE void rope_cache_store(const V& v, void* ptr) {
   v.store(ptr, 0, device::l2_evict_normal_policy());
 }
+
+/// The KV store's element policy (the kernels' Kv parameter): caches of T, written as bit copies.
+/// A policy names the cache element (elem_t), makes its per-thread state after the PDL wait
+/// (make: what it reads may be the previous kernel's output) and stores a vector of T, rotated k
+/// or v (is_k), at an element of the cache. rope_fp8_kvcache.cuh's RopeKvFp8 quantizes instead.
+template <typename T>
+struct RopeKvCopy {
+  using elem_t = T;
+  SGL_DEVICE static RopeKvCopy make(const RopeParams&) { return {}; }
+  template <std::size_t N>
+  SGL_DEVICE void store(const device::AlignedVector<T, N>& x, elem_t* dst, bool /*is_k*/) const {
+    rope_cache_store(x, dst);
+  }
+};
 
 /// Reads index `i` of an int32 or int64 index tensor as int64.
 SGL_DEVICE int64_t load_index(const void* ptr, bool is_int64, int64_t i) {
@@ -300,25 +321,33 @@ SGL_DEVICE T* head_at(const RopeParams& p, int64_t token, int64_t head) {
   return static_cast<T*>(heads.data) + token * heads.token_stride + h * heads.head_stride;
 }
 
-/// Copies elements [begin, head_dim) of a k head and [v_begin, head_dim) of a v head to their cache
+/// Stores elements [begin, head_dim) of a k head and [v_begin, head_dim) of a v head to their cache
 /// rows, lanes striding over vectors (the KV store's part that needs no rotation).
-template <typename T, int kVecN>
+template <typename T, int kVecN, typename Kv>
 SGL_DEVICE void copy_kv_rest(
-    const RopeParams& p, const T* k_head, int64_t token, int64_t kv_head, int64_t loc, int64_t begin, int64_t v_begin) {
+    const RopeParams& p,
+    const Kv& kv,
+    const T* k_head,
+    int64_t token,
+    int64_t kv_head,
+    int64_t loc,
+    int64_t begin,
+    int64_t v_begin) {
   using vec_t = device::AlignedVector<T, kVecN>;
-  T* kc = static_cast<T*>(p.k_cache) + loc * p.k_cache_stride + kv_head * p.head_dim;
-  T* vc = static_cast<T*>(p.v_cache) + loc * p.v_cache_stride + kv_head * p.head_dim;
+  using elem_t = typename Kv::elem_t;
+  elem_t* kc = static_cast<elem_t*>(p.k_cache) + loc * p.k_cache_stride + kv_head * p.head_dim;
+  elem_t* vc = static_cast<elem_t*>(p.v_cache) + loc * p.v_cache_stride + kv_head * p.head_dim;
   const T* v_head = static_cast<const T*>(p.v) + token * p.v_token_stride + kv_head * p.v_head_stride;
   const int64_t step = int64_t{blockDim.x} * kVecN;
   for (int64_t e = begin + int64_t{threadIdx.x} * kVecN; e < p.head_dim; e += step) {
     vec_t x;
     x.load(k_head + e);
-    rope_cache_store(x, kc + e);
+    kv.store(x, kc + e, true);
   }
   for (int64_t e = v_begin + int64_t{threadIdx.x} * kVecN; e < p.head_dim; e += step) {
     vec_t x;
     x.load(v_head + e);
-    rope_cache_store(x, vc + e);
+    kv.store(x, vc + e, false);
   }
 }
 
@@ -330,6 +359,7 @@ SGL_DEVICE void copy_kv_rest(
 /// kKvMode (KV store only): v vectors per thread prefetched before the rotation (kKvPrefetch, the
 /// default; 0: none), or RopeConfig::kKvSplit: the last p.v_rows rows of blockDim.y only copy v
 /// (kv heads y - rot_rows, stepping v_rows), the others rotate and store k.
+/// Kv: the KV store's element policy (RopeKvCopy: caches of T).
 template <
     typename T,
     typename CacheT,
@@ -337,9 +367,11 @@ template <
     bool kNeox,
     bool kL2Hint,
     bool kKvStore,
-    int kKvMode = RopeConfig::kKvPrefetch>
+    int kKvMode = RopeConfig::kKvPrefetch,
+    typename Kv = RopeKvCopy<T>>
 __global__ void __launch_bounds__(RopeConfig::kMaxThreads, RopeConfig::kMinBlocks) rope_kernel(const RopeParams p) {
   using vec_t = device::AlignedVector<T, kVecN>;
+  using elem_t = typename Kv::elem_t;
   const int64_t token = int64_t{blockIdx.x} * blockDim.z + threadIdx.z;
   const int64_t num_heads = p.q.num_heads + p.k.num_heads;
   const int64_t num_chunks = p.half / kVecN;
@@ -353,6 +385,7 @@ __global__ void __launch_bounds__(RopeConfig::kMaxThreads, RopeConfig::kMinBlock
   device::pdl_wait_primary();
   device::pdl_launch_dependents();
   if (token >= p.num_tokens) return;
+  const Kv kv = Kv::make(p);
 
   if constexpr (kSplit) {
     if (threadIdx.y >= rot_rows) {
@@ -361,15 +394,15 @@ __global__ void __launch_bounds__(RopeConfig::kMaxThreads, RopeConfig::kMinBlock
       const int64_t vstep = int64_t{blockDim.x} * kVecN;
       for (int64_t kv_head = threadIdx.y - rot_rows; kv_head < p.k.num_heads; kv_head += p.v_rows) {
         const T* v_head = static_cast<const T*>(p.v) + token * p.v_token_stride + kv_head * p.v_head_stride;
-        T* vc = static_cast<T*>(p.v_cache) + loc * p.v_cache_stride + kv_head * p.head_dim;
+        elem_t* vc = static_cast<elem_t*>(p.v_cache) + loc * p.v_cache_stride + kv_head * p.head_dim;
         for (int64_t e = int64_t{threadIdx.x} * kVecN; e < p.head_dim; e += 2 * vstep) {
           const bool second = e + vstep < p.head_dim;
           vec_t x0, x1;
           x0.load(v_head + e);
           if (second) x1.load(v_head + e + vstep);
           if (loc < 0 || loc >= p.cache_size) return;
-          rope_cache_store(x0, vc + e);
-          if (second) rope_cache_store(x1, vc + e + vstep);
+          kv.store(x0, vc + e, false);
+          if (second) kv.store(x1, vc + e + vstep, false);
         }
       }
       return;
@@ -421,8 +454,10 @@ __global__ void __launch_bounds__(RopeConfig::kMaxThreads, RopeConfig::kMinBlock
       }
     };
     load_heads();  // before the position: overlaps the position -> cache row chain
+    // With the KV store the position is loaded again for each chunk (lanes loop past kMaxLanes
+    // chunks only), not held across the loop: the registers of the store's policy.
+    if (first_load || kKvStore) pos = load_index(p.positions, p.positions_int64, token);
     if (first_load) {
-      pos = load_index(p.positions, p.positions_int64, token);
       if (kv_store) {
         loc = load_index(p.out_loc, p.out_loc_int64, token);
         if (loc < 0 || loc >= p.cache_size) loc = -1;
@@ -441,9 +476,9 @@ __global__ void __launch_bounds__(RopeConfig::kMaxThreads, RopeConfig::kMinBlock
         access.store(b[i], ptr[i] + off_b);
         if (loc >= 0 && head >= p.q.num_heads) {
           const int64_t kv_head = head - p.q.num_heads;
-          T* kc = static_cast<T*>(p.k_cache) + loc * p.k_cache_stride + kv_head * p.head_dim;
-          rope_cache_store(a[i], kc + off_a);
-          rope_cache_store(b[i], kc + off_b);
+          elem_t* kc = static_cast<elem_t*>(p.k_cache) + loc * p.k_cache_stride + kv_head * p.head_dim;
+          kv.store(a[i], kc + off_a, true);
+          kv.store(b[i], kc + off_b, true);
         }
       }
       first += kHeads * step;
@@ -462,11 +497,11 @@ __global__ void __launch_bounds__(RopeConfig::kMaxThreads, RopeConfig::kMinBlock
     if (loc < 0) return;
     if constexpr (kKvStore && kKvPrefetch > 0) {
       if (v_head != nullptr) {
-        T* vc = static_cast<T*>(p.v_cache) + loc * p.v_cache_stride + int64_t{threadIdx.y} * p.head_dim;
+        elem_t* vc = static_cast<elem_t*>(p.v_cache) + loc * p.v_cache_stride + int64_t{threadIdx.y} * p.head_dim;
 #pragma unroll
         for (int i = 0; i < kKvPrefetch; ++i) {
           const int64_t e = int64_t{threadIdx.x} * kVecN + i * kv_step;
-          if (e < p.head_dim) rope_cache_store(v_pre[i], vc + e);
+          if (e < p.head_dim) kv.store(v_pre[i], vc + e, false);
         }
       }
     }
@@ -474,7 +509,7 @@ __global__ void __launch_bounds__(RopeConfig::kMaxThreads, RopeConfig::kMinBlock
       const T* k_head = static_cast<const T*>(p.k.data) + token * p.k.token_stride + kv_head * p.k.head_stride;
       // the first head's first kKvPrefetch v vectors went above; the split mode's v rows copy v
       const int64_t v_begin = kSplit ? p.head_dim : kv_head == threadIdx.y ? kKvPrefetch * kv_step : 0;
-      copy_kv_rest<T, kVecN>(p, k_head, token, kv_head, loc, 2 * p.half, v_begin);
+      copy_kv_rest<T, kVecN>(p, kv, k_head, token, kv_head, loc, 2 * p.half, v_begin);
     }
   }
 }
@@ -487,9 +522,10 @@ SGL_DEVICE int64_t rope_valid_loc(const RopeParams& p, int64_t token) {
 
 /// KV store: the rotated vectors (a, b) of head `head` (q heads first, then k) at element offsets
 /// (off_a, off_b) go to k_cache[loc] when it is a k head and loc >= 0.
-template <typename T, int kVecN>
+template <typename T, int kVecN, typename Kv>
 SGL_DEVICE void rope_store_k_cache(
     const RopeParams& p,
+    const Kv& kv,
     int64_t head,
     int64_t loc,
     int64_t off_a,
@@ -497,19 +533,21 @@ SGL_DEVICE void rope_store_k_cache(
     const device::AlignedVector<T, kVecN>& a,
     const device::AlignedVector<T, kVecN>& b) {
   if (loc < 0 || head < p.q.num_heads) return;
-  T* kc = static_cast<T*>(p.k_cache) + loc * p.k_cache_stride + (head - p.q.num_heads) * p.head_dim;
-  rope_cache_store(a, kc + off_a);
-  rope_cache_store(b, kc + off_b);
+  using elem_t = typename Kv::elem_t;
+  elem_t* kc = static_cast<elem_t*>(p.k_cache) + loc * p.k_cache_stride + (head - p.q.num_heads) * p.head_dim;
+  kv.store(a, kc + off_a, true);
+  kv.store(b, kc + off_b, true);
 }
 
 /// rope_early_kernel's v rows (kKvStore): row `row` of the p.v_rows copies kv heads row, row +
 /// v_rows, ...: all of v and the unrotated rest [2 * half, head_dim) of k to the caches at loc,
 /// lanes striding over 16-byte vectors. The loc load and a head's first RopeConfig::kKvPrefetch v
 /// vectors per lane are issued together after the PDL wait, so the copy costs one memory latency
-/// (bits unchanged: plain vector copies).
-template <typename T, int kVecN>
+/// (stored through the Kv policy).
+template <typename T, int kVecN, typename Kv>
 SGL_DEVICE void rope_early_copy_v(const RopeParams& p, int64_t token, int64_t row) {
   using vec_t = device::AlignedVector<T, kVecN>;
+  using elem_t = typename Kv::elem_t;
   constexpr int kPre = RopeConfig::kKvPrefetch;
   const int64_t vstep = int64_t{blockDim.x} * kVecN;
   const int64_t e0 = int64_t{threadIdx.x} * kVecN;
@@ -517,6 +555,7 @@ SGL_DEVICE void rope_early_copy_v(const RopeParams& p, int64_t token, int64_t ro
   device::pdl_launch_dependents();
   if (token >= p.num_tokens || row >= p.k.num_heads) return;
   const int64_t loc = rope_valid_loc(p, token);
+  const Kv kv = Kv::make(p);
   // No unrolling: a trip count would be a 64-bit division before the first load.
   const bool has_rest = 2 * p.half < p.head_dim || kPre * vstep < p.head_dim;
 #pragma unroll 1
@@ -528,14 +567,14 @@ SGL_DEVICE void rope_early_copy_v(const RopeParams& p, int64_t token, int64_t ro
       if (e0 + i * vstep < p.head_dim) x[i].load(v_head + e0 + i * vstep);
     }
     if (loc < 0) return;
-    T* vc = static_cast<T*>(p.v_cache) + loc * p.v_cache_stride + kv_head * p.head_dim;
+    elem_t* vc = static_cast<elem_t*>(p.v_cache) + loc * p.v_cache_stride + kv_head * p.head_dim;
 #pragma unroll
     for (int i = 0; i < kPre; ++i) {
-      if (e0 + i * vstep < p.head_dim) rope_cache_store(x[i], vc + e0 + i * vstep);
+      if (e0 + i * vstep < p.head_dim) kv.store(x[i], vc + e0 + i * vstep, false);
     }
     if (!has_rest) continue;  // R = head_dim and the prefetch held all of v: nothing left
     const T* k_head = static_cast<const T*>(p.k.data) + token * p.k.token_stride + kv_head * p.k.head_stride;
-    copy_kv_rest<T, kVecN>(p, k_head, token, kv_head, loc, 2 * p.half, kPre * vstep);
+    copy_kv_rest<T, kVecN>(p, kv, k_head, token, kv_head, loc, 2 * p.half, kPre * vstep);
   }
 }
 
@@ -549,8 +588,8 @@ SGL_DEVICE void rope_early_copy_v(const RopeParams& p, int64_t token, int64_t ro
 /// kKvStore: the KV store in the same launch. The last p.v_rows rows of blockDim.y copy v (and the
 /// unrotated rest [R, head_dim) of k) with rope_early_copy_v; the other rows rotate as above and
 /// also store each rotated k vector to k_cache[loc], loc being loaded right after the position (both
-/// index loads are in flight together, before the data loads).
-template <typename T, typename CacheT, int kVecN, bool kNeox, bool kKvStore>
+/// index loads are in flight together, before the data loads). Kv: as rope_kernel's.
+template <typename T, typename CacheT, int kVecN, bool kNeox, bool kKvStore, typename Kv = RopeKvCopy<T>>
 __global__ void __launch_bounds__(RopeConfig::kMaxThreads, 1) rope_early_kernel(const RopeParams p) {
   constexpr int kHeads = RopeConfig::kHeadsPerThread;
   using vec_t = device::AlignedVector<T, kVecN>;
@@ -560,7 +599,7 @@ __global__ void __launch_bounds__(RopeConfig::kMaxThreads, 1) rope_early_kernel(
   const int64_t chunk = threadIdx.x;
   const uint32_t rot_rows = kKvStore ? blockDim.y - static_cast<uint32_t>(p.v_rows) : blockDim.y;
   if constexpr (kKvStore) {
-    if (threadIdx.y >= rot_rows) return rope_early_copy_v<T, kVecN>(p, token, threadIdx.y - rot_rows);
+    if (threadIdx.y >= rot_rows) return rope_early_copy_v<T, kVecN, Kv>(p, token, threadIdx.y - rot_rows);
   }
   const int64_t step = rot_rows;
   const bool active = token < p.num_tokens && chunk < p.half / kVecN && int64_t{threadIdx.y} < num_heads;
@@ -590,6 +629,7 @@ __global__ void __launch_bounds__(RopeConfig::kMaxThreads, 1) rope_early_kernel(
                                         : static_cast<int64_t>(*static_cast<const int32_t*>(pos_ptr));
   // KV store: this token's cache row (-1: none), loaded beside the position
   const int64_t loc = kKvStore ? rope_valid_loc(p, token) : -1;
+  const Kv kv = Kv::make(p);
   vec_t a[kHeads], b[kHeads];
 #pragma unroll
   for (int i = 0; i < kHeads; ++i) {
@@ -622,7 +662,7 @@ __global__ void __launch_bounds__(RopeConfig::kMaxThreads, 1) rope_early_kernel(
     rotate_pairs<T, kVecN, kNeox>(a[i], b[i], c, s);
     a[i].store(pa[i]);
     b[i].store(pb[i]);
-    if constexpr (kKvStore) rope_store_k_cache<T, kVecN>(p, threadIdx.y + i * step, loc, off_a, off_b, a[i], b[i]);
+    if constexpr (kKvStore) rope_store_k_cache<T, kVecN>(p, kv, threadIdx.y + i * step, loc, off_a, off_b, a[i], b[i]);
   }
   // the heads beyond the first pass (more than kHeads * rotating rows): one at a time (not
   // unrolled: an unrolled loop's trip count would put a division ahead of the first pass's loads)
@@ -635,7 +675,7 @@ __global__ void __launch_bounds__(RopeConfig::kMaxThreads, 1) rope_early_kernel(
     rotate_pairs<T, kVecN, kNeox>(x, y, c, s);
     x.store(ptr + off_a);
     y.store(ptr + off_b);
-    if constexpr (kKvStore) rope_store_k_cache<T, kVecN>(p, head, loc, off_a, off_b, x, y);
+    if constexpr (kKvStore) rope_store_k_cache<T, kVecN>(p, kv, head, loc, off_a, off_b, x, y);
   }
 }
 
@@ -689,13 +729,14 @@ void rope_launch(Kernel kernel, const RopeParams& p, dim3 block, DLDevice device
 
 /// rope_kernel at a vector narrower than 16 bytes: the widest of at most kVecN elements that vec_n
 /// allows, no L2 hint (with the KV store: v prefetched by the rotating threads).
-template <typename T, typename CacheT, int kVecN, bool kNeox, bool kKvStore>
+template <typename T, typename CacheT, int kVecN, bool kNeox, bool kKvStore, typename Kv = RopeKvCopy<T>>
 void launch_rope_narrow(const RopeParams& p, int64_t vec_n, DLDevice device, bool pdl) {
   if constexpr (kVecN > 1) {
-    if (vec_n < kVecN) return launch_rope_narrow<T, CacheT, kVecN / 2, kNeox, kKvStore>(p, vec_n, device, pdl);
+    if (vec_n < kVecN) return launch_rope_narrow<T, CacheT, kVecN / 2, kNeox, kKvStore, Kv>(p, vec_n, device, pdl);
   }
   const dim3 block = rope_block(p.half / kVecN, p.q.num_heads + p.k.num_heads, p.num_tokens);
-  rope_launch(rope_kernel<T, CacheT, kVecN, kNeox, false, kKvStore>, p, block, device, pdl);
+  rope_launch(
+      rope_kernel<T, CacheT, kVecN, kNeox, false, kKvStore, RopeConfig::kKvPrefetch, Kv>, p, block, device, pdl);
 }
 
 /// Rotation only: rope_early_kernel below kEarlyMaxBytes of rotated bytes where it fits, else
@@ -713,14 +754,14 @@ void launch_rope(const RopeParams& p, int64_t vec_n, bool l2_hint, int64_t rotat
   rope_launch(rope_kernel<T, CacheT, kVecN, kNeox, false, false>, p, block, device, pdl);
 }
 
-/// With the KV store (fp32 cache): rows of lanes of their own copy v, one per kv head, as many as
-/// fit kMaxThreads next to the rotating rows; rope_early_kernel below the L2-hint size where it
-/// fits, else rope_kernel's split mode (L2-hinted when `l2_hint`); rope_kernel without v rows when
-/// none fit; narrower vectors when vec_n is below 16 bytes.
-template <typename T, bool kNeox>
+/// With the KV store (fp32 cos/sin cache; Kv the cache element policy): rows of lanes of their own
+/// copy v, one per kv head, as many as fit kMaxThreads next to the rotating rows; rope_early_kernel
+/// below the L2-hint size where it fits, else rope_kernel's split mode (L2-hinted when `l2_hint`);
+/// rope_kernel without v rows when none fit; narrower vectors when vec_n is below 16 bytes.
+template <typename T, bool kNeox, typename Kv>
 void launch_rope_kv(RopeParams p, int64_t vec_n, bool l2_hint, DLDevice device, bool pdl) {
   constexpr int kVecN = static_cast<int>(16 / sizeof(T));
-  if (vec_n < kVecN) return launch_rope_narrow<T, fp32_t, kVecN / 2, kNeox, true>(p, vec_n, device, pdl);
+  if (vec_n < kVecN) return launch_rope_narrow<T, fp32_t, kVecN / 2, kNeox, true, Kv>(p, vec_n, device, pdl);
   const int64_t num_chunks = p.half / kVecN;
   const dim3 rot = rope_block(num_chunks, p.q.num_heads + p.k.num_heads, p.num_tokens);
   const int64_t room = static_cast<int64_t>(RopeConfig::kMaxThreads) / rot.x - rot.y;
@@ -730,15 +771,17 @@ void launch_rope_kv(RopeParams p, int64_t vec_n, bool l2_hint, DLDevice device, 
       std::clamp<int64_t>(RopeConfig::kTargetThreads / per_token, 1, std::clamp<int64_t>(p.num_tokens, 1, 64));
   const dim3 block(rot.x, static_cast<uint32_t>(rot.y + p.v_rows), static_cast<uint32_t>(tokens));
   if (p.v_rows > 0 && !l2_hint && num_chunks <= RopeConfig::kMaxLanes) {
-    return rope_launch(rope_early_kernel<T, fp32_t, kVecN, kNeox, true>, p, block, device, pdl);
+    return rope_launch(rope_early_kernel<T, fp32_t, kVecN, kNeox, true, Kv>, p, block, device, pdl);
   }
   constexpr int kSplit = RopeConfig::kKvSplit;
   if (p.v_rows > 0) {
-    if (l2_hint) return rope_launch(rope_kernel<T, fp32_t, kVecN, kNeox, true, true, kSplit>, p, block, device, pdl);
-    return rope_launch(rope_kernel<T, fp32_t, kVecN, kNeox, false, true, kSplit>, p, block, device, pdl);
+    if (l2_hint) {
+      return rope_launch(rope_kernel<T, fp32_t, kVecN, kNeox, true, true, kSplit, Kv>, p, block, device, pdl);
+    }
+    return rope_launch(rope_kernel<T, fp32_t, kVecN, kNeox, false, true, kSplit, Kv>, p, block, device, pdl);
   }
-  if (l2_hint) return rope_launch(rope_kernel<T, fp32_t, kVecN, kNeox, true, true, 0>, p, block, device, pdl);
-  rope_launch(rope_kernel<T, fp32_t, kVecN, kNeox, false, true, 0>, p, block, device, pdl);
+  if (l2_hint) return rope_launch(rope_kernel<T, fp32_t, kVecN, kNeox, true, true, 0, Kv>, p, block, device, pdl);
+  rope_launch(rope_kernel<T, fp32_t, kVecN, kNeox, false, true, 0, Kv>, p, block, device, pdl);
 }
 
 /// Validates q, k, cos_sin_cache and positions and fills the rotation part of `p` (p.half = R / 2).
@@ -817,9 +860,9 @@ void rope_bind(
   p.out_loc = nullptr;
 }
 
-/// The widest vector the bound tensors allow (see rope_kernel's preconditions), the L2-hint size
-/// rule, and the launch.
-template <typename T, typename CacheT, bool kKvStore>
+/// The widest vector the bound tensors allow (see rope_kernel's preconditions; the KV caches
+/// aligned to vec_n elements of Kv::elem_t), the L2-hint size rule, and the launch.
+template <typename T, typename CacheT, bool kKvStore, typename Kv = RopeKvCopy<T>>
 void rope_dispatch(const RopeParams& p, bool is_neox, DLDevice device, int64_t enable_pdl) {
   static_assert(!kKvStore || std::is_same_v<CacheT, fp32_t>, "the KV store takes an fp32 cache");
   if (p.num_tokens == 0 || p.q.num_heads + p.k.num_heads == 0) return;
@@ -828,15 +871,16 @@ void rope_dispatch(const RopeParams& p, bool is_neox, DLDevice device, int64_t e
   if (p.num_tokens > 1) strides |= static_cast<uint64_t>(p.q.token_stride | p.k.token_stride);
   if (p.q.num_heads > 1) strides |= static_cast<uint64_t>(p.q.head_stride);
   if (p.k.num_heads > 1) strides |= static_cast<uint64_t>(p.k.head_stride);
-  uint64_t kv_bits = 0;
+  uint64_t v_bits = 0, kv_cache_bits = 0;
+  const uint64_t es = sizeof(typename Kv::elem_t);
   if (p.k_cache != nullptr) {
-    kv_bits =
-        rope_address(p.v) | rope_address(p.k_cache) | rope_address(p.v_cache) |
-        static_cast<uint64_t>(p.v_token_stride | p.v_head_stride | p.k_cache_stride | p.v_cache_stride | p.head_dim) *
-            s;
+    v_bits = rope_address(p.v) | static_cast<uint64_t>(p.v_token_stride | p.v_head_stride | p.head_dim) * s;
+    kv_cache_bits = rope_address(p.k_cache) | rope_address(p.v_cache) |
+                    static_cast<uint64_t>(p.k_cache_stride | p.v_cache_stride | p.head_dim) * es;
   }
   int64_t vec_n = rope_vector_elements<T>(
-      {rope_address(p.q.data), rope_address(p.k.data), strides * s, static_cast<uint64_t>(p.half) * s, kv_bits});
+      {rope_address(p.q.data), rope_address(p.k.data), strides * s, static_cast<uint64_t>(p.half) * s, v_bits});
+  while (vec_n > 1 && kv_cache_bits % (static_cast<uint64_t>(vec_n) * es) != 0) vec_n /= 2;
   const uint64_t cs = sizeof(CacheT);
   const uint64_t cache_bits = rope_address(p.cos_sin_cache) |
                               static_cast<uint64_t>(p.max_position > 1 ? p.cache_stride : 0) * cs |
@@ -848,9 +892,9 @@ void rope_dispatch(const RopeParams& p, bool is_neox, DLDevice device, int64_t e
   const bool pdl = rope_resolve_pdl(enable_pdl, device);
   if constexpr (kKvStore) {
     if (is_neox) {
-      launch_rope_kv<T, true>(p, vec_n, l2_hint, device, pdl);
+      launch_rope_kv<T, true, Kv>(p, vec_n, l2_hint, device, pdl);
     } else {
-      launch_rope_kv<T, false>(p, vec_n, l2_hint, device, pdl);
+      launch_rope_kv<T, false, Kv>(p, vec_n, l2_hint, device, pdl);
     }
   } else if (is_neox) {
     launch_rope<T, CacheT, true>(p, vec_n, l2_hint, rotated_bytes, device, pdl);
