@@ -129,6 +129,36 @@ def test_rope_fp8_kvcache_values(dtype, is_neox, d, r, hq, hk, n, loc_dtype):
 
 
 @requires_cuda
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(
+    "n,hq,hk,d,r",
+    # rope.cuh's KV kernels with the quantizing store: the early kernel with v rows (1, 64 tokens),
+    # the L2-hinted split copy (2048), more heads than one pass of rows, partial R, 64 kv heads, and
+    # 64 + 64 heads (no room for v rows: kKvMode 0, below and above the L2-hint size)
+    [
+        (1, 32, 8, 128, 128),
+        (64, 32, 8, 128, 128),
+        (2048, 32, 8, 128, 128),
+        (3, 200, 3, 64, 64),
+        (5, 8, 8, 256, 80),
+        (9, 4, 64, 128, 128),
+        (9, 64, 64, 128, 128),
+        (300, 64, 64, 128, 128),
+    ],
+)
+def test_rope_fp8_kvcache_every_kernel(is_neox, dtype, n, hq, hk, d, r):
+    """Each KV kernel the launcher picks, with skipped rows (out_loc -1) and positions outside the
+    cos/sin cache, against apply_rope_inplace and store_cache_quant's bytes."""
+    q, k, v, cache, positions, k_cache, v_cache, loc = inputs(n, hq, hk, d, r, dtype, 2 * n + 3)
+    positions[::5] = -2
+    loc[1::4] = -1
+    run_and_check(
+        q, k, v, cache, positions, k_cache, v_cache, loc, is_neox=is_neox, r=r, k_scale=torch.tensor([0.37], device="cuda"), vi=0.6
+    )  # fmt: skip
+
+
+@requires_cuda
 def test_rope_fp8_kvcache_rotation_against_fp32_reference():
     """The rotation itself against the independent fp32 reference (one rounding to the dtype)."""
     q, k, v, cache, positions, k_cache, v_cache, loc = inputs(33, 8, 2, 128, 128, torch.bfloat16, 80)
@@ -152,10 +182,10 @@ def test_rope_fp8_kvcache_scale_forms(scales):
 
 @requires_cuda
 @pytest.mark.parametrize("is_neox", [True, False])
-@pytest.mark.parametrize("offset", [1, 2])
+@pytest.mark.parametrize("offset", [1, 2, 4])
 def test_rope_fp8_kvcache_unaligned_views_take_the_narrow_path(is_neox, offset):
-    """q, k, v and the caches at element offsets inside wider buffers (one-element vectors); the bytes
-    around the cache rows keep the sentinel."""
+    """q, k, v and the caches at element offsets inside wider buffers (vectors of 1, 2 and 4
+    elements); the bytes around the cache rows keep the sentinel."""
     n, hq, hk, d, slots = 9, 4, 2, 128, 30
     qb = torch.randn(n, hq * d + 8, device="cuda").to(torch.bfloat16)
     kb = torch.randn(n, hk * d + 8, device="cuda").to(torch.bfloat16)
