@@ -227,6 +227,23 @@ def test_rope_fp8_kvcache_bad_locs_3d_caches_and_empty():
 
 
 @requires_cuda
+@pytest.mark.parametrize("n", [1, 300])  # the early kernel's v rows, the split copy's
+def test_rope_fp8_kvcache_no_slots_with_unaligned_v(n):
+    """Caches of 0 slots: q and k rotated as apply_rope_inplace, nothing stored, and v (2 bytes off
+    16, read by the v rows before they find no slot) loaded at a width it allows."""
+    hq, hk, d = 8, 2, 128
+    q, k, _, cache, positions, _, _, loc = inputs(n, hq, hk, d, d, torch.bfloat16, n)
+    v = torch.randn(n * hk * d + 1, device="cuda").to(torch.bfloat16)[1:].view(n, hk, d)
+    empty = torch.empty(0, hk * d, dtype=FP8, device="cuda")
+    q_ref, k_ref = q.clone(), k.clone()
+    apply_rope_inplace(q_ref, k_ref, cache, positions, is_neox=True)
+    apply_rope_inplace_with_kvcache(q, k, v, empty, empty.clone(), cache, positions, loc, is_neox=True, v_inv_scale=0.5)
+    torch.cuda.synchronize()
+    assert_bits_equal(q, q_ref)
+    assert_bits_equal(k, k_ref)
+
+
+@requires_cuda
 def test_rope_fp8_kvcache_fused_set_kv_buffer_arg():
     n, hq, hk, d = 7, 8, 2, 128
     q, k, v, cache, positions, k_cache, v_cache, loc = inputs(n, hq, hk, d, d, torch.bfloat16, 20)

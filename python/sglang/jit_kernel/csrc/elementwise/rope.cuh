@@ -873,7 +873,7 @@ void rope_dispatch(const RopeParams& p, bool is_neox, DLDevice device, int64_t e
   if (p.k.num_heads > 1) strides |= static_cast<uint64_t>(p.k.head_stride);
   uint64_t v_bits = 0, kv_cache_bits = 0;
   const uint64_t es = sizeof(typename Kv::elem_t);
-  if (p.k_cache != nullptr) {
+  if constexpr (kKvStore) {  // v is read even where nothing is stored (no slots): always aligned
     v_bits = rope_address(p.v) | static_cast<uint64_t>(p.v_token_stride | p.v_head_stride | p.head_dim) * s;
     kv_cache_bits = rope_address(p.k_cache) | rope_address(p.v_cache) |
                     static_cast<uint64_t>(p.k_cache_stride | p.v_cache_stride | p.head_dim) * es;

@@ -106,8 +106,8 @@ void apply_rope_inplace_with_kvcache_fp8(
   p.v_inv_scale = static_cast<float>(v_inv_scale);
   if (p.k.num_heads == 0) p.cache_size = 0;  // nothing to store: out_loc is never valid
 
-  // Launch: rope.cuh's KV-store kernels with the quantizing store (they rotate only where no
-  // out_loc is valid)
+  // Launch: rope.cuh's KV-store kernels with the quantizing store (with no slots or no kv heads
+  // they read v, if any, and store nothing)
   rope_dispatch<T, fp32_t, true, RopeKvFp8<T>>(p, is_neox, device, enable_pdl);
 }
 
