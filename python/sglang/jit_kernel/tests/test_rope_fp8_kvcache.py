@@ -135,7 +135,9 @@ def test_rope_fp8_kvcache_values(dtype, is_neox, d, r, hq, hk, n, loc_dtype):
     "n,hq,hk,d,r",
     # rope.cuh's KV kernels with the quantizing store: the early kernel with v rows (1, 64 tokens),
     # the L2-hinted split copy (2048), more heads than one pass of rows, partial R, 64 kv heads, and
-    # 64 + 64 heads (no room for v rows: kKvMode 0, below and above the L2-hint size)
+    # 64 + 64 heads (no room for v rows: kKvMode 0, below and above the L2-hint size), 308 heads (the
+    # early kernel's heads past its first pass), R/2 = 4104 (more chunks than a CTA's 512 lanes: no v
+    # rows, lanes rotating two chunks, the position loaded for each)
     [
         (1, 32, 8, 128, 128),
         (64, 32, 8, 128, 128),
@@ -145,6 +147,8 @@ def test_rope_fp8_kvcache_values(dtype, is_neox, d, r, hq, hk, n, loc_dtype):
         (9, 4, 64, 128, 128),
         (9, 64, 64, 128, 128),
         (300, 64, 64, 128, 128),
+        (2, 300, 8, 128, 128),
+        (2, 2, 1, 8208, 8208),
     ],
 )
 def test_rope_fp8_kvcache_every_kernel(is_neox, dtype, n, hq, hk, d, r):

@@ -29,9 +29,10 @@
 //     load first after it) below RopeConfig::kEarlyMaxBytes of rotated bytes where it fits; else
 //     rope_kernel, L2-hinted from kL2HintMinBytes.
 //   KV store, 16-byte vectors: rope_early_kernel<kKvStore> (rows of threads of their own copy v)
-//     below kL2HintMinBytes where it fits; else rope_kernel in the split mode (kKvSplit, the same
-//     v rows), L2-hinted from kL2HintMinBytes; rope_kernel with no v rows (kKvMode 0) when no row
-//     of lanes fits next to the rotating ones in kMaxThreads.
+//     below kL2HintMinBytes; from there rope_kernel in the split mode (kKvSplit, the same v rows),
+//     L2-hinted; rope_kernel with no v rows (kKvMode 0, L2-hinted from kL2HintMinBytes) when no row
+//     of lanes fits next to the rotating ones in kMaxThreads (a row fits only next to at most 256
+//     lanes a head, where the early kernel fits).
 //   narrower vectors: rope_kernel without the hint (with the KV store: v prefetched by the rotating
 //     threads, kKvPrefetch).
 //
@@ -756,8 +757,8 @@ void launch_rope(const RopeParams& p, int64_t vec_n, bool l2_hint, int64_t rotat
 
 /// With the KV store (fp32 cos/sin cache; Kv the cache element policy): rows of lanes of their own
 /// copy v, one per kv head, as many as fit kMaxThreads next to the rotating rows; rope_early_kernel
-/// below the L2-hint size where it fits, else rope_kernel's split mode (L2-hinted when `l2_hint`);
-/// rope_kernel without v rows when none fit; narrower vectors when vec_n is below 16 bytes.
+/// below the L2-hint size, rope_kernel's split mode (L2-hinted) above it; rope_kernel without v rows
+/// (L2-hinted when `l2_hint`) when none fit; narrower vectors when vec_n is below 16 bytes.
 template <typename T, bool kNeox, typename Kv>
 void launch_rope_kv(RopeParams p, int64_t vec_n, bool l2_hint, DLDevice device, bool pdl) {
   constexpr int kVecN = static_cast<int>(16 / sizeof(T));
@@ -770,15 +771,15 @@ void launch_rope_kv(RopeParams p, int64_t vec_n, bool l2_hint, DLDevice device, 
   const int64_t tokens =
       std::clamp<int64_t>(RopeConfig::kTargetThreads / per_token, 1, std::clamp<int64_t>(p.num_tokens, 1, 64));
   const dim3 block(rot.x, static_cast<uint32_t>(rot.y + p.v_rows), static_cast<uint32_t>(tokens));
-  if (p.v_rows > 0 && !l2_hint && num_chunks <= RopeConfig::kMaxLanes) {
+  // A row of v lanes fits only next to at most kMaxThreads / 2 lanes a head, within the early
+  // kernel's limit (kMaxLanes): with v rows, the early kernel below the L2-hint size, the split
+  // mode (L2-hinted) above it.
+  if (p.v_rows > 0 && !l2_hint) {
     return rope_launch(rope_early_kernel<T, fp32_t, kVecN, kNeox, true, Kv>, p, block, device, pdl);
   }
   constexpr int kSplit = RopeConfig::kKvSplit;
   if (p.v_rows > 0) {
-    if (l2_hint) {
-      return rope_launch(rope_kernel<T, fp32_t, kVecN, kNeox, true, true, kSplit, Kv>, p, block, device, pdl);
-    }
-    return rope_launch(rope_kernel<T, fp32_t, kVecN, kNeox, false, true, kSplit, Kv>, p, block, device, pdl);
+    return rope_launch(rope_kernel<T, fp32_t, kVecN, kNeox, true, true, kSplit, Kv>, p, block, device, pdl);
   }
   if (l2_hint) return rope_launch(rope_kernel<T, fp32_t, kVecN, kNeox, true, true, 0, Kv>, p, block, device, pdl);
   rope_launch(rope_kernel<T, fp32_t, kVecN, kNeox, false, true, 0, Kv>, p, block, device, pdl);
