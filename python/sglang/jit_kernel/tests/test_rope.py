@@ -815,7 +815,9 @@ def test_separate_strided_and_unaligned(is_neox, offset):
     "n,hq,hk,d,r",
     # the bench shape at 1 / 64 (early kernel with v rows) and 2048 tokens (past kL2HintMinBytes: the
     # split copy, L2-hinted), more heads than one pass of rows, partial R, 64 kv heads, 64 + 64
-    # heads (no room for v rows: rope_kernel's kKvMode 0, below and above the L2-hint size)
+    # heads (no room for v rows: rope_kernel's kKvMode 0, below and above the L2-hint size), 308 heads
+    # (the early kernel's heads past its first pass), R/2 = 4104 (more chunks than a CTA's 512 lanes:
+    # no v rows, lanes rotating two chunks, the position loaded for each)
     [
         (1, 32, 8, 128, 128),
         (64, 32, 8, 128, 128),
@@ -825,6 +827,8 @@ def test_separate_strided_and_unaligned(is_neox, offset):
         (9, 4, 64, 128, 128),
         (9, 64, 64, 128, 128),
         (300, 64, 64, 128, 128),
+        (2, 300, 8, 128, 128),
+        (2, 2, 1, 8208, 8208),
     ],
 )
 def test_kv_store_default_kernels(is_neox, dtype, n, hq, hk, d, r):
