@@ -67,6 +67,26 @@ TOLERANCE: dict[torch.dtype, tuple[float, float]] = {
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
+#: (num_tokens, num_q_heads, num_kv_heads, head_dim, rope_dim) reaching each kernel rope.cuh's KV
+#: launcher picks (tests/test_rope.py with caches of the model dtype, tests/test_rope_fp8_kvcache.py
+#: with fp8 caches): the bench shape at 1 / 64 tokens (early kernel with v rows) and 2048 (past
+#: kL2HintMinBytes: the split copy, L2-hinted), more heads than one pass of rows, partial R, 64 kv
+#: heads, 64 + 64 heads (no room for v rows: rope_kernel's kKvMode 0, below and above the L2-hint
+#: size), 308 heads (the early kernel's heads past its first pass), R/2 = 4104 (more chunks than a
+#: CTA's 512 lanes: no v rows, lanes rotating two chunks, the position loaded for each).
+ROPE_KV_KERNEL_SHAPES = [
+    (1, 32, 8, 128, 128),
+    (64, 32, 8, 128, 128),
+    (2048, 32, 8, 128, 128),
+    (3, 200, 3, 64, 64),
+    (5, 8, 8, 256, 80),
+    (9, 4, 64, 128, 128),
+    (9, 64, 64, 128, 128),
+    (300, 64, 64, 128, 128),
+    (2, 300, 8, 128, 128),
+    (2, 2, 1, 8208, 8208),
+]
+
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype | None = None) -> None:
     """``torch.testing.assert_close`` with the tolerance of ``dtype`` (default: ``actual.dtype``);

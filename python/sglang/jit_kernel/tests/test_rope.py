@@ -19,6 +19,7 @@ from sglang.jit_kernel.rope import (
 )
 from sglang.jit_kernel.testing import (
     FLOAT_DTYPES,
+    ROPE_KV_KERNEL_SHAPES,
     TOLERANCE,
     assert_close,
     poisoned,
@@ -811,26 +812,7 @@ def test_separate_strided_and_unaligned(is_neox, offset):
 @requires_cuda
 @pytest.mark.parametrize("is_neox", [True, False])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize(
-    "n,hq,hk,d,r",
-    # the bench shape at 1 / 64 (early kernel with v rows) and 2048 tokens (past kL2HintMinBytes: the
-    # split copy, L2-hinted), more heads than one pass of rows, partial R, 64 kv heads, 64 + 64
-    # heads (no room for v rows: rope_kernel's kKvMode 0, below and above the L2-hint size), 308 heads
-    # (the early kernel's heads past its first pass), R/2 = 4104 (more chunks than a CTA's 512 lanes:
-    # no v rows, lanes rotating two chunks, the position loaded for each)
-    [
-        (1, 32, 8, 128, 128),
-        (64, 32, 8, 128, 128),
-        (2048, 32, 8, 128, 128),
-        (3, 200, 3, 64, 64),
-        (5, 8, 8, 256, 80),
-        (9, 4, 64, 128, 128),
-        (9, 64, 64, 128, 128),
-        (300, 64, 64, 128, 128),
-        (2, 300, 8, 128, 128),
-        (2, 2, 1, 8208, 8208),
-    ],
-)
+@pytest.mark.parametrize("n,hq,hk,d,r", ROPE_KV_KERNEL_SHAPES)
 def test_kv_store_default_kernels(is_neox, dtype, n, hq, hk, d, r):
     """Every KV kernel of the default against the reference, skipped rows and out-of-range positions."""
     q, k, cache, positions = make_inputs(n, hq, hk, d, r, dtype)

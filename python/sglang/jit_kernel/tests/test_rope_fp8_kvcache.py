@@ -16,6 +16,7 @@ from sglang.jit_kernel.rope import (
     rope_reference,
 )
 from sglang.jit_kernel.testing import (
+    ROPE_KV_KERNEL_SHAPES,
     SENTINEL_BYTE,
     assert_bits_equal,
     assert_close,
@@ -131,26 +132,7 @@ def test_rope_fp8_kvcache_values(dtype, is_neox, d, r, hq, hk, n, loc_dtype):
 @requires_cuda
 @pytest.mark.parametrize("is_neox", [True, False])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize(
-    "n,hq,hk,d,r",
-    # rope.cuh's KV kernels with the quantizing store: the early kernel with v rows (1, 64 tokens),
-    # the L2-hinted split copy (2048), more heads than one pass of rows, partial R, 64 kv heads, and
-    # 64 + 64 heads (no room for v rows: kKvMode 0, below and above the L2-hint size), 308 heads (the
-    # early kernel's heads past its first pass), R/2 = 4104 (more chunks than a CTA's 512 lanes: no v
-    # rows, lanes rotating two chunks, the position loaded for each)
-    [
-        (1, 32, 8, 128, 128),
-        (64, 32, 8, 128, 128),
-        (2048, 32, 8, 128, 128),
-        (3, 200, 3, 64, 64),
-        (5, 8, 8, 256, 80),
-        (9, 4, 64, 128, 128),
-        (9, 64, 64, 128, 128),
-        (300, 64, 64, 128, 128),
-        (2, 300, 8, 128, 128),
-        (2, 2, 1, 8208, 8208),
-    ],
-)
+@pytest.mark.parametrize("n,hq,hk,d,r", ROPE_KV_KERNEL_SHAPES)  # rope.cuh's KV kernels, here with the quantizing store
 def test_rope_fp8_kvcache_every_kernel(is_neox, dtype, n, hq, hk, d, r):
     """Each KV kernel the launcher picks, with skipped rows (out_loc -1) and positions outside the
     cos/sin cache, against apply_rope_inplace and store_cache_quant's bytes."""
