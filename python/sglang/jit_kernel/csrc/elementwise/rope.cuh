@@ -352,6 +352,25 @@ SGL_DEVICE void copy_kv_rest(
   }
 }
 
+/// KV store: the rotated vectors (a, b) of head `head` (q heads first, then k) at element offsets
+/// (off_a, off_b) go to k_cache[loc] when it is a k head and loc >= 0.
+template <typename T, int kVecN, typename Kv>
+SGL_DEVICE void rope_store_k_cache(
+    const RopeParams& p,
+    const Kv& kv,
+    int64_t head,
+    int64_t loc,
+    int64_t off_a,
+    int64_t off_b,
+    const device::AlignedVector<T, kVecN>& a,
+    const device::AlignedVector<T, kVecN>& b) {
+  if (loc < 0 || head < p.q.num_heads) return;
+  using elem_t = typename Kv::elem_t;
+  elem_t* kc = static_cast<elem_t*>(p.k_cache) + loc * p.k_cache_stride + (head - p.q.num_heads) * p.head_dim;
+  kv.store(a, kc + off_a, true);
+  kv.store(b, kc + off_b, true);
+}
+
 /// One CTA: tokens blockIdx.x * blockDim.z + threadIdx.z; thread (x, y) rotates chunks x, x +
 /// blockDim.x, ... of heads y, y + blockDim.y, ... of q then k (and stores k/v with the KV cache).
 /// Preconditions (the launcher's): every pointer, token/head stride and `half` a multiple of kVecN
@@ -475,12 +494,7 @@ __global__ void __launch_bounds__(RopeConfig::kMaxThreads, RopeConfig::kMinBlock
         rotate_pairs<T, kVecN, kNeox>(a[i], b[i], c, s);
         access.store(a[i], ptr[i] + off_a);
         access.store(b[i], ptr[i] + off_b);
-        if (loc >= 0 && head >= p.q.num_heads) {
-          const int64_t kv_head = head - p.q.num_heads;
-          elem_t* kc = static_cast<elem_t*>(p.k_cache) + loc * p.k_cache_stride + kv_head * p.head_dim;
-          kv.store(a[i], kc + off_a, true);
-          kv.store(b[i], kc + off_b, true);
-        }
+        rope_store_k_cache<T, kVecN>(p, kv, head, loc, off_a, off_b, a[i], b[i]);
       }
       first += kHeads * step;
       if (first >= num_heads) break;
@@ -519,25 +533,6 @@ __global__ void __launch_bounds__(RopeConfig::kMaxThreads, RopeConfig::kMinBlock
 SGL_DEVICE int64_t rope_valid_loc(const RopeParams& p, int64_t token) {
   const int64_t loc = load_index(p.out_loc, p.out_loc_int64, token);
   return loc >= 0 && loc < p.cache_size ? loc : -1;
-}
-
-/// KV store: the rotated vectors (a, b) of head `head` (q heads first, then k) at element offsets
-/// (off_a, off_b) go to k_cache[loc] when it is a k head and loc >= 0.
-template <typename T, int kVecN, typename Kv>
-SGL_DEVICE void rope_store_k_cache(
-    const RopeParams& p,
-    const Kv& kv,
-    int64_t head,
-    int64_t loc,
-    int64_t off_a,
-    int64_t off_b,
-    const device::AlignedVector<T, kVecN>& a,
-    const device::AlignedVector<T, kVecN>& b) {
-  if (loc < 0 || head < p.q.num_heads) return;
-  using elem_t = typename Kv::elem_t;
-  elem_t* kc = static_cast<elem_t*>(p.k_cache) + loc * p.k_cache_stride + (head - p.q.num_heads) * p.head_dim;
-  kv.store(a, kc + off_a, true);
-  kv.store(b, kc + off_b, true);
 }
 
 /// rope_early_kernel's v rows (kKvStore): row `row` of the p.v_rows copies kv heads row, row +
