@@ -32,7 +32,10 @@ def _tensors(value: object) -> list[torch.Tensor]:
 @pytest.mark.parametrize("op", OPS)
 def test_op_under_fake_tensor_mode_propagates_shapes(op, monkeypatch):
     monkeypatch.setenv("SGLANG_JIT_CRASH_ON_COMPILE", "1")  # a first call would compile: refuse it
-    (case, *_) = all_ops()[op].check_cases()
+    cases = all_ops()[op].check_cases()
+    if not cases:  # register_op's check_cases is optional: such an op has no inputs to trace here
+        pytest.skip(f"{op}: registered without check_cases (register_op(..., check_cases=...)): no inputs to trace")
+    case = cases[0]
     with FakeTensorMode(allow_non_fake_inputs=True):
         inputs = case.make_inputs()
         try:  # the fp32 reference, where its torch ops have shapes without data (moe_align's have not)
