@@ -6,9 +6,7 @@ attention are left out.
 
 Flavours: "bf16" (no quant) and "FP8": each norm output and the activation output quantized per token
 group of g = 128 to fp8 e4m3 with fp32 scales (row-major ``[T, cols / g]``), what the next block-FP8 GEMM
-reads. The KV caches of the FP8 flavour are fp8 e4m3 (per-tensor scale 0.5) only when
-``rope.apply_rope_inplace_with_kvcache`` takes ``k_scale`` and ``v_scale`` keywords (checked at import,
-``FP8_KV``); otherwise they stay bf16 and the flavour is printed as "FP8, bf16 KV".
+reads. The KV caches of the FP8 flavour are fp8 e4m3 (per-tensor k and v scale 0.5).
 
 Inputs of one chain (T tokens; bf16 randn unless named; a fresh set per rotation slot):
   hidden     [T, H]              the previous layer's MLP (down-projection) output: norm 1's input
@@ -20,7 +18,7 @@ Inputs of one chain (T tokens; bf16 randn unless named; a fresh set per rotation
   attn_out   [T, H]              the o_proj output (attention's stand-in): norm 2's input
   gate_up    [T, 2 I]            the gate_up GEMM output: the activation's input
   shared by the sets: cos_sin_cache [8192, D] fp32 (NeoX, base 5e5), k_cache / v_cache [65536, Hk D] (bf16,
-  or fp8 with FP8_KV), kv_scale [1] fp32.
+  or fp8 in the FP8 flavour), kv_scale [1] fp32.
 Outputs, what the next GEMM / attention reads:
   both     residual; q and k rotated in place (in qkv); k_cache / v_cache rows out_loc (k rotated)
   bf16     hidden <- norm 1 and attn_out <- norm 2 (in place); act [T, I]
@@ -37,7 +35,7 @@ Providers:
                  the caches, silu(g) * u, the group quant as amax / 448 scales, clamp, ``.to(float8_e4m3fn)``
 
 Minimum bytes (each op reads every tensor it needs once and writes every output once; s = 2 (bf16),
-p = 8 (int64 index), c = KV element bytes (2, or 1 with FP8_KV, plus 8 for the two scales), N = T):
+p = 8 (int64 index), c = KV element bytes (2, or 1 in the FP8 flavour, plus 8 for the two scales), N = T):
   add_norm        4*N*H*s + H*s                            read x, residual; write residual, x; read w
   quant(K)        N*K*s + N*K + 4*N*K/g                    read the row, write fp8 + one fp32 scale a group
   add_norm_quant  3*N*H*s + H*s + N*H + 4*N*H/g            x is read only
@@ -72,7 +70,6 @@ Run on a GPU machine from the repository root:
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -124,23 +121,14 @@ TARGETS = {
     ("bf16", 2048): 90.0,
 }
 
-_ROPE_KV_PARAMS = inspect.signature(apply_rope_inplace_with_kvcache).parameters
-#: Whether the fused rope + KV store writes fp8 caches (issue 33 item 3): it takes k_scale and v_scale.
-FP8_KV = "k_scale" in _ROPE_KV_PARAMS and "v_scale" in _ROPE_KV_PARAMS
-
 
 @dataclass(frozen=True)
 class Flavour:
     name: str
-    fp8: bool  # quantize the norm and activation outputs
-    fp8_kv: bool  # fp8 e4m3 KV caches
-
-    @property
-    def label(self) -> str:
-        return self.name if self.fp8_kv or not self.fp8 else f"{self.name}, bf16 KV"
+    fp8: bool  # quantize the norm and activation outputs; fp8 e4m3 KV caches
 
 
-FLAVOURS = (Flavour("bf16", False, False), Flavour("FP8", True, FP8_KV))
+FLAVOURS = (Flavour("bf16", False), Flavour("FP8", True))
 
 
 @dataclass
@@ -205,7 +193,7 @@ def poisoned(rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
 
 def make_caches(flavour: Flavour) -> tuple[torch.Tensor, torch.Tensor]:
     """k_cache, v_cache ``[SLOTS, Hk D]`` of random rows (a stray write into another slot shows)."""
-    dtype = FP8 if flavour.fp8_kv else DTYPE
+    dtype = FP8 if flavour.fp8 else DTYPE
     return tuple(torch.randn(SLOTS, HK * D, device="cuda").to(dtype) for _ in range(2))
 
 
@@ -246,8 +234,8 @@ def make_layer(t: int, flavour: Flavour, caches: tuple, cos_sin_cache: torch.Ten
 # Minimum bytes (the module docstring's formulas)
 # ---------------------------------------------------------------------------------------------
 def chain_bytes(t: int, flavour: Flavour, provider: str) -> int:
-    n, c = t, (1 if flavour.fp8_kv else S)
-    scales = 8 if flavour.fp8_kv else 0
+    n, c = t, (1 if flavour.fp8 else S)
+    scales = 8 if flavour.fp8 else 0
 
     def quant(k: int) -> int:
         return n * k * S + n * k + 4 * n * k // GROUP
@@ -270,12 +258,6 @@ def chain_bytes(t: int, flavour: Flavour, provider: str) -> int:
 # ---------------------------------------------------------------------------------------------
 # Providers
 # ---------------------------------------------------------------------------------------------
-def _kv_scale_arg(name: str, layer: Layer) -> torch.Tensor | float:
-    """The fused fp8 store's scale: a float where its annotation names only float, else the tensor."""
-    annotation = str(_ROPE_KV_PARAMS[name].annotation)
-    return KV_SCALE if "float" in annotation and "Tensor" not in annotation else layer.kv_scale
-
-
 def _group_quant(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> None:
     per_token_group_quant_8bit(x, q, s, GROUP, QUANT_EPS, -FP8_MAX, FP8_MAX)
 
@@ -286,7 +268,7 @@ def ours_unfused(flavour: Flavour) -> Callable[[Layer], None]:
         if flavour.fp8:
             _group_quant(x.hidden, x.q1, x.s1)
         apply_rope_inplace(x.q, x.k, x.cos_sin_cache, x.positions, is_neox=True)
-        if flavour.fp8_kv:
+        if flavour.fp8:
             k_cache, v_cache = x.k_cache.view(SLOTS, HK, D), x.v_cache.view(SLOTS, HK, D)
             downcast_fp8(x.k, x.v, k_cache, v_cache, x.kv_scale, x.kv_scale, x.out_loc)
         else:
@@ -310,7 +292,7 @@ def ours_fused(flavour: Flavour) -> Callable[[Layer], None]:
 
     def chain(x: Layer) -> None:
         add_norm(x, x.hidden, x.w1, x.q1, x.s1)
-        scales = {n: _kv_scale_arg(n, x) for n in ("k_scale", "v_scale")} if flavour.fp8_kv else {}
+        scales = {"k_scale": x.kv_scale, "v_scale": x.kv_scale} if flavour.fp8 else {}
         apply_rope_inplace_with_kvcache(
             x.q, x.k, x.v, x.k_cache, x.v_cache, x.cos_sin_cache, x.positions, x.out_loc, is_neox=True, **scales
         )
@@ -323,7 +305,7 @@ def ours_fused(flavour: Flavour) -> Callable[[Layer], None]:
     return chain
 
 
-def torch_chain(fp8: bool, fp8_kv: bool, *args: torch.Tensor | None) -> None:
+def torch_chain(fp8: bool, *args: torch.Tensor | None) -> None:
     """The chain in torch ops, on ``Layer.args()``, writing the same outputs as ours."""
     hidden, residual, w1, w2, qkv, positions, out_loc, attn_out, gate_up, cos_sin_cache = args[:10]
     k_cache, v_cache, kv_scale, act, q1, s1, q2, s2, qa, sa = args[10:]
@@ -342,7 +324,7 @@ def torch_chain(fp8: bool, fp8_kv: bool, *args: torch.Tensor | None) -> None:
             out.copy_(y)
 
     def store(cache: torch.Tensor, rows: torch.Tensor) -> None:
-        if fp8_kv:  # the caches come as uint8 views (torch_compiled): the same bytes, no fp8 index_copy needed
+        if fp8:  # the caches come as uint8 views (torch_compiled): the same bytes, no fp8 index_copy needed
             rows = (rows.float() / kv_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8).view(torch.uint8)
         cache.index_copy_(0, out_loc, rows)
 
@@ -362,10 +344,10 @@ FIELD_INDEX = {f.name: i for i, f in enumerate(dataclasses.fields(Layer))}
 
 def torch_compiled(flavour: Flavour) -> Callable[[Layer], None]:
     def chain(*args: torch.Tensor | None) -> None:
-        torch_chain(flavour.fp8, flavour.fp8_kv, *args)
+        torch_chain(flavour.fp8, *args)
 
     compiled = torch.compile(chain, fullgraph=True, dynamic=False)
-    if not flavour.fp8_kv:
+    if not flavour.fp8:
         return lambda x: compiled(*x.args())
 
     # fp8 caches enter the graph as uint8 views: a view taken inside it and then written makes the
@@ -413,7 +395,7 @@ def read_values(x: Layer, flavour: Flavour) -> dict[str, tuple[torch.Tensor, flo
 
     def cache_rows(cache: torch.Tensor) -> torch.Tensor:
         rows = cache.view(torch.uint8)[x.out_loc].view(cache.dtype).float()  # no fp8 indexing needed
-        return (rows * KV_SCALE, TOL_FP8) if flavour.fp8_kv else (rows, TOL_BF16)
+        return (rows * KV_SCALE, TOL_FP8) if flavour.fp8 else (rows, TOL_BF16)
 
     values = {
         "residual": (x.residual.float(), TOL_BF16),
@@ -445,7 +427,7 @@ def check(flavour: Flavour, t: int, providers: dict[str, Callable[[Layer], None]
         results[name] = base.clone()
         call(results[name])
     torch.cuda.synchronize()
-    where = f"{flavour.label} T={t}"
+    where = f"{flavour.name} T={t}"
     failures = []
     reference = read_values(results[UNFUSED], flavour)
     for name, layer in results.items():
@@ -456,7 +438,7 @@ def check(flavour: Flavour, t: int, providers: dict[str, Callable[[Layer], None]
         if name == FUSED:
             raw, raw_ref = raw_outputs(layer, flavour), raw_outputs(results[UNFUSED], flavour)
             # fp8 caches from the fused store: its own rounding may differ by an e4m3 step
-            relaxed = ("k_cache", "v_cache") if flavour.fp8_kv else ()
+            relaxed = ("k_cache", "v_cache") if flavour.fp8 else ()
             differing = {k: n for k in raw if (n := _bytes_differing(raw[k], raw_ref[k]))}
             strict = [f"{k} ({n} bytes)" for k, n in differing.items() if k not in relaxed]
             if strict:
@@ -507,9 +489,9 @@ def flavour_rows(
                 try:
                     median = bench_rotating(call, use)[0]
                 except Exception as exc:  # noqa: BLE001 - reported, and the exit code says so
-                    failures.append(f"{flavour.label} T={t} {name}: {type(exc).__name__}: {str(exc)[:120]}")
+                    failures.append(f"{flavour.name} T={t} {name}: {type(exc).__name__}: {str(exc)[:120]}")
                     continue
-                rows.append(BenchRow(flavour.label, case, name, median, nbytes))
+                rows.append(BenchRow(flavour.name, case, name, median, nbytes))
                 if name == FUSED and rows is one:
                     fused_one[(flavour.name, t)] = median
         del sets, caches
@@ -535,11 +517,6 @@ def main() -> None:
     roof = copy_roof_gbps()
     cos_sin = make_cos_sin_cache(MAX_POS, D, base=ROPE_BASE)
     print(f"# {torch.cuda.get_device_name()}: Llama-3-8B decoder layer chain, memory-bound ops only, one CUDA graph")
-    if not FP8_KV:
-        print(
-            "# FP8 flavour: KV caches stay bf16 (apply_rope_inplace_with_kvcache takes no k_scale / v_scale yet);"
-            " only the norm and activation outputs are quantized"
-        )
     failures: list[str] = []
     fused_one: dict[tuple[str, int], float] = {}
     cold, one = [], []
