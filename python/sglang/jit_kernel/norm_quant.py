@@ -14,6 +14,7 @@ that composition itself.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,7 @@ from sglang.jit_kernel._validate import (
     check_dtype,
     check_dtype_as,
     check_no_partial_overlap,
+    check_no_self_overlap,
     check_same_device,
     check_scalar,
     check_shape,
@@ -237,8 +239,12 @@ def _check_tensor_type(op: str, arg: str, tensor: object) -> torch.Tensor:
 def _check_rows_layout(op: str, arg: str, tensor: torch.Tensor) -> None:
     if tensor.dim() >= 1 and tensor.shape[-1] > 1 and tensor.stride(-1) != 1:
         fail(RuntimeError, op, arg, "last-dim stride", "1 (a contiguous last dim)", tensor.stride(-1))
-    if tensor.numel() > 1 and 0 in tensor.stride():
-        fail(RuntimeError, op, arg, "layout", "no stride 0 (an expanded tensor)", tensor.stride())
+    _check_not_expanded(op, arg, tensor)
+
+
+def _check_not_expanded(op: str, arg: str, tensor: torch.Tensor) -> None:
+    if any(stride == 0 and size > 1 for size, stride in zip(tensor.shape, tensor.stride())):
+        fail(RuntimeError, op, arg, "strides", "no dim of size > 1 with stride 0 (an expanded tensor)", tensor.stride())
 
 
 def _group_scale_shape(num_tokens: int, cols: int) -> list[tuple[str, int]]:
@@ -270,6 +276,11 @@ def _check_aliasing(
                 check_no_partial_overlap(op, arg, t, ref, ref_arg, allow_same=False, dense_only=True)
     if output_q is not None and output_s is not None:
         check_no_partial_overlap(op, "output_s", output_s, output_q, "output_q", allow_same=False, dense_only=True)
+    if scale is not None:  # one element: the byte test is exact
+        for arg, t in (("residual", residual), ("output_normed", output_normed)):
+            if t is not None and share_bytes(scale.reshape(1, 1), t):
+                fail(RuntimeError, op, "scale", f"overlaps {arg}", "disjoint memory (scale is read after the norm)",
+                     "shared bytes")  # fmt: skip
     if output_normed is not None:
         check_no_partial_overlap(op, "output_normed", output_normed, input, "input", dense_only=True)
         for ref_arg, ref in (
@@ -293,25 +304,31 @@ def _check_composition_aliasing(
     output_s: torch.Tensor | None,
     output_normed: torch.Tensor | None,
 ) -> None:
-    """The pairs the unfused composition hides from every launcher's element test (its ops see the
-    normalised rows through a fresh intermediate, or a torch copy of the input): RuntimeError if they
-    share a byte (exact for 2-D row views, by byte spans otherwise). The other pairs reach a launcher
-    together (rmsnorm / fused_add_rmsnorm: the normalised rows, input, residual, weight; the quant
-    op: the normalised rows, output_q, output_s, scale), which tests them element by element."""
-    pairs = [
-        (arg, t, ref_arg, ref)
-        for arg, t in (("output_q", output_q), ("output_s", output_s))
-        for ref_arg, ref in (("input", input), ("residual", residual), ("weight", weight))
-    ]
-    if residual is not None:  # fused_add_rmsnorm runs on a copy of input (or on output_normed is input)
-        pairs += [("residual", residual, "input", input), ("output_normed", output_normed, "input", input)]
-    for arg, t, ref_arg, ref in pairs:
-        if t is None or ref is None:
-            continue
-        if arg == "output_normed" and (t.data_ptr(), t.shape, t.stride()) == (ref.data_ptr(), ref.shape, ref.stride()):
-            continue  # in place over input
-        if share_bytes(t, ref):
-            fail(RuntimeError, op, arg, f"overlaps {ref_arg}", "disjoint memory", "shared bytes")
+    """Every aliasing check of the unfused composition, before its first op writes: its ops run one
+    after another (residual and output_normed are written before the quant op's launcher would test
+    its outputs), and they see the normalised rows through a fresh intermediate or a torch copy of
+    the input. RuntimeError naming the pair if a written tensor has no address of its own per element,
+    or shares a byte with another tensor (exact for 2-D row views, by byte spans otherwise);
+    output_normed may be exactly input."""
+    written = [("output_q", output_q), ("output_s", output_s), ("output_normed", output_normed)]
+    if residual is not None:
+        written.append(("residual", residual))
+    for arg, t in written:
+        if t is not None:
+            check_no_self_overlap(op, arg, t)
+    others = written + [("input", input), ("weight", weight)]
+    for i, (arg, t) in enumerate(written):
+        for ref_arg, ref in others[i + 1 :]:
+            if t is None or ref is None:
+                continue
+            if {arg, ref_arg} == {"output_normed", "input"} and (t.data_ptr(), t.shape, t.stride()) == (
+                ref.data_ptr(),
+                ref.shape,
+                ref.stride(),
+            ):
+                continue  # in place over input
+            if share_bytes(t, ref):
+                fail(RuntimeError, op, arg, f"overlaps {ref_arg}", "disjoint memory", "shared bytes")
 
 
 def _prepare(
@@ -375,7 +392,7 @@ def _prepare(
         fail(RuntimeError, op, "input", "dims", "at least 1 ([..., hidden_size])", "a 0-d tensor")
     _check_rows_layout(op, "input", input)
     hidden_size = input.shape[-1]
-    num_tokens = input.numel() // hidden_size if hidden_size else 0
+    num_tokens = math.prod(input.shape[:-1])
     weight = _check_tensor_type(op, "weight", weight)
     check_dtype_as(op, "weight", weight, input, "input")
     check_shape(op, "weight", weight, [("hidden_size", hidden_size)])
@@ -422,7 +439,9 @@ def _prepare(
         if scale.numel() != 1 or scale.dim() > 1:
             fail(RuntimeError, op, "scale", "shape", "one element ([1] or [])", tuple(scale.shape))
         if output_s is not None:
-            fail(ValueError, op, "output_s", "value", "None with a static scale (the scale is read)", "a tensor")
+            fail(
+                ValueError, op, "output_s", "value", "None with a static scale (the scale is read)", type_name(output_s)
+            )
     elif output_s is not None:
         output_s = _check_tensor_type(op, "output_s", output_s)
         if mode == _GROUP:
@@ -463,8 +482,7 @@ def _prepare(
                     f"[num_tokens={num_tokens}] or [num_tokens={num_tokens}, 1] (one scale per token)",
                     tuple(output_s.shape),
                 )
-        if output_s.numel() > 1 and 0 in output_s.stride():
-            fail(RuntimeError, op, "output_s", "layout", "no stride 0 (an expanded tensor)", output_s.stride())
+        _check_not_expanded(op, "output_s", output_s)
     if output_normed is not None:
         output_normed = _check_tensor_type(op, "output_normed", output_normed)
         check_dtype_as(op, "output_normed", output_normed, input, "input")

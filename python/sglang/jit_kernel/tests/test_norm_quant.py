@@ -390,6 +390,106 @@ def test_composition_path_interleaved_outputs(op):
     assert_bits_equal(v["x"], x_before)
 
 
+def _written_overlap_case(device: str, name: str) -> tuple:
+    """(the error's words, x, residual, keyword outputs) of a composition call (2-byte offset rows)
+    whose written tensors overlap, which no launcher of the composition sees before residual or
+    output_normed is written."""
+    xb = torch.zeros(4 * 256 + 1, dtype=BF16, device=device)
+    x, r = xb[1:].view(4, 256), torch.zeros(4, 256, dtype=BF16, device=device)
+    if name == "s_rows_overlap":
+        return (
+            "output_s strides: expected elements at addresses of their own",
+            x,
+            r,
+            {"output_s": torch.empty(8, device=device).as_strided((4, 2), (1, 1))},
+        )
+    if name == "q_rows_overlap":
+        q = torch.empty(4 * 256, dtype=FP8, device=device).as_strided((4, 256), (128, 1))
+        return "output_q strides: expected elements at addresses of their own", x, r, {"output_q": q}
+    rb = torch.zeros(4, 384, dtype=BF16, device=device)  # residual and output_normed interleaved, sharing columns
+    return "output_normed overlaps residual", x, rb[:, :256], {"output_normed": rb[:, 128:]}
+
+
+@pytest.mark.parametrize("name", ["s_rows_overlap", "q_rows_overlap", "normed_in_residual"])
+def test_composition_path_refuses_overlapping_outputs(name, monkeypatch):
+    """The composition writes residual and output_normed before its quant op's launcher would test the
+    outputs: _launch refuses every overlap of the written tensors before composing (CPU tensors)."""
+    composed = []
+    monkeypatch.setattr(nq, "_compose", lambda *a: composed.append(a))
+    message, x, r, out = _written_overlap_case("cpu", name)
+    q = out.get("output_q", torch.empty(4, 256, dtype=FP8))
+    s = out.get("output_s", torch.empty(4, 2))
+    with pytest.raises(RuntimeError, match=message):
+        nq._launch("fused_add_rmsnorm_quant", x, r, torch.ones(256, dtype=BF16), q, s, None, out.get("output_normed"),
+                   EPS, 1e-10, 128, False, -1)  # fmt: skip
+    assert not composed
+
+
+@requires_cuda
+@pytest.mark.parametrize("name", ["s_rows_overlap", "q_rows_overlap", "normed_in_residual"])
+def test_composition_path_overlapping_outputs_raise_and_write_nothing(name):
+    message, x, r, out = _written_overlap_case("cuda", name)
+    r.copy_(torch.randn(r.shape, device="cuda").to(BF16))
+    watched = [x, r] + list(out.values())
+    before = [t.clone() for t in watched]
+    with pytest.raises(RuntimeError, match=f"^fused_add_rmsnorm_quant: {message}"):
+        fused_add_rmsnorm_quant(x, r, torch.ones(256, dtype=BF16, device="cuda"), EPS, **out)
+    torch.cuda.synchronize()
+    for t, b in zip(watched, before):
+        assert_bits_equal(t, b)
+
+
+@requires_cuda
+@pytest.mark.parametrize("h", [12, 64])  # 24-byte rows: the composition; 128-byte rows: the kernel
+@pytest.mark.parametrize("written", ["residual", "output_normed"])
+def test_static_scale_sharing_a_written_tensor_raises(h, written):
+    """The static scale is read after the norm: sharing memory with residual or output_normed (both
+    written) raises naming scale, before anything is written."""
+    buf = torch.randn(2 * h, device="cuda").to(BF16)
+    x, w = torch.randn(2, h, device="cuda").to(BF16), torch.ones(h, dtype=BF16, device="cuda")
+    scale = buf[:2].view(torch.float32)
+    before = buf.clone()
+    with pytest.raises(RuntimeError, match=f"scale overlaps {written}"):
+        if written == "residual":
+            fused_add_rmsnorm_quant(x, buf.view(2, h), w, EPS, scale=scale)
+        else:
+            rmsnorm_quant(x, w, EPS, scale=scale, output_normed=buf.view(2, h))
+    torch.cuda.synchronize()
+    assert_bits_equal(buf, before)
+
+
+@requires_cuda
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("group_size", [128, None])
+def test_zero_hidden_size(op, group_size):
+    """[4, 0] rows: 4 tokens of no values; the scales are [4, 0] per group, [4, 1] per token, given or
+    allocated; nothing is launched."""
+    x, r = torch.empty(4, 0, dtype=BF16, device="cuda"), torch.empty(4, 0, dtype=BF16, device="cuda")
+    w = torch.empty(0, dtype=BF16, device="cuda")
+    r = r if op == "fused_add_rmsnorm_quant" else None
+    cols = 0 if group_size else 1
+    q, s = call(op, x, r, w, group_size=group_size)
+    assert q.shape == (4, 0) and s.shape == (4, cols)
+    given = torch.empty(4, cols, device="cuda")
+    assert call(op, x, r, w, group_size=group_size, output_s=given)[1] is given
+    if group_size is None:
+        call(op, x, r, w, group_size=None, output_s=torch.empty(4, device="cuda"))
+
+
+@requires_cuda
+@pytest.mark.parametrize("op", OPS)
+def test_stride_zero_on_size_one_dims(op):
+    """A stride 0 on a dim of size 1 (torch.expand of a missing row dim) is a valid layout."""
+    x, r, w = make_inputs(op, 1, 512, BF16, seed=9)
+    rq, rs, _ = expected(op, x.clone(), None if r is None else r.clone(), w, None)
+    q = torch.empty(512, dtype=FP8, device="cuda").expand(1, 512)
+    s = torch.empty(1, device="cuda").expand(1, 1)
+    assert q.stride() == (0, 1) and s.stride() == (0, 0)
+    call(op, x, r, w, group_size=None, output_q=q, output_s=s)
+    assert_bits_equal(q, rq)
+    assert_bits_equal(s, rs.view(1, 1))
+
+
 @requires_cuda
 def test_normed_in_place_over_input():
     """output_normed=input gives fused_add_rmsnorm's in-place result as well."""
@@ -522,7 +622,7 @@ def bad_cases(op: str) -> list[tuple[str, type, str, tuple, dict]]:
             "output_s layout",
             *cpu_args(op, output_s=torch.empty(4, 2), column_major_scales=True),
         ),
-        ("output_s_expanded", RuntimeError, "output_s layout", *cpu_args(op, output_s=torch.empty(1, 2).expand(4, 2))),
+        ("output_s_expanded", RuntimeError, "output_s strides", *cpu_args(op, output_s=torch.empty(1, 2).expand(4, 2))),
         (
             "token_output_s_shape",
             RuntimeError,

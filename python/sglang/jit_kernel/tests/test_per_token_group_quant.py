@@ -535,6 +535,27 @@ def test_bad_devices_and_overlaps():
 
 
 @requires_cuda
+@pytest.mark.parametrize("fuse", [False, True])
+def test_packed_q_and_scales_in_one_buffer(fuse):
+    """output_q and output_s in the rows of one buffer, sharing no byte, are taken (the launcher's exact
+    test); the same buffer with output_s moved 4 bytes into output_q raises and writes nothing."""
+    n, h, g = 4, 256, 128
+    x = torch.randn(n, 2 * h if fuse else h, dtype=torch.bfloat16, device="cuda")
+    pack = torch.zeros(n, h + 4 * (h // g), dtype=torch.uint8, device="cuda")
+    q, s = per_token_group_quant(x, pack[:, :h].view(FP8), pack[:, h:].view(torch.float32), g, fuse_silu_and_mul=fuse)
+    rq, rs = torch.empty(n, h, dtype=FP8, device="cuda"), torch.empty(n, h // g, device="cuda")
+    per_token_group_quant_8bit(silu_and_mul(x) if fuse else x, rq, rs, g, EPS, -448.0, 448.0)
+    assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8)) and torch.equal(s, rs)
+    pack.zero_()
+    with pytest.raises(RuntimeError, match=r"^per_token_group_quant(_8bit)?: output_s overlaps output_q"):
+        per_token_group_quant(
+            x, pack[:, :h].view(FP8), pack[:, h - 4 : h + 4].view(torch.float32), g, fuse_silu_and_mul=fuse
+        )
+    torch.cuda.synchronize()
+    assert (pack == 0).all()
+
+
+@requires_cuda
 def test_launcher_rejects_mismatch_from_cpp():
     """The C++ TensorMatcher is the second line: the module called directly raises RuntimeError naming
     the tensor, never a CUDA fault."""

@@ -387,6 +387,21 @@ def test_rope_fp8_kvcache_bad_inputs(position, replacement, kwargs, exc, pattern
 
 
 @requires_cuda
+@pytest.mark.parametrize("rotated", ["q", "k"])
+@pytest.mark.parametrize("arg", ["k_scale", "v_scale"])
+def test_rope_fp8_kvcache_scale_sharing_q_or_k_raises(rotated, arg):
+    """q and k are rotated in place while every CTA reads the scales: a scale inside either raises."""
+    q, k, v, cache, positions, k_cache, v_cache, loc = _args()
+    scale = (q if rotated == "q" else k)[0, 0, 0:2].view(torch.float32)
+    snaps = [t.clone() for t in (q, k, k_cache, v_cache)]
+    with pytest.raises(RuntimeError, match=rf"^apply_rope_inplace_with_kvcache: .*{rotated} overlaps {arg}"):
+        apply_rope_inplace_with_kvcache(q, k, v, k_cache, v_cache, cache, positions, loc, is_neox=True, **{arg: scale})
+    torch.cuda.synchronize()
+    for t, b in zip((q, k, k_cache, v_cache), snaps):
+        assert_bits_equal(t, b)
+
+
+@requires_cuda
 def test_rope_fp8_kvcache_scales_with_caches_of_the_model_dtype_are_refused():
     q, k, v, cache, positions, _, _, loc = _args()
     k_cache, v_cache = (

@@ -17,7 +17,8 @@
 // read) + 2 * N * Hk * D (both caches, one byte an element) + N * sizeof(out_loc).
 #pragma once
 
-#include <sgl_kernel/utils.h>  // For RuntimeCheck
+#include <sgl_kernel/tensor.h>  // For verify_no_partial_overlap
+#include <sgl_kernel/utils.h>   // For RuntimeCheck
 
 #include <sgl_kernel/utils.cuh>  // For SGL_DEVICE, fp8_e4m3_t, fp32_t
 #include <sgl_kernel/vec.cuh>    // For AlignedVector
@@ -26,6 +27,7 @@
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/optional.h>
 #include <type_traits>
+#include <utility>
 
 #include "../kvcache/access.cuh"              // For bind_kv_scales
 #include "../quantization/quantize_8bit.cuh"  // For quant::Chunk, chunk_to_float, quantize_values, kTypeMax, static_inverse_scale
@@ -98,6 +100,12 @@ void apply_rope_inplace_with_kvcache_fp8(
   rope_bind_kv<T, fp8_e4m3_t>(kOp, q, k, v, k_cache, v_cache, cos_sin_cache, positions, out_loc, rope_dim, p, device);
   const auto [k_scale_ptr, v_scale_ptr] =
       bind_kv_scales(kOp, k_cache, v_cache, k_scale, v_scale, k_inv_scale, v_inv_scale, device);
+  // q and k are rotated in place while every CTA reads the scales
+  for (const auto& [scale, name] : {std::pair{&k_scale, "k_scale"}, std::pair{&v_scale, "v_scale"}}) {
+    if (!scale->has_value()) continue;
+    verify_no_partial_overlap(q, "q", scale->value(), name, /*allow_same=*/false);
+    verify_no_partial_overlap(k, "k", scale->value(), name, /*allow_same=*/false);
+  }
 
   // Unwrap
   p.k_scale = k_scale_ptr;
