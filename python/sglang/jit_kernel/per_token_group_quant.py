@@ -37,6 +37,7 @@ from sglang.jit_kernel._validate import (
     check_shape,
     dtype_name,
     fail,
+    launcher_errors,
     tracing,
     type_name,
 )
@@ -446,7 +447,8 @@ def per_token_group_quant(
     if tracing():
         torch.ops.sglang_jit_kernel.per_token_group_quant_fused(*args, activation)
     else:
-        _launch_fused(*args, activation)
+        with launcher_errors(op):  # the launcher's exact overlap checks, named for the op
+            _launch_fused(*args, activation)
     return output_q, output_s
 
 
