@@ -47,7 +47,7 @@ INFRASTRUCTURE = frozenset({"registry", "utils", "cache", "testing", "ci_registe
 HOW_TO_REGISTER = (
     "an op registers itself in its wrapper module python/sglang/jit_kernel/<op>.py with "
     "sglang.jit_kernel.registry.register_op(name, build=<its @cache_once module builder>, "
-    "variants=[<build arguments>, ...], check_cases=<function returning CheckCase list>) "
+    "variants=[<build arguments>, ...], check_cases=<optional: function returning CheckCase list>) "
     "(see docs/developer_guide/development_jit_kernel_guide.md, 'Register the op')"
 )
 
