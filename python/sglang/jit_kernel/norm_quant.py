@@ -239,10 +239,6 @@ def _check_tensor_type(op: str, arg: str, tensor: object) -> torch.Tensor:
 def _check_rows_layout(op: str, arg: str, tensor: torch.Tensor) -> None:
     if tensor.dim() >= 1 and tensor.shape[-1] > 1 and tensor.stride(-1) != 1:
         fail(RuntimeError, op, arg, "last-dim stride", "1 (a contiguous last dim)", tensor.stride(-1))
-    _check_not_expanded(op, arg, tensor)
-
-
-def _check_not_expanded(op: str, arg: str, tensor: torch.Tensor) -> None:
     if any(stride == 0 and size > 1 for size, stride in zip(tensor.shape, tensor.stride())):
         fail(RuntimeError, op, arg, "strides", "no dim of size > 1 with stride 0 (an expanded tensor)", tensor.stride())
 
@@ -316,17 +312,16 @@ def _check_composition_aliasing(
     for arg, t in written:
         if t is not None:
             check_no_self_overlap(op, arg, t)
+
+    def view(t: torch.Tensor) -> tuple:
+        return t.data_ptr(), t.shape, t.stride()
+
+    in_place = output_normed is not None and view(output_normed) == view(input)
     others = written + [("input", input), ("weight", weight)]
     for i, (arg, t) in enumerate(written):
         for ref_arg, ref in others[i + 1 :]:
-            if t is None or ref is None:
+            if t is None or ref is None or (in_place and {arg, ref_arg} == {"output_normed", "input"}):
                 continue
-            if {arg, ref_arg} == {"output_normed", "input"} and (t.data_ptr(), t.shape, t.stride()) == (
-                ref.data_ptr(),
-                ref.shape,
-                ref.stride(),
-            ):
-                continue  # in place over input
             if share_bytes(t, ref):
                 fail(RuntimeError, op, arg, f"overlaps {ref_arg}", "disjoint memory", "shared bytes")
 
@@ -482,7 +477,7 @@ def _prepare(
                     f"[num_tokens={num_tokens}] or [num_tokens={num_tokens}, 1] (one scale per token)",
                     tuple(output_s.shape),
                 )
-        _check_not_expanded(op, "output_s", output_s)
+        check_no_self_overlap(op, "output_s", output_s)
     if output_normed is not None:
         output_normed = _check_tensor_type(op, "output_normed", output_normed)
         check_dtype_as(op, "output_normed", output_normed, input, "input")
